@@ -1,0 +1,551 @@
+"""End-to-end benchmark: the whole fleet beside a bare aiokafka chain of the same length.
+
+    python bench/e2e_bench.py [--n 2000] [--tenants 50] [--concurrency 200]
+    python bench/e2e_bench.py --baseline-only
+
+Fleet: N ``core__echo`` invocations spread over T tenants, published with
+``ToolfleetClient`` (watch=True) through policy -> executor -> validator (audit and
+status consume alongside), latency measured from publish to terminal outcome.
+
+Baseline, same run, same broker: the same N messages (same bytes, keys and headers as
+a real invoke event) through a bare produce->consume chain of the same length:
+requested -> authorized -> executed -> results, each hop a consumer in its own group
+(its own process, like the workers) re-producing to the next topic and committing after
+the broker's ack, with the fleet's ``fetch_max_wait_ms`` and ``linger_ms`` and the same
+concurrency. The ratio fleet/baseline is the cost of everything toolfleet does per hop.
+
+Only loopback traffic: the broker is started here on a free port; Redis and Postgres
+come from ``TOOLFLEET_REDIS_URL`` / ``TOOLFLEET_DATABASE_URL`` (a throwaway database is
+created and dropped). Results go to ``bench/results/<timestamp>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import itertools
+import json
+import os
+import platform
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+from toolfleet.devstack.broker import start_broker
+from toolfleet.events.codec import encode
+from toolfleet.events.envelope import new_event
+from toolfleet.events.models import AgentContext, InvokeRequested
+from toolfleet.events.types import EventType, Source
+from toolfleet.settings import FleetSettings
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+WORKERS = ("policy", "executor", "validator", "audit", "status")
+MAX_N = 100_000
+BASELINE_HOPS = ("requested", "authorized", "executed", "results")
+
+
+@dataclass(frozen=True, kw_only=True)
+class BenchConfig:
+    n: int
+    tenants: int
+    concurrency: int
+    partitions: int
+    fetch_max_wait_ms: int
+    linger_ms: int
+    warmup: int
+    timeout_s: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunResult:
+    name: str
+    completed: int
+    failed: int
+    elapsed_s: float
+    throughput_per_s: float
+    p50_ms: float
+    p99_ms: float
+    mean_ms: float
+    max_ms: float
+    outcomes: dict[str, int]
+    """How the calls ended: ``success``, other statuses, or ``no_outcome`` (timed out)."""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def summarize(
+    name: str, latencies: list[float], outcomes: dict[str, int], elapsed: float
+) -> RunResult:
+    ordered = sorted(latencies)
+
+    def pct(q: float) -> float:
+        if not ordered:
+            return float("nan")
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
+
+    return RunResult(
+        name=name,
+        completed=len(ordered),
+        failed=sum(n for status, n in outcomes.items() if status != "success"),
+        elapsed_s=elapsed,
+        throughput_per_s=len(ordered) / elapsed if elapsed > 0 else 0.0,
+        p50_ms=pct(0.50),
+        p99_ms=pct(0.99),
+        mean_ms=statistics.fmean(ordered) * 1000 if ordered else float("nan"),
+        max_ms=ordered[-1] * 1000 if ordered else float("nan"),
+        outcomes=dict(sorted(outcomes.items())),
+    )
+
+
+async def drive(
+    n: int, concurrency: int, one: Callable[[int], Awaitable[tuple[float, str]]]
+) -> tuple[list[float], dict[str, int], float]:
+    """Run ``one(i)`` for i < n, ``concurrency`` at a time.
+
+    Returns the latencies of successful calls, a count of how calls ended, and the
+    elapsed time.
+    """
+    gate = asyncio.Semaphore(concurrency)
+    latencies: list[float] = []
+    outcomes: dict[str, int] = {}
+
+    async def run(i: int) -> None:
+        async with gate:
+            try:
+                latency, status = await one(i)
+            except TimeoutError:
+                status = "no_outcome"
+        outcomes[status] = outcomes.get(status, 0) + 1
+        if status == "success":
+            latencies.append(latency)
+
+    start = time.perf_counter()
+    await asyncio.gather(*(run(i) for i in range(n)))
+    return latencies, outcomes, time.perf_counter() - start
+
+
+def tenant_of(i: int, tenants: int) -> str:
+    return f"bench_t{i % tenants:03d}"
+
+
+# --- baseline ---------------------------------------------------------------------------
+
+
+def sample_message(tenant: str) -> tuple[bytes | None, bytes, list[tuple[str, bytes]], str]:
+    """A real invoke event's bytes (key, value, headers) and its invocation id."""
+    invocation = str(uuid.uuid4())
+    request = InvokeRequested(
+        invocation_id=uuid.UUID(invocation),
+        tool_id="core__echo",
+        agent_context=AgentContext(agent_did="did:agent:bench", tenant_id=tenant),
+        parameters={"message": "hello"},
+        capability_token="x" * 700,  # about the size of a real RS256 token
+    )
+    envelope = new_event(
+        event_type=EventType.INVOKE_REQUESTED,
+        source=Source.CLIENT,
+        data=request,
+        tenant_id=tenant,
+        invocation_id=invocation,
+        traceparent=f"00-{uuid.uuid4().hex}-{uuid.uuid4().hex[:16]}-01",
+    )
+    wire = encode(envelope)
+    return wire.key, wire.value, wire.headers, invocation
+
+
+def relay_main(source: str, target: str, group: str, bootstrap: str, cfg: dict[str, int]) -> None:
+    """One baseline hop, as its own process: consume ``source``, re-produce to ``target``."""
+
+    async def relay() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, stop.set)
+        consumer = AIOKafkaConsumer(
+            source,
+            bootstrap_servers=bootstrap,
+            group_id=group,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            fetch_max_wait_ms=cfg["fetch_max_wait_ms"],
+        )
+        producer = AIOKafkaProducer(
+            bootstrap_servers=bootstrap, acks="all", linger_ms=cfg["linger_ms"]
+        )
+        await producer.start()
+        await consumer.start()
+        ready = Path(os.environ["BENCH_READY_FILE"])
+        announced = False
+        try:
+            while not stop.is_set():
+                batch = await consumer.getmany(timeout_ms=100)
+                if consumer.assignment() and not announced:
+                    await asyncio.to_thread(ready.write_text, "ok")
+                    announced = True
+                futures = [
+                    await producer.send(target, value=r.value, key=r.key, headers=list(r.headers))
+                    for records in batch.values()
+                    for r in records
+                ]
+                if futures:
+                    await asyncio.gather(*futures)
+                    await consumer.commit()
+        finally:
+            await consumer.stop()
+            await producer.stop()
+
+    asyncio.run(relay())
+
+
+async def create_topics(bootstrap: str, names: list[str], partitions: int) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(name, partitions, 1) for name in names])
+    finally:
+        await admin.close()
+
+
+@contextlib.contextmanager
+def processes(commands: list[tuple[str, list[str], dict[str, str]]], logs: Path) -> Iterator[None]:
+    """Start child processes (their output to ``logs``); SIGTERM then kill them on exit."""
+    started: list[tuple[str, subprocess.Popen[bytes]]] = []
+    try:
+        for name, argv, env in commands:
+            with (logs / f"{name}.log").open("wb") as out:
+                proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
+            started.append((name, proc))
+        yield
+    finally:
+        for _, proc in started:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for _, proc in started:
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+
+
+async def run_baseline(bootstrap: str, cfg: BenchConfig, work: Path) -> RunResult:
+    prefix = f"base{uuid.uuid4().hex[:6]}."
+    topics = [prefix + hop for hop in BASELINE_HOPS]
+    await create_topics(bootstrap, topics, cfg.partitions)
+    knobs = {"fetch_max_wait_ms": cfg.fetch_max_wait_ms, "linger_ms": cfg.linger_ms}
+    commands = []
+    ready_files = []
+    for i, (src, dst) in enumerate(itertools.pairwise(topics)):
+        ready = work / f"relay{i}.ready"
+        ready_files.append(ready)
+        argv = [sys.executable, __file__, "--relay", src, dst, f"{prefix}hop{i}", bootstrap,
+                json.dumps(knobs)]  # fmt: skip
+        commands.append((f"relay{i}", argv, {**os.environ, "BENCH_READY_FILE": str(ready)}))
+    with processes(commands, work):
+        deadline = time.monotonic() + 60
+        while not all(f.exists() for f in ready_files):
+            if time.monotonic() > deadline:
+                raise TimeoutError("baseline relays did not get their partitions in 60 s")
+            await asyncio.sleep(0.05)
+        return await measure_baseline(bootstrap, topics, cfg)
+
+
+async def measure_baseline(bootstrap: str, topics: list[str], cfg: BenchConfig) -> RunResult:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=cfg.linger_ms)
+    watcher = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, group_id=None, fetch_max_wait_ms=cfg.fetch_max_wait_ms
+    )
+    await producer.start()
+    await watcher.start()
+    parts = [TopicPartition(topics[-1], p) for p in range(cfg.partitions)]
+    watcher.assign(parts)
+    await watcher.seek_to_end(*parts)
+    for tp in parts:
+        await watcher.position(tp)
+    waiting: dict[str, asyncio.Future[float]] = {}
+
+    async def watch() -> None:
+        while True:
+            batch = await watcher.getmany(timeout_ms=200)
+            now = time.perf_counter()
+            for records in batch.values():
+                for r in records:
+                    inv = dict(r.headers).get("ce_invocationid", b"").decode()
+                    future = waiting.get(inv)
+                    if future is not None and not future.done():
+                        future.set_result(now)
+
+    async def one(i: int) -> tuple[float, str]:
+        key, value, headers, invocation = sample_message(tenant_of(i, cfg.tenants))
+        future = asyncio.get_running_loop().create_future()
+        waiting[invocation] = future
+        start = time.perf_counter()
+        ack = await producer.send(topics[0], value=value, key=key, headers=headers)
+        await ack
+        try:
+            arrived = await asyncio.wait_for(future, cfg.timeout_s)
+        finally:
+            waiting.pop(invocation, None)
+        return arrived - start, "success"
+
+    task = asyncio.create_task(watch())
+    try:
+        await drive(cfg.warmup, cfg.concurrency, one)
+        latencies, outcomes, elapsed = await drive(cfg.n, cfg.concurrency, one)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await watcher.stop()
+        await producer.stop()
+    return summarize("baseline (bare aiokafka, 4 hops)", latencies, outcomes, elapsed)
+
+
+# --- fleet ------------------------------------------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def throwaway_database(admin_dsn: str) -> AsyncIterator[str]:
+    import asyncpg
+
+    from toolfleet.storage.postgres import dsn_with_database
+
+    name = f"toolfleet_bench_{uuid.uuid4().hex[:10]}"
+    conn = await asyncpg.connect(admin_dsn)
+    try:
+        await conn.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await conn.close()
+    try:
+        yield dsn_with_database(admin_dsn, name)
+    finally:
+        conn = await asyncpg.connect(admin_dsn)
+        try:
+            await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        finally:
+            await conn.close()
+
+
+async def run_fleet(bootstrap: str, cfg: BenchConfig, work: Path) -> RunResult:
+    import yaml
+
+    from toolfleet.auth.keys import ensure_key_pair
+    from toolfleet.auth.tokens import TokenIssuer
+    from toolfleet.devstack.bootstrap import bootstrap as bootstrap_fleet
+
+    redis_url = os.environ.get("TOOLFLEET_REDIS_URL", "redis://127.0.0.1:6379/0")
+    admin_dsn = os.environ.get(
+        "TOOLFLEET_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
+    )
+    private, public = work / "jwt_private.pem", work / "jwt_public.pem"
+    ensure_key_pair(private, public)
+    policy = work / "policy.yaml"
+    policy.write_text(yaml.safe_dump({"tenants": {"*": {"allow_tools": ["core__*"]}}}))
+    async with throwaway_database(admin_dsn) as database_url:
+        env_values = {
+            "KAFKA_BOOTSTRAP": bootstrap,
+            "REDIS_URL": redis_url,
+            "DATABASE_URL": database_url,
+            "TOPIC_PREFIX": f"bench{uuid.uuid4().hex[:6]}.",
+            "TOPIC_PARTITIONS": str(cfg.partitions),
+            "FETCH_MAX_WAIT_MS": str(cfg.fetch_max_wait_ms),
+            "LINGER_MS": str(cfg.linger_ms),
+            "JWT_PUBLIC_KEY_FILE": str(public),
+            "JWT_PRIVATE_KEY_FILE": str(private),
+            "POLICY_FILE": str(policy),
+            "LOG_LEVEL": "WARNING",
+        }
+        settings = FleetSettings.model_validate({k.lower(): v for k, v in env_values.items()})
+        await bootstrap_fleet(settings)  # migrate, topics, register tools
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLFLEET_")}
+        env.update({f"TOOLFLEET_{k}": v for k, v in env_values.items()})
+        commands = [
+            (name, [sys.executable, "-m", "toolfleet", "worker", name], env) for name in WORKERS
+        ]
+        issuer = TokenIssuer.from_files(
+            private, public, issuer=settings.jwt_issuer, audience=settings.jwt_audience
+        )
+        tokens = {
+            tenant_of(i, cfg.tenants): issuer.issue(
+                tenant_id=tenant_of(i, cfg.tenants), agent_did="did:agent:bench", tool_id="core__*"
+            )
+            for i in range(cfg.tenants)
+        }
+        with processes(commands, work):
+            return await measure_fleet(settings, cfg, tokens, work)
+
+
+async def measure_fleet(
+    settings: FleetSettings, cfg: BenchConfig, tokens: dict[str, str], work: Path
+) -> RunResult:
+    from toolfleet.sdk.client import ToolfleetClient
+
+    async with ToolfleetClient(settings, watch=True) as client:
+
+        async def one(i: int) -> tuple[float, str]:
+            tenant = tenant_of(i, cfg.tenants)
+            start = time.perf_counter()
+            handle = await client.invoke(
+                "core__echo",
+                {"message": "hello"},
+                tenant_id=tenant,
+                agent_did="did:agent:bench",
+                capability_token=tokens[tenant],
+            )
+            outcome = await client.wait(handle, timeout=cfg.timeout_s)
+            return time.perf_counter() - start, str(outcome.status)
+
+        # Warm-up: workers join their groups; wait for the first success, then the rest.
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                _, status = await asyncio.wait_for(one(0), 15)
+                if status == "success":
+                    break
+            except TimeoutError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the fleet answered no warm-up call; see logs in {work}")
+        await drive(cfg.warmup, cfg.concurrency, one)
+        latencies, outcomes, elapsed = await drive(cfg.n, cfg.concurrency, one)
+    return summarize("fleet (toolfleet, core__echo)", latencies, outcomes, elapsed)
+
+
+# --- report -----------------------------------------------------------------------------
+
+
+def table(results: list[RunResult]) -> str:
+    metrics = [
+        ("throughput (inv/s)", "throughput_per_s"),
+        ("p50 latency (ms)", "p50_ms"),
+        ("p99 latency (ms)", "p99_ms"),
+        ("mean latency (ms)", "mean_ms"),
+        ("max latency (ms)", "max_ms"),
+        ("completed", "completed"),
+        ("failed", "failed"),
+        ("elapsed (s)", "elapsed_s"),
+    ]
+    names = [r.name.split(" ")[0] for r in results]
+    header = f"{'metric':<20}" + "".join(f"{n:>14}" for n in names)
+    if len(results) == 2:
+        header += f"{'fleet/baseline':>16}"
+    lines = [header, "-" * len(header)]
+    for label, attr in metrics:
+        values = [float(getattr(r, attr)) for r in results]
+        row = f"{label:<20}" + "".join(f"{v:>14.1f}" for v in values)
+        if len(results) == 2 and attr not in {"completed", "failed"}:
+            row += f"{values[0] / values[1]:>16.2f}" if values[1] else f"{'-':>16}"
+        lines.append(row)
+    return "\n".join(lines)
+
+
+def print_log_tails(work: Path, lines: int = 15) -> None:
+    for log in sorted(work.glob("*.log")):
+        tail = log.read_text(errors="replace").splitlines()[-lines:]
+        if tail:
+            print(f"--- {log.name} (tail)\n" + "\n".join(tail), file=sys.stderr)
+
+
+async def bench(cfg: BenchConfig, *, baseline_only: bool) -> dict[str, Any]:
+    results: list[RunResult] = []
+    error: str | None = None
+    with (
+        tempfile.TemporaryDirectory(prefix="toolfleet-bench-") as tmp,
+        start_broker(free_port()) as bootstrap,
+    ):
+        work = Path(tmp)
+        baseline = await run_baseline(bootstrap, cfg, work)
+        if not baseline_only:
+            try:
+                results.append(await run_fleet(bootstrap, cfg, work))
+            except Exception as exc:  # report the baseline even when the fleet cannot run
+                error = f"{type(exc).__name__}: {exc}"
+                print_log_tails(work)
+        results.append(baseline)
+    print(table(results))
+    for result in results:
+        print(f"{result.name}: {result.outcomes}")
+    if error:
+        print(f"\nfleet run failed: {error}", file=sys.stderr)
+    ratios = {}
+    if len(results) == 2:
+        fleet, base = results
+        ratios = {
+            "throughput": fleet.throughput_per_s / base.throughput_per_s,
+            "p50": fleet.p50_ms / base.p50_ms,
+            "p99": fleet.p99_ms / base.p99_ms,
+        }
+    return {
+        "timestamp": datetime.now(UTC).isoformat(),
+        "config": asdict(cfg),
+        "results": [asdict(r) for r in results],
+        "ratios_fleet_over_baseline": ratios,
+        "fleet_error": error,
+        "environment": {
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+        },
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--relay"]:
+        source, target, group, bootstrap, knobs = argv[1:6]
+        relay_main(source, target, group, bootstrap, json.loads(knobs))
+        return 0
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--n", type=int, default=2000, help="invocations measured (default 2000)")
+    parser.add_argument("--tenants", type=int, default=50, help="tenants (default 50)")
+    parser.add_argument("--concurrency", type=int, default=200, help="in flight (default 200)")
+    parser.add_argument("--warmup", type=int, default=200, help="unmeasured calls first")
+    parser.add_argument("--partitions", type=int, default=12, help="partitions per topic")
+    parser.add_argument("--fetch-max-wait-ms", type=int, default=FleetSettings().fetch_max_wait_ms)
+    parser.add_argument("--linger-ms", type=int, default=FleetSettings().linger_ms)
+    parser.add_argument("--timeout", type=float, default=60.0, help="per-invocation limit (s)")
+    parser.add_argument("--baseline-only", action="store_true", help="skip the fleet run")
+    parser.add_argument("--no-save", action="store_true", help="do not write bench/results")
+    args = parser.parse_args(argv)
+    if not 1 <= args.n <= MAX_N or not 1 <= args.tenants <= 10_000 or args.concurrency < 1:
+        parser.error(f"--n must be 1..{MAX_N}, --tenants 1..10000, --concurrency >= 1")
+    cfg = BenchConfig(
+        n=args.n,
+        tenants=args.tenants,
+        concurrency=args.concurrency,
+        partitions=args.partitions,
+        fetch_max_wait_ms=args.fetch_max_wait_ms,
+        linger_ms=args.linger_ms,
+        warmup=min(args.warmup, args.n),
+        timeout_s=args.timeout,
+    )
+    report = asyncio.run(bench(cfg, baseline_only=args.baseline_only))
+    if not args.no_save:
+        RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+        path = RESULTS_DIR / f"{stamp}.json"
+        path.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+        print(f"\nwrote {path}")
+    return 1 if report["fleet_error"] else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,3 @@
+from toolfleet.cli.main import main
+
+main()

@@ -1,0 +1,52 @@
+"""The FastAPI application: routers, problem handlers, metrics and the clients' lifespan."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI
+
+import toolfleet
+from toolfleet.api.metrics import HttpMetricsMiddleware
+from toolfleet.api.problems import install_problem_handlers, problem_media_types
+from toolfleet.api.resources import open_resources
+from toolfleet.api.routes import health, invocations, policies, tools
+from toolfleet.api.settings import ApiSettings
+
+
+def create_app(settings: ApiSettings) -> FastAPI:
+    """Build the API; its clients are opened when the app starts and closed when it stops."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async with open_resources(settings) as res:
+            app.state.resources = res
+            yield
+
+    app = FastAPI(
+        title="toolfleet status API",
+        version=toolfleet.__version__,
+        summary="Submit tool invocations and follow them to their outcome.",
+        lifespan=lifespan,
+    )
+    install_problem_handlers(app)
+    app.add_middleware(HttpMetricsMiddleware)
+    app.include_router(health.router)
+    app.include_router(invocations.router)
+    app.include_router(tools.router)
+    app.include_router(policies.router)
+    _serve_problem_media_types(app)
+    return app
+
+
+def _serve_problem_media_types(app: FastAPI) -> None:
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = problem_media_types(generate())
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]

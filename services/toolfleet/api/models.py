@@ -1,0 +1,137 @@
+"""Request and response bodies of the HTTP API (pure pydantic, no I/O)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+from uuid import UUID
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from toolfleet.events.models import InvocationStatus
+from toolfleet.registry.manifest import ToolManifest
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# --- invocations -----------------------------------------------------------------------
+
+
+class PollingInfo(_Body):
+    status_url: str
+    """Where to ``GET`` the invocation's status."""
+    poll_interval_ms: int = 500
+    """A sensible delay between polls."""
+
+
+class InvokeAccepted(_Body):
+    """``202`` answer to ``POST /v1/invocations``: the request is on the bus."""
+
+    invocation_id: str
+    status: Literal["pending"] = "pending"
+    polling_info: PollingInfo
+
+
+class InvocationView(_Body):
+    """One invocation as the status projection (``tool_invocations``) knows it."""
+
+    invocation_id: UUID
+    tenant_id: str
+    tool_id: str
+    tool_version: str | None = None
+    """The resolved version, once policy has resolved it."""
+    status: InvocationStatus
+    progress_percent: float = 0
+    current_phase: str = ""
+    result: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
+    """The outcome's error: ``code``, ``message``, ``details``, ``retryable``, ``retry_after_s``."""
+    latest_checkpoint: dict[str, Any] | None = None
+    execution_metadata: dict[str, Any] | None = None
+    warnings: list[str] = Field(default_factory=list)
+    created_at: datetime
+    updated_at: datetime
+    started_at: datetime | None = None
+    completed_at: datetime | None = None
+
+
+class InvocationPage(_Body):
+    """A page of invocations, newest first."""
+
+    items: list[InvocationView]
+    next_cursor: str | None = None
+    """Pass as ``cursor`` to get the next page; ``null`` on the last page."""
+
+
+class ControlBody(_Body):
+    """Optional body of ``cancel``, ``approve`` and ``deny``."""
+
+    reason: str = Field(default="", max_length=1024)
+    """Why; recorded in the control event and the audit trail."""
+    parameters_hash: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    """``approve`` only: the ``parameters_hash`` of the request the approver reviewed; the
+    approval then applies to that exact tool, version and parameters only."""
+
+
+class CancelResult(_Body):
+    invocation_id: str
+    cancelled: bool
+    """Whether a cancellation was requested (``false`` if the invocation had finished)."""
+    message: str
+
+
+class DecisionResult(_Body):
+    invocation_id: str
+    decision: Literal["approved", "denied"]
+    message: str
+
+
+# --- registry ------------------------------------------------------------------------
+
+
+class VersionSummary(_Body):
+    version: str
+    lifecycle_state: str
+    """``active``, ``deprecated`` or ``removed``."""
+    effect: str
+
+
+class ToolSummary(_Body):
+    tool_id: str
+    description: str
+    category: str
+    tags: list[str]
+    versions: list[VersionSummary]
+    """Newest first."""
+
+
+class ToolPage(_Body):
+    items: list[ToolSummary]
+    page: int
+    page_size: int
+    total: int
+
+
+class ToolDetail(_Body):
+    """A tool with the full manifest of every version, newest first."""
+
+    tool_id: str
+    description: str
+    category: str
+    tags: list[str]
+    versions: list[ToolManifest]
+
+
+# --- health --------------------------------------------------------------------------
+
+
+class Health(_Body):
+    status: Literal["ok"] = "ok"
+
+
+class Readiness(_Body):
+    status: Literal["ok"] = "ok"
+    checks: dict[str, str]
+    """``ok`` per dependency (``kafka``, ``redis``, ``postgres``)."""

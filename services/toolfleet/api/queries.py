@@ -1,0 +1,122 @@
+"""Read-side SQL over the status projection (``tool_invocations``).
+
+Lists use keyset pagination on ``(created_at, invocation_id)``, the order of the
+``tool_invocations_tenant_created`` index, so a page costs the same wherever it is. The
+cursor is opaque to clients: base64url of the last row's key.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+import asyncpg
+
+from toolfleet.api.models import InvocationPage, InvocationView
+from toolfleet.events.models import InvocationStatus
+
+_COLUMNS = """invocation_id, tenant_id, tool_id, tool_version, status, progress_percent,
+    current_phase, result, error, latest_checkpoint, execution_metadata, warnings,
+    created_at, updated_at, started_at, completed_at"""
+
+
+class InvalidCursor(ValueError):
+    """A ``cursor`` that this API did not hand out."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Cursor:
+    """Position after the last row of a page."""
+
+    created_at: datetime
+    invocation_id: UUID
+
+    def encode(self) -> str:
+        raw = json.dumps({"c": self.created_at.isoformat(), "i": str(self.invocation_id)})
+        return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+    @classmethod
+    def decode(cls, text: str) -> Cursor:
+        try:
+            raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+            fields = json.loads(raw)
+            created_at = datetime.fromisoformat(fields["c"])
+            invocation_id = UUID(fields["i"])
+        except (binascii.Error, ValueError, TypeError, KeyError, UnicodeDecodeError):
+            raise InvalidCursor("cursor is not one this API returned") from None
+        if created_at.tzinfo is None:
+            raise InvalidCursor("cursor is not one this API returned")
+        return cls(created_at=created_at, invocation_id=invocation_id)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InvocationFilter:
+    """What ``GET /v1/invocations`` asks for."""
+
+    tenant_id: str | None
+    """Only this tenant's invocations; ``None`` means all tenants (admins)."""
+    status: InvocationStatus | None = None
+    tool_id: str | None = None
+    limit: int = 50
+    after: Cursor | None = None
+
+
+class InvocationQueries:
+    """Reads invocations; every read is scoped to a tenant unless the caller is admin."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self._pool = pool
+
+    async def get(self, invocation_id: UUID, *, tenant_id: str | None) -> InvocationView | None:
+        """One invocation, or ``None`` if unknown or another tenant's."""
+        args: list[Any] = [invocation_id]
+        where = "invocation_id = $1"
+        if tenant_id is not None:
+            args.append(tenant_id)
+            where += " AND tenant_id = $2"
+        row = await self._pool.fetchrow(
+            f"SELECT {_COLUMNS} FROM tool_invocations WHERE {where}",  # noqa: S608 - placeholders only
+            *args,
+        )
+        return None if row is None else InvocationView.model_validate(dict(row))
+
+    async def page(self, query: InvocationFilter) -> InvocationPage:
+        """A page of invocations, newest first."""
+        where: list[str] = ["TRUE"]
+        args: list[Any] = []
+
+        def arg(value: Any) -> str:
+            args.append(value)
+            return f"${len(args)}"
+
+        if query.tenant_id is not None:
+            where.append(f"tenant_id = {arg(query.tenant_id)}")
+        if query.status is not None:
+            where.append(f"status = {arg(query.status.value)}")
+        if query.tool_id is not None:
+            where.append(f"tool_id = {arg(query.tool_id)}")
+        if query.after is not None:
+            where.append(
+                f"(created_at, invocation_id) < ({arg(query.after.created_at)}, "
+                f"{arg(query.after.invocation_id)})"
+            )
+        # One row more than asked tells whether another page follows.
+        limit = arg(query.limit + 1)
+        rows = await self._pool.fetch(
+            f"""SELECT {_COLUMNS} FROM tool_invocations WHERE {" AND ".join(where)}
+                ORDER BY created_at DESC, invocation_id DESC LIMIT {limit}""",  # noqa: S608 - placeholders only
+            *args,
+        )
+        items = [InvocationView.model_validate(dict(r)) for r in rows[: query.limit]]
+        next_cursor = None
+        if len(rows) > query.limit:
+            last = items[-1]
+            next_cursor = Cursor(
+                created_at=last.created_at, invocation_id=last.invocation_id
+            ).encode()
+        return InvocationPage(items=items, next_cursor=next_cursor)

@@ -1,0 +1,1 @@
+"""Audit: one PII-safe, OCSF-projected audit event per lifecycle event, for SIEMs."""

@@ -1,0 +1,32 @@
+"""Kafka adapter of audit: every lifecycle event in, one structured audit event out."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime
+
+from toolfleet.audit.records import audit_event
+from toolfleet.bus.producer import Outbound
+from toolfleet.bus.runtime import ConsumerSpec, EventConsumer, Inbound
+from toolfleet.events.codec import ContentMode
+from toolfleet.events.types import LIFECYCLE_TOPICS, Source, TopicName
+from toolfleet.worker import Resources
+
+
+async def build(res: Resources) -> list[EventConsumer]:
+    audit_topic = res.topic(TopicName.AUDIT)
+
+    async def handle(event: Inbound) -> Sequence[Outbound]:
+        envelope = audit_event(event.envelope, topic=event.topic, now=datetime.now(UTC))
+        # Structured mode: SIEM connectors read the value and never see headers.
+        return [Outbound(envelope=envelope, topic=audit_topic, mode=ContentMode.STRUCTURED)]
+
+    spec = ConsumerSpec(
+        service="audit",
+        source=Source.AUDIT,
+        group_id=res.group("audit"),
+        topics=[res.topic(name) for name in LIFECYCLE_TOPICS],
+        max_in_flight=res.settings.max_in_flight,
+        fetch_max_wait_ms=res.settings.observer_fetch_max_wait_ms,
+    )
+    return [res.consumer(spec, handle)]

@@ -1,0 +1,285 @@
+"""Masks secrets and PII in tool parameters before they reach an audit log or a status row.
+
+Two rules, applied recursively through nested mappings and sequences:
+
+* a value under a secret-ish key (``password``, ``api_key``, ``Authorization``,
+  ``x-auth-token``, ``cardNumber`` ...) is replaced whole by ``"[REDACTED]"``, whatever
+  its type; a ``capability_token`` key is dropped altogether;
+* in every other string (keys included), substrings that look like secrets or PII are
+  masked in place as ``"[REDACTED:<kind>]"``: PEM private keys, JWTs, ``Bearer``/
+  ``Basic`` credentials, AWS access key ids, e-mail addresses, long hex or base64
+  secrets (32+ characters), Luhn-valid card numbers, US SSNs, phone numbers and IPv4
+  addresses. Integers are checked as their decimal text (a card number sent as a number).
+
+Output is bounded: nesting deeper than :data:`MAX_DEPTH`, more than :data:`MAX_ITEMS`
+members in one container, more than :data:`MAX_NODES` values in total or strings longer
+than :data:`MAX_STRING` (after masking, so no secret is ever cut in half and leaked)
+are cut and marked ``"[TRUNCATED]"``. The functions are pure and never raise on
+JSON-like input; anything not JSON-like is rendered as its type name.
+
+Masking errs towards over-redaction: an audit log that hides a harmless value is a
+nuisance, one that keeps a secret is an incident.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import itertools
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+REDACTED: Final = "[REDACTED]"
+TRUNCATED: Final = "[TRUNCATED]"
+MAX_DEPTH: Final = 16
+MAX_ITEMS: Final = 256
+MAX_NODES: Final = 5_000
+MAX_STRING: Final = 4_096
+
+#: Key words whose value is a secret whatever it looks like (matched per word of a key).
+_SECRET_WORDS: Final = frozenset(
+    {
+        "password",
+        "passwd",
+        "pwd",
+        "passphrase",
+        "secret",
+        "token",
+        "apikey",
+        "authorization",
+        "auth",
+        "credential",
+        "credentials",
+        "cookie",
+        "ssn",
+        "cvv",
+        "pin",
+    }
+)
+#: Two-word key phrases that mark a secret (``api_key``, ``privateKey``, ``Card-Number``).
+_SECRET_PHRASES: Final = frozenset(
+    {
+        ("api", "key"),
+        ("private", "key"),
+        ("access", "key"),
+        ("session", "key"),
+        ("secret", "key"),
+        ("card", "number"),
+    }
+)
+#: Keys never copied at all, not even as ``[REDACTED]``.
+_DROPPED_KEYS: Final = frozenset({"capability_token", "capabilitytoken"})
+
+_WORD_SPLIT = re.compile(r"[^A-Za-z0-9]+|(?<=[a-z0-9])(?=[A-Z])")
+
+
+def _mask(kind: str) -> str:
+    return f"[REDACTED:{kind}]"
+
+
+def _luhn_ok(digits: str) -> bool:
+    total = 0
+    for i, ch in enumerate(reversed(digits)):
+        n = ord(ch) - 48
+        if i % 2 == 1:
+            n = n * 2 - 9 if n > 4 else n * 2
+        total += n
+    return total % 10 == 0
+
+
+def _card(match: re.Match[str]) -> str:
+    digits = re.sub(r"\D", "", match.group(0))
+    return _mask("card") if 13 <= len(digits) <= 19 and _luhn_ok(digits) else match.group(0)
+
+
+def _high_entropy(match: re.Match[str]) -> str:
+    text = match.group(0)
+    # Mixed case and digits: a random token, not a word, a path or a snake_case name.
+    if re.search(r"[a-z]", text) and re.search(r"[A-Z]", text) and re.search(r"\d", text):
+        return _mask("secret")
+    return text
+
+
+def _bearer(match: re.Match[str]) -> str:
+    # "bearer bonds" is prose; a credential has a digit or a symbol in it.
+    token = match.group(0).split(None, 1)[1]
+    if re.search(r"[\d._~+/=-]", token):
+        return match.group(0)[: -len(token)] + _mask("credential")
+    return match.group(0)
+
+
+def _basic(match: re.Match[str]) -> str:
+    # "Basic usage" is prose; a Basic credential is base64 of "user:password".
+    token = match.group(0).split(None, 1)[1]
+    try:
+        decoded = base64.b64decode(token + "=" * (-len(token) % 4), validate=True)
+    except (binascii.Error, ValueError):
+        return match.group(0)
+    if b":" in decoded:
+        return match.group(0)[: -len(token)] + _mask("credential")
+    return match.group(0)
+
+
+@dataclass(frozen=True, slots=True)
+class _Rule:
+    kind: str
+    pattern: re.Pattern[str]
+    replace: Callable[[re.Match[str]], str] | None = None
+
+    def apply(self, text: str) -> str:
+        if self.replace is not None:
+            return self.pattern.sub(self.replace, text)
+        return self.pattern.sub(_mask(self.kind), text)
+
+
+_OCTET = r"(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)"
+
+#: Order matters: whole structures (PEM, JWT) before the fragments they contain.
+_RULES: Final[tuple[_Rule, ...]] = (
+    _Rule(
+        "private_key",
+        re.compile(
+            r"-----BEGIN[A-Z0-9 ]*PRIVATE KEY-----(?:.*?-----END[A-Z0-9 ]*PRIVATE KEY-----|.*)",
+            re.DOTALL,
+        ),
+    ),
+    _Rule("jwt", re.compile(r"eyJ[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]*")),
+    _Rule(
+        "credential",
+        re.compile(r"\bBearer\s+[A-Za-z0-9._~+/=-]{8,}", re.IGNORECASE),
+        _bearer,
+    ),
+    _Rule("credential", re.compile(r"\bBasic\s+[A-Za-z0-9+/]{4,}={0,2}", re.IGNORECASE), _basic),
+    _Rule("aws_key", re.compile(r"(?:AKIA|ASIA|AGPA|AIDA|AROA)[A-Z0-9]{16}")),
+    _Rule(
+        "email",
+        # RFC 5322 dot-atom local part; punycode TLDs (xn--...) included.
+        re.compile(
+            r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~.-]+@(?:[A-Za-z0-9-]+\.)+[A-Za-z][A-Za-z0-9-]*[A-Za-z0-9]"
+        ),
+    ),
+    _Rule("secret", re.compile(r"(?<![0-9A-Za-z])[0-9A-Fa-f]{32,}(?![0-9A-Za-z])")),
+    _Rule(
+        "secret",
+        re.compile(r"(?<![A-Za-z0-9+/_-])[A-Za-z0-9+/_-]{32,}={0,2}"),
+        _high_entropy,
+    ),
+    _Rule("card", re.compile(r"(?<!\d)\d(?:[ -]?\d){12,18}(?!\d)"), _card),
+    _Rule("ssn", re.compile(r"(?<!\d)\d{3}-\d{2}-\d{4}(?!\d)")),
+    _Rule(
+        "phone",
+        re.compile(
+            r"(?<![\w+])\+\d{1,3}[ .-]?(?:\(\d{1,4}\)[ .-]?)?\d{2,4}(?:[ .-]?\d{2,4}){1,4}(?!\d)"
+            r"|(?<![\w.])\(?\d{3}\)?[ .-]\d{3}[ .-]\d{4}(?!\d)"
+        ),
+    ),
+    _Rule("ip", re.compile(rf"(?<!\d)(?<!\d\.){_OCTET}(?:\.{_OCTET}){{3}}(?!\.?\d)")),
+)
+
+
+def mask_text(text: str) -> str:
+    """``text`` with every secret- or PII-looking substring replaced by a mask."""
+    for rule in _RULES:
+        text = rule.apply(text)
+    return text
+
+
+def key_words(key: str) -> list[str]:
+    """The lower-case words of a key: ``"X-Api-Key"`` and ``"xApiKey"`` give api, key."""
+    return [w.lower() for w in _WORD_SPLIT.split(key) if w]
+
+
+def is_secret_key(key: str) -> bool:
+    """Whether a value stored under ``key`` is a secret whatever it looks like."""
+    words = key_words(key)
+    if any(w in _SECRET_WORDS for w in words):
+        return True
+    if any(pair in _SECRET_PHRASES for pair in itertools.pairwise(words)):
+        return True
+    # Run-together spellings: "apikey", "privatekey", "cardnumber", "accesstoken".
+    joined = "".join(words)
+    return any("".join(p) == joined for p in _SECRET_PHRASES) or joined in {
+        "accesstoken",
+        "refreshtoken",
+        "idtoken",
+        "clientsecret",
+    }
+
+
+class _Budget:
+    """Counts values visited so one huge payload cannot blow up the audit record."""
+
+    __slots__ = ("left",)
+
+    def __init__(self, nodes: int) -> None:
+        self.left = nodes
+
+    def take(self) -> bool:
+        self.left -= 1
+        return self.left >= 0
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= MAX_STRING else text[:MAX_STRING] + TRUNCATED
+
+
+def _value(value: Any, depth: int, budget: _Budget) -> Any:
+    if not budget.take():
+        return TRUNCATED
+    if value is None or isinstance(value, bool | float):
+        return value
+    if isinstance(value, int):
+        text = str(value)
+        masked = mask_text(text)
+        return value if masked == text else masked
+    if isinstance(value, str):
+        return _clip(mask_text(value))
+    if isinstance(value, Mapping):
+        return _mapping(value, depth + 1, budget) if depth < MAX_DEPTH else TRUNCATED
+    if isinstance(value, Sequence | set | frozenset) and not isinstance(value, bytes | bytearray):
+        if depth >= MAX_DEPTH:
+            return TRUNCATED
+        items = list(value)
+        out = [_value(v, depth + 1, budget) for v in items[:MAX_ITEMS]]
+        if len(items) > MAX_ITEMS:
+            out.append(TRUNCATED)
+        return out
+    return f"<{type(value).__name__}>"
+
+
+def _mapping(value: Mapping[Any, Any], depth: int, budget: _Budget) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for index, (raw_key, item) in enumerate(value.items()):
+        if index >= MAX_ITEMS:
+            out[TRUNCATED] = TRUNCATED
+            break
+        key = str(raw_key)
+        if key.lower() in _DROPPED_KEYS:
+            continue
+        safe_key = _unique(out, _clip(mask_text(key)))
+        out[safe_key] = REDACTED if is_secret_key(key) else _value(item, depth, budget)
+    return out
+
+
+def _unique(existing: Mapping[str, Any], key: str) -> str:
+    # Two keys may mask to the same text ("a@x.io", "b@y.io"): keep both values.
+    if key not in existing:
+        return key
+    n = 2
+    while f"{key}#{n}" in existing:
+        n += 1
+    return f"{key}#{n}"
+
+
+def sanitize_parameters(parameters: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A copy of ``parameters`` that is safe to log, audit and store (see module doc)."""
+    if not parameters:
+        return {}
+    return _mapping(parameters, 0, _Budget(MAX_NODES))
+
+
+def sanitize_value(value: Any) -> Any:
+    """Like :func:`sanitize_parameters` for any JSON-like value."""
+    return _value(value, 0, _Budget(MAX_NODES))

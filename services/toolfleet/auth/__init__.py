@@ -1,0 +1,1 @@
+"""Capability tokens (JWT, RS256): issuing and verifying."""

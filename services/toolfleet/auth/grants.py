@@ -1,0 +1,321 @@
+"""Execution grants: policy's signed "this exact call was authorized", checked by the executor.
+
+Policy verifies the agent's capability token and then drops it, so the executor
+cannot verify it again. Instead policy mints a short-lived *grant* and the executor
+checks it before running anything (defence in depth: an event written straight to
+``invoke.authorized`` by anyone but policy does not run).
+
+**A grant is not a capability token.** It authorizes one invocation, with these exact
+parameters, for about the tool's timeout; it names the capability token only by
+``jti``. It is never accepted where a capability token is expected (different
+algorithm, ``typ`` and audience) and never handed to tools or agents.
+
+Design: a compact JWS, **HS256 with a fleet secret** from ``TOOLFLEET_GRANT_KEY_FILE``
+(one key per line; the first signs, all verify, so the secret can be rotated). Not
+RS256 with the fleet's token-signing key, because:
+
+* policy would then hold the private key that mints capability tokens; a compromised
+  policy worker could mint tokens for any tenant. The grant secret only mints grants,
+  which are already policy's to give;
+* a grant signed by the token key is an RS256 JWS a token verifier might accept one
+  day by mistake; a separate HMAC key makes that confusion impossible by construction;
+* HMAC costs microseconds per invocation, RSA signing about a millisecond on the hot
+  path.
+
+The cost of HMAC is that every executor holds the secret and could mint grants; an
+executor runs the tools anyway, so that gives it nothing it did not have.
+
+The parameter hash is :func:`parameters_hash`, the same canonical JSON policy binds
+approvals to.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import secrets
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jwt
+
+from toolfleet.auth import jws
+from toolfleet.auth.keys import write_atomically
+from toolfleet.errors import PermissionDenied, ToolfleetError
+from toolfleet.settings import FleetSettings
+
+ALGORITHM = "HS256"
+TYP = "toolfleet-grant+jwt"
+ISSUER = "toolfleet/policy"
+AUDIENCE = "toolfleet/executor"
+LEEWAY_S = 30
+"""Clock skew tolerated between policy and executor hosts."""
+DEFAULT_MARGIN_S = 300
+MIN_KEY_BYTES = 32
+_WHAT = "execution grant"
+_BOUND = ("invocation_id", "tenant_id", "agent_did", "tool_id", "tool_version")
+_REQUIRED = ("iss", "aud", "iat", "exp", "jti", *_BOUND, "params_sha256", "cap_jti")
+
+
+def parameters_hash(tool_id: str, version: str, parameters: dict[str, Any]) -> str:
+    """SHA-256 (hex) of the canonical tool, version and parameters a call is bound to.
+
+    Canonical JSON: sorted keys, no whitespace, UTF-8 (not ASCII-escaped). The same
+    function binds approvals (policy) and grants (policy and executor).
+    """
+    canonical = json.dumps(
+        {"tool_id": tool_id, "version": version, "parameters": parameters},
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=False,
+    )
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ExecutionGrant:
+    """The verified claims of a grant."""
+
+    invocation_id: str
+    tenant_id: str
+    agent_did: str
+    tool_id: str
+    tool_version: str
+    params_sha256: str
+    capability_jti: str
+    """``jti`` of the capability token policy verified (re-check revocation with it)."""
+    expires_at: int
+
+
+class GrantKeyError(ToolfleetError):
+    """The grant key file is missing or unusable; the message never shows a key."""
+
+
+def load_grant_keys(path: Path) -> list[bytes]:
+    """The keys of a grant key file: one per non-empty line, ``#`` comments allowed."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise GrantKeyError(
+            f"cannot read the grant key file {path} ({type(exc).__name__})"
+        ) from None
+    keys = [
+        line.strip().encode()
+        for line in text.splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    if not keys:
+        raise GrantKeyError(f"the grant key file {path} holds no key")
+    if any(len(key) < MIN_KEY_BYTES for key in keys):
+        raise GrantKeyError(f"every key in {path} must be at least {MIN_KEY_BYTES} bytes")
+    return keys
+
+
+def new_grant_key() -> str:
+    """A fresh random grant key (256 bits, base64url)."""
+    return secrets.token_urlsafe(32)
+
+
+def ensure_grant_key(path: Path) -> bool:
+    """Create the grant key file (mode 600) unless it exists; ``True`` when created."""
+    if path.exists():
+        return False
+    write_atomically(path, (new_grant_key() + "\n").encode(), mode=0o600)
+    return True
+
+
+def rotate_grant_key(path: Path, *, keep: int = 2) -> None:
+    """Put a new signing key first, keep up to ``keep`` keys (old grants still verify)."""
+    old = load_grant_keys(path) if path.exists() else []
+    keys = [new_grant_key().encode(), *old][: max(1, keep)]
+    write_atomically(path, b"\n".join(keys) + b"\n", mode=0o600)
+
+
+def grant_kid(key: bytes) -> str:
+    """Public id of a grant key (a hash; reveals nothing usable about the key)."""
+    digest = hashlib.sha256(b"toolfleet-grant-kid\x00" + key).digest()
+    return base64.urlsafe_b64encode(digest).decode()[:12]
+
+
+class GrantSigner:
+    """Mints grants (policy side)."""
+
+    def __init__(
+        self,
+        key: bytes,
+        *,
+        margin_s: int = DEFAULT_MARGIN_S,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if len(key) < MIN_KEY_BYTES:
+            raise GrantKeyError(f"a grant key must be at least {MIN_KEY_BYTES} bytes")
+        self._key = key
+        self._kid = grant_kid(key)
+        self._margin_s = margin_s
+        self._clock = clock
+
+    @classmethod
+    def from_settings(cls, settings: FleetSettings) -> GrantSigner | None:
+        """The signer of ``TOOLFLEET_GRANT_KEY_FILE`` (first key), or ``None`` when unset."""
+        if settings.grant_key_file is None:
+            return None
+        return cls(load_grant_keys(settings.grant_key_file)[0], margin_s=settings.grant_margin_s)
+
+    def sign(
+        self,
+        *,
+        invocation_id: str,
+        tenant_id: str,
+        agent_did: str,
+        tool_id: str,
+        tool_version: str,
+        parameters: dict[str, Any],
+        capability_jti: str,
+        timeout_s: float,
+    ) -> str:
+        """A grant for this call, valid for ``timeout_s`` plus the margin."""
+        now = int(self._clock())
+        claims = {
+            "iss": ISSUER,
+            "aud": AUDIENCE,
+            "iat": now,
+            "exp": now + int(timeout_s) + 1 + self._margin_s,
+            "jti": str(uuid.uuid4()),
+            "invocation_id": invocation_id,
+            "tenant_id": tenant_id,
+            "agent_did": agent_did,
+            "tool_id": tool_id,
+            "tool_version": tool_version,
+            "params_sha256": parameters_hash(tool_id, tool_version, parameters),
+            "cap_jti": capability_jti,
+        }
+        return jwt.encode(
+            claims, self._key, algorithm=ALGORITHM, headers={"kid": self._kid, "typ": TYP}
+        )
+
+
+class GrantVerifier:
+    """Checks grants (executor side) against every configured grant key."""
+
+    def __init__(self, keys: list[bytes], *, clock: Callable[[], float] = time.time) -> None:
+        if not keys or any(len(k) < MIN_KEY_BYTES for k in keys):
+            raise GrantKeyError(f"grant keys must be at least {MIN_KEY_BYTES} bytes")
+        self._keys = {grant_kid(k): k for k in keys}
+        self._clock = clock
+
+    @classmethod
+    def from_settings(cls, settings: FleetSettings) -> GrantVerifier | None:
+        """The verifier of ``TOOLFLEET_GRANT_KEY_FILE``, or ``None`` when unset."""
+        if settings.grant_key_file is None:
+            return None
+        return cls(load_grant_keys(settings.grant_key_file))
+
+    def verify(
+        self,
+        grant: str,
+        *,
+        invocation_id: str,
+        tenant_id: str,
+        agent_did: str,
+        tool_id: str,
+        tool_version: str,
+        parameters: dict[str, Any],
+    ) -> None:
+        """Return when ``grant`` authorizes exactly this call; else :class:`PermissionDenied`."""
+        self.decode(
+            grant,
+            invocation_id=invocation_id,
+            tenant_id=tenant_id,
+            agent_did=agent_did,
+            tool_id=tool_id,
+            tool_version=tool_version,
+            parameters=parameters,
+        )
+
+    def decode(
+        self,
+        grant: str,
+        *,
+        invocation_id: str,
+        tenant_id: str,
+        agent_did: str,
+        tool_id: str,
+        tool_version: str,
+        parameters: dict[str, Any],
+    ) -> ExecutionGrant:
+        """:meth:`verify`, returning the grant's claims (``capability_jti`` ...)."""
+        claims = self._claims(grant)
+        expected = {
+            "invocation_id": invocation_id,
+            "tenant_id": tenant_id,
+            "agent_did": agent_did,
+            "tool_id": tool_id,
+            "tool_version": tool_version,
+        }
+        for name in _BOUND:
+            if not isinstance(claims[name], str) or claims[name] != expected[name]:
+                raise PermissionDenied(f"execution grant was issued for another {name}")
+        digest = parameters_hash(tool_id, tool_version, parameters)
+        bound = claims["params_sha256"]
+        if not isinstance(bound, str) or not hmac.compare_digest(bound, digest):
+            raise PermissionDenied("execution grant was issued for other parameters")
+        if not isinstance(claims["cap_jti"], str):
+            raise PermissionDenied("execution grant claim 'cap_jti' is malformed")
+        return ExecutionGrant(
+            invocation_id=invocation_id,
+            tenant_id=tenant_id,
+            agent_did=agent_did,
+            tool_id=tool_id,
+            tool_version=tool_version,
+            params_sha256=digest,
+            capability_jti=claims["cap_jti"],
+            expires_at=int(claims["exp"]),
+        )
+
+    def _claims(self, grant: str) -> dict[str, Any]:
+        header = jws.header(grant, what=_WHAT)
+        if header.get("alg") != ALGORITHM:
+            raise PermissionDenied(f"execution grant is not signed with {ALGORITHM}")
+        if header.get("typ") != TYP:
+            raise PermissionDenied("execution grant has the wrong type")
+        if "crit" in header:
+            raise PermissionDenied("execution grant has critical header parameters")
+        kid = header.get("kid")
+        key = self._keys.get(kid) if isinstance(kid, str) else None
+        if key is None:
+            raise PermissionDenied("execution grant is signed by an unknown key")
+        try:
+            claims: dict[str, Any] = jwt.decode(
+                grant,
+                key=key,
+                algorithms=[ALGORITHM],
+                audience=AUDIENCE,
+                issuer=ISSUER,
+                options={
+                    "require": list(_REQUIRED),
+                    "verify_exp": False,
+                    "verify_nbf": False,
+                    "verify_iat": False,
+                },
+            )
+        except jwt.InvalidSignatureError:
+            raise PermissionDenied("execution grant signature is invalid") from None
+        except jwt.MissingRequiredClaimError as exc:
+            raise PermissionDenied(f"execution grant lacks the {exc.claim!r} claim") from None
+        except jwt.PyJWTError:
+            raise PermissionDenied("execution grant is invalid") from None
+        now = self._clock()
+        exp, iat = claims["exp"], claims["iat"]
+        if not (jws.is_number(exp) and jws.is_number(iat)):
+            raise PermissionDenied("execution grant time claims must be numbers")
+        if exp + LEEWAY_S <= now:
+            raise PermissionDenied("execution grant has expired")
+        if iat - LEEWAY_S > now:
+            raise PermissionDenied("execution grant was issued in the future (iat)")
+        return claims

@@ -1,0 +1,385 @@
+"""Capability tokens: RS256 JWTs naming tenant, agent, tool and what the agent may do.
+
+Verification is strict and boring on purpose:
+
+* the token must be compact JWS with canonical base64url segments (no padding, no
+  ignored bits), so no two strings verify as the same token;
+* the algorithm is pinned to RS256, never read from the token (``none``, HS256 with
+  the public key as a secret, ES256 ... are refused), and a ``crit`` header is refused;
+* the key is chosen by ``kid`` from a :class:`~toolfleet.auth.keyring.KeyRing` (JWKS
+  file or URL, or PEM file), so old and new keys both verify during a rollover;
+  ``jku``/``jwk``/``x5u`` headers are ignored, keys only ever come from configuration;
+* ``exp``, ``iat``, ``iss``, ``aud``, ``jti``, ``tenant_id``, ``agent_did`` and
+  ``tool_id`` are required; ``exp``/``nbf``/``iat`` are checked with a 30 s leeway.
+
+Every failure is a :class:`~toolfleet.errors.PermissionDenied` whose message says
+which check failed and never contains the token or anything copied from it.
+:meth:`TokenVerifier.verify` does no I/O; key refreshes happen in the async
+:meth:`TokenVerifier.refresh` / :meth:`TokenVerifier.verify_fresh`. Revocation (by
+``jti``) is checked separately, see :mod:`toolfleet.auth.revocation`.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jwt
+from cryptography.hazmat.primitives.asymmetric import rsa
+
+from toolfleet.auth import jws
+from toolfleet.auth.keyring import FileKeySource, KeyRing, UrlJwksSource
+from toolfleet.auth.keys import kid_of, load_rsa_private_key
+from toolfleet.errors import PermissionDenied
+from toolfleet.settings import FleetSettings
+
+ALGORITHM = "RS256"
+LEEWAY_S = 30
+"""Clock skew tolerated on ``exp``, ``nbf`` and ``iat``."""
+REQUIRED_CLAIMS = ("exp", "iat", "iss", "aud", "jti", "tenant_id", "agent_did", "tool_id")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Capability:
+    """The verified claims of a capability token, typed."""
+
+    tenant_id: str
+    """Tenant the token was issued for."""
+    agent_did: str
+    """Agent the token was issued to."""
+    tool_id: str
+    """Tool id or glob (``core__*``) the token grants."""
+    tool_version: str
+    """Version range the token grants (``*`` = any)."""
+    jti: str
+    """Unique token id (revocation is by ``jti``)."""
+    subject: str
+    """``sub`` (the agent DID unless the issuer said otherwise)."""
+    scopes: frozenset[str]
+    """Space-separated ``scope`` claim (``admin`` lets the API see every tenant)."""
+    allowed_operations: tuple[str, ...] = ("invoke",)
+    """What the agent may do with the tool (``invoke`` ...)."""
+    filesystem_permissions: tuple[str, ...] = ()
+    network_permissions: tuple[str, ...] = ()
+    credential_permissions: tuple[str, ...] = ()
+    connections: tuple[str, ...] = ()
+    """Connection ids whose secrets the token grants (``connection_id`` of a request)."""
+    issuer: str = ""
+    """``iss``."""
+    audience: str = ""
+    """The ``aud`` value this verifier accepted."""
+    issued_at: int = 0
+    """``iat``, epoch seconds."""
+    expires_at: int = 0
+    """``exp``, epoch seconds."""
+    claims: dict[str, Any] = field(default_factory=dict, repr=False)
+    """Every claim, for the rare consumer that needs an extension claim."""
+
+    @property
+    def is_admin(self) -> bool:
+        return "admin" in self.scopes
+
+    def allows_tool(self, tool_id: str) -> bool:
+        return fnmatch.fnmatchcase(tool_id, self.tool_id)
+
+    def allows_operation(self, operation: str) -> bool:
+        return operation in self.allowed_operations
+
+    def allows_connection(self, connection_id: str) -> bool:
+        return connection_id in self.connections
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class IssuedToken:
+    """A freshly signed token and the facts an operator needs to revoke it."""
+
+    token: str = field(repr=False)
+    jti: str
+    expires_at: int
+    kid: str
+
+
+class TokenIssuer:
+    """Signs capability tokens with the fleet's current private key."""
+
+    def __init__(
+        self,
+        private_pem: bytes,
+        public_pem: bytes | None = None,
+        *,
+        issuer: str,
+        audience: str,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        # The kid comes from the private key: after a rotation the public file holds
+        # several keys, and only the private key says which one signs.
+        del public_pem
+        self._private = load_rsa_private_key(private_pem)
+        self._kid = kid_of(self._private.public_key())
+        self._issuer = issuer
+        self._audience = audience
+        self._clock = clock
+
+    @classmethod
+    def from_files(
+        cls, private: Path, public: Path | None = None, *, issuer: str, audience: str
+    ) -> TokenIssuer:
+        return cls(private.read_bytes(), issuer=issuer, audience=audience)
+
+    @property
+    def kid(self) -> str:
+        """The ``kid`` new tokens carry."""
+        return self._kid
+
+    def mint(
+        self,
+        *,
+        tenant_id: str,
+        agent_did: str,
+        tool_id: str = "*",
+        tool_version: str = "*",
+        ttl_s: int = 3600,
+        scopes: list[str] | None = None,
+        allowed_operations: list[str] | None = None,
+        filesystem_permissions: list[str] | None = None,
+        network_permissions: list[str] | None = None,
+        credential_permissions: list[str] | None = None,
+        connections: list[str] | None = None,
+    ) -> IssuedToken:
+        """Sign a token; returns it with its ``jti`` and ``exp``."""
+        now = int(self._clock())
+        jti = str(uuid.uuid4())
+        claims = {
+            "iss": self._issuer,
+            "aud": self._audience,
+            "sub": agent_did,
+            "iat": now,
+            "nbf": now - 1,
+            "exp": now + ttl_s,
+            "jti": jti,
+            "tenant_id": tenant_id,
+            "agent_did": agent_did,
+            "tool_id": tool_id,
+            "tool_version": tool_version,
+            "allowed_operations": allowed_operations or ["invoke"],
+            "filesystem_permissions": filesystem_permissions or [],
+            "network_permissions": network_permissions or [],
+            "credential_permissions": credential_permissions or [],
+            "connections": connections or [],
+            "scope": " ".join(scopes or []),
+        }
+        token = jwt.encode(
+            claims, self._private, algorithm=ALGORITHM, headers={"kid": self._kid, "typ": "JWT"}
+        )
+        return IssuedToken(token=token, jti=jti, expires_at=now + ttl_s, kid=self._kid)
+
+    def issue(self, **options: Any) -> str:
+        """Sign a token (the options of :meth:`mint`); returns the compact JWS alone."""
+        return self.mint(**options).token
+
+
+class TokenVerifier:
+    """Verifies capability tokens against a key ring (old and new keys during rotation)."""
+
+    def __init__(
+        self,
+        keys: list[bytes] | KeyRing,
+        *,
+        issuer: str,
+        audience: str,
+        leeway_s: int = LEEWAY_S,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._ring = keys if isinstance(keys, KeyRing) else KeyRing.from_pems(keys)
+        self._issuer = issuer
+        self._audience = audience
+        self._leeway_s = leeway_s
+        self._clock = clock
+
+    @classmethod
+    def from_file(cls, path: Path, *, issuer: str, audience: str) -> TokenVerifier:
+        """Keys from a PEM file (several keys allowed), reloaded on :meth:`refresh`."""
+        ring = KeyRing.from_file(FileKeySource(path=path, format="pem"))
+        return cls(ring, issuer=issuer, audience=audience)
+
+    @classmethod
+    def from_settings(cls, settings: FleetSettings) -> TokenVerifier | None:
+        """The verifier the settings describe, or ``None`` when no key is configured.
+
+        ``TOOLFLEET_JWKS_FILE`` wins, then ``TOOLFLEET_JWKS_URL`` (loaded on the first
+        :meth:`refresh`: call ``await verifier.refresh(strict=True)`` at start-up), then
+        ``TOOLFLEET_JWT_PUBLIC_KEY_FILE``. File keys are read now, so a missing or bad
+        file fails here with a :class:`~toolfleet.auth.keyring.KeySourceError`.
+        """
+        refresh_s = settings.jwks_refresh_s
+        if settings.jwks_file is not None:
+            source = FileKeySource(path=settings.jwks_file, format="jwks")
+            ring = KeyRing.from_file(source, refresh_s=refresh_s)
+        elif settings.jwks_url is not None:
+            ring = KeyRing(source=UrlJwksSource(url=settings.jwks_url), refresh_s=refresh_s)
+        elif settings.jwt_public_key_file is not None:
+            source = FileKeySource(path=settings.jwt_public_key_file, format="pem")
+            ring = KeyRing.from_file(source, refresh_s=refresh_s)
+        else:
+            return None
+        return cls(ring, issuer=settings.jwt_issuer, audience=settings.jwt_audience)
+
+    @property
+    def keys(self) -> KeyRing:
+        return self._ring
+
+    async def refresh(self, *, force: bool = False, strict: bool = False) -> bool:
+        """Reload the keys when the refresh interval has passed (see :meth:`KeyRing.refresh`)."""
+        return await self._ring.refresh(force=force, strict=strict)
+
+    async def refresh_for(self, token: str) -> None:
+        """Before :meth:`verify`: reload keys if the token's ``kid`` is unknown or keys are stale.
+
+        Never raises for a bad token; :meth:`verify` reports that.
+        """
+        kid = _unverified_kid(token)
+        if kid is None:
+            await self._ring.refresh()
+        else:
+            await self._ring.refresh_for_kid(kid)
+
+    async def verify_fresh(self, token: str) -> Capability:
+        """:meth:`refresh_for` then :meth:`verify`: what an async service should call."""
+        await self.refresh_for(token)
+        return self.verify(token)
+
+    def verify(self, token: str) -> Capability:
+        """The token's capability, or :class:`PermissionDenied` naming the failed check."""
+        header = _header(token)
+        if header.get("alg") != ALGORITHM:
+            raise PermissionDenied(f"capability token is not signed with {ALGORITHM}")
+        if "crit" in header:
+            raise PermissionDenied("capability token has critical header parameters")
+        key = self._key_for(header)
+        claims = self._decode(token, key)
+        self._check_times(claims)
+        return _capability(claims, audience=self._audience)
+
+    def _key_for(self, header: dict[str, Any]) -> rsa.RSAPublicKey:
+        kid = header.get("kid")
+        if kid is None:
+            key = self._ring.only_key()
+        else:
+            key = self._ring.get(kid) if isinstance(kid, str) else None
+        if key is None:
+            if not self._ring.kids:
+                raise PermissionDenied("no token verification key is loaded")
+            raise PermissionDenied("capability token is signed by an unknown key")
+        return key
+
+    def _decode(self, token: str, key: rsa.RSAPublicKey) -> dict[str, Any]:
+        try:
+            claims: dict[str, Any] = jwt.decode(
+                token,
+                key=key,
+                algorithms=[ALGORITHM],
+                audience=self._audience,
+                issuer=self._issuer,
+                options={
+                    "require": list(REQUIRED_CLAIMS),
+                    # Times are checked below with this verifier's clock and leeway.
+                    "verify_exp": False,
+                    "verify_nbf": False,
+                    "verify_iat": False,
+                },
+            )
+        except jwt.InvalidSignatureError:
+            raise PermissionDenied("capability token signature is invalid") from None
+        except jwt.MissingRequiredClaimError as exc:
+            raise PermissionDenied(f"capability token lacks the {exc.claim!r} claim") from None
+        except jwt.InvalidAudienceError:
+            raise PermissionDenied("capability token audience does not match") from None
+        except jwt.InvalidIssuerError:
+            raise PermissionDenied("capability token issuer does not match") from None
+        except jwt.DecodeError:
+            raise PermissionDenied("capability token is malformed") from None
+        except jwt.PyJWTError:
+            raise PermissionDenied("capability token is invalid") from None
+        return claims
+
+    def _check_times(self, claims: dict[str, Any]) -> None:
+        now = self._clock()
+        exp, iat, nbf = claims["exp"], claims["iat"], claims.get("nbf", 0)
+        if not all(jws.is_number(v) for v in (exp, iat, nbf)):
+            raise PermissionDenied("capability token time claims must be numbers")
+        if exp + self._leeway_s <= now:
+            raise PermissionDenied("capability token has expired")
+        if iat - self._leeway_s > now:
+            raise PermissionDenied("capability token was issued in the future (iat)")
+        if nbf - self._leeway_s > now:
+            raise PermissionDenied("capability token is not valid yet (nbf)")
+
+
+def _capability(claims: dict[str, Any], *, audience: str) -> Capability:
+    agent_did = _text(claims, "agent_did")
+    return Capability(
+        tenant_id=_text(claims, "tenant_id"),
+        agent_did=agent_did,
+        tool_id=_text(claims, "tool_id"),
+        tool_version=_text(claims, "tool_version", default="*"),
+        jti=_text(claims, "jti"),
+        subject=_text(claims, "sub", default=agent_did),
+        scopes=frozenset(_text(claims, "scope", default="", empty=True).split()),
+        allowed_operations=_texts(claims, "allowed_operations", default=("invoke",)),
+        filesystem_permissions=_texts(claims, "filesystem_permissions"),
+        network_permissions=_texts(claims, "network_permissions"),
+        credential_permissions=_texts(claims, "credential_permissions"),
+        connections=_texts(claims, "connections"),
+        issuer=str(claims["iss"]),
+        audience=audience,
+        issued_at=int(claims["iat"]),
+        expires_at=int(claims["exp"]),
+        claims=claims,
+    )
+
+
+def _text(
+    claims: dict[str, Any], name: str, *, default: str | None = None, empty: bool = False
+) -> str:
+    value = claims.get(name, default)
+    if not isinstance(value, str) or (not value and not empty) or len(value) > 1024:
+        raise PermissionDenied(f"capability token claim {name!r} is malformed")
+    return value
+
+
+def _texts(claims: dict[str, Any], name: str, *, default: tuple[str, ...] = ()) -> tuple[str, ...]:
+    value = claims.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise PermissionDenied(f"capability token claim {name!r} must be a list of strings")
+    return tuple(value)
+
+
+def _header(token: str) -> dict[str, Any]:
+    return jws.header(token, what="capability token")
+
+
+def _unverified_kid(token: str) -> str | None:
+    try:
+        kid = _header(token).get("kid")
+    except PermissionDenied:
+        return None
+    return kid if isinstance(kid, str) and len(kid) <= 256 else None
+
+
+async def open_verifier(settings: FleetSettings) -> TokenVerifier | None:
+    """:meth:`TokenVerifier.from_settings` with its keys loaded (fails fast at start-up).
+
+    Raises :class:`~toolfleet.auth.keyring.KeySourceError` when the configured keys
+    cannot be loaded; returns ``None`` when no key is configured at all.
+    """
+    verifier = TokenVerifier.from_settings(settings)
+    if verifier is not None and not verifier.keys.kids:
+        await verifier.refresh(force=True, strict=True)
+    return verifier

@@ -1,0 +1,78 @@
+"""Which offset of each partition is safe to commit while many records run at once.
+
+A partition is committed only up to its lowest unfinished offset: a record that
+finished early never lets the commit pass one that is still running, so a crash
+redelivers everything unfinished (at-least-once) and nothing else.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable
+from typing import NamedTuple
+
+
+class Partition(NamedTuple):
+    topic: str
+    partition: int
+
+
+class _PartitionState:
+    __slots__ = ("committed", "heap", "next_offset", "unfinished")
+
+    def __init__(self) -> None:
+        self.unfinished: set[int] = set()
+        self.heap: list[int] = []  # lazy min-heap over `unfinished`
+        self.next_offset: int | None = None  # one past the highest offset seen
+        self.committed: int | None = None
+
+    def low_watermark(self) -> int | None:
+        while self.heap and self.heap[0] not in self.unfinished:
+            heapq.heappop(self.heap)
+        return self.heap[0] if self.heap else self.next_offset
+
+
+class OffsetTracker:
+    """Tracks started and finished offsets per partition (pure logic, no I/O)."""
+
+    def __init__(self) -> None:
+        self._parts: dict[Partition, _PartitionState] = {}
+
+    def started(self, part: Partition, offset: int) -> None:
+        state = self._parts.setdefault(part, _PartitionState())
+        state.unfinished.add(offset)
+        heapq.heappush(state.heap, offset)
+        if state.next_offset is None or offset + 1 > state.next_offset:
+            state.next_offset = offset + 1
+
+    def finished(self, part: Partition, offset: int) -> None:
+        state = self._parts.get(part)
+        if state is not None:
+            state.unfinished.discard(offset)
+
+    def unfinished(self, part: Partition) -> int:
+        state = self._parts.get(part)
+        return len(state.unfinished) if state else 0
+
+    def committable(self, parts: Iterable[Partition] | None = None) -> dict[Partition, int]:
+        """Offsets to commit now: per partition, its lowest unfinished offset (or next)."""
+        result: dict[Partition, int] = {}
+        for part in self._parts if parts is None else parts:
+            state = self._parts.get(part)
+            if state is None:
+                continue
+            low = state.low_watermark()
+            if low is not None and (state.committed is None or low > state.committed):
+                result[part] = low
+        return result
+
+    def mark_committed(self, offsets: dict[Partition, int]) -> None:
+        for part, offset in offsets.items():
+            state = self._parts.get(part)
+            if state is not None:
+                state.committed = offset
+
+    def forget(self, parts: Iterable[Partition]) -> None:
+        """Drop partitions this consumer no longer owns."""
+        for part in parts:
+            self._parts.pop(part, None)

@@ -1,0 +1,75 @@
+"""The one way toolfleet publishes: encode an envelope and wait for the broker's ack."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from aiokafka import AIOKafkaProducer
+from opentelemetry.trace import SpanKind
+
+from toolfleet.events.codec import ContentMode, WireMessage, encode
+from toolfleet.events.envelope import Envelope
+from toolfleet.observability.tracing import span
+from toolfleet.settings import FleetSettings
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Outbound:
+    """An event to publish: where, in which content mode."""
+
+    envelope: Envelope
+    topic: str
+    mode: ContentMode = ContentMode.BINARY
+
+
+class EventProducer:
+    """A started aiokafka producer tuned for low latency (``linger_ms`` 0 by default)."""
+
+    def __init__(self, settings: FleetSettings, *, client_id: str = "toolfleet") -> None:
+        self._producer = AIOKafkaProducer(
+            bootstrap_servers=settings.kafka_bootstrap,
+            client_id=client_id,
+            acks="all",
+            linger_ms=settings.linger_ms,
+            enable_idempotence=settings.enable_idempotence,
+            max_request_size=max(settings.max_event_bytes * 4, 1_048_576),
+            request_timeout_ms=30_000,
+        )
+
+    async def start(self) -> None:
+        await self._producer.start()
+
+    async def stop(self) -> None:
+        await self._producer.stop()
+
+    async def send(self, outbound: Outbound) -> None:
+        await self.send_all([outbound])
+
+    async def enqueue(self, outbound: Outbound) -> asyncio.Future[object]:
+        """Hand one event to the producer; await the returned future for the broker's ack."""
+        with span(
+            f"send {outbound.envelope.type}",
+            kind=SpanKind.PRODUCER,
+            traceparent=outbound.envelope.traceparent,
+            attributes={"messaging.destination.name": outbound.topic},
+        ):
+            return await self.send_wire(outbound.topic, encode(outbound.envelope, outbound.mode))
+
+    async def send_all(self, outbounds: Sequence[Outbound]) -> None:
+        """Publish all and return once the broker acknowledged every one."""
+        if not outbounds:
+            return
+        await asyncio.gather(*[await self.enqueue(out) for out in outbounds])
+
+    async def send_wire(self, topic: str, message: WireMessage) -> asyncio.Future[object]:
+        """Enqueue raw bytes (DLQ records, replays); await the returned future for the ack."""
+        future: asyncio.Future[object] = await self._producer.send(
+            topic, value=message.value, key=message.key, headers=message.headers
+        )
+        return future
+
+    async def partitions_for(self, topic: str) -> set[int]:
+        result: set[int] = await self._producer.partitions_for(topic)
+        return result

@@ -1,0 +1,568 @@
+"""toolfleet's consumer runtime on aiokafka: concurrent handling, exact commits.
+
+Each record becomes a task (up to ``max_in_flight`` at once; past that the assigned
+partitions are paused while ``getmany`` keeps being called, so long tools never trip
+``max.poll.interval.ms``). A consumer with a ``schedule`` (the executor) reads ahead
+instead: records are decoded into a :class:`~toolfleet.bus.scheduler.Backlog` and
+started by priority, fairly across tenants, within a per-tenant bound; a queued record
+is unfinished for commits like a running one. A record's outputs are published and
+acknowledged before it counts as finished, and a partition is committed only up to its
+lowest unfinished offset (:mod:`toolfleet.bus.offsets`): at-least-once, with dedupe by
+``source``+``id`` making redeliveries harmless. Undecodable or invalid input goes to the
+DLQ and the consumer keeps going. Transient infrastructure errors are retried with
+full-jitter backoff for as long as it takes; anything else is retried a few times, then
+dead-lettered with the original bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+import redis.exceptions
+from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
+from aiokafka.abc import ConsumerRebalanceListener
+from aiokafka.errors import CommitFailedError, KafkaError
+from opentelemetry.trace import SpanKind
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_random_exponential
+
+from toolfleet.bus.dedupe import ProcessedEvents
+from toolfleet.bus.dlq import dlq_message
+from toolfleet.bus.offsets import OffsetTracker, Partition
+from toolfleet.bus.producer import EventProducer, Outbound
+from toolfleet.bus.scheduler import Backlog, Placement
+from toolfleet.errors import ErrorCode, ErrorInfo, InvalidEvent, ToolfleetError
+from toolfleet.events.codec import decode
+from toolfleet.events.envelope import Envelope
+from toolfleet.observability import metrics
+from toolfleet.observability.logs import log_context
+from toolfleet.observability.tracing import span, trace_id_of
+from toolfleet.settings import FleetSettings
+from toolfleet.storage.errors import POSTGRES_UNAVAILABLE
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+#: Retries (after the first attempt) of an unexpected, non-transient handler error
+#: before the message is dead-lettered: three attempts in all.
+_MAX_UNEXPECTED_ATTEMPTS = 2
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Inbound:
+    """One decoded record handed to a service's handler."""
+
+    envelope: Envelope
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+
+
+Handler = Callable[[Inbound], Awaitable[Sequence[Outbound]]]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConsumerSpec:
+    """What one consumer of a service reads and how."""
+
+    service: str
+    """Service name (metrics label, log field)."""
+    source: str
+    """The service's ``source`` URI, used on its DLQ records."""
+    group_id: str
+    topics: Sequence[str]
+    max_in_flight: int = 256
+    auto_offset_reset: str = "earliest"
+    revoke_grace_s: float = 2.0
+    """On a rebalance, how long in-flight records of revoked partitions may finish."""
+    on_revoke: Callable[[Sequence[Partition]], None] | None = None
+    """Told first when partitions are revoked, so in-flight work of theirs can wind down
+    at a safe point within ``revoke_grace_s`` (the executor suspends tools at their next
+    checkpoint) instead of being cancelled mid-way."""
+    commit_interval_s: float = 0.2
+    fetch_max_wait_ms: int | None = None
+    """Overrides ``TOOLFLEET_FETCH_MAX_WAIT_MS`` for this consumer."""
+    extra_transient: tuple[type[BaseException], ...] = field(default_factory=tuple)
+    """More exception types to treat as transient (retried without limit)."""
+    schedule: Callable[[Envelope], Placement] | None = None
+    """Opt-in scheduling: where a decoded record goes in the backlog (rank, tenant). Must
+    not raise. Unset: every record starts as soon as it is fetched (the default)."""
+    max_in_flight_per_tenant: int | None = None
+    """With ``schedule``: records of one tenant running at once; None: no bound."""
+    read_ahead: int | None = None
+    """With ``schedule``: records fetched beyond ``max_in_flight`` and queued for
+    scheduling; None: ``max(max_in_flight, 64)``."""
+
+    @property
+    def backlog_limit(self) -> int:
+        """Records queued (not started) past which the consumer stops fetching."""
+        return self.read_ahead if self.read_ahead is not None else max(self.max_in_flight, 64)
+
+
+@dataclass(frozen=True, slots=True)
+class _Queued:
+    """A fetched, decoded record waiting in the backlog."""
+
+    record: ConsumerRecord[bytes, bytes]
+    part: Partition
+    envelope: Envelope
+
+
+def _is_transient(exc: BaseException) -> bool:
+    if isinstance(exc, ToolfleetError):
+        return False  # handlers turn these into outcomes; one that escapes is a bug
+    # Connection trouble with Kafka, Redis or Postgres: wait it out, never dead-letter.
+    return isinstance(
+        exc,
+        (
+            ConnectionError,
+            TimeoutError,
+            KafkaError,
+            redis.exceptions.ConnectionError,
+            redis.exceptions.TimeoutError,
+            *POSTGRES_UNAVAILABLE,
+        ),
+    )
+
+
+class EventConsumer:
+    """Consumes ``spec.topics`` in ``spec.group_id`` and runs ``handler`` per event."""
+
+    def __init__(
+        self,
+        spec: ConsumerSpec,
+        handler: Handler,
+        *,
+        settings: FleetSettings,
+        producer: EventProducer,
+        processed: ProcessedEvents | None,
+        dlq_topic: str,
+    ) -> None:
+        self.spec = spec
+        self._handler = handler
+        self._settings = settings
+        self._producer = producer
+        self._processed = processed
+        self._dlq_topic = dlq_topic
+        self._tracker = OffsetTracker()
+        self._tasks: dict[asyncio.Task[None], Partition] = {}
+        self._in_flight_keys: set[str] = set()
+        self._stopping = asyncio.Event()
+        self._consumer: AIOKafkaConsumer | None = None
+        self._paused = False
+        self._task_done = asyncio.Event()
+        self._backlog: Backlog[_Queued] | None = (
+            Backlog(max_running_per_tenant=spec.max_in_flight_per_tenant)
+            if spec.schedule is not None
+            else None
+        )
+        self._stop_requested: asyncio.Event | None = None
+        self.assigned = asyncio.Event()
+        """Set once the consumer has been assigned partitions (tests and readiness)."""
+
+    @property
+    def queued(self) -> int:
+        """Records fetched and waiting in the backlog (scheduling consumers only)."""
+        return len(self._backlog) if self._backlog is not None else 0
+
+    # --- lifecycle -----------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Consume until ``stop`` is set, then drain in-flight work and commit."""
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=self._settings.kafka_bootstrap,
+            group_id=self.spec.group_id,
+            client_id=f"toolfleet-{self.spec.service}",
+            enable_auto_commit=False,
+            auto_offset_reset=self.spec.auto_offset_reset,
+            fetch_max_wait_ms=(
+                self.spec.fetch_max_wait_ms
+                if self.spec.fetch_max_wait_ms is not None
+                else self._settings.fetch_max_wait_ms
+            ),
+            max_partition_fetch_bytes=max(self._settings.max_event_bytes * 2, 1_048_576),
+            session_timeout_ms=self._settings.session_timeout_ms,
+            heartbeat_interval_ms=max(500, self._settings.session_timeout_ms // 3),
+            max_poll_interval_ms=300_000,
+        )
+        self._consumer = consumer
+        self._stop_requested = stop
+        consumer.subscribe(list(self.spec.topics), listener=_Rebalance(self))
+        await consumer.start()
+        committer = asyncio.create_task(self._commit_loop(), name=f"{self.spec.service}-commit")
+        try:
+            await self._poll_loop(consumer, stop)
+        finally:
+            self._stopping.set()
+            await self._drain(self._settings.drain_timeout_s)
+            # A commit or a leave during a rebalance waits for the group join under way,
+            # which a fleet in the middle of a rebalance can stretch out. Past the session
+            # timeout the group drops this member anyway, and whatever was not committed
+            # is redelivered: bounded, so SIGTERM always ends the process.
+            try:
+                await asyncio.wait_for(
+                    self._leave(consumer, committer),
+                    timeout=self._settings.session_timeout_ms / 1000,
+                )
+            except TimeoutError:
+                log.warning("left the consumer group without waiting for its rebalance")
+            self._consumer = None
+
+    async def _leave(self, consumer: AIOKafkaConsumer, committer: asyncio.Task[None]) -> None:
+        committer.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await committer
+        await self._commit(final=True)
+        await consumer.stop()
+
+    async def _poll_loop(self, consumer: AIOKafkaConsumer, stop: asyncio.Event) -> None:
+        stopped = asyncio.create_task(stop.wait())
+        try:
+            while not stop.is_set():
+                free = self.spec.max_in_flight - len(self._tasks)
+                if self._backlog is not None:
+                    free += self.spec.backlog_limit - len(self._backlog)
+                self._apply_backpressure(consumer, full=free <= 0)
+                fetch = asyncio.ensure_future(
+                    consumer.getmany(timeout_ms=100, max_records=max(free, 1))
+                )
+                # A fetch can block for a whole group join; a stop must not wait for it.
+                await asyncio.wait([fetch, stopped], return_when=asyncio.FIRST_COMPLETED)
+                if not fetch.done():
+                    fetch.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await fetch
+                    return
+                self._dispatch_batch(consumer, fetch.result())
+        finally:
+            stopped.cancel()
+
+    def _dispatch_batch(
+        self,
+        consumer: AIOKafkaConsumer,
+        batch: dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]],
+    ) -> None:
+        if consumer.assignment():
+            self.assigned.set()
+        if self._backlog is None:
+            for records in batch.values():
+                for record in records:
+                    self._dispatch(record)
+            return
+        for records in batch.values():
+            for record in records:
+                self._enqueue(record, self._backlog)
+        self._start_ready()
+
+    def _apply_backpressure(self, consumer: AIOKafkaConsumer, *, full: bool) -> None:
+        # Re-applied every round: a rebalance may have assigned new partitions since.
+        if full:
+            consumer.pause(*consumer.assignment())
+            self._paused = True
+        elif self._paused:
+            consumer.resume(*consumer.assignment())
+            self._paused = False
+
+    async def _drain(self, timeout_s: float) -> None:
+        if self._tasks:
+            log.info("draining in-flight events", extra={"in_flight": len(self._tasks)})
+            _, pending = await asyncio.wait(list(self._tasks), timeout=timeout_s)
+            for task in pending:
+                task.cancel()
+            if pending:
+                await asyncio.wait(pending)
+
+    # --- per record ----------------------------------------------------------------
+
+    def _dispatch(self, record: ConsumerRecord[bytes, bytes]) -> None:
+        part = Partition(record.topic, record.partition)
+        self._tracker.started(part, record.offset)
+        self._start(record, part, None)
+
+    def _enqueue(self, record: ConsumerRecord[bytes, bytes], backlog: Backlog[_Queued]) -> None:
+        """Decode ``record`` once and queue it; undecodable input goes to the DLQ now."""
+        part = Partition(record.topic, record.partition)
+        self._tracker.started(part, record.offset)  # queued is unfinished: not committed
+        try:
+            envelope = self._decode(record, [(k, v) for k, v in record.headers])
+        except InvalidEvent as exc:
+            self._start(record, part, exc)
+            return
+        assert self.spec.schedule is not None
+        backlog.push(_Queued(record, part, envelope), self.spec.schedule(envelope))
+
+    def _start_ready(self) -> None:
+        """Start queued records while slots are free, in the backlog's order."""
+        backlog = self._backlog
+        if backlog is None or self._stopping.is_set():
+            return
+        if self._stop_requested is not None and self._stop_requested.is_set():
+            return  # queued records are left unfinished: the next owner reads them
+        while len(self._tasks) < self.spec.max_in_flight:
+            picked = backlog.pop()
+            if picked is None:
+                return
+            queued, tenant = picked
+            task = self._start(queued.record, queued.part, queued.envelope)
+            task.add_done_callback(functools.partial(self._after_scheduled, tenant))
+
+    def _after_scheduled(self, tenant: str, _task: asyncio.Task[None]) -> None:
+        assert self._backlog is not None
+        self._backlog.done(tenant)
+        self._start_ready()
+
+    def _start(
+        self,
+        record: ConsumerRecord[bytes, bytes],
+        part: Partition,
+        decoded: Envelope | InvalidEvent | None,
+    ) -> asyncio.Task[None]:
+        task = asyncio.create_task(self._process(record, part, decoded))
+        self._tasks[task] = part
+        metrics.IN_FLIGHT.labels(self.spec.service).set(len(self._tasks))
+        task.add_done_callback(self._forget_task)
+        return task
+
+    def _decode(
+        self, record: ConsumerRecord[bytes, bytes], headers: list[tuple[str, bytes]]
+    ) -> Envelope:
+        if record.value is not None and len(record.value) > self._settings.max_event_bytes:
+            raise InvalidEvent(
+                "message larger than the configured limit",
+                details={"bytes": len(record.value), "limit": self._settings.max_event_bytes},
+            )
+        return decode(key=record.key, value=record.value, headers=headers)
+
+    def _forget_task(self, task: asyncio.Task[None]) -> None:
+        self._tasks.pop(task, None)
+        metrics.IN_FLIGHT.labels(self.spec.service).set(len(self._tasks))
+        if not task.cancelled() and task.exception() is not None:  # pragma: no cover
+            log.error("record task crashed", exc_info=task.exception())
+
+    async def _process(
+        self,
+        record: ConsumerRecord[bytes, bytes],
+        part: Partition,
+        decoded: Envelope | InvalidEvent | None = None,
+    ) -> None:
+        """Handle one record; ``decoded`` is its envelope (or why it is not one) when the
+        backlog decoded it already."""
+        started = time.perf_counter()
+        headers = [(k, v) for k, v in record.headers]
+        event_type = "unknown"
+        outcome = "ok"
+        try:
+            if isinstance(decoded, InvalidEvent):
+                raise decoded
+            envelope = self._decode(record, headers) if decoded is None else decoded
+            event_type = envelope.type
+            key = envelope.dedupe_key
+            if key in self._in_flight_keys:
+                metrics.DUPLICATES_SKIPPED.labels(self.spec.service).inc()
+                outcome = "duplicate"
+                return
+            self._in_flight_keys.add(key)  # claimed before any await: no race with a twin
+            try:
+                processed = self._processed
+                if processed is not None and await self._retrying(lambda: processed.seen(key)):
+                    metrics.DUPLICATES_SKIPPED.labels(self.spec.service).inc()
+                    outcome = "duplicate"
+                    return
+                inbound = Inbound(
+                    envelope=envelope,
+                    topic=record.topic,
+                    partition=record.partition,
+                    offset=record.offset,
+                    key=record.key,
+                )
+                await self._handle_and_emit(inbound)
+                if processed is not None:
+                    await self._retrying(lambda: processed.mark(key))
+            finally:
+                self._in_flight_keys.discard(key)
+        except asyncio.CancelledError:
+            # Revoked or shut down mid-way: leave the offset unfinished so it is redelivered.
+            outcome = "abandoned"
+            raise
+        except InvalidEvent as exc:
+            outcome = "dlq"
+            await self._dead_letter(record, headers, exc.to_error_info())
+        except Exception as exc:
+            outcome = "dlq"
+            log.exception("giving up on event", extra={"event_type": event_type})
+            info = (
+                exc.to_error_info()
+                if isinstance(exc, ToolfleetError)
+                else ErrorInfo(
+                    code=ErrorCode.INTERNAL_ERROR,
+                    message=f"handler failed: {type(exc).__name__}",
+                    retryable=True,
+                )
+            )
+            await self._dead_letter(record, headers, info)
+        finally:
+            if outcome != "abandoned":
+                self._tracker.finished(part, record.offset)
+            metrics.EVENTS_PROCESSED.labels(self.spec.service, event_type, outcome).inc()
+            metrics.PROCESSING_SECONDS.labels(self.spec.service, event_type).observe(
+                time.perf_counter() - started
+            )
+
+    async def _handle_and_emit(self, inbound: Inbound) -> None:
+        env = inbound.envelope
+        with (
+            log_context(
+                tenant_id=env.tenantid,
+                invocation_id=env.invocationid,
+                trace_id=trace_id_of(env.traceparent),
+                event_type=env.type,
+            ),
+            span(
+                f"process {env.type}",
+                kind=SpanKind.CONSUMER,
+                traceparent=env.traceparent,
+                tracestate=env.tracestate,
+                attributes={
+                    "messaging.destination.name": inbound.topic,
+                    "messaging.kafka.offset": inbound.offset,
+                    "toolfleet.service": self.spec.service,
+                },
+            ),
+        ):
+            await self._retrying(lambda: self._handle_once(inbound))
+
+    async def _handle_once(self, inbound: Inbound) -> None:
+        outputs = await self._handler(inbound)
+        await self._producer.send_all(outputs)
+
+    async def _retrying(self, step: Callable[[], Awaitable[T]]) -> T:
+        """Run ``step``; transient failures retry without limit, others a few times."""
+        try:  # the fast path: no retry machinery unless something failed
+            return await step()
+        except InvalidEvent:
+            raise
+        except Exception as exc:
+            if self._stopping.is_set():
+                raise
+            log.warning("step failed, retrying", extra={"error": type(exc).__name__})
+        async for attempt in AsyncRetrying(
+            retry=retry_if_exception(lambda e: not isinstance(e, InvalidEvent)),
+            stop=self._should_stop_retrying,
+            wait=wait_random_exponential(multiplier=0.05, max=5),
+            reraise=True,
+        ):
+            with attempt:
+                return await step()
+        raise AssertionError("unreachable: tenacity either returns or raises")  # pragma: no cover
+
+    def _should_stop_retrying(self, state: RetryCallState) -> bool:
+        if self._stopping.is_set():
+            return True
+        exc = state.outcome.exception() if state.outcome else None
+        if exc is not None and (_is_transient(exc) or isinstance(exc, self.spec.extra_transient)):
+            log.warning("transient failure, retrying", extra={"error": type(exc).__name__})
+            return False
+        return state.attempt_number >= _MAX_UNEXPECTED_ATTEMPTS
+
+    async def _dead_letter(
+        self,
+        record: ConsumerRecord[bytes, bytes],
+        headers: list[tuple[str, bytes]],
+        error: ErrorInfo,
+    ) -> None:
+        metrics.DLQ_RECORDS.labels(self.spec.service, error.code).inc()
+        log.warning(
+            "dead-lettered message",
+            extra={
+                "topic": record.topic,
+                "partition": record.partition,
+                "offset": record.offset,
+                "error_code": str(error.code),
+            },
+        )
+        message = dlq_message(
+            source=self.spec.source,
+            consumer_group=self.spec.group_id,
+            topic=record.topic,
+            partition=record.partition,
+            offset=record.offset,
+            timestamp_ms=record.timestamp,
+            key=record.key,
+            headers=headers,
+            value=record.value,
+            error=error,
+        )
+        async for attempt in AsyncRetrying(
+            wait=wait_random_exponential(multiplier=0.05, max=5), reraise=True
+        ):
+            with attempt:
+                await await_ack(await self._producer.send_wire(self._dlq_topic, message))
+
+    # --- commits and rebalances ------------------------------------------------------
+
+    async def _commit_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.spec.commit_interval_s)
+            await self._commit()
+
+    async def _commit(
+        self, parts: Sequence[Partition] | None = None, *, final: bool = False
+    ) -> None:
+        consumer = self._consumer
+        if consumer is None:
+            return
+        owned = {Partition(tp.topic, tp.partition) for tp in consumer.assignment()}
+        wanted = owned if parts is None else owned & set(parts)
+        offsets = self._tracker.committable(wanted)
+        if not offsets:
+            return
+        try:
+            await consumer.commit(
+                {TopicPartition(p.topic, p.partition): off for p, off in offsets.items()}
+            )
+            self._tracker.mark_committed(offsets)
+        except (CommitFailedError, KafkaError) as exc:
+            # A rebalance is under way; the next owner re-reads from the last commit.
+            level = logging.INFO if final else logging.WARNING
+            log.log(level, "commit failed", extra={"error": type(exc).__name__})
+
+    async def release(self, revoked: Sequence[Partition]) -> None:
+        """Called on revoke: let in-flight work of those partitions finish, then commit."""
+        revoked_set = set(revoked)
+        if self._backlog is not None:
+            # Not started, so not ours to finish: unfinished, the next owner reads them.
+            self._backlog.drop(lambda queued: queued.part in revoked_set)
+        mine = [t for t, p in self._tasks.items() if p in revoked_set]
+        if mine:
+            if self.spec.on_revoke is not None:
+                self.spec.on_revoke(list(revoked_set))
+            _, pending = await asyncio.wait(mine, timeout=self.spec.revoke_grace_s)
+            for task in pending:
+                task.cancel()
+            if pending:
+                await asyncio.wait(pending)
+        await self._commit(list(revoked_set))
+        self._tracker.forget(revoked_set)
+
+
+async def await_ack(future: asyncio.Future[object]) -> None:
+    await future
+
+
+class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, runtime: EventConsumer) -> None:
+        self._runtime = runtime
+
+    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        await self._runtime.release([Partition(tp.topic, tp.partition) for tp in revoked])
+
+    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        if assigned:
+            self._runtime.assigned.set()

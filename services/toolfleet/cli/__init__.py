@@ -1,0 +1,1 @@
+"""The ``toolfleet`` command line (contract section 6)."""

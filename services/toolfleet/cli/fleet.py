@@ -1,0 +1,114 @@
+"""Commands that run parts of the fleet: ``dev``, ``init``, ``api`` and ``worker``."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+from collections.abc import Callable
+from enum import StrEnum
+from typing import Annotated, cast
+
+import typer
+
+from toolfleet.cli.config import load_settings
+from toolfleet.cli.errors import CliError, reaching_fleet, redacted
+from toolfleet.cli.output import err_console
+from toolfleet.settings import FleetSettings
+
+
+class WorkerName(StrEnum):
+    """The services ``toolfleet worker`` can run."""
+
+    POLICY = "policy"
+    EXECUTOR = "executor"
+    VALIDATOR = "validator"
+    AUDIT = "audit"
+    STATUS = "status"
+
+
+def _devstack(module: str, attribute: str) -> object:
+    # Imported on use, by name: the supervisor pulls in the embedded servers, which
+    # only ``dev`` needs, and may be absent from slim installations.
+    try:
+        loaded = importlib.import_module(f"toolfleet.devstack.{module}")
+    except ModuleNotFoundError as exc:
+        if exc.name != f"toolfleet.devstack.{module}":
+            raise
+        raise CliError(f"this installation has no toolfleet.devstack.{module}") from None
+    return getattr(loaded, attribute)
+
+
+def dev() -> None:
+    """Run the whole fleet and the API on this machine (embedded servers where unset)."""
+    run_dev = cast(Callable[[], int], _devstack("supervisor", "run_dev"))
+    raise typer.Exit(run_dev())
+
+
+def init() -> None:
+    """Migrate Postgres, create the topics and register the installed tools."""
+    from toolfleet.devstack.bootstrap import bootstrap
+
+    settings = load_settings(FleetSettings)
+    with reaching_fleet(settings):
+        asyncio.run(bootstrap(settings))
+    err_console.print("[green]fleet initialised[/]: database migrated, topics and tools ready")
+
+
+def worker(
+    name: Annotated[WorkerName, typer.Argument(help="Which service to run.", show_default=False)],
+) -> None:
+    """Run one service (shown as `toolfleet worker NAME` in ps); SIGTERM drains."""
+    from toolfleet.worker import run_worker
+
+    settings = load_settings(FleetSettings)
+    with reaching_fleet(settings):
+        run_worker(name.value, settings)
+
+
+def api(
+    host: Annotated[str | None, typer.Option(help="Bind address [TOOLFLEET_API_HOST].")] = None,
+    port: Annotated[int | None, typer.Option(help="Port [TOOLFLEET_API_PORT].")] = None,
+) -> None:
+    """Serve the status API (uvicorn)."""
+    import uvicorn
+
+    from toolfleet.api import ApiSettings, create_app
+    from toolfleet.api.readiness import preflight
+    from toolfleet.api.resources import load_verifier
+    from toolfleet.errors import ToolfleetError
+    from toolfleet.observability.logs import configure_logging
+    from toolfleet.observability.tracing import configure_tracing
+
+    settings = load_settings(ApiSettings)
+    # Fail here, readably, rather than with a traceback from inside the app's lifespan.
+    try:
+        load_verifier(settings)
+    except ToolfleetError as exc:
+        raise CliError(exc.message) from None
+    checks = asyncio.run(preflight(settings))
+    failed = {name: state for name, state in checks.items() if state != "ok"}
+    if failed:
+        where = {
+            "kafka": settings.kafka_bootstrap,
+            "redis": redacted(settings.redis_url),
+            "postgres": redacted(settings.database_url),
+        }
+        reasons = "; ".join(f"{name} {state} at {where[name]}" for name, state in failed.items())
+        raise CliError(f"cannot start the API: {reasons}")
+    configure_logging(service="api", level=settings.log_level, fmt=settings.log_format)
+    configure_tracing(
+        service="api", exporter=settings.otel_exporter, endpoint=settings.otel_endpoint
+    )
+    with contextlib.suppress(ImportError):
+        import setproctitle
+
+        setproctitle.setproctitle("toolfleet api")
+    uvicorn.run(
+        create_app(settings),
+        host=host or settings.api_host,
+        port=port or settings.api_port,
+        log_config=None,
+        access_log=False,
+        server_header=False,
+    )

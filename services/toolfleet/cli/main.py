@@ -1,0 +1,53 @@
+"""The ``toolfleet`` command: one typer app, commands grouped as contract section 6 names them.
+
+Every command reads ``TOOLFLEET_*`` variables (and ``.env``). Expected failures print a
+one-line reason (:class:`~toolfleet.cli.errors.CliError`); tracebacks never show local
+variables, which may hold tokens.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import typer
+
+from toolfleet.cli import audit, fleet, invoke, keys, policy, remote, tokens
+from toolfleet.cli.errors import friendly
+
+app = typer.Typer(
+    name="toolfleet",
+    help="toolfleet: an event-driven tool execution layer for AI agents, over Kafka.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_show_locals=False,
+)
+
+app.command("dev")(friendly(fleet.dev))
+app.command("init")(friendly(fleet.init))
+app.command("api")(friendly(fleet.api))
+app.command("worker")(friendly(fleet.worker))
+app.command("invoke")(friendly(invoke.invoke))
+app.command("status")(friendly(remote.status))
+app.command("cancel")(friendly(remote.cancel))
+app.command("approve")(friendly(remote.approve))
+app.command("deny")(friendly(remote.deny))
+
+
+@app.callback()
+def _quiet_libraries() -> None:
+    # Client libraries log connection retries; commands report failures themselves.
+    # ``worker`` and ``api`` configure logging of their own on top of this.
+    for name in ("aiokafka", "kafka"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+
+
+app.add_typer(remote.tools_app, name="tools")
+app.add_typer(tokens.app, name="token")
+app.add_typer(keys.app, name="keys")
+app.add_typer(audit.app, name="audit")
+app.add_typer(policy.app, name="policy")
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app(prog_name="toolfleet")

@@ -1,0 +1,95 @@
+"""How commands print: rich for people on stderr/stdout, plain JSON for ``--json``."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+from rich.console import Console
+from rich.json import JSON
+from rich.markup import escape
+from rich.table import Table
+
+console = Console(highlight=False)
+"""Human output (stdout)."""
+err_console = Console(stderr=True, highlight=False)
+"""Progress and diagnostics (stderr), so stdout stays clean for pipes."""
+
+_STATUS_STYLE = {
+    "success": "bold green",
+    "pending": "cyan",
+    "pending_approval": "bold yellow",
+    "running": "cyan",
+    "error": "bold red",
+    "timeout": "bold red",
+    "cancelled": "yellow",
+    "permission_denied": "bold red",
+}
+
+
+def print_json(data: Any) -> None:
+    """One JSON document on stdout, nothing else (machine-readable output)."""
+    sys.stdout.write(json.dumps(data, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def styled_status(status: str) -> str:
+    return f"[{_STATUS_STYLE.get(status, 'bold')}]{status}[/]"
+
+
+def print_invocation(view: dict[str, Any]) -> None:
+    """A status API invocation as a key/value table, result and error as JSON."""
+    table = Table(show_header=False, box=None, pad_edge=False)
+    table.add_column(style="dim")
+    table.add_column()
+    version = f"@{view['tool_version']}" if view.get("tool_version") else ""
+    table.add_row("invocation", str(view["invocation_id"]))
+    table.add_row("tenant", str(view["tenant_id"]))
+    table.add_row("tool", f"{view['tool_id']}{version}")
+    table.add_row("status", styled_status(str(view["status"])))
+    if view.get("status") in {"running", "pending"} or view.get("current_phase"):
+        phase = view.get("current_phase") or ""
+        table.add_row(
+            "progress", f"{view.get('progress_percent', 0):.0f}% {escape(phase)}".rstrip()
+        )
+    for name in ("created_at", "started_at", "completed_at"):
+        if view.get(name):
+            table.add_row(name.replace("_", " "), str(view[name]))
+    console.print(table)
+    print_details(view)
+
+
+def print_details(outcome: dict[str, Any]) -> None:
+    """Result, error, warnings and a metadata summary of an outcome or status."""
+    if outcome.get("result") is not None:
+        console.print("[dim]result[/]")
+        console.print(JSON.from_data(outcome["result"]))
+    error = outcome.get("error")
+    if error:
+        retry = " (retryable)" if error.get("retryable") else ""
+        message = escape(str(error.get("message", "")))
+        console.print(f"[bold red]{error.get('code')}[/]: {message}{retry}")
+        if error.get("details"):
+            console.print(JSON.from_data(error["details"]))
+    for warning in outcome.get("warnings") or []:
+        console.print(f"[yellow]warning:[/] {escape(str(warning))}")
+    meta = outcome.get("execution_metadata") or {}
+    if meta:
+        parts = [f"{meta.get('duration_ms', 0)} ms", f"attempts {meta.get('attempts', 1)}"]
+        checkpoints = meta.get("checkpoints_created") or []
+        if checkpoints:
+            parts.append(f"checkpoints {len(checkpoints)}")
+        if meta.get("resumed_from_checkpoint_id"):
+            parts.append("resumed")
+        if meta.get("cached"):
+            parts.append("cached")
+        if meta.get("truncated"):
+            parts.append("result truncated: a preview")
+        console.print(f"[dim]{', '.join(parts)}[/]")
+        for attachment in meta.get("attachments") or []:
+            url, kind = attachment.get("url"), attachment.get("content_type")
+            size = attachment.get("bytes", 0)
+            console.print(
+                f"[dim]attachment[/] {escape(str(url))} ({size} bytes, {escape(str(kind))})"
+            )

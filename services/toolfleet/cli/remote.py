@@ -1,0 +1,199 @@
+"""Commands that go through the HTTP API: ``status``, ``cancel``, ``approve``, ``deny``, ``tools``.
+
+They authenticate with ``--token`` (or ``TOOLFLEET_TOKEN``), else with a short-lived admin
+token minted from the configured private key.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import httpx
+import typer
+from rich.table import Column, Table
+from rich.text import Text
+
+from toolfleet.cli.config import admin_token, load_settings
+from toolfleet.cli.errors import CliError, friendly
+from toolfleet.cli.output import console, print_invocation, print_json
+from toolfleet.settings import FleetSettings
+
+TokenOption = Annotated[
+    str | None,
+    typer.Option(
+        "--token",
+        envvar="TOOLFLEET_TOKEN",
+        show_envvar=True,
+        help="Bearer token for the API (default: an admin token minted from the private key).",
+    ),
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print the API's JSON answer alone.")]
+IdArgument = Annotated[str, typer.Argument(help="Invocation id.", show_default=False)]
+ReasonOption = Annotated[str, typer.Option("--reason", help="Recorded in the audit trail.")]
+
+HTTP_TIMEOUT_S = 10.0
+
+
+class ApiSession:
+    """A small synchronous client of the status API with friendly errors."""
+
+    def __init__(self, settings: FleetSettings, token: str | None) -> None:
+        self._base = settings.api_url.rstrip("/")
+        self._token = token or admin_token(settings)
+
+    def call(self, method: str, path: str, **kwargs: Any) -> Any:
+        """Send one request; a problem answer becomes a :class:`CliError`."""
+        url = f"{self._base}{path}"
+        headers = {"Authorization": f"Bearer {self._token}", "Accept": "application/json"}
+        try:
+            response = httpx.request(method, url, headers=headers, timeout=HTTP_TIMEOUT_S, **kwargs)
+        except httpx.TransportError as exc:
+            raise CliError(
+                f"cannot reach the toolfleet API at {self._base} ({type(exc).__name__}); "
+                "is `toolfleet api` or `toolfleet dev` running? (TOOLFLEET_API_URL)"
+            ) from None
+        if response.is_success:
+            return response.json()
+        raise CliError(_problem_message(response))
+
+
+def _problem_message(response: httpx.Response) -> str:
+    try:
+        problem = response.json()
+    except ValueError:
+        problem = {}
+    if not isinstance(problem, dict):
+        problem = {}
+    detail = problem.get("detail") or response.reason_phrase
+    if response.status_code == 401:
+        return f"the API refused the token: {detail}"
+    if response.status_code == 404 and "/v1/invocations/" in str(response.request.url):
+        return (
+            "no such invocation for this token (just invoked? the status trails the "
+            "request by a moment; retry)"
+        )
+    return f"{response.status_code} {problem.get('title') or response.reason_phrase}: {detail}"
+
+
+def _session(token: str | None) -> ApiSession:
+    return ApiSession(load_settings(FleetSettings), token)
+
+
+def status(invocation_id: IdArgument, json_: JsonOption = False, token: TokenOption = None) -> None:
+    """Show an invocation's status, progress and outcome."""
+    view = _session(token).call("GET", f"/v1/invocations/{invocation_id}")
+    if json_:
+        print_json(view)
+    else:
+        print_invocation(view)
+
+
+def cancel(
+    invocation_id: IdArgument,
+    reason: ReasonOption = "",
+    json_: JsonOption = False,
+    token: TokenOption = None,
+) -> None:
+    """Ask for a pending or running invocation to be cancelled."""
+    body = _session(token).call(
+        "POST", f"/v1/invocations/{invocation_id}/cancel", json={"reason": reason}
+    )
+    if json_:
+        print_json(body)
+    else:
+        console.print(body["message"], markup=False)
+
+
+def _decide(
+    invocation_id: str,
+    verb: str,
+    reason: str,
+    json_: bool,
+    token: str | None,
+    parameters_hash: str | None = None,
+) -> None:
+    payload: dict[str, str] = {"reason": reason}
+    if parameters_hash:
+        payload["parameters_hash"] = parameters_hash
+    body = _session(token).call("POST", f"/v1/invocations/{invocation_id}/{verb}", json=payload)
+    if json_:
+        print_json(body)
+    else:
+        console.print(body["message"], markup=False)
+
+
+def approve(
+    invocation_id: IdArgument,
+    reason: ReasonOption = "",
+    parameters_hash: Annotated[
+        str | None,
+        typer.Option(
+            "--hash",
+            help="The parameters_hash shown in approval.requested: approve that exact request.",
+        ),
+    ] = None,
+    json_: JsonOption = False,
+    token: TokenOption = None,
+) -> None:
+    """Approve an invocation waiting for approval."""
+    _decide(invocation_id, "approve", reason, json_, token, parameters_hash)
+
+
+def deny(
+    invocation_id: IdArgument,
+    reason: ReasonOption = "",
+    json_: JsonOption = False,
+    token: TokenOption = None,
+) -> None:
+    """Deny an invocation waiting for approval."""
+    _decide(invocation_id, "deny", reason, json_, token)
+
+
+tools_app = typer.Typer(help="Browse the tool registry.", no_args_is_help=True)
+
+_PAGE_SIZE = 200
+
+
+@tools_app.command("list")
+@friendly
+def list_tools(
+    category: Annotated[str | None, typer.Option(help="Only this category.")] = None,
+    tag: Annotated[str | None, typer.Option(help="Only tools with this tag.")] = None,
+    query: Annotated[str | None, typer.Option("-q", "--query", help="Text to search.")] = None,
+    json_: JsonOption = False,
+    token: TokenOption = None,
+) -> None:
+    """List registered tools with their versions and lifecycle states."""
+    session = _session(token)
+    params: dict[str, Any] = {
+        k: v for k, v in {"category": category, "tag": tag, "q": query}.items() if v
+    }
+    items: list[dict[str, Any]] = []
+    page = 1
+    while True:
+        body = session.call(
+            "GET", "/v1/tools", params={**params, "page": page, "page_size": _PAGE_SIZE}
+        )
+        items += body["items"]
+        if not body["items"] or len(items) >= body["total"]:
+            break
+        page += 1
+    if json_:
+        print_json(items)
+        return
+    if not items:
+        console.print("no tools registered yet (executors register theirs when they start)")
+        return
+    table = Table(Column("tool", no_wrap=True), "versions", "effect", "category", "description")
+    for tool in items:
+        versions = ", ".join(
+            v["version"]
+            if v["lifecycle_state"] == "active"
+            else f"{v['version']} ({v['lifecycle_state']})"
+            for v in tool["versions"]
+        )
+        effect = tool["versions"][0]["effect"] if tool["versions"] else ""
+        table.add_row(
+            tool["tool_id"], versions, effect, Text(tool["category"]), Text(tool["description"])
+        )
+    console.print(table)

@@ -1,0 +1,74 @@
+"""Renders the README's configuration table from the settings classes.
+
+``python -m toolfleet.config_doc README.md`` rewrites the table between the
+``config-table`` markers; a test fails when the README and the classes disagree.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+
+from pydantic_settings import BaseSettings
+
+#: Every settings class, by module and name; each service's own knobs included.
+SETTINGS_CLASSES = (
+    ("toolfleet.settings", "FleetSettings"),
+    ("toolfleet.policy.settings", "PolicySettings"),
+    ("toolfleet.executor.settings", "ExecutorSettings"),
+    ("toolfleet.api.settings", "ApiSettings"),
+)
+START, END = "<!-- config-table:start -->", "<!-- config-table:end -->"
+
+
+def _classes() -> list[tuple[str, type[BaseSettings]]]:
+    found = []
+    for module, name in SETTINGS_CLASSES:
+        cls = getattr(importlib.import_module(module), name)
+        found.append((module.split(".")[1] if module.count(".") > 1 else "fleet", cls))
+    return found
+
+
+def _default(cls: type[BaseSettings], field_name: str) -> object:
+    return cls.model_fields[field_name].get_default(call_default_factory=True)
+
+
+def _shown(value: object) -> str:
+    return "unset" if value is None or value == "" else f"`{value}`"
+
+
+def render_table() -> str:
+    """One row per variable; a service that overrides a shared default says so."""
+    classes = _classes()
+    base = classes[0][1]
+    rows: dict[str, list[str]] = {}
+    for scope, cls in classes:
+        for field_name, info in cls.model_fields.items():
+            var = f"TOOLFLEET_{field_name.upper()}"
+            text = (info.description or "").replace("\n", " ").replace("|", "\\|")
+            text = text.replace("``", "`")
+            if cls is base:
+                rows[var] = [_shown(_default(cls, field_name)), text]
+            elif field_name not in base.model_fields:
+                rows[var] = [_shown(_default(cls, field_name)), f"{text} ({scope})"]
+            elif _default(cls, field_name) != _default(base, field_name):
+                rows[var][0] += f"; {scope}: {_shown(_default(cls, field_name))}"
+    lines = ["| variable | default | meaning |", "|---|---|---|"]
+    lines += [f"| `{var}` | {default} | {text} |" for var, (default, text) in rows.items()]
+    return "\n".join(lines)
+
+
+def rewrite(readme: str) -> str:
+    head, _, rest = readme.partition(START)
+    _, _, tail = rest.partition(END)
+    return f"{head}{START}\n{render_table()}\n{END}{tail}"
+
+
+def main() -> None:
+    path = Path(sys.argv[1] if len(sys.argv) > 1 else "README.md")
+    path.write_text(rewrite(path.read_text()))
+
+
+if __name__ == "__main__":
+    main()

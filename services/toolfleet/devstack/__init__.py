@@ -1,0 +1,1 @@
+"""``toolfleet dev``: the whole fleet on one machine, with embedded servers."""

@@ -1,0 +1,225 @@
+"""Every error toolfleet reports, with its contract code and whether a retry can help.
+
+Tool failures are data: handlers turn these into the outcome's ``error`` member
+(:meth:`ToolfleetError.to_error_info`) instead of letting them escape a consumer loop.
+The retry predicate reads the ``retryable`` class attribute, never the message.
+
+    ToolfleetError                      internal_error
+    ├── InvalidEvent                    invalid_event
+    ├── InvalidParameters               invalid_parameters
+    ├── ToolNotFound                    tool_not_found
+    ├── ToolVersionNotFound             tool_version_not_found
+    ├── ToolRemoved                     tool_removed
+    ├── PermissionDenied                permission_denied
+    ├── ApprovalDenied                  approval_denied
+    ├── RateLimitExceeded               rate_limit_exceeded        (retryable)
+    ├── IdempotencyConflict             idempotency_conflict
+    ├── ToolExecutionError              tool_execution_error
+    │   ├── SandboxFailure              sandbox_failure
+    │   └── ExternalApiError            external_api_error         (retryable)
+    ├── CircuitBreakerOpen              circuit_breaker_open       (retryable)
+    ├── ToolTimeout                     timeout                    (retryable)
+    ├── ResourceExhausted               resource_exhausted         (retryable)
+    ├── ResultValidationFailed          result_validation_failed
+    ├── RedactionFailed                 redaction_failed
+    ├── Cancelled                       cancelled
+    ├── CheckpointFailed                checkpoint_failed          (retryable)
+    ├── ResumeFailed                    resume_failed
+    ├── StateConflict                   state_conflict
+    └── RegistrationError               internal_error (raised at start, never on the wire)
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class ErrorCode(StrEnum):
+    """The stable error codes of the contract; clients branch on them."""
+
+    INVALID_EVENT = "invalid_event"
+    INVALID_PARAMETERS = "invalid_parameters"
+    TOOL_NOT_FOUND = "tool_not_found"
+    TOOL_VERSION_NOT_FOUND = "tool_version_not_found"
+    TOOL_REMOVED = "tool_removed"
+    PERMISSION_DENIED = "permission_denied"
+    APPROVAL_DENIED = "approval_denied"
+    RATE_LIMIT_EXCEEDED = "rate_limit_exceeded"
+    IDEMPOTENCY_CONFLICT = "idempotency_conflict"
+    TOOL_EXECUTION_ERROR = "tool_execution_error"
+    SANDBOX_FAILURE = "sandbox_failure"
+    EXTERNAL_API_ERROR = "external_api_error"
+    CIRCUIT_BREAKER_OPEN = "circuit_breaker_open"
+    TIMEOUT = "timeout"
+    RESOURCE_EXHAUSTED = "resource_exhausted"
+    RESULT_VALIDATION_FAILED = "result_validation_failed"
+    REDACTION_FAILED = "redaction_failed"
+    CANCELLED = "cancelled"
+    CHECKPOINT_FAILED = "checkpoint_failed"
+    RESUME_FAILED = "resume_failed"
+    STATE_CONFLICT = "state_conflict"
+    INTERNAL_ERROR = "internal_error"
+
+
+class ErrorInfo(BaseModel):
+    """The ``error`` member of an outcome: safe to show to the agent and its user."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    code: ErrorCode
+    """One of the contract's error codes."""
+    message: str
+    """Human-readable and safe: never a secret, a token or a stack trace."""
+    details: dict[str, Any] = Field(default_factory=dict)
+    """Structured context, e.g. field-level validation errors."""
+    retryable: bool = False
+    """Whether the same request may succeed if sent again later."""
+    retry_after_s: float | None = None
+    """When known, how long to wait before retrying."""
+
+
+class ToolfleetError(Exception):
+    """Root of every toolfleet error."""
+
+    code: ClassVar[ErrorCode] = ErrorCode.INTERNAL_ERROR
+    retryable: ClassVar[bool] = False
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        details: dict[str, Any] | None = None,
+        retry_after_s: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details = details or {}
+        self.retry_after_s = retry_after_s
+
+    def to_error_info(self) -> ErrorInfo:
+        return ErrorInfo(
+            code=self.code,
+            message=self.message,
+            details=self.details,
+            retryable=self.retryable,
+            retry_after_s=self.retry_after_s,
+        )
+
+
+class InvalidEvent(ToolfleetError):
+    code = ErrorCode.INVALID_EVENT
+
+
+class InvalidParameters(ToolfleetError):
+    code = ErrorCode.INVALID_PARAMETERS
+
+
+class ToolNotFound(ToolfleetError):
+    code = ErrorCode.TOOL_NOT_FOUND
+
+
+class ToolVersionNotFound(ToolfleetError):
+    code = ErrorCode.TOOL_VERSION_NOT_FOUND
+
+
+class ToolRemoved(ToolfleetError):
+    code = ErrorCode.TOOL_REMOVED
+
+
+class PermissionDenied(ToolfleetError):
+    code = ErrorCode.PERMISSION_DENIED
+
+
+class ApprovalDenied(ToolfleetError):
+    code = ErrorCode.APPROVAL_DENIED
+
+
+class RateLimitExceeded(ToolfleetError):
+    code = ErrorCode.RATE_LIMIT_EXCEEDED
+    retryable = True
+
+
+class IdempotencyConflict(ToolfleetError):
+    code = ErrorCode.IDEMPOTENCY_CONFLICT
+
+
+class ToolExecutionError(ToolfleetError):
+    code = ErrorCode.TOOL_EXECUTION_ERROR
+
+
+class SandboxFailure(ToolExecutionError):
+    code = ErrorCode.SANDBOX_FAILURE
+
+
+class ExternalApiError(ToolExecutionError):
+    code = ErrorCode.EXTERNAL_API_ERROR
+    retryable = True
+
+
+class CircuitBreakerOpen(ToolfleetError):
+    code = ErrorCode.CIRCUIT_BREAKER_OPEN
+    retryable = True
+
+
+class ToolTimeout(ToolfleetError):
+    code = ErrorCode.TIMEOUT
+    retryable = True
+
+
+class ResourceExhausted(ToolfleetError):
+    code = ErrorCode.RESOURCE_EXHAUSTED
+    retryable = True
+
+
+class ResultValidationFailed(ToolfleetError):
+    code = ErrorCode.RESULT_VALIDATION_FAILED
+
+
+class RedactionFailed(ToolfleetError):
+    code = ErrorCode.REDACTION_FAILED
+
+
+class Cancelled(ToolfleetError):
+    code = ErrorCode.CANCELLED
+
+
+class CheckpointFailed(ToolfleetError):
+    code = ErrorCode.CHECKPOINT_FAILED
+    retryable = True
+
+
+class ResumeFailed(ToolfleetError):
+    code = ErrorCode.RESUME_FAILED
+
+
+class StateConflict(ToolfleetError):
+    code = ErrorCode.STATE_CONFLICT
+
+
+class RegistrationError(ToolfleetError):
+    """A tool definition is unusable (raised at start-up, never sent on the wire)."""
+
+
+def is_retryable(exc: BaseException) -> bool:
+    """The retry predicate: only errors whose class says so are retried."""
+    return isinstance(exc, ToolfleetError) and exc.retryable
+
+
+def _error_classes() -> dict[ErrorCode, type[ToolfleetError]]:
+    found: dict[ErrorCode, type[ToolfleetError]] = {}
+    pending: list[type[ToolfleetError]] = [ToolfleetError]
+    while pending:
+        cls = pending.pop()
+        if cls is not RegistrationError:
+            found.setdefault(cls.code, cls)
+        pending.extend(cls.__subclasses__())
+    return found
+
+
+def error_from(info: ErrorInfo) -> ToolfleetError:
+    """The error an ``ErrorInfo`` was made from (its class, so its ``retryable`` flag)."""
+    cls = _error_classes().get(info.code, ToolfleetError)
+    return cls(info.message, details=info.details, retry_after_s=info.retry_after_s)

@@ -1,0 +1,859 @@
+"""Generate ``schemas/`` (JSON Schema 2020-12 + AsyncAPI 3.0) from the event models.
+
+The files are the published contract; they are derived from the pydantic models here
+and checked in, and a unit test fails when the two drift. Output is deterministic
+(sorted keys, stable order) so a diff of ``schemas/`` shows exactly what changed.
+
+Usage::
+
+    python -m toolfleet.events.schema_export schemas          # (re)write the files
+    python -m toolfleet.events.schema_export --check schemas  # exit 1 listing drift
+
+``$id`` URIs are identifiers under :data:`SCHEMA_BASE_URI`; the AsyncAPI document
+references the schema files by relative path, so the directory works offline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import inspect
+import json
+import sys
+import textwrap
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel
+from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
+from pydantic_core import core_schema
+
+from toolfleet.events.envelope import Envelope
+from toolfleet.events.models import (
+    TENANT_ID_PATTERN,
+    ApprovalDecision,
+    ApprovalRequested,
+    AuditRecord,
+    CancelRequested,
+    CheckpointCreated,
+    CircuitChanged,
+    DlqRecord,
+    InvokeAuthorized,
+    InvokeExecuted,
+    InvokeRequested,
+    ToolInvoked,
+    ToolOutcome,
+)
+from toolfleet.events.outcomes import _TYPE_OF_STATUS
+from toolfleet.events.types import LIFECYCLE_TOPICS, TOPIC_OF_TYPE, EventType, TopicName
+
+#: Version of the external contract these files describe (CONTRACT.md "v1").
+CONTRACT_VERSION = "1.0.0"
+#: Base of every schema's ``$id``: an identifier, not necessarily a fetchable URL.
+SCHEMA_BASE_URI = "https://toolfleet.dev/schemas/v1/"
+DRAFT_2020_12 = "https://json-schema.org/draft/2020-12/schema"
+STRUCTURED_CONTENT_TYPE = "application/cloudevents+json"
+DEFAULT_TOPIC_PREFIX = "toolfleet."
+DEFAULT_PARTITIONS = 12
+KAFKA_BINDING_VERSION = "0.5.0"
+AUDIT_SCHEMA_PATH = "events/audit.json"
+ENVELOPE_SCHEMA_PATH = "envelope.json"
+ASYNCAPI_PATH = "asyncapi.yaml"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EventDoc:
+    """What the contract says about one event type's ``data``."""
+
+    model: type[BaseModel]
+    description: str
+
+
+EVENTS: dict[EventType, EventDoc] = {
+    EventType.INVOKE_REQUESTED: EventDoc(
+        model=InvokeRequested,
+        description="An agent asks for a tool call (contract section 2). Written by producers "
+        "(SDK, CLI, HTTP API). agent_context.tenant_id must equal the tenantid attribute "
+        "and the Kafka key. Unknown fields are rejected.",
+    ),
+    EventType.INVOKE_AUTHORIZED: EventDoc(
+        model=InvokeAuthorized,
+        description="Policy allowed the call and resolved the version; the capability token "
+        "is dropped. Written by policy, read by the executor.",
+    ),
+    EventType.INVOKE_EXECUTED: EventDoc(
+        model=InvokeExecuted,
+        description="The tool returned; the result is raw and unvalidated. Written by the "
+        "executor, read by the validator.",
+    ),
+    EventType.SUCCEEDED: EventDoc(
+        model=ToolOutcome,
+        description="Terminal outcome: the tool succeeded and its result passed validation "
+        "and redaction (contract section 3).",
+    ),
+    EventType.FAILED: EventDoc(
+        model=ToolOutcome,
+        description="Terminal outcome: the invocation failed or was denied; error.code says "
+        "why (contract section 3).",
+    ),
+    EventType.TIMEOUT: EventDoc(
+        model=ToolOutcome,
+        description="Terminal outcome: the tool ran out of time (contract section 3).",
+    ),
+    EventType.CANCELLED: EventDoc(
+        model=ToolOutcome,
+        description="Terminal outcome: the invocation was cancelled (contract section 3).",
+    ),
+    EventType.INVOKED: EventDoc(
+        model=ToolInvoked,
+        description="An executor started running the tool (once per attempt).",
+    ),
+    EventType.CHECKPOINT_CREATED: EventDoc(
+        model=CheckpointCreated,
+        description="A running tool saved a checkpoint; the state itself stays in Redis "
+        "under checkpoint:tool:{invocation_id}:latest.",
+    ),
+    EventType.APPROVAL_REQUESTED: EventDoc(
+        model=ApprovalRequested,
+        description="The call waits for a human to approve or deny it.",
+    ),
+    EventType.CIRCUIT_OPENED: EventDoc(
+        model=CircuitChanged,
+        description="A circuit breaker opened: calls through it fail fast with "
+        "circuit_breaker_open until it closes.",
+    ),
+    EventType.CIRCUIT_CLOSED: EventDoc(
+        model=CircuitChanged,
+        description="A circuit breaker closed again.",
+    ),
+    EventType.CANCEL_REQUESTED: EventDoc(
+        model=CancelRequested,
+        description="Someone asks to cancel an invocation. Written by the API, CLI or SDK.",
+    ),
+    EventType.APPROVAL_GRANTED: EventDoc(
+        model=ApprovalDecision,
+        description="A human approved an invocation waiting in pending_approval.",
+    ),
+    EventType.APPROVAL_DENIED: EventDoc(
+        model=ApprovalDecision,
+        description="A human denied an invocation waiting in pending_approval; it ends "
+        "with approval_denied.",
+    ),
+    EventType.DLQ_RECORD: EventDoc(
+        model=DlqRecord,
+        description="A message a consumer could not decode or process: original key, "
+        "headers and value (base64), where it came from and the error.",
+    ),
+}
+
+AUDIT_DOC = EventDoc(
+    model=AuditRecord,
+    description="data of an event on the audit topic: one per lifecycle event, with the "
+    "same type. Parameters are PII-sanitized; never a secret or a token. The ocsf member "
+    "holds the OCSF 1.8 API Activity (class 6003) projection of the same fact.",
+)
+
+#: CloudEvents attributes of the envelope, as the contract (section 1) defines them.
+ATTRIBUTE_DOCS: dict[str, str] = {
+    "id": "Event id, new for every event a stage emits. source + id identify an event: "
+    "a redelivered or re-sent event with the same pair is processed once.",
+    "source": "Stable URI of the emitting service, e.g. /toolfleet/policy.",
+    "type": "Event type, e.g. ai.agent.tool.invoke.requested.",
+    "specversion": "CloudEvents specification version.",
+    "time": "When the event was produced (RFC 3339).",
+    "subject": "The invocation id, where there is one.",
+    "datacontenttype": "Content type of data; toolfleet data is always a JSON object.",
+    "tenantid": "Extension: the tenant. Equals the Kafka message key.",
+    "invocationid": "Extension: the invocation this event belongs to, where there is one.",
+    "partitionkey": "Extension (partitioning): the tenant id, used as the Kafka key.",
+    "traceparent": "Extension (distributed tracing): W3C trace context of the original "
+    "request, so one invocation is one trace across all services.",
+    "tracestate": "Extension (distributed tracing): W3C tracestate.",
+    "authtype": "Extension (authcontext): principal type, set once policy verified the "
+    "capability token (which never travels further).",
+    "authid": "Extension (authcontext): principal id, set once policy verified the token.",
+    "data": "The event data, a JSON object (see the schema of each event type).",
+}
+
+#: Which topic each channel is, with the contract's description of it.
+TOPIC_DOCS: dict[TopicName, str] = {
+    TopicName.REQUESTED: "Invoke requests. Written by producers (SDK, CLI, HTTP API).",
+    TopicName.AUTHORIZED: "Requests policy allowed, with the version resolved and the token "
+    "removed. Written by policy.",
+    TopicName.EXECUTED: "Raw, unvalidated tool results. Written by the executor.",
+    TopicName.RESULTS: "Terminal outcomes; every invocation ends in exactly one. Written by "
+    "the validator, policy and the executor.",
+    TopicName.EVENTS: "Lifecycle notifications: execution started, checkpoints, approval "
+    "requests, circuit changes. Written by any service.",
+    TopicName.CONTROL: "Cancellation and approval decisions. Written by the API, CLI and SDK.",
+    TopicName.AUDIT: "One audit event per lifecycle event, for SIEMs: same type, data "
+    "with the audit fields plus an OCSF 1.8 API Activity (6003) projection. Written by the "
+    "audit service.",
+    TopicName.DLQ: "Messages a consumer could not decode or process. Written by any consumer.",
+}
+
+STRUCTURED_TOPICS = frozenset({TopicName.AUDIT, TopicName.DLQ})
+
+_TERMINAL_STATUSES: dict[EventType, list[str]] = {}
+for _status, _type in _TYPE_OF_STATUS.items():
+    _TERMINAL_STATUSES.setdefault(_type, []).append(_status.value)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Operation:
+    """One service's use of one topic."""
+
+    service: str
+    action: str  # "send" | "receive"
+    topic: TopicName
+    types: tuple[EventType, ...]
+    description: str
+
+
+_TERMINAL = (EventType.SUCCEEDED, EventType.FAILED, EventType.TIMEOUT, EventType.CANCELLED)
+_CONTROL = (EventType.CANCEL_REQUESTED, EventType.APPROVAL_GRANTED, EventType.APPROVAL_DENIED)
+_NOTIFICATIONS = tuple(t for t, name in TOPIC_OF_TYPE.items() if name is TopicName.EVENTS)
+
+
+def _types_on(name: TopicName) -> tuple[EventType, ...]:
+    return tuple(t for t, topic in TOPIC_OF_TYPE.items() if topic is name)
+
+
+def _operations() -> list[Operation]:
+    ops = [
+        Operation(
+            service="producer",
+            action="send",
+            topic=TopicName.REQUESTED,
+            types=(EventType.INVOKE_REQUESTED,),
+            description="Producers (SDK, CLI, HTTP API) publish invoke requests.",
+        ),
+        Operation(
+            service="producer",
+            action="send",
+            topic=TopicName.CONTROL,
+            types=_CONTROL,
+            description="Producers cancel invocations and approve or deny them.",
+        ),
+        Operation(
+            service="producer",
+            action="receive",
+            topic=TopicName.RESULTS,
+            types=_TERMINAL,
+            description="Clients that wait read their outcome.",
+        ),
+        Operation(
+            service="producer",
+            action="receive",
+            topic=TopicName.EVENTS,
+            types=_NOTIFICATIONS,
+            description="Clients that wait follow progress.",
+        ),
+        Operation(
+            service="policy",
+            action="receive",
+            topic=TopicName.REQUESTED,
+            types=(EventType.INVOKE_REQUESTED,),
+            description="Verifies the token, applies policy, resolves the version.",
+        ),
+        Operation(
+            service="policy",
+            action="receive",
+            topic=TopicName.CONTROL,
+            types=_CONTROL,
+            description="Resolves pending approvals and cancels waiting calls.",
+        ),
+        Operation(
+            service="policy",
+            action="send",
+            topic=TopicName.AUTHORIZED,
+            types=(EventType.INVOKE_AUTHORIZED,),
+            description="Allowed requests.",
+        ),
+        Operation(
+            service="policy",
+            action="send",
+            topic=TopicName.RESULTS,
+            types=_TERMINAL,
+            description="Denied, invalid or cancelled requests end here.",
+        ),
+        Operation(
+            service="policy",
+            action="send",
+            topic=TopicName.EVENTS,
+            types=(EventType.APPROVAL_REQUESTED,),
+            description="Calls that need a human's approval.",
+        ),
+        Operation(
+            service="executor",
+            action="receive",
+            topic=TopicName.AUTHORIZED,
+            types=(EventType.INVOKE_AUTHORIZED,),
+            description="Runs the tool.",
+        ),
+        Operation(
+            service="executor",
+            action="receive",
+            topic=TopicName.CONTROL,
+            types=(EventType.CANCEL_REQUESTED,),
+            description="Every executor instance sees every cancellation.",
+        ),
+        Operation(
+            service="executor",
+            action="send",
+            topic=TopicName.EXECUTED,
+            types=(EventType.INVOKE_EXECUTED,),
+            description="Raw tool results.",
+        ),
+        Operation(
+            service="executor",
+            action="send",
+            topic=TopicName.RESULTS,
+            types=_TERMINAL,
+            description="Tool errors, timeouts and cancellations end here.",
+        ),
+        Operation(
+            service="executor",
+            action="send",
+            topic=TopicName.EVENTS,
+            types=(
+                EventType.INVOKED,
+                EventType.CHECKPOINT_CREATED,
+                EventType.CIRCUIT_OPENED,
+                EventType.CIRCUIT_CLOSED,
+            ),
+            description="Execution started, checkpoints and circuit changes.",
+        ),
+        Operation(
+            service="validator",
+            action="receive",
+            topic=TopicName.EXECUTED,
+            types=(EventType.INVOKE_EXECUTED,),
+            description="Validates results against the output schema and redacts them.",
+        ),
+        Operation(
+            service="validator",
+            action="send",
+            topic=TopicName.RESULTS,
+            types=_TERMINAL,
+            description="Validated, redacted outcomes.",
+        ),
+    ]
+    for service, purpose in (
+        ("audit", "Turns every lifecycle event into an audit event."),
+        ("status", "Projects every lifecycle event into the status API's store."),
+    ):
+        ops.extend(
+            Operation(
+                service=service,
+                action="receive",
+                topic=name,
+                types=_types_on(name),
+                description=purpose,
+            )
+            for name in LIFECYCLE_TOPICS
+        )
+    ops.append(
+        Operation(
+            service="audit",
+            action="send",
+            topic=TopicName.AUDIT,
+            types=(),
+            description="Audit events (structured content mode).",
+        )
+    )
+    ops.append(
+        Operation(
+            service="siem",
+            action="receive",
+            topic=TopicName.AUDIT,
+            types=(),
+            description="SIEM connectors read audit events from the value alone.",
+        )
+    )
+    ops.extend(
+        Operation(
+            service=service,
+            action="send",
+            topic=TopicName.DLQ,
+            types=(EventType.DLQ_RECORD,),
+            description="Messages this consumer could not decode or process.",
+        )
+        for service in ("policy", "executor", "validator", "audit", "status")
+    )
+    return ops
+
+
+# --- JSON Schema ------------------------------------------------------------------------
+
+
+_DOCS_CACHE: dict[type, dict[str, str]] = {}
+
+
+def _attribute_docs(cls: type) -> dict[str, str]:
+    """Attribute docstrings (``x: int`` followed by a string) of ``cls`` and its bases."""
+    cached = _DOCS_CACHE.get(cls)
+    if cached is not None:
+        return cached
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if not (isinstance(klass, type) and issubclass(klass, BaseModel)) or klass is BaseModel:
+            continue
+        try:
+            source = textwrap.dedent(inspect.getsource(klass))
+        except (OSError, TypeError):
+            continue
+        node = ast.parse(source).body[0]
+        if not isinstance(node, ast.ClassDef):
+            continue
+        for stmt, after in zip(node.body, node.body[1:], strict=False):
+            if (
+                isinstance(stmt, ast.AnnAssign)
+                and isinstance(stmt.target, ast.Name)
+                and isinstance(after, ast.Expr)
+                and isinstance(after.value, ast.Constant)
+                and isinstance(after.value.value, str)
+            ):
+                docs[stmt.target.id] = inspect.cleandoc(after.value.value)
+    _DOCS_CACHE[cls] = docs
+    return docs
+
+
+class _DocumentedSchema(GenerateJsonSchema):
+    """Pydantic's generator, plus field descriptions taken from attribute docstrings."""
+
+    def model_schema(self, schema: core_schema.ModelSchema) -> JsonSchemaValue:
+        json_schema = super().model_schema(schema)
+        docs = _attribute_docs(schema["cls"])
+        for name, prop in json_schema.get("properties", {}).items():
+            if name in docs and "description" not in prop:
+                prop["description"] = docs[name]
+        return json_schema
+
+
+def _model_schema(model: type[BaseModel]) -> dict[str, Any]:
+    return model.model_json_schema(schema_generator=_DocumentedSchema, mode="validation")
+
+
+def _schema_file(path: str, title: str, description: str, body: dict[str, Any]) -> dict[str, Any]:
+    body = {k: v for k, v in body.items() if k not in {"title", "description"}}
+    return {
+        "$schema": DRAFT_2020_12,
+        "$id": SCHEMA_BASE_URI + path,
+        "title": title,
+        "description": description,
+        **body,
+    }
+
+
+def event_schema_path(event_type: EventType) -> str:
+    """Relative path of the schema of ``event_type``'s ``data``."""
+    return f"events/{event_type.value}.json"
+
+
+def event_schema(event_type: EventType) -> dict[str, Any]:
+    """JSON Schema of the ``data`` of ``event_type``."""
+    doc = EVENTS[event_type]
+    body = _model_schema(doc.model)
+    statuses = _TERMINAL_STATUSES.get(event_type)
+    if statuses:
+        # One model serves four types; each type allows only its own statuses.
+        body["properties"]["status"] = {
+            "$ref": "#/$defs/InvocationStatus",
+            "enum": sorted(statuses),
+            "description": f"One of {', '.join(sorted(statuses))} for {event_type.value}.",
+        }
+    description = f"data of {event_type.value} events ({doc.model.__name__}). {doc.description}"
+    return _schema_file(event_schema_path(event_type), event_type.value, description, body)
+
+
+def audit_schema() -> dict[str, Any]:
+    body = _model_schema(AUDIT_DOC.model)
+    return _schema_file(AUDIT_SCHEMA_PATH, "toolfleet audit record", AUDIT_DOC.description, body)
+
+
+def envelope_schema() -> dict[str, Any]:
+    """The CloudEvent envelope (structured-mode JSON) every toolfleet event has."""
+    generated = _model_schema(Envelope)
+    properties: dict[str, Any] = {}
+    for name, prop in generated["properties"].items():
+        prop = _drop_null(prop)
+        prop.pop("title", None)
+        prop.pop("default", None)
+        prop["description"] = ATTRIBUTE_DOCS[name]
+        properties[name] = prop
+    properties["specversion"] = {"const": "1.0", "description": ATTRIBUTE_DOCS["specversion"]}
+    properties["type"]["enum"] = sorted(t.value for t in EventType)
+    properties["traceparent"]["pattern"] = "^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$"
+    return _schema_file(
+        ENVELOPE_SCHEMA_PATH,
+        "toolfleet CloudEvent",
+        "A CloudEvents 1.0 event as toolfleet emits and accepts it (structured content "
+        "mode: the whole event as JSON). In binary mode the same attributes travel as "
+        "ce_<name> Kafka headers and the value is data. toolfleet always sets tenantid and "
+        "partitionkey (= the Kafka key), and invocationid/subject where there is an "
+        "invocation; authtype/authid appear once policy verified the capability token. "
+        "Extension attributes toolfleet does not know are legal and ignored.",
+        {
+            "type": "object",
+            "properties": properties,
+            "required": ["id", "source", "specversion", "type"],
+            "propertyNames": {"pattern": "^[a-z0-9]+$"},
+        },
+    )
+
+
+def _drop_null(prop: dict[str, Any]) -> dict[str, Any]:
+    """``X | None`` -> ``X``: an absent CloudEvents attribute is omitted, never null."""
+    options = prop.get("anyOf")
+    if options is None:
+        return dict(prop)
+    kept = [o for o in options if o != {"type": "null"}]
+    rest = {k: v for k, v in prop.items() if k != "anyOf"}
+    return {**rest, **kept[0]} if len(kept) == 1 else {**rest, "anyOf": kept}
+
+
+# --- AsyncAPI -------------------------------------------------------------------------
+
+
+def _camel(text: str) -> str:
+    words = text.replace(".", "_").lower().split("_")
+    return words[0] + "".join(w.capitalize() for w in words[1:])
+
+
+def _channel_id(name: TopicName) -> str:
+    return _camel(name.value)
+
+
+def _message_id(event_type: EventType) -> str:
+    return _camel(event_type.name)
+
+
+def _binary_headers(event_type: EventType) -> dict[str, Any]:
+    return {
+        "allOf": [
+            {"$ref": "#/components/schemas/binaryModeHeaders"},
+            {"properties": {"ce_type": {"const": event_type.value}}},
+        ]
+    }
+
+
+def _binary_headers_schema() -> dict[str, Any]:
+    envelope = envelope_schema()["properties"]
+    headers: dict[str, Any] = {
+        f"ce_{name}": {"type": "string", "description": doc}
+        for name, doc in ATTRIBUTE_DOCS.items()
+        if name not in {"data", "datacontenttype"}
+    }
+    headers["ce_specversion"]["const"] = "1.0"
+    headers["ce_type"]["enum"] = envelope["type"]["enum"]
+    headers["content-type"] = {
+        "type": "string",
+        "const": "application/json",
+        "description": "Content type of the value (the data); the datacontenttype attribute.",
+    }
+    return {
+        "type": "object",
+        "description": "Binary content mode (CloudEvents Kafka binding): every attribute is "
+        "a ce_<name> header (UTF-8), the value is data as JSON. toolfleet emits this mode on "
+        "the pipeline topics so events can be routed by headers without parsing the value.",
+        "properties": headers,
+        "required": ["ce_id", "ce_source", "ce_specversion", "ce_type"],
+    }
+
+
+def _structured_payload(data_ref: str, types: Sequence[str]) -> dict[str, Any]:
+    type_schema: dict[str, Any] = {"enum": list(types)} if len(types) > 1 else {"const": types[0]}
+    return {
+        "allOf": [
+            {"$ref": f"./{ENVELOPE_SCHEMA_PATH}"},
+            {
+                "type": "object",
+                "properties": {"type": type_schema, "data": {"$ref": f"./{data_ref}"}},
+                "required": ["data"],
+            },
+        ]
+    }
+
+
+TENANT_KEY_SCHEMA: dict[str, Any] = {
+    "type": "string",
+    "pattern": TENANT_ID_PATTERN,
+    "description": "The tenant id (UTF-8). Partitions by tenant; equals the tenantid and "
+    "partitionkey attributes.",
+}
+ORIGINAL_KEY_SCHEMA: dict[str, Any] = {
+    "type": ["string", "null"],
+    "description": "The key of the dead-lettered message (normally its tenant id), unchanged.",
+}
+
+
+def _kafka_message_binding(key: dict[str, Any]) -> dict[str, Any]:
+    # Inline, not a $ref: the binding's ``key`` is oneOf [Reference, Schema], which a
+    # bare $ref satisfies twice, so validators of the AsyncAPI document reject it.
+    return {"kafka": {"key": dict(key), "bindingVersion": KAFKA_BINDING_VERSION}}
+
+
+def _messages() -> dict[str, Any]:
+    messages: dict[str, Any] = {}
+    for event_type, doc in EVENTS.items():
+        if TOPIC_OF_TYPE[event_type] in STRUCTURED_TOPICS:
+            continue
+        messages[_message_id(event_type)] = {
+            "name": event_type.value,
+            "title": event_type.value,
+            "summary": (inspect.getdoc(doc.model) or "").split("\n")[0],
+            "description": doc.description,
+            "contentType": "application/json",
+            "headers": _binary_headers(event_type),
+            "payload": {"$ref": f"./{event_schema_path(event_type)}"},
+            "correlationId": {"$ref": "#/components/correlationIds/invocationIdHeader"},
+            "bindings": _kafka_message_binding(TENANT_KEY_SCHEMA),
+            "x-cloudevents-content-mode": "binary",
+        }
+    lifecycle_types = sorted(
+        t.value for t, name in TOPIC_OF_TYPE.items() if name in LIFECYCLE_TOPICS
+    )
+    messages["auditRecord"] = {
+        "name": "audit",
+        "title": "audit event",
+        "summary": "One audit event per lifecycle event, with the same type.",
+        "description": AUDIT_DOC.description,
+        "contentType": STRUCTURED_CONTENT_TYPE,
+        "headers": {"$ref": "#/components/schemas/structuredModeHeaders"},
+        "payload": _structured_payload(AUDIT_SCHEMA_PATH, lifecycle_types),
+        "correlationId": {"$ref": "#/components/correlationIds/invocationIdPayload"},
+        "bindings": _kafka_message_binding(TENANT_KEY_SCHEMA),
+        "x-cloudevents-content-mode": "structured",
+    }
+    dlq = EVENTS[EventType.DLQ_RECORD]
+    messages[_message_id(EventType.DLQ_RECORD)] = {
+        "name": EventType.DLQ_RECORD.value,
+        "title": EventType.DLQ_RECORD.value,
+        "summary": (inspect.getdoc(dlq.model) or "").split("\n")[0],
+        "description": dlq.description,
+        "contentType": STRUCTURED_CONTENT_TYPE,
+        "headers": {"$ref": "#/components/schemas/structuredModeHeaders"},
+        "payload": _structured_payload(
+            event_schema_path(EventType.DLQ_RECORD), [EventType.DLQ_RECORD.value]
+        ),
+        "bindings": _kafka_message_binding(ORIGINAL_KEY_SCHEMA),
+        "x-cloudevents-content-mode": "structured",
+    }
+    return messages
+
+
+def _channel_messages(name: TopicName) -> list[str]:
+    if name is TopicName.AUDIT:
+        return ["auditRecord"]
+    return [_message_id(t) for t in _types_on(name)]
+
+
+def _channels() -> dict[str, Any]:
+    channels: dict[str, Any] = {}
+    for name in TopicName:
+        address = f"{DEFAULT_TOPIC_PREFIX}{name.value}"
+        if name in STRUCTURED_TOPICS:
+            mode = (
+                f"Emitted in structured content mode (content-type {STRUCTURED_CONTENT_TYPE}: "
+                "the whole event is the value)."
+            )
+        else:
+            mode = (
+                "Emitted in binary content mode (ce_* headers, data as the value); "
+                f"structured mode ({STRUCTURED_CONTENT_TYPE}) is accepted too, the "
+                "decoder being chosen by content-type."
+            )
+        channels[_channel_id(name)] = {
+            "address": address,
+            "title": address,
+            "description": f"{TOPIC_DOCS[name]} {mode} Key: the tenant id; the prefix "
+            f"{DEFAULT_TOPIC_PREFIX!r} is configurable (TOOLFLEET_TOPIC_PREFIX).",
+            "messages": {
+                mid: {"$ref": f"#/components/messages/{mid}"} for mid in _channel_messages(name)
+            },
+            "bindings": {
+                "kafka": {
+                    "topic": address,
+                    "partitions": DEFAULT_PARTITIONS,
+                    "bindingVersion": KAFKA_BINDING_VERSION,
+                }
+            },
+        }
+    return channels
+
+
+def _operations_doc() -> dict[str, Any]:
+    operations: dict[str, Any] = {}
+    for op in _operations():
+        channel = _channel_id(op.topic)
+        mids = _channel_messages(op.topic) if not op.types else [_message_id(t) for t in op.types]
+        op_id = f"{op.service}{op.action.capitalize()}{channel[0].upper()}{channel[1:]}"
+        operations[op_id] = {
+            "action": op.action,
+            "channel": {"$ref": f"#/channels/{channel}"},
+            "summary": op.description,
+            "tags": [{"name": op.service}],
+            "messages": [{"$ref": f"#/channels/{channel}/messages/{mid}"} for mid in mids],
+        }
+    return operations
+
+
+def asyncapi_document() -> dict[str, Any]:
+    """The AsyncAPI 3.0.0 document of every topic, message and service operation."""
+    return {
+        "asyncapi": "3.0.0",
+        "info": {
+            "title": "toolfleet",
+            "version": CONTRACT_VERSION,
+            "description": "Event-driven tool execution for AI agents over Kafka. Every "
+            "message is a CloudEvents 1.0 event (Kafka protocol binding), keyed by tenant "
+            "id. Generated from the pydantic models by toolfleet.events.schema_export; "
+            "do not edit by hand.",
+            "license": {"name": "Apache-2.0"},
+        },
+        "defaultContentType": "application/json",
+        "servers": {
+            "dev": {
+                "host": "127.0.0.1:9092",
+                "protocol": "kafka",
+                "description": "Local development broker (toolfleet dev).",
+            },
+            "prod": {
+                "host": "{bootstrap}",
+                "protocol": "kafka",
+                "description": "Production cluster (TOOLFLEET_KAFKA_BOOTSTRAP).",
+                "variables": {
+                    "bootstrap": {
+                        "default": "kafka:9092",
+                        "description": "A host:port of the cluster's bootstrap servers.",
+                    }
+                },
+            },
+        },
+        "channels": _channels(),
+        "operations": _operations_doc(),
+        "components": {
+            "messages": _messages(),
+            "schemas": {
+                "binaryModeHeaders": _binary_headers_schema(),
+                "structuredModeHeaders": {
+                    "type": "object",
+                    "description": "Structured content mode: the whole CloudEvent is the "
+                    "value; SIEM connectors need only the value.",
+                    "properties": {
+                        "content-type": {"type": "string", "const": STRUCTURED_CONTENT_TYPE}
+                    },
+                    "required": ["content-type"],
+                },
+            },
+            "correlationIds": {
+                "invocationIdHeader": {
+                    "description": "The invocation an event belongs to.",
+                    "location": "$message.header#/ce_invocationid",
+                },
+                "invocationIdPayload": {
+                    "description": "The invocation an event belongs to.",
+                    "location": "$message.payload#/invocationid",
+                },
+            },
+        },
+    }
+
+
+# --- rendering and CLI ------------------------------------------------------------------
+
+
+def _json_text(document: dict[str, Any]) -> str:
+    return json.dumps(document, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+class _NoAliasDumper(yaml.SafeDumper):
+    """Writes repeated sub-documents out in full: anchors would hide them from readers."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def _yaml_text(document: dict[str, Any]) -> str:
+    header = "# Generated by `python -m toolfleet.events.schema_export`; do not edit.\n"
+    body = yaml.dump(document, Dumper=_NoAliasDumper, sort_keys=True, allow_unicode=True, width=100)
+    return header + body
+
+
+def render() -> dict[str, str]:
+    """Every file of ``schemas/``: relative path -> text."""
+    files = {event_schema_path(t): _json_text(event_schema(t)) for t in EventType}
+    files[AUDIT_SCHEMA_PATH] = _json_text(audit_schema())
+    files[ENVELOPE_SCHEMA_PATH] = _json_text(envelope_schema())
+    files[ASYNCAPI_PATH] = _yaml_text(asyncapi_document())
+    return dict(sorted(files.items()))
+
+
+def _existing(root: Path) -> set[str]:
+    """Generated-looking files already in ``root`` (to find stale ones)."""
+    found = {p.relative_to(root).as_posix() for p in (root / "events").glob("*.json")}
+    found |= {p for p in (ENVELOPE_SCHEMA_PATH, ASYNCAPI_PATH) if (root / p).exists()}
+    return found
+
+
+def drift(root: Path) -> list[str]:
+    """Paths under ``root`` that differ from :func:`render` (changed, missing or stale)."""
+    expected = render()
+    drifted = [
+        path
+        for path, text in expected.items()
+        if not (root / path).is_file() or (root / path).read_text(encoding="utf-8") != text
+    ]
+    drifted.extend(sorted(_existing(root) - expected.keys()))
+    return drifted
+
+
+def write(root: Path) -> list[str]:
+    """Write every file under ``root``, removing stale event schemas; returns changed paths."""
+    changed = drift(root)
+    expected = render()
+    for stale in _existing(root) - expected.keys():
+        (root / stale).unlink()
+    for path in changed:
+        if path in expected:
+            target = root / path
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(expected[path], encoding="utf-8")
+    return changed
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m toolfleet.events.schema_export",
+        description="Generate the JSON Schemas and AsyncAPI document from the event models.",
+    )
+    parser.add_argument("dir", type=Path, help="output directory, e.g. schemas")
+    parser.add_argument(
+        "--check", action="store_true", help="write nothing; exit 1 listing drifted files"
+    )
+    args = parser.parse_args(argv)
+    root: Path = args.dir
+    if args.check:
+        drifted = drift(root)
+        for path in drifted:
+            print(f"drifted: {root / path}", file=sys.stderr)
+        if drifted:
+            print(
+                f"{len(drifted)} file(s) differ from the models; run "
+                f"`python -m toolfleet.events.schema_export {root}`",
+                file=sys.stderr,
+            )
+            return 1
+        return 0
+    expected = render()
+    for path in write(root):
+        print(f"{'wrote' if path in expected else 'removed'} {root / path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,92 @@
+"""Event types, topics and sources of the contract (section 1)."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class EventType(StrEnum):
+    """Every CloudEvents ``type`` toolfleet produces or consumes."""
+
+    INVOKE_REQUESTED = "ai.agent.tool.invoke.requested"
+    INVOKE_AUTHORIZED = "ai.agent.tool.invoke.authorized"
+    INVOKE_EXECUTED = "ai.agent.tool.invoke.executed"
+    SUCCEEDED = "ai.agent.tool.succeeded"
+    FAILED = "ai.agent.tool.failed"
+    TIMEOUT = "ai.agent.tool.timeout"
+    CANCELLED = "ai.agent.tool.cancelled"
+    INVOKED = "ai.agent.tool.invoked"
+    CHECKPOINT_CREATED = "ai.agent.tool.checkpoint.created"
+    APPROVAL_REQUESTED = "ai.agent.tool.approval.requested"
+    CIRCUIT_OPENED = "ai.agent.circuit.opened"
+    CIRCUIT_CLOSED = "ai.agent.circuit.closed"
+    CANCEL_REQUESTED = "ai.agent.tool.cancel.requested"
+    APPROVAL_GRANTED = "ai.agent.tool.approval.granted"
+    APPROVAL_DENIED = "ai.agent.tool.approval.denied"
+    DLQ_RECORD = "ai.agent.toolfleet.dlq.record"
+
+
+TERMINAL_TYPES: frozenset[EventType] = frozenset(
+    {EventType.SUCCEEDED, EventType.FAILED, EventType.TIMEOUT, EventType.CANCELLED}
+)
+
+
+class TopicName(StrEnum):
+    """Topic names without the configurable prefix."""
+
+    REQUESTED = "invoke.requested"
+    AUTHORIZED = "invoke.authorized"
+    EXECUTED = "invoke.executed"
+    RESULTS = "invoke.results"
+    EVENTS = "invoke.events"
+    CONTROL = "invoke.control"
+    AUDIT = "audit"
+    DLQ = "dlq"
+
+
+TOPIC_OF_TYPE: dict[EventType, TopicName] = {
+    EventType.INVOKE_REQUESTED: TopicName.REQUESTED,
+    EventType.INVOKE_AUTHORIZED: TopicName.AUTHORIZED,
+    EventType.INVOKE_EXECUTED: TopicName.EXECUTED,
+    EventType.SUCCEEDED: TopicName.RESULTS,
+    EventType.FAILED: TopicName.RESULTS,
+    EventType.TIMEOUT: TopicName.RESULTS,
+    EventType.CANCELLED: TopicName.RESULTS,
+    EventType.INVOKED: TopicName.EVENTS,
+    EventType.CHECKPOINT_CREATED: TopicName.EVENTS,
+    EventType.APPROVAL_REQUESTED: TopicName.EVENTS,
+    EventType.CIRCUIT_OPENED: TopicName.EVENTS,
+    EventType.CIRCUIT_CLOSED: TopicName.EVENTS,
+    EventType.CANCEL_REQUESTED: TopicName.CONTROL,
+    EventType.APPROVAL_GRANTED: TopicName.CONTROL,
+    EventType.APPROVAL_DENIED: TopicName.CONTROL,
+    EventType.DLQ_RECORD: TopicName.DLQ,
+}
+
+#: Topics whose events are lifecycle facts (audited and projected into status).
+LIFECYCLE_TOPICS: tuple[TopicName, ...] = (
+    TopicName.REQUESTED,
+    TopicName.AUTHORIZED,
+    TopicName.EXECUTED,
+    TopicName.RESULTS,
+    TopicName.EVENTS,
+    TopicName.CONTROL,
+)
+
+
+class Source(StrEnum):
+    """Stable ``source`` URI of each emitting service."""
+
+    POLICY = "/toolfleet/policy"
+    EXECUTOR = "/toolfleet/executor"
+    VALIDATOR = "/toolfleet/validator"
+    AUDIT = "/toolfleet/audit"
+    STATUS = "/toolfleet/status"
+    API = "/toolfleet/api"
+    CLIENT = "/toolfleet/client"
+    CLI = "/toolfleet/cli"
+
+
+def topic(prefix: str, name: TopicName) -> str:
+    """Full topic name, e.g. ``topic("toolfleet.", TopicName.RESULTS)``."""
+    return f"{prefix}{name.value}"

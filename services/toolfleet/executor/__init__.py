@@ -1,0 +1,1 @@
+"""Executor: runs tools under timeouts, with checkpoints, resume and cancellation."""

@@ -1,0 +1,166 @@
+"""One invocation's attempts: the retry loop and the circuit breaker around each run.
+
+Retries follow the tool's :class:`~toolfleet.sdk.policies.RetryPolicy` through tenacity:
+only errors whose class is retryable (:func:`toolfleet.errors.is_retryable`) are
+retried, after an exponential backoff with full jitter (``wait_random_exponential``).
+Every attempt builds a fresh context from the latest checkpoint, so a retry resumes
+rather than starts over. A cancel during a backoff wait ends the call as ``cancelled``.
+
+Every attempt first asks the tool's circuit for a permit and reports its outcome after.
+An open circuit ends the call with ``circuit_breaker_open`` (never retried here: the
+error's ``retry_after_s`` tells the caller when to come back).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_random_exponential
+
+from toolfleet.errors import (
+    Cancelled,
+    CircuitBreakerOpen,
+    ErrorCode,
+    ErrorInfo,
+    error_from,
+    is_retryable,
+)
+from toolfleet.executor.circuits import CallOutcome, CircuitBreaker, Transition, Verdict
+from toolfleet.executor.runner import RunResult, run_tool
+from toolfleet.sdk.context import ToolContext
+from toolfleet.sdk.tool import ToolSpec
+
+#: Errors that say the tool's upstream is unhealthy; other errors do not move a circuit.
+CIRCUIT_FAILURES = frozenset(
+    {
+        ErrorCode.TOOL_EXECUTION_ERROR,
+        ErrorCode.SANDBOX_FAILURE,
+        ErrorCode.EXTERNAL_API_ERROR,
+        ErrorCode.TIMEOUT,
+    }
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class AttemptsInput:
+    spec: ToolSpec
+    parameters: dict[str, Any]
+    timeout_s: float
+    cancel_event: asyncio.Event
+    context_for: Callable[[int], Awaitable[ToolContext]]
+    """Builds the context of attempt ``n`` (from 1), with the latest checkpoint's state."""
+    breaker: CircuitBreaker | None
+    after_transition: Callable[[Transition, int], Awaitable[None]]
+    """Called with each transition this call's attempts caused, and the attempt number."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class AttemptsResult:
+    result: RunResult
+    attempts: int
+    """Times the tool ran (0 when the circuit refused the first attempt)."""
+
+
+class _AttemptFailed(Exception):
+    """Carries a failed attempt through tenacity; retried when its error class is retryable."""
+
+    def __init__(self, info: ErrorInfo) -> None:
+        super().__init__(info.message)
+        self.info = info
+        self.error = error_from(info)
+
+
+class _Refused(Exception):
+    """The circuit refused the attempt: never retried here."""
+
+    def __init__(self, error: CircuitBreakerOpen) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
+def _should_retry(exc: BaseException) -> bool:
+    return isinstance(exc, _AttemptFailed) and is_retryable(exc.error)
+
+
+async def run_attempts(job: AttemptsInput) -> AttemptsResult:
+    """Run ``job.spec`` until it succeeds, fails for good, or runs out of attempts.
+
+    Cancellation (``asyncio.CancelledError``) propagates, as from :func:`run_tool`.
+    """
+    policy = job.spec.retry
+
+    async def backoff(seconds: float) -> None:
+        if job.cancel_event.is_set():
+            raise Cancelled("cancelled while waiting to retry")
+        try:
+            async with asyncio.timeout(seconds):
+                await job.cancel_event.wait()
+        except TimeoutError:
+            return
+        raise Cancelled("cancelled while waiting to retry")
+
+    retrying = AsyncRetrying(
+        stop=stop_after_attempt(policy.max_attempts),
+        wait=wait_random_exponential(multiplier=policy.initial_backoff_s, max=policy.max_backoff_s),
+        retry=retry_if_exception(_should_retry),
+        sleep=backoff,
+        reraise=True,
+    )
+    ran = 0
+    try:
+        async for attempt in retrying:
+            with attempt:
+                number = attempt.retry_state.attempt_number
+                result = await _one_attempt(job, number)
+                ran = number
+                if result.error is not None:
+                    raise _AttemptFailed(result.error)
+                return AttemptsResult(result=result, attempts=ran)
+    except _AttemptFailed as exc:
+        return AttemptsResult(result=RunResult(error=exc.info), attempts=ran)
+    except (_Refused, Cancelled) as exc:
+        error = exc.error if isinstance(exc, _Refused) else exc
+        return AttemptsResult(result=RunResult(error=error.to_error_info()), attempts=ran)
+    raise AssertionError("tenacity stopped without an outcome")  # pragma: no cover
+
+
+async def _one_attempt(job: AttemptsInput, number: int) -> RunResult:
+    """Run the tool once under its circuit (raises :class:`_Refused` when it is open)."""
+    name = job.spec.circuit_name
+    policy = job.spec.circuit_breaker
+    if job.breaker is not None:
+        step = await job.breaker.before_call(name, policy)
+        if step.transition is not None:
+            await job.after_transition(step.transition, number)
+        if not step.allowed:
+            raise _Refused(
+                CircuitBreakerOpen(
+                    f"the circuit {name} is open; calls fail fast until it recovers",
+                    details={"circuit": name},
+                    retry_after_s=round(step.retry_after_s, 3),
+                )
+            )
+    ctx = await job.context_for(number)
+    started = time.monotonic()
+    # A cancelled attempt reports nothing: a half-open permit it held goes stale and is
+    # handed out again (see circuits.admit).
+    result = await run_tool(job.spec, job.parameters, ctx, timeout_s=job.timeout_s)
+    if job.breaker is not None:
+        outcome = CallOutcome(verdict=verdict_of(result), duration_s=time.monotonic() - started)
+        step = await job.breaker.after_call(name, policy, outcome)
+        if step.transition is not None:
+            await job.after_transition(step.transition, number)
+    return result
+
+
+def verdict_of(result: RunResult) -> Verdict:
+    """How a run counts for its circuit."""
+    if result.error is None:
+        return Verdict.SUCCESS
+    if result.error.code in CIRCUIT_FAILURES:
+        return Verdict.FAILURE
+    return Verdict.IGNORED

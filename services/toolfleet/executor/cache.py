@@ -1,0 +1,56 @@
+"""Result cache of tools that declare ``cache=CachePolicy(...)``.
+
+An entry is keyed by the deterministic call id: SHA-256 over the resolved
+``tool_id@version``, the canonical parameters (sorted-keys JSON) and the tenant id, so
+tenants never share entries. It holds the raw (unvalidated) result of a successful run:
+the validator validates and redacts a hit like any other result. Failures are never
+stored, and tools that declare credentials cannot declare a cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Protocol
+
+from redis.asyncio import Redis
+
+from toolfleet.sdk.policies import CachePolicy
+
+
+def call_id(*, tool_id: str, tool_version: str, parameters: dict[str, Any], tenant_id: str) -> str:
+    """The deterministic id of a call: same tool version, parameters and tenant, same id."""
+    canonical = json.dumps(
+        parameters, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str
+    )
+    digest = hashlib.sha256()
+    for part in (f"{tool_id}@{tool_version}", canonical, tenant_id):
+        digest.update(part.encode())
+        digest.update(b"\x1f")
+    return digest.hexdigest()
+
+
+def cache_key(call: str) -> str:
+    return f"cache:tool:{call}"
+
+
+class ResultCache(Protocol):
+    async def get(self, call_id: str) -> dict[str, Any] | None: ...
+    async def put(self, call_id: str, result: dict[str, Any], policy: CachePolicy) -> None: ...
+
+
+class RedisResultCache:
+    def __init__(self, redis: Redis) -> None:
+        self._redis = redis
+
+    async def get(self, call_id: str) -> dict[str, Any] | None:
+        raw = await self._redis.get(cache_key(call_id))
+        if raw is None:
+            return None
+        value = json.loads(raw)
+        return value if isinstance(value, dict) else None
+
+    async def put(self, call_id: str, result: dict[str, Any], policy: CachePolicy) -> None:
+        raw = json.dumps(result, separators=(",", ":"), ensure_ascii=False)
+        ttl = policy.ttl_s if policy.mode == "ttl" else None
+        await self._redis.set(cache_key(call_id), raw, ex=ttl)

@@ -1,0 +1,46 @@
+"""Redis adapter of the circuit breakers: ``circuit:state:{name}`` holds the JSON state.
+
+Every write is one Lua script: compare the stored state with the one the step was
+computed from, write the new one, and publish the transition (if any) on
+``circuit:state:changes``, all atomically, so exactly one executor applies a transition.
+"""
+
+from __future__ import annotations
+
+from redis.asyncio import Redis
+
+CHANGES_CHANNEL = "circuit:state:changes"
+
+_SWAP = """
+local current = redis.call('GET', KEYS[1]) or ''
+if current ~= ARGV[1] then
+  return 0
+end
+redis.call('SET', KEYS[1], ARGV[2])
+if ARGV[3] ~= '' then
+  redis.call('PUBLISH', ARGV[4], ARGV[3])
+end
+return 1
+"""
+
+
+def state_key(name: str) -> str:
+    return f"circuit:state:{name}"
+
+
+class RedisCircuitStore:
+    def __init__(self, redis: Redis) -> None:
+        self._redis = redis
+        self._swap = redis.register_script(_SWAP)
+
+    async def load(self, name: str) -> str:
+        raw = await self._redis.get(state_key(name))
+        if raw is None:
+            return ""
+        return raw.decode() if isinstance(raw, bytes) else str(raw)
+
+    async def swap(self, name: str, expected: str, new: str, transition: str) -> bool:
+        done = await self._swap(
+            keys=[state_key(name)], args=[expected, new, transition, CHANGES_CHANNEL]
+        )
+        return bool(done)

@@ -1,0 +1,76 @@
+"""Calls one agent may have running at once, across every executor (policy's
+``max_concurrent_per_agent``, default 4). Calls past the limit wait; they are not failed.
+
+A slot is a member of a Redis sorted set scored by its lease expiry, so a slot held by
+an executor that died frees itself when the call's timeout has passed. The check-and-take
+is one Lua script on Redis' clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Awaitable, Callable
+from typing import Protocol
+
+from redis.asyncio import Redis
+
+_ACQUIRE = """
+local now = redis.call('TIME')
+local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now_ms)
+local lease_ms = tonumber(ARGV[3])
+if redis.call('ZSCORE', KEYS[1], ARGV[1]) or redis.call('ZCARD', KEYS[1]) < tonumber(ARGV[2]) then
+  redis.call('ZADD', KEYS[1], now_ms + lease_ms, ARGV[1])
+  redis.call('PEXPIRE', KEYS[1], lease_ms)
+  return 1
+end
+return 0
+"""
+
+
+class AgentSlots(Protocol):
+    async def try_acquire(
+        self, agent_key: str, holder: str, limit: int, lease_s: float
+    ) -> bool: ...
+    async def release(self, agent_key: str, holder: str) -> None: ...
+
+
+def agent_key(tenant_id: str, agent_did: str) -> str:
+    return f"agent:running:{{{tenant_id}}}:{agent_did}"
+
+
+class RedisAgentSlots:
+    def __init__(self, redis: Redis) -> None:
+        self._redis = redis
+        self._acquire = redis.register_script(_ACQUIRE)
+
+    async def try_acquire(self, agent_key: str, holder: str, limit: int, lease_s: float) -> bool:
+        taken = await self._acquire(keys=[agent_key], args=[holder, limit, int(lease_s * 1000)])
+        return bool(taken)
+
+    async def release(self, agent_key: str, holder: str) -> None:
+        await self._redis.zrem(agent_key, holder)
+
+
+async def wait_for_slot(
+    slots: AgentSlots,
+    agent_key: str,
+    holder: str,
+    *,
+    limit: int,
+    lease_s: float,
+    give_up: Callable[[], Awaitable[bool]],
+    max_backoff_s: float = 1.0,
+) -> bool:
+    """Take a slot, waiting with jittered backoff; False if ``give_up`` says so first.
+
+    The holder is the invocation id, so a redelivered call takes its own slot back.
+    """
+    backoff = 0.02
+    while not await slots.try_acquire(agent_key, holder, limit, lease_s):
+        if await give_up():
+            return False
+        await asyncio.sleep(random.uniform(0, backoff))  # noqa: S311 - jitter, not crypto
+        backoff = min(backoff * 2, max_backoff_s)
+    return True

@@ -1,0 +1,151 @@
+"""Kafka adapter of the executor: runs ``invoke.authorized``, listens for cancels."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import defaultdict
+from collections.abc import Awaitable, Sequence
+
+from toolfleet.auth.grants import GrantVerifier
+from toolfleet.bus.offsets import Partition
+from toolfleet.bus.producer import EventProducer, Outbound
+from toolfleet.bus.runtime import ConsumerSpec, EventConsumer, Inbound
+from toolfleet.events.envelope import Envelope
+from toolfleet.events.types import EventType, Source, TopicName
+from toolfleet.executor.cache import RedisResultCache
+from toolfleet.executor.checkpoints import RedisCheckpointStore, TieredCheckpointStore
+from toolfleet.executor.circuit_store import RedisCircuitStore
+from toolfleet.executor.circuits import CircuitBreaker
+from toolfleet.executor.cold_checkpoints import PostgresCheckpointStore
+from toolfleet.executor.concurrency import RedisAgentSlots
+from toolfleet.executor.lease_guard import LeaseGuard, LeaseLost
+from toolfleet.executor.leases import RedisLeases
+from toolfleet.executor.registration import register_catalog
+from toolfleet.executor.result_transfer import ResultTransfer
+from toolfleet.executor.scheduling import placement
+from toolfleet.executor.service import ExecutorService
+from toolfleet.executor.settings import ExecutorSettings, SecretBackend
+from toolfleet.policy.stores import RedisCancelFlags
+from toolfleet.sdk.catalog import discover
+from toolfleet.secrets.env import EnvSecretStore
+from toolfleet.secrets.file import FileSecretStore
+from toolfleet.secrets.store import SecretStore
+from toolfleet.secrets.vault import VaultConfig, VaultSecretStore
+from toolfleet.storage.blobs import PostgresBlobStore
+from toolfleet.worker import Resources
+
+
+class _ProducerEmitter:
+    def __init__(self, producer: EventProducer, res: Resources) -> None:
+        self._producer = producer
+        self._res = res
+
+    async def emit(self, topic: TopicName, envelope: Envelope) -> Awaitable[object]:
+        return await self._producer.enqueue(
+            Outbound(envelope=envelope, topic=self._res.topic(topic))
+        )
+
+
+def secret_store(settings: ExecutorSettings) -> SecretStore:
+    """The backend ``TOOLFLEET_SECRET_BACKEND`` names (settings validated the rest)."""
+    if settings.secret_backend is SecretBackend.FILE:
+        assert settings.secret_dir is not None
+        return FileSecretStore(settings.secret_dir)
+    if settings.secret_backend is SecretBackend.VAULT:
+        assert settings.vault_addr is not None
+        assert settings.vault_token_file is not None
+        return VaultSecretStore(
+            VaultConfig(
+                addr=settings.vault_addr,
+                token_file=settings.vault_token_file,
+                mount=settings.vault_mount,
+                timeout_s=settings.vault_timeout_s,
+            )
+        )
+    return EnvSecretStore()
+
+
+async def build(res: Resources) -> list[EventConsumer]:
+    settings = ExecutorSettings(**res.settings.model_dump(exclude_unset=True))
+    catalog = discover(settings.tool_module_list)
+    await register_catalog(res.pool, catalog)
+    service = ExecutorService(
+        catalog=catalog,
+        checkpoints=TieredCheckpointStore(
+            hot=RedisCheckpointStore(res.redis, ttl_s=settings.checkpoint_ttl_s),
+            cold=PostgresCheckpointStore(
+                res.pool,
+                delta_min_bytes=settings.checkpoint_delta_min_bytes,
+                compress_min_bytes=settings.checkpoint_compress_min_bytes,
+            ),
+        ),
+        cancels=RedisCancelFlags(res.redis),
+        emitter=_ProducerEmitter(res.producer, res),
+        worker_id=res.worker_id,
+        cancel_grace_s=settings.cancel_grace_s,
+        secrets=secret_store(settings),
+        grants=GrantVerifier.from_settings(settings),
+        slots=RedisAgentSlots(res.redis),
+        breaker=CircuitBreaker(store=RedisCircuitStore(res.redis), clock=time.time),
+        cache=RedisResultCache(res.redis),
+        results=ResultTransfer(
+            blobs=PostgresBlobStore(res.pool),
+            inline_bytes=settings.result_inline_limit,
+            max_bytes=settings.max_result_blob_bytes,
+        ),
+        lease_guard=LeaseGuard(
+            leases=RedisLeases(res.redis, ttl_s=settings.lease_ttl), worker_id=res.worker_id
+        ),
+    )
+
+    async def suspend_at_stop(stop: asyncio.Event) -> None:
+        await stop.wait()
+        service.suspend()
+
+    res.background(suspend_at_stop)
+
+    in_flight: dict[Partition, set[str]] = defaultdict(set)
+
+    async def run(event: Inbound) -> Sequence[Outbound]:
+        part, invocation_id = Partition(event.topic, event.partition), event.envelope.invocationid
+        in_flight[part].add(invocation_id or "")
+        try:
+            emitted = await service.on_authorized(event.envelope)
+        finally:
+            in_flight[part].discard(invocation_id or "")
+        return [Outbound(envelope=env, topic=res.topic(name)) for name, env in emitted]
+
+    def on_revoke(parts: Sequence[Partition]) -> None:
+        service.suspend_calls({i for p in parts for i in in_flight.get(p, ())})
+
+    async def control(event: Inbound) -> Sequence[Outbound]:
+        if event.envelope.type == EventType.CANCEL_REQUESTED:
+            await service.on_cancel(event.envelope)
+        return []
+
+    executions = ConsumerSpec(
+        service="executor",
+        source=Source.EXECUTOR,
+        group_id=res.group("executor"),
+        topics=[res.topic(TopicName.AUTHORIZED)],
+        max_in_flight=settings.max_in_flight,
+        # Another worker owns the call now: handling it again replays that worker's outcome.
+        extra_transient=(LeaseLost,),
+        # A rebalance hands running tools over at their next checkpoint, not mid-step.
+        on_revoke=on_revoke,
+        revoke_grace_s=settings.revoke_grace_s,
+        # Read ahead and start by priority, round-robin over tenants, each within its bound.
+        schedule=placement,
+        max_in_flight_per_tenant=settings.tenant_in_flight,
+    )
+    # Every executor must see every cancel: its own group, reading from the end.
+    cancels = ConsumerSpec(
+        service="executor-control",
+        source=Source.EXECUTOR,
+        group_id=res.group(f"executor-control-{res.worker_id}"),
+        topics=[res.topic(TopicName.CONTROL)],
+        auto_offset_reset="latest",
+        max_in_flight=64,
+    )
+    return [res.consumer(executions, run), res.consumer(cancels, control, dedupe=False)]

@@ -1,0 +1,89 @@
+"""Executor's own knobs."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from pathlib import Path
+
+from pydantic import Field, model_validator
+
+from toolfleet.settings import FleetSettings
+
+
+class SecretBackend(StrEnum):
+    """Where tool credentials are resolved (:mod:`toolfleet.secrets`)."""
+
+    ENV = "env"
+    """``TOOLFLEET_SECRET__{TENANT}__{CONNECTION}__{NAME}`` environment variables."""
+    FILE = "file"
+    """One file per credential under ``TOOLFLEET_SECRET_DIR``."""
+    VAULT = "vault"
+    """HashiCorp Vault KV v2."""
+
+
+class ExecutorSettings(FleetSettings):
+    max_in_flight: int = Field(default=64, ge=1)
+    """Invocations one executor runs at once."""
+    max_in_flight_per_tenant: int | None = Field(default=None, ge=1)
+    """Invocations of one tenant one executor runs at once, so a busy tenant cannot take
+    a shared worker from the others (its further calls wait, queued by priority); unset:
+    a quarter of ``TOOLFLEET_MAX_IN_FLIGHT`` (at least 1). Single-tenant fleets set it to
+    ``TOOLFLEET_MAX_IN_FLIGHT``."""
+
+    @property
+    def tenant_in_flight(self) -> int:
+        if self.max_in_flight_per_tenant is not None:
+            return min(self.max_in_flight_per_tenant, self.max_in_flight)
+        return max(1, self.max_in_flight // 4)
+
+    checkpoint_ttl_s: int = Field(default=3600, ge=60)
+    """TTL of the hot checkpoint ``checkpoint:tool:{invocation_id}:latest``."""
+    checkpoint_delta_min_bytes: int = Field(default=4096, ge=0)
+    """A durable checkpoint whose state's JSON is larger than this is stored in Postgres
+    as a delta (RFC 6902 JSON Patch) against the invocation's previous durable one."""
+    checkpoint_compress_min_bytes: int = Field(default=1024, ge=0)
+    """A durable checkpoint whose encoded state (full or delta) is larger than this is
+    stored zlib-compressed."""
+    cancel_grace_s: float = Field(default=5.0, ge=0)
+    """After a cancel, how long a tool may clean up before it is stopped hard."""
+    revoke_grace_s: float = Field(default=5.0, ge=0)
+    """On a rebalance, how long running calls of the partitions that move away have to
+    reach their next checkpoint (where they are handed over) or finish, before they are
+    cancelled and redelivered to the partitions' next owner."""
+    lease_ttl_s: float | None = Field(default=None, ge=0.5)
+    """TTL of an execution lease, renewed every third of it; unset: the Kafka session
+    timeout. A worker silent this long (paused, partitioned, dead) loses its invocations
+    to the next epoch; the session timeout bounds how soon another worker is handed them."""
+
+    @property
+    def lease_ttl(self) -> float:
+        return self.lease_ttl_s or self.session_timeout_ms / 1000
+
+    secret_backend: SecretBackend = SecretBackend.ENV
+    """Where tool credentials are resolved: ``env``
+    (``TOOLFLEET_SECRET__{TENANT}__{CONNECTION}__{NAME}``), ``file`` (``TOOLFLEET_SECRET_DIR``)
+    or ``vault`` (KV v2)."""
+    secret_dir: Path | None = None
+    """Root of the ``file`` backend: one file per credential at
+    ``{tenant}/{connection}/{name}``, not readable by other users."""
+    vault_addr: str | None = None
+    """Vault URL of the ``vault`` backend, e.g. ``https://vault:8200``."""
+    vault_token_file: Path | None = None
+    """File holding the executor's Vault token; re-read at every resolution."""
+    vault_mount: str = "secret"
+    """Mount point of the KV v2 engine; credentials live at ``{mount}/{tenant}/{connection}``."""
+    vault_timeout_s: int = Field(default=5, ge=1)
+    """HTTP timeout of one Vault request, in seconds."""
+
+    @model_validator(mode="after")
+    def _check_secret_backend(self) -> ExecutorSettings:
+        if self.secret_backend is SecretBackend.FILE and self.secret_dir is None:
+            raise ValueError("TOOLFLEET_SECRET_BACKEND=file needs TOOLFLEET_SECRET_DIR")
+        if self.secret_backend is SecretBackend.VAULT and not (
+            self.vault_addr and self.vault_token_file
+        ):
+            raise ValueError(
+                "TOOLFLEET_SECRET_BACKEND=vault needs TOOLFLEET_VAULT_ADDR and "
+                "TOOLFLEET_VAULT_TOKEN_FILE"
+            )
+        return self

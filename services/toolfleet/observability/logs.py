@@ -1,0 +1,78 @@
+"""Structured JSON logs carrying tenant, invocation and trace ids from context."""
+
+from __future__ import annotations
+
+import contextvars
+import json
+import logging
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import Any
+
+_CONTEXT: contextvars.ContextVar[dict[str, str]] = contextvars.ContextVar("toolfleet_log_context")
+_RESERVED = frozenset(vars(logging.makeLogRecord({})).keys()) | {"message", "asctime"}
+
+
+@contextmanager
+def log_context(**fields: str | None) -> Iterator[None]:
+    """Add fields (``tenant_id``, ``invocation_id``, ``trace_id`` ...) to every log line."""
+    merged = {**_CONTEXT.get({}), **{k: v for k, v in fields.items() if v}}
+    token = _CONTEXT.set(merged)
+    try:
+        yield
+    finally:
+        _CONTEXT.reset(token)
+
+
+class JsonFormatter(logging.Formatter):
+    def __init__(self, service: str) -> None:
+        super().__init__()
+        self._service = service
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "ts": datetime.fromtimestamp(record.created, UTC).isoformat(),
+            "level": record.levelname.lower(),
+            "service": self._service,
+            "logger": record.name,
+            "msg": record.getMessage(),
+            **_CONTEXT.get({}),
+        }
+        entry.update(_extras(record))
+        if record.exc_info and record.exc_info[0] is not None:
+            # The type only: exception messages can carry data we must not log.
+            entry["exc_type"] = record.exc_info[0].__name__
+        return json.dumps(entry, default=str)
+
+
+class ConsoleFormatter(logging.Formatter):
+    """One line: level, logger, message, then the record's fields and the context's."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        fields = {**_extras(record), **_CONTEXT.get({})}
+        if record.exc_info and record.exc_info[0] is not None:
+            fields["exc_type"] = record.exc_info[0].__name__
+        ctx = " ".join(f"{k}={v}" for k, v in fields.items())
+        return f"{record.levelname:<7} {record.name}: {record.getMessage()} {ctx}".rstrip()
+
+
+def _extras(record: logging.LogRecord) -> dict[str, Any]:
+    """The fields a call passed with ``extra=``."""
+    return {
+        key: value
+        for key, value in vars(record).items()
+        if key not in _RESERVED and not key.startswith("_")
+    }
+
+
+def configure_logging(*, service: str, level: str = "INFO", fmt: str = "json") -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter(service) if fmt == "json" else ConsoleFormatter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    # Library chatter (connection retries, rebalances) at WARNING unless asked for.
+    for noisy in ("aiokafka", "kafka", "asyncio", "uvicorn.access", "httpx"):
+        logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))

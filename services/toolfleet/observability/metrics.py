@@ -1,0 +1,39 @@
+"""Prometheus metrics. Labels name services and event types, never tenants."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+EVENTS_PROCESSED = Counter(
+    "toolfleet_events_processed_total",
+    "Events a service finished processing, by outcome.",
+    ["service", "type", "outcome"],
+)
+PROCESSING_SECONDS = Histogram(
+    "toolfleet_event_processing_seconds",
+    "Time from taking an event to its outputs being acknowledged.",
+    ["service", "type"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+)
+DLQ_RECORDS = Counter(
+    "toolfleet_dlq_records_total", "Messages a service sent to the DLQ.", ["service", "reason"]
+)
+IN_FLIGHT = Gauge("toolfleet_in_flight_events", "Events being processed now.", ["service"])
+DUPLICATES_SKIPPED = Counter(
+    "toolfleet_duplicate_events_total", "Redelivered events skipped by dedupe.", ["service"]
+)
+TOOL_EXECUTIONS = Counter(
+    "toolfleet_tool_executions_total", "Tool runs by the executor.", ["tool_id", "status"]
+)
+TOOL_SECONDS = Histogram(
+    "toolfleet_tool_execution_seconds",
+    "Tool run time.",
+    ["tool_id"],
+    buckets=(0.001, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300),
+)
+LEASE_EVENTS = Counter(
+    "toolfleet_execution_lease_events_total",
+    "Execution leases taken over from a lapsed owner, lost to a newer epoch, or found "
+    "finished on a redelivery (the recorded outcome was replayed).",
+    ["event"],
+)

@@ -1,0 +1,1 @@
+"""Policy: verifies the capability token, resolves the tool, applies policy-as-data."""

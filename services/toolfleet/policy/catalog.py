@@ -1,0 +1,57 @@
+"""Which registry entries a caller may see: the tools its tenant's policy allows (pure)."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from toolfleet.policy.documents import TenantPolicy
+from toolfleet.policy.engine import allows_tool
+
+ToolRows = tuple[list[dict[str, Any]], int]
+"""A page of registry summaries (each with ``tool_id``) and the total matching count."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CatalogView:
+    """Whose catalog: ``policy`` ``None`` with ``everything`` False shows nothing."""
+
+    policy: TenantPolicy | None
+    agent_did: str | None = None
+    everything: bool = False
+    """Admins see the whole registry."""
+
+    def shows(self, tool_id: str) -> bool:
+        return self.everything or allows_tool(self.policy, tool_id, agent_did=self.agent_did)
+
+
+async def visible_page(
+    view: CatalogView,
+    fetch: Callable[[int, int], Awaitable[ToolRows]],
+    *,
+    offset: int,
+    limit: int,
+    chunk: int = 500,
+) -> ToolRows:
+    """One page of the tools ``view`` shows, and how many it shows in all.
+
+    ``fetch(limit, offset)`` pages the already filtered registry (category, tag, text).
+    Policies are globs, so filtering happens here, over the whole filtered registry: it
+    holds tools, not invocations, and stays small.
+    """
+    if view.everything:
+        return await fetch(limit, offset)
+    shown: list[dict[str, Any]] = []
+    start = 0
+    while True:
+        rows, total = await fetch(chunk, start)
+        shown += [r for r in rows if view.shows(str(r["tool_id"]))]
+        start += len(rows)
+        if not rows or start >= total:
+            break
+    return _slice(shown, offset, limit), len(shown)
+
+
+def _slice(rows: Sequence[dict[str, Any]], offset: int, limit: int) -> list[dict[str, Any]]:
+    return list(rows[offset : offset + limit])

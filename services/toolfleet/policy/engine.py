@@ -1,0 +1,122 @@
+"""The policy decision for one resolved request (pure logic)."""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass
+
+from toolfleet.errors import PermissionDenied
+from toolfleet.events.models import Effect
+from toolfleet.policy.documents import (
+    NO_BUDGETS,
+    Budgets,
+    PolicyDocument,
+    TenantPolicy,
+    is_glob,
+    matches_any,
+)
+from toolfleet.registry.versions import matches
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PolicyQuery:
+    tenant_id: str
+    agent_did: str
+    tool_id: str
+    version: str
+    effect: Effect
+    approval_requested: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PolicyDecision:
+    """An allowed call: whether it waits for a human, and the limits it runs under."""
+
+    needs_approval: bool
+    """Park the call until an approver decides."""
+    reason: str
+    """Why (shown in ``approval.requested`` events)."""
+    budgets: Budgets = NO_BUDGETS
+    """Effective budgets (tool over agent over tenant); ``None`` fields are unlimited."""
+    max_concurrent_per_agent: int = 4
+    """Calls this agent may have running at once."""
+    approval_ttl_s: int | None = None
+    """How long an approval may take; ``None`` keeps the service's default."""
+
+
+def decide(document: PolicyDocument, query: PolicyQuery) -> PolicyDecision:
+    """Allow with or without approval, or raise :class:`PermissionDenied`."""
+    return decide_tenant(document.for_tenant(query.tenant_id), query)
+
+
+def decide_tenant(tenant: TenantPolicy | None, query: PolicyQuery) -> PolicyDecision:
+    """:func:`decide` given the tenant's effective policy (``None``: deny everything).
+
+    This is the call when the policy comes from
+    :meth:`toolfleet.policy.provider.PolicyProvider.policy_for`.
+    """
+    if tenant is None:
+        raise PermissionDenied("no policy allows any tool for this tenant")
+    if not matches_any(query.tool_id, tenant.allow_tools) or matches_any(
+        query.tool_id, tenant.deny_tools
+    ):
+        raise PermissionDenied(f"policy does not allow {query.tool_id} for this tenant")
+    agent = tenant.agents.get(query.agent_did)
+    if agent is not None:
+        if agent.allow_tools is not None and not matches_any(query.tool_id, agent.allow_tools):
+            raise PermissionDenied(f"policy does not allow {query.tool_id} for this agent")
+        if matches_any(query.tool_id, agent.deny_tools):
+            raise PermissionDenied(f"policy does not allow {query.tool_id} for this agent")
+    for pattern, allowed_range in tenant.tool_versions.items():
+        if matches_any(query.tool_id, [pattern]) and not matches(allowed_range, query.version):
+            raise PermissionDenied(
+                f"policy allows {query.tool_id} only in versions {allowed_range}"
+            )
+    if query.approval_requested:
+        needs_approval, reason = True, "the request asked for approval"
+    elif query.effect in tenant.approval_effects:
+        needs_approval, reason = True, f"policy requires approval for {query.effect} tools"
+    else:
+        needs_approval, reason = False, "allowed by policy"
+    return PolicyDecision(
+        needs_approval=needs_approval,
+        reason=reason,
+        budgets=effective_budgets(tenant, agent_did=query.agent_did, tool_id=query.tool_id),
+        max_concurrent_per_agent=tenant.max_concurrent_per_agent,
+        approval_ttl_s=tenant.approval_ttl_s,
+    )
+
+
+def allows_tool(tenant: TenantPolicy | None, tool_id: str, *, agent_did: str | None = None) -> bool:
+    """Whether ``tool_id`` (in some version) is callable under ``tenant`` (catalog filter).
+
+    The agent's narrowing applies when ``agent_did`` has an entry. Version ranges are not
+    considered: a tool allowed in some versions is listed.
+    """
+    if tenant is None:
+        return False
+    if not matches_any(tool_id, tenant.allow_tools) or matches_any(tool_id, tenant.deny_tools):
+        return False
+    agent = tenant.agents.get(agent_did) if agent_did is not None else None
+    if agent is None:
+        return True
+    if agent.allow_tools is not None and not matches_any(tool_id, agent.allow_tools):
+        return False
+    return not matches_any(tool_id, agent.deny_tools)
+
+
+def effective_budgets(tenant: TenantPolicy, *, agent_did: str, tool_id: str) -> Budgets:
+    """The budgets of one call, merged field by field; the most specific setting wins.
+
+    Precedence: ``tool_budgets`` (tool) > ``agents.<did>.budgets`` (agent) > ``budgets``
+    (tenant). When several ``tool_budgets`` patterns match, a literal id wins over globs
+    and a longer glob over a shorter one (``acme__search*`` over ``acme__*``).
+    """
+    merged = tenant.budgets
+    agent = tenant.agents.get(agent_did)
+    if agent is not None:
+        merged = agent.budgets.over(merged)
+    matching = [p for p in tenant.tool_budgets if fnmatch.fnmatchcase(tool_id, p)]
+    for pattern in sorted(matching, key=lambda p: (not is_glob(p), len(p), p)):
+        merged = tenant.tool_budgets[pattern].over(merged)
+    return merged

@@ -1,0 +1,124 @@
+"""Kafka adapter of policy: requests, control and results in; decisions out.
+
+Besides its consumer, policy runs three background jobs: the ``policy:updates``
+listener (cache invalidation within a second), the approval-expiry sweeper, and the
+policy-file watcher that re-seeds file-managed tenants when the file changes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Sequence
+
+from toolfleet.auth.grants import GrantSigner
+from toolfleet.auth.revocation import RedisRevocationList
+from toolfleet.auth.tokens import open_verifier
+from toolfleet.bus.producer import Outbound
+from toolfleet.bus.runtime import ConsumerSpec, EventConsumer, Inbound
+from toolfleet.errors import InvalidEvent
+from toolfleet.events.types import EventType, Source, TopicName
+from toolfleet.policy.approval_expiry import expiry_outcome, run_expiry_sweeper
+from toolfleet.policy.cache import RedisPolicyCache, run_invalidation_listener
+from toolfleet.policy.documents import load_policy
+from toolfleet.policy.provider import PolicyProvider
+from toolfleet.policy.service import PendingApproval, PolicyService
+from toolfleet.policy.settings import PolicySettings
+from toolfleet.policy.store import PolicyStore, seed_from_document
+from toolfleet.policy.stores import (
+    RedisApprovalStore,
+    RedisCancelFlags,
+    RedisIdempotencyStore,
+    RedisRateLimiter,
+)
+from toolfleet.registry.lookup import ToolLookup
+from toolfleet.registry.schemas import CompiledSchemas
+from toolfleet.registry.store import RegistryStore
+from toolfleet.worker import Resources
+
+log = logging.getLogger(__name__)
+
+
+async def build(res: Resources) -> list[EventConsumer]:
+    settings = PolicySettings(**res.settings.model_dump(exclude_unset=True))
+    store = PolicyStore(res.pool)
+    cache = RedisPolicyCache(res.redis)
+    provider = PolicyProvider(store, shared=cache)
+    await seed_from_document(store, load_policy(settings.policy_file), announce=cache.announce)
+    approvals = RedisApprovalStore(res.redis)
+    service = PolicyService(
+        lookup=ToolLookup(RegistryStore(res.pool), ttl_s=settings.registry_cache_ttl_s),
+        verifier=await open_verifier(settings),
+        policies=provider,
+        schemas=CompiledSchemas(),
+        approvals=approvals,
+        cancels=RedisCancelFlags(res.redis),
+        limiter=RedisRateLimiter(res.redis),
+        idempotency=RedisIdempotencyStore(res.redis),
+        revocations=RedisRevocationList(res.redis, max_ttl_s=settings.revocation_ttl_s),
+        grants=GrantSigner.from_settings(settings),
+        approval_ttl_s=settings.approval_ttl_s,
+    )
+
+    async def handle(event: Inbound) -> Sequence[Outbound]:
+        if event.envelope.type == EventType.INVOKE_REQUESTED:
+            emitted = await service.on_requested(event.envelope, event.key)
+        elif event.topic == res.topic(TopicName.CONTROL):
+            emitted = await service.on_control(event.envelope, event.key)
+        elif event.topic == res.topic(TopicName.RESULTS):
+            emitted = await service.on_result(event.envelope)
+        else:
+            raise InvalidEvent(f"policy does not accept {event.envelope.type!r} on {event.topic}")
+        return [Outbound(envelope=env, topic=res.topic(name)) for name, env in emitted]
+
+    async def expire(pending: PendingApproval) -> None:
+        name, envelope = expiry_outcome(pending)
+        await res.producer.send(Outbound(envelope=envelope, topic=res.topic(name)))
+
+    async def watch_policy_file(stop: asyncio.Event) -> None:
+        path = settings.policy_file
+        if path is None:
+            return
+        seen = _mtime(path)
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=1.0)
+            current = _mtime(path)
+            if current == seen:
+                continue
+            seen = current
+            try:
+                applied = await seed_from_document(
+                    store, load_policy(path), announce=cache.announce
+                )
+            except Exception:  # a broken edit keeps the stored policies
+                log.exception("policy file is invalid; stored policies unchanged")
+                continue
+            if applied:
+                log.info("policy file re-applied", extra={"tenants": sorted(applied)})
+
+    res.background(lambda stop: run_invalidation_listener(res.redis, provider, stop))
+    res.background(lambda stop: run_expiry_sweeper(approvals, expire, stop))
+    res.background(watch_policy_file)
+    spec = ConsumerSpec(
+        service="policy",
+        source=Source.POLICY,
+        group_id=res.group("policy"),
+        topics=[
+            res.topic(TopicName.REQUESTED),
+            res.topic(TopicName.CONTROL),
+            res.topic(TopicName.RESULTS),
+        ],
+        max_in_flight=settings.max_in_flight,
+    )
+    return [res.consumer(spec, handle)]
+
+
+def _mtime(path: object) -> float | None:
+    from pathlib import Path
+
+    try:
+        return Path(str(path)).stat().st_mtime
+    except OSError:
+        return None

@@ -1,0 +1,36 @@
+"""Lua scripts of policy's Redis adapters, run with EVALSHA and cached by the server."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from importlib import resources
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.exceptions import NoScriptError
+
+__all__ = ["LuaScript"]
+
+
+class LuaScript:
+    """A script from this package, sent by SHA1 and re-sent in full only on NOSCRIPT."""
+
+    def __init__(self, name: str, *, source: str | None = None) -> None:
+        """Load ``{name}.lua`` from this package (or use ``source`` as given)."""
+        self.name = name
+        self.source = (
+            source
+            if source is not None
+            else resources.files(__package__).joinpath(f"{name}.lua").read_text("utf-8")
+        )
+        self.sha = hashlib.sha1(self.source.encode(), usedforsecurity=False).hexdigest()
+
+    async def __call__(
+        self, redis: Redis, keys: Sequence[str], args: Sequence[str | int | float]
+    ) -> Any:
+        """Run the script; ``EVAL`` (which also caches it) when the server lacks it."""
+        try:
+            return await redis.evalsha(self.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            return await redis.eval(self.source, len(keys), *keys, *args)

@@ -1,0 +1,568 @@
+"""Policy's decisions over ports: no Kafka, Redis or Postgres imports here.
+
+For each ``invoke.requested``, in order: the event is well-formed, the tenant is the
+same in the key, the ``tenantid`` attribute and the body; the capability token is
+valid and names this tenant, agent and tool; the tool and version resolve in the
+registry; policy-as-data allows it; the parameters match the input schema. Then the
+call is either authorized or parked for a human approval. Every refusal is a typed
+terminal outcome, never an exception escaping the consumer.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, Protocol
+
+from pydantic import BaseModel, ConfigDict
+
+from toolfleet.auth.grants import GrantSigner
+from toolfleet.auth.grants import parameters_hash as _grant_parameters_hash
+from toolfleet.auth.revocation import RevocationList, ensure_not_revoked
+from toolfleet.auth.tokens import Capability, TokenVerifier
+from toolfleet.errors import InvalidEvent, InvalidParameters, PermissionDenied, ToolfleetError
+from toolfleet.events.envelope import Envelope, derived_event_id, new_event
+from toolfleet.events.models import (
+    ApprovalDecision,
+    ApprovalRequested,
+    CancelRequested,
+    InvokeAuthorized,
+    InvokeRequested,
+    ToolOutcome,
+)
+from toolfleet.events.outcomes import failure_event, outcome_event
+from toolfleet.events.types import TERMINAL_TYPES, EventType, Source, TopicName
+from toolfleet.policy.documents import TenantPolicy
+from toolfleet.policy.engine import PolicyDecision, PolicyQuery, decide_tenant
+from toolfleet.policy.idempotency import (
+    ClaimKind,
+    IdempotencyStore,
+    conflict_error,
+    outcome_for_duplicate,
+)
+from toolfleet.policy.ratelimit import RateLimiter, RateLimits, rate_limit_error
+from toolfleet.registry.lookup import ResolvedTool, ToolLookup
+from toolfleet.registry.schemas import CompiledSchemas
+from toolfleet.registry.versions import matches
+
+AUTHTYPE = "app_user"
+"""authcontext ``authtype`` for calls authorized by a verified capability token."""
+
+Emitted = tuple[TopicName, Envelope]
+
+
+class PendingApproval(BaseModel):
+    """An authorized call parked until a human decides."""
+
+    model_config = ConfigDict(frozen=True)
+
+    authorized: InvokeAuthorized
+    parameters_hash: str
+    expires_at: datetime
+    tenant_id: str
+    traceparent: str | None
+    authid: str
+    capability_jti: str = ""
+    """``jti`` of the verified capability token, bound into the execution grant."""
+
+
+class PolicySource(Protocol):
+    async def policy_for(self, tenant_id: str) -> TenantPolicy | None: ...
+
+
+class ApprovalStore(Protocol):
+    async def put(self, invocation_id: str, pending: PendingApproval, ttl_s: int) -> None: ...
+    async def peek(self, invocation_id: str) -> PendingApproval | None: ...
+    async def take(self, invocation_id: str) -> PendingApproval | None: ...
+
+
+class CancelFlags(Protocol):
+    async def request(self, invocation_id: str) -> None: ...
+    async def is_requested(self, invocation_id: str) -> bool: ...
+
+
+class _Waiter(BaseModel):
+    """What resolving a duplicate later needs of its request (stored beside the key)."""
+
+    agent_did: str
+    source: str
+    event_id: str
+    traceparent: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Identity:
+    """Best-effort identity of a request, for the outcome when it cannot be parsed."""
+
+    invocation_id: str
+    tenant_id: str
+    agent_did: str
+    tool_id: str
+
+
+def parameters_hash(tool_id: str, version: str, parameters: dict[str, Any]) -> str:
+    """SHA-256 of the canonical tool, version and parameters (approvals, idempotency, grants)."""
+    return _grant_parameters_hash(tool_id, version, parameters)
+
+
+def invocation_uuid(text: str) -> str:
+    """The invocation id as a UUID string (a non-UUID event id is mapped stably)."""
+    try:
+        return str(uuid.UUID(text))
+    except ValueError:
+        return str(uuid.uuid5(uuid.NAMESPACE_URL, f"toolfleet:invocation:{text}"))
+
+
+@dataclass(kw_only=True)
+class PolicyService:
+    lookup: ToolLookup
+    verifier: TokenVerifier | None
+    policies: PolicySource
+    schemas: CompiledSchemas
+    approvals: ApprovalStore
+    cancels: CancelFlags
+    limiter: RateLimiter
+    idempotency: IdempotencyStore
+    revocations: RevocationList | None = None
+    grants: GrantSigner | None = None
+    approval_ttl_s: int = 24 * 3600
+    idempotency_ttl_s: int = 7 * 24 * 3600
+
+    # --- invoke.requested ----------------------------------------------------------
+
+    async def on_requested(self, event: Envelope, key: bytes | None) -> list[Emitted]:
+        # Nothing a producer claims about auth is trusted: policy sets it after verifying.
+        event = event.model_copy(update={"authtype": None, "authid": None})
+        ident = _identity_of(event, key)
+        try:
+            request = event.data_as(InvokeRequested)
+            invocation_id = _check_identity(event, key, request)
+            capability = await self._verify(request)
+            resolved = await self.lookup.resolve(request.tool_id, request.tool_version)
+            manifest = resolved.manifest
+            if capability.tool_version not in {"", "*"} and not matches(
+                capability.tool_version, manifest.version
+            ):
+                raise PermissionDenied(
+                    f"capability token does not grant {manifest.tool_id}@{manifest.version}"
+                )
+            tenant = request.agent_context.tenant_id
+            tenant_policy = await self.policies.policy_for(tenant)
+            decision = decide_tenant(
+                tenant_policy,
+                PolicyQuery(
+                    tenant_id=tenant,
+                    agent_did=request.agent_context.agent_did,
+                    tool_id=manifest.tool_id,
+                    version=manifest.version,
+                    effect=manifest.effect,
+                    approval_requested=request.execution_options.require_approval,
+                ),
+            )
+            errors = self.schemas.errors(manifest.input_schema, request.parameters)
+            if errors:
+                raise InvalidParameters(
+                    "parameters do not match the input schema of "
+                    f"{manifest.tool_id}@{manifest.version}",
+                    details={"errors": errors},
+                )
+            await self._rate_limit(tenant, manifest.tool_id, tenant_policy, decision)
+            # Last check: a refusal above must never become the stored answer for a key.
+            duplicate = await self._idempotency(event, request, invocation_id, manifest.version)
+            if duplicate is not None:
+                return duplicate
+        except ToolfleetError as exc:
+            return [self._fail(event, exc, ident)]
+
+        authorized = self._authorized(event, request, invocation_id, resolved, decision)
+        if decision.needs_approval:
+            # Requests and control events are consumed concurrently: a cancel may have been
+            # handled before this request, and a parked call would then wait forever.
+            if await self.cancels.is_requested(invocation_id):
+                return [self._fail(event, _cancelled("cancelled before it ran"), ident)]
+            parked = await self._park(event, authorized, capability, decision)
+            if await self.cancels.is_requested(invocation_id) and await self.approvals.take(
+                invocation_id
+            ):
+                return [self._fail(event, _cancelled("cancelled before it ran"), ident)]
+            return [parked]
+        return [self._authorize(event, authorized, capability.subject, capability.jti, tenant)]
+
+    def _authorized(
+        self,
+        event: Envelope,
+        request: InvokeRequested,
+        invocation_id: str,
+        resolved: ResolvedTool,
+        decision: PolicyDecision,
+    ) -> InvokeAuthorized:
+        manifest = resolved.manifest
+        limits = [manifest.timeout_seconds]
+        if request.resource_limits.timeout_seconds:
+            limits.append(request.resource_limits.timeout_seconds)
+        if decision.budgets.max_runtime_ms:
+            limits.append(decision.budgets.max_runtime_ms / 1000)
+        return InvokeAuthorized(
+            invocation_id=uuid.UUID(invocation_id),
+            tool_id=manifest.tool_id,
+            tool_version=manifest.version,
+            requested_version=request.tool_version,
+            agent_context=request.agent_context,
+            parameters=request.parameters,
+            connection_id=request.connection_id,
+            effect=manifest.effect,
+            timeout_seconds=min(limits),
+            resource_limits=request.resource_limits,
+            checkpoint_config=request.checkpoint_config,
+            execution_options=request.execution_options,
+            warnings=resolved.warnings,
+            requested_at=event.time or datetime.now(UTC),
+            max_result_bytes=decision.budgets.max_result_bytes,
+            max_concurrent_per_agent=decision.max_concurrent_per_agent,
+        )
+
+    def _authorize(
+        self,
+        parent: Envelope,
+        authorized: InvokeAuthorized,
+        authid: str,
+        capability_jti: str,
+        tenant: str,
+        *,
+        traceparent: str | None = None,
+    ) -> Emitted:
+        """The ``invoke.authorized`` event, with a fresh execution grant when configured."""
+        if self.grants is not None:
+            authorized = authorized.model_copy(
+                update={
+                    "grant": self.grants.sign(
+                        invocation_id=str(authorized.invocation_id),
+                        tenant_id=tenant,
+                        agent_did=authorized.agent_context.agent_did,
+                        tool_id=authorized.tool_id,
+                        tool_version=authorized.tool_version,
+                        parameters=authorized.parameters,
+                        capability_jti=capability_jti,
+                        timeout_s=authorized.timeout_seconds,
+                    )
+                }
+            )
+        return (
+            TopicName.AUTHORIZED,
+            new_event(
+                event_type=EventType.INVOKE_AUTHORIZED,
+                source=Source.POLICY,
+                data=authorized,
+                tenant_id=tenant,
+                invocation_id=str(authorized.invocation_id),
+                event_id=derived_event_id(parent, EventType.INVOKE_AUTHORIZED),
+                parent=parent,
+                traceparent=traceparent,
+                authtype=AUTHTYPE,
+                authid=authid,
+            ),
+        )
+
+    async def _rate_limit(
+        self,
+        tenant: str,
+        tool_id: str,
+        tenant_policy: TenantPolicy | None,
+        decision: PolicyDecision,
+    ) -> None:
+        tenant_rate = tenant_policy.budgets.max_calls_per_minute if tenant_policy else None
+        limits = RateLimits(
+            tenant_per_minute=tenant_rate,
+            tool_per_minute=decision.budgets.max_calls_per_minute,
+        )
+        if limits.unlimited:
+            return
+        verdict = await self.limiter.acquire(tenant, tool_id, limits)
+        if not verdict.allowed:
+            raise rate_limit_error(verdict)
+
+    async def _idempotency(
+        self, event: Envelope, request: InvokeRequested, invocation_id: str, version: str
+    ) -> list[Emitted] | None:
+        """``None`` to go on; else what to emit for a duplicate (maybe nothing yet)."""
+        key = request.execution_options.idempotency_key
+        if not key:
+            return None
+        tenant = request.agent_context.tenant_id
+        digest = parameters_hash(request.tool_id, version, request.parameters)
+        claim = await self.idempotency.claim(
+            tenant, key, invocation_id, digest, ttl_s=self.idempotency_ttl_s
+        )
+        if claim.kind is ClaimKind.NEW:
+            return None
+        if claim.kind is ClaimKind.CONFLICT:
+            raise conflict_error(key, claim.first_invocation_id)
+        first = claim.first_outcome()
+        if first is None:
+            waiter = _Waiter(
+                agent_did=request.agent_context.agent_did,
+                source=event.source,
+                event_id=event.id,
+                traceparent=event.traceparent,
+            )
+            try:
+                finished = await self.idempotency.add_waiter(
+                    claim.first_invocation_id, invocation_id, waiter.model_dump_json()
+                )
+            except LookupError:
+                return None  # the first call's key expired meanwhile: run this one
+            if finished is None:
+                return []  # resolved when the first invocation's outcome arrives
+            first = ToolOutcome.model_validate_json(finished)
+        copy = outcome_for_duplicate(
+            first, invocation_id=invocation_id, agent_did=request.agent_context.agent_did
+        )
+        return [(TopicName.RESULTS, outcome_event(event, Source.POLICY, copy))]
+
+    # --- invoke.results: resolve duplicates waiting on an idempotency key ----------------
+
+    async def on_result(self, event: Envelope) -> list[Emitted]:
+        if event.type not in TERMINAL_TYPES or event.invocationid is None:
+            return []
+        outcome = event.data_as(ToolOutcome)
+        waiters = await self.idempotency.finish(
+            str(outcome.invocation_id), outcome.model_dump_json()
+        )
+        emitted: list[Emitted] = []
+        for waiter in waiters:
+            context = _Waiter.model_validate_json(waiter.context_json)
+            parent = Envelope(
+                id=context.event_id,
+                source=context.source,
+                type=EventType.INVOKE_REQUESTED,
+                traceparent=context.traceparent,
+            )
+            copy = outcome_for_duplicate(
+                outcome, invocation_id=waiter.invocation_id, agent_did=context.agent_did
+            )
+            emitted.append((TopicName.RESULTS, outcome_event(parent, Source.POLICY, copy)))
+        return emitted
+
+    async def _verify(self, request: InvokeRequested) -> Capability:
+        if not request.capability_token:
+            raise PermissionDenied("a capability token is required")
+        if self.verifier is None:
+            raise PermissionDenied("no token verification key is configured; every call is denied")
+        capability = await self.verifier.verify_fresh(request.capability_token)
+        if self.revocations is not None:
+            await ensure_not_revoked(self.revocations, capability)
+        if capability.tenant_id != request.agent_context.tenant_id:
+            raise PermissionDenied("capability token was issued for another tenant")
+        if capability.agent_did != request.agent_context.agent_did:
+            raise PermissionDenied("capability token was issued for another agent")
+        if not capability.allows_tool(request.tool_id):
+            raise PermissionDenied(f"capability token does not grant {request.tool_id}")
+        if not capability.allows_operation("invoke"):
+            raise PermissionDenied("capability token does not allow invoking tools")
+        # Checked before anything resolves a secret for this connection.
+        if request.connection_id and not capability.allows_connection(request.connection_id):
+            raise PermissionDenied("capability token does not grant this connection")
+        return capability
+
+    async def _park(
+        self,
+        event: Envelope,
+        authorized: InvokeAuthorized,
+        capability: Capability,
+        decision: PolicyDecision,
+    ) -> Emitted:
+        invocation_id = str(authorized.invocation_id)
+        digest = parameters_hash(authorized.tool_id, authorized.tool_version, authorized.parameters)
+        ttl_s = decision.approval_ttl_s or self.approval_ttl_s
+        expires_at = datetime.now(UTC) + timedelta(seconds=ttl_s)
+        reason = decision.reason
+        await self.approvals.put(
+            invocation_id,
+            PendingApproval(
+                authorized=authorized,
+                parameters_hash=digest,
+                expires_at=expires_at,
+                tenant_id=authorized.agent_context.tenant_id,
+                traceparent=event.traceparent,
+                authid=capability.subject,
+                capability_jti=capability.jti,
+            ),
+            ttl_s,
+        )
+        data = ApprovalRequested(
+            invocation_id=authorized.invocation_id,
+            tenant_id=authorized.agent_context.tenant_id,
+            agent_did=authorized.agent_context.agent_did,
+            tool_id=authorized.tool_id,
+            tool_version=authorized.tool_version,
+            effect=authorized.effect,
+            reason=reason,
+            parameters_hash=digest,
+            expires_at=expires_at,
+        )
+        return (
+            TopicName.EVENTS,
+            new_event(
+                event_type=EventType.APPROVAL_REQUESTED,
+                source=Source.POLICY,
+                data=data,
+                tenant_id=data.tenant_id,
+                invocation_id=invocation_id,
+                event_id=derived_event_id(event, EventType.APPROVAL_REQUESTED),
+                parent=event,
+                authtype=AUTHTYPE,
+                authid=capability.subject,
+            ),
+        )
+
+    # --- control: approvals and cancellation ----------------------------------------
+
+    async def on_control(self, event: Envelope, key: bytes | None) -> list[Emitted]:
+        if event.type == EventType.CANCEL_REQUESTED:
+            cancel = event.data_as(CancelRequested)
+            _check_control_tenant(event, key, cancel.tenant_id)
+            invocation_id = str(cancel.invocation_id)
+            await self.cancels.request(invocation_id)
+            waiting = await self.approvals.peek(invocation_id)
+            if waiting is None or waiting.tenant_id != cancel.tenant_id:
+                return []
+            pending = await self.approvals.take(invocation_id)
+            if pending is None:
+                return []
+            return [self._fail_pending(event, pending, _cancelled(cancel.reason))]
+        if event.type in {EventType.APPROVAL_GRANTED, EventType.APPROVAL_DENIED}:
+            decision = event.data_as(ApprovalDecision)
+            _check_control_tenant(event, key, decision.tenant_id)
+            invocation_id = str(decision.invocation_id)
+            waiting = await self.approvals.peek(invocation_id)
+            if waiting is None or waiting.tenant_id != decision.tenant_id:
+                return []  # decided, cancelled, expired, or another tenant's: no effect
+            if (
+                event.type == EventType.APPROVAL_GRANTED
+                and decision.parameters_hash is not None
+                and decision.parameters_hash != waiting.parameters_hash
+            ):
+                return []  # approved something else than what waits: it keeps waiting
+            pending = await self.approvals.take(invocation_id)
+            if pending is None:
+                return []  # a concurrent decision won
+            if pending.expires_at < datetime.now(UTC):
+                return [
+                    self._fail_pending(event, pending, _approval_denied("the approval expired"))
+                ]
+            if event.type == EventType.APPROVAL_DENIED:
+                return [
+                    self._fail_pending(
+                        event, pending, _approval_denied(decision.reason or "denied by an approver")
+                    )
+                ]
+            # The grant is minted now, not when the call was parked: it must outlive the run.
+            return [
+                self._authorize(
+                    event,
+                    pending.authorized,
+                    pending.authid,
+                    pending.capability_jti,
+                    pending.tenant_id,
+                    traceparent=pending.traceparent,
+                )
+            ]
+        return []  # other control events are for other services
+
+    def _fail_pending(
+        self, event: Envelope, pending: PendingApproval, error: ToolfleetError
+    ) -> Emitted:
+        auth = pending.authorized
+        parent = event.model_copy(update={"traceparent": pending.traceparent or event.traceparent})
+        return (
+            TopicName.RESULTS,
+            failure_event(
+                parent,
+                Source.POLICY,
+                error,
+                invocation_id=str(auth.invocation_id),
+                tenant_id=pending.tenant_id,
+                agent_did=auth.agent_context.agent_did,
+                tool_id=auth.tool_id,
+                tool_version=auth.tool_version,
+            ),
+        )
+
+    def _fail(self, event: Envelope, error: ToolfleetError, ident: _Identity) -> Emitted:
+        return (
+            TopicName.RESULTS,
+            failure_event(
+                event,
+                Source.POLICY,
+                error,
+                invocation_id=ident.invocation_id,
+                tenant_id=ident.tenant_id,
+                agent_did=ident.agent_did,
+                tool_id=ident.tool_id,
+            ),
+        )
+
+
+def _cancelled(reason: str) -> ToolfleetError:
+    from toolfleet.errors import Cancelled
+
+    return Cancelled(reason or "cancelled before it ran")
+
+
+def _approval_denied(reason: str) -> ToolfleetError:
+    from toolfleet.errors import ApprovalDenied
+
+    return ApprovalDenied(reason)
+
+
+def _key_text(key: bytes | None) -> str | None:
+    if key is None:
+        return None
+    try:
+        return key.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def _identity_of(event: Envelope, key: bytes | None) -> _Identity:
+    tenant = _key_text(key) or event.tenantid
+    if not tenant:
+        raise InvalidEvent("invoke event has neither a key nor a tenantid attribute")
+    data = event.data
+    agent = data.get("agent_context") if isinstance(data.get("agent_context"), dict) else {}
+    raw_id = data.get("invocation_id") or event.invocationid or event.id
+    tool_id = data.get("tool_id")
+    agent_did = agent.get("agent_did") if isinstance(agent, dict) else None
+    return _Identity(
+        invocation_id=invocation_uuid(str(raw_id)[:256]),
+        tenant_id=tenant[:128],
+        agent_did=agent_did[:512] if isinstance(agent_did, str) and agent_did else "unknown",
+        tool_id=tool_id[:256] if isinstance(tool_id, str) and tool_id else "unknown",
+    )
+
+
+def _check_identity(event: Envelope, key: bytes | None, request: InvokeRequested) -> str:
+    """Tenant in key, attribute and body agree; returns the invocation id."""
+    body_tenant = request.agent_context.tenant_id
+    key_tenant = _key_text(key)
+    if key_tenant is not None and key_tenant != body_tenant:
+        raise PermissionDenied("the message key names another tenant than agent_context.tenant_id")
+    if event.tenantid is not None and event.tenantid != body_tenant:
+        raise PermissionDenied(
+            "the tenantid attribute names another tenant than agent_context.tenant_id"
+        )
+    invocation_id = (
+        str(request.invocation_id) if request.invocation_id else invocation_uuid(event.id)
+    )
+    if event.invocationid is not None and invocation_uuid(event.invocationid) != invocation_id:
+        raise InvalidEvent("the invocationid attribute differs from data.invocation_id")
+    return invocation_id
+
+
+def _check_control_tenant(event: Envelope, key: bytes | None, tenant_id: str) -> None:
+    key_tenant = _key_text(key)
+    if (key_tenant is not None and key_tenant != tenant_id) or (
+        event.tenantid is not None and event.tenantid != tenant_id
+    ):
+        raise InvalidEvent("control event tenant does not match its key or tenantid attribute")

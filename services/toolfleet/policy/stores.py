@@ -1,0 +1,278 @@
+"""Redis adapters for policy's ports: approvals, cancellation, rate limits, idempotency.
+
+Every multi-key step runs as one Lua script (``policy/lua/``), so concurrent policy
+replicas see each step as atomic. ``prefix`` namespaces every key (default: none, the
+contract's names); tests use it to share one Redis safely.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from datetime import datetime
+
+from redis.asyncio import Redis
+
+from toolfleet.policy.idempotency import DEFAULT_TTL_S, Claim, ClaimKind, Waiter
+from toolfleet.policy.lua import LuaScript
+from toolfleet.policy.ratelimit import RateDecision, RateLimits
+from toolfleet.policy.service import PendingApproval
+
+__all__ = [
+    "RedisApprovalStore",
+    "RedisCancelFlags",
+    "RedisIdempotencyStore",
+    "RedisRateLimiter",
+    "cancel_key",
+]
+
+_APPROVALS_DUE = LuaScript("approvals_due")
+_APPROVALS_TAKE = LuaScript("approvals_take")
+_RATELIMIT = LuaScript("ratelimit")
+_IDEMPOTENCY_CLAIM = LuaScript("idempotency_claim")
+_IDEMPOTENCY_FINISH = LuaScript("idempotency_finish")
+_IDEMPOTENCY_WAIT = LuaScript("idempotency_wait")
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+class RedisApprovalStore:
+    """Pending approvals, indexed by expiry so that expiring is an observable event.
+
+    ``approval:pending:{invocation_id}`` holds the approval (JSON) and the sorted set
+    ``approval:expiries`` its expiry (score = ``expires_at``, epoch seconds). The data
+    key outlives the expiry by ``grace_s`` so that a sweeper that was down can still
+    read, and end, what expired meanwhile. ``take`` is atomic (GETDEL), so one decision
+    wins; :meth:`due` moves a claimed approval to ``approval:expiring:{invocation_id}``
+    where ``take`` no longer finds it, leased to one sweeper for ``lease_s``.
+    """
+
+    def __init__(
+        self, redis: Redis, *, prefix: str = "", grace_s: int = 7 * 24 * 3600, lease_s: int = 60
+    ) -> None:
+        self._redis = redis
+        self._pending = f"{prefix}approval:pending:"
+        self._expiring = f"{prefix}approval:expiring:"
+        self._index = f"{prefix}approval:expiries"
+        self._grace_s = grace_s
+        self._lease_s = lease_s
+
+    async def put(self, invocation_id: str, pending: PendingApproval, ttl_s: int) -> None:
+        """Park an approval; it expires at ``pending.expires_at`` (``ttl_s`` from now)."""
+        async with self._redis.pipeline(transaction=True) as tx:
+            tx.set(
+                self._pending + invocation_id,
+                pending.model_dump_json(),
+                ex=max(1, ttl_s) + self._grace_s,
+            )
+            tx.zadd(self._index, {invocation_id: pending.expires_at.timestamp()})
+            await tx.execute()
+
+    async def peek(self, invocation_id: str) -> PendingApproval | None:
+        """The pending approval, left in place (to check a decision before taking it)."""
+        raw = await self._redis.get(self._pending + invocation_id)
+        return None if raw is None else PendingApproval.model_validate_json(raw)
+
+    async def take(self, invocation_id: str) -> PendingApproval | None:
+        """Remove and return a pending approval (``None``: decided, cancelled or expired)."""
+        raw = await _APPROVALS_TAKE(
+            self._redis, [self._pending + invocation_id, self._index], [invocation_id]
+        )
+        return None if raw is None else PendingApproval.model_validate_json(raw)
+
+    async def due(self, now: datetime, *, limit: int = 100) -> list[PendingApproval]:
+        """Claim up to ``limit`` approvals that expired at or before ``now`` (leased)."""
+        raw = await _APPROVALS_DUE(
+            self._redis,
+            [self._index],
+            [repr(now.timestamp()), limit, self._lease_s, self._pending, self._expiring],
+        )
+        return [PendingApproval.model_validate_json(item) for item in raw]
+
+    async def ack(self, invocation_id: str) -> None:
+        """Forget a claimed approval once its outcome is published."""
+        async with self._redis.pipeline(transaction=True) as tx:
+            tx.delete(self._expiring + invocation_id)
+            tx.zrem(self._index, invocation_id)
+            await tx.execute()
+
+
+CANCEL_TTL_S = 24 * 3600
+
+
+def cancel_key(invocation_id: str) -> str:
+    return f"cancel:requested:{invocation_id}"
+
+
+class RedisCancelFlags:
+    """``cancel:requested:{invocation_id}``: any executor checks it before running."""
+
+    def __init__(self, redis: Redis) -> None:
+        self._redis = redis
+
+    async def request(self, invocation_id: str) -> None:
+        await self._redis.set(cancel_key(invocation_id), b"1", ex=CANCEL_TTL_S)
+
+    async def is_requested(self, invocation_id: str) -> bool:
+        return bool(await self._redis.exists(cancel_key(invocation_id)))
+
+
+class RedisRateLimiter:
+    """Token buckets ``ratelimit:{tenant}`` and ``ratelimit:{tenant}:tool`` (hashes).
+
+    The braces are literal: a Redis Cluster hash tag, so a tenant's buckets share a slot
+    and the one script may touch both (it also keeps tenant ``a:b`` apart from tenant
+    ``a``'s tool ``b``). Both buckets are checked and consumed in one script, on the
+    Redis server's clock (``TIME``) unless ``clock`` is given (tests). An idle bucket's
+    key expires once it would be full again.
+    """
+
+    def __init__(
+        self, redis: Redis, *, prefix: str = "", clock: Callable[[], float] | None = None
+    ) -> None:
+        self._redis = redis
+        self._prefix = prefix
+        self._clock = clock
+
+    async def acquire(self, tenant_id: str, tool_id: str, limits: RateLimits) -> RateDecision:
+        """Take one token from the tenant and the tenant + tool bucket, or from neither."""
+        tenant_key = f"{self._prefix}ratelimit:{{{tenant_id}}}"
+        named = [
+            (key, spec)
+            for key, spec in (
+                (tenant_key, limits.tenant_bucket()),
+                (f"{tenant_key}:{tool_id}", limits.tool_bucket()),
+            )
+            if spec is not None
+        ]
+        if not named:
+            return RateDecision(allowed=True)
+        args: list[str | int | float] = ["" if self._clock is None else repr(self._clock())]
+        for _, spec in named:
+            args += [repr(spec.capacity), repr(spec.rate_per_s), spec.idle_ttl_s]
+        allowed, wait = await _RATELIMIT(self._redis, [key for key, _ in named], args)
+        if int(allowed) == 1:
+            return RateDecision(allowed=True)
+        return RateDecision(allowed=False, retry_after_s=float(wait))
+
+
+class RedisIdempotencyStore:
+    """Idempotency keys, owners' outcomes and waiting duplicates.
+
+    - ``idempotency:{tenant}:<key>``: the claim, hash ``{invocation_id, request_hash}``
+    - ``idempotency:owner:<invocation_id>``: marks an invocation that owns a key
+    - ``idempotency:outcome:<invocation_id>``: an owner's terminal outcome (JSON)
+    - ``idempotency:waiters:<invocation_id>``: duplicates queued behind a running owner
+
+    All live as long as the claim (``ttl_s``). Outcomes are stored only for owners, so
+    :meth:`finish` may be called for every terminal outcome.
+    """
+
+    def __init__(self, redis: Redis, *, prefix: str = "") -> None:
+        self._redis = redis
+        self._prefix = f"{prefix}idempotency:"
+
+    def _claim_key(self, tenant_id: str, key: str) -> str:
+        return f"{self._prefix}{{{tenant_id}}}:{key}"
+
+    def _owner(self, invocation_id: str) -> str:
+        return f"{self._prefix}owner:{invocation_id}"
+
+    def _outcome(self, invocation_id: str) -> str:
+        return f"{self._prefix}outcome:{invocation_id}"
+
+    def _waiters(self, invocation_id: str) -> str:
+        return f"{self._prefix}waiters:{invocation_id}"
+
+    async def claim(
+        self,
+        tenant_id: str,
+        key: str,
+        invocation_id: str,
+        request_hash: str,
+        ttl_s: int = DEFAULT_TTL_S,
+    ) -> Claim:
+        """Atomically own ``key`` for ``invocation_id`` or report who owns it."""
+        reply = await _IDEMPOTENCY_CLAIM(
+            self._redis,
+            [self._claim_key(tenant_id, key), self._owner(invocation_id)],
+            [invocation_id, request_hash, ttl_s, f"{self._prefix}outcome:"],
+        )
+        kind = ClaimKind(_text(reply[0]))
+        outcome = reply[2] if len(reply) > 2 and reply[2] is not None else None
+        return Claim(
+            kind=kind,
+            first_invocation_id=_text(reply[1]),
+            outcome_json=None if outcome is None else _text(outcome),
+        )
+
+    async def record_outcome(self, invocation_id: str, outcome_json: str) -> bool:
+        """Store an owner's terminal outcome; ``False`` (no-op) when it owns no key.
+
+        Record before :meth:`take_waiters` (or use :meth:`finish`): a duplicate that
+        arrives in between then finds the outcome instead of queuing.
+        """
+        reply = await self._finish(invocation_id, outcome_json, store=True, take=False)
+        return int(reply[0]) == 1
+
+    async def add_waiter(
+        self, first_invocation_id: str, waiter_invocation_id: str, waiter_context_json: str
+    ) -> str | None:
+        """Queue a duplicate behind the owner, or return the owner's outcome if finished.
+
+        Raises:
+            LookupError: the owner's claim is gone (expired), so nothing will resolve
+                the duplicate.
+        """
+        waiter = json.dumps({"invocation_id": waiter_invocation_id, "context": waiter_context_json})
+        reply = await _IDEMPOTENCY_WAIT(
+            self._redis,
+            [
+                self._owner(first_invocation_id),
+                self._outcome(first_invocation_id),
+                self._waiters(first_invocation_id),
+            ],
+            [waiter],
+        )
+        match _text(reply[0]):
+            case "finished":
+                return _text(reply[1])
+            case "queued":
+                return None
+            case _:
+                raise LookupError(f"invocation {first_invocation_id} owns no idempotency key")
+
+    async def take_waiters(self, first_invocation_id: str) -> list[Waiter]:
+        """Remove and return the duplicates queued behind an owner (atomic)."""
+        reply = await self._finish(first_invocation_id, "", store=False, take=True)
+        return _waiters(reply[1:])
+
+    async def finish(self, invocation_id: str, outcome_json: str) -> list[Waiter]:
+        """Record an owner's outcome and take its waiters in one atomic step.
+
+        Call it for every terminal outcome: for an invocation that owns no key it
+        stores nothing and returns no waiters.
+        """
+        reply = await self._finish(invocation_id, outcome_json, store=True, take=True)
+        return _waiters(reply[1:])
+
+    async def _finish(
+        self, invocation_id: str, outcome_json: str, *, store: bool, take: bool
+    ) -> list[bytes | str | int]:
+        reply: list[bytes | str | int] = await _IDEMPOTENCY_FINISH(
+            self._redis,
+            [
+                self._owner(invocation_id),
+                self._outcome(invocation_id),
+                self._waiters(invocation_id),
+            ],
+            [outcome_json, "1" if store else "", "1" if take else ""],
+        )
+        return reply
+
+
+def _waiters(raw: list[bytes | str | int]) -> list[Waiter]:
+    items = [json.loads(item) for item in raw if not isinstance(item, int)]
+    return [Waiter(invocation_id=i["invocation_id"], context_json=i["context"]) for i in items]

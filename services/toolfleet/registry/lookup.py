@@ -1,0 +1,71 @@
+"""Resolves ``tool_id`` + version range to a manifest, with a short-lived cache."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Protocol
+
+from toolfleet.errors import ToolNotFound
+from toolfleet.registry.manifest import ToolManifest
+from toolfleet.registry.versions import VersionInfo, resolve
+
+
+class ManifestSource(Protocol):
+    async def versions(self, tool_id: str) -> list[ToolManifest]: ...
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ResolvedTool:
+    manifest: ToolManifest
+    warnings: list[str]
+
+
+class ToolLookup:
+    """Version resolution over the registry; versions are cached for ``ttl_s`` seconds."""
+
+    def __init__(self, source: ManifestSource, *, ttl_s: float = 5.0) -> None:
+        self._source = source
+        self._ttl_s = ttl_s
+        self._cache: dict[str, tuple[float, list[ToolManifest]]] = {}
+
+    async def versions(self, tool_id: str) -> list[ToolManifest]:
+        now = time.monotonic()
+        hit = self._cache.get(tool_id)
+        if hit is not None and now - hit[0] < self._ttl_s:
+            return hit[1]
+        found = await self._source.versions(tool_id)
+        if found:  # an unknown tool is not cached: it may be registered any moment
+            self._cache[tool_id] = (now, found)
+        return found
+
+    async def resolve(self, tool_id: str, spec: str) -> ResolvedTool:
+        manifests = await self.versions(tool_id)
+        if not manifests:
+            raise ToolNotFound(
+                f"no tool named {tool_id!r} is registered", details={"tool_id": tool_id}
+            )
+        resolution = resolve(
+            tool_id,
+            spec,
+            [
+                VersionInfo(
+                    version=m.version,
+                    state=m.lifecycle_state,
+                    deprecation_message=m.deprecation_message,
+                )
+                for m in manifests
+            ],
+        )
+        manifest = next(m for m in manifests if m.version == resolution.version)
+        return ResolvedTool(manifest=manifest, warnings=resolution.warnings)
+
+    async def exact(self, tool_id: str, version: str) -> ToolManifest:
+        for manifest in await self.versions(tool_id):
+            if manifest.version == version:
+                return manifest
+        self._cache.pop(tool_id, None)
+        for manifest in await self.versions(tool_id):
+            if manifest.version == version:
+                return manifest
+        raise ToolNotFound(f"{tool_id}@{version} is not registered", details={"tool_id": tool_id})

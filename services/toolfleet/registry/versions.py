@@ -1,0 +1,152 @@
+"""Semver resolution of a requested version (``1.2.3``, ``^1.2``, ``~1.2``, ``*``).
+
+Pure logic. The newest active version in range wins; a deprecated one is used only
+when no active one matches, with a warning; a removed one is never used.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import semver
+
+from toolfleet.errors import ToolRemoved, ToolVersionNotFound
+from toolfleet.registry.manifest import LifecycleState
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class VersionInfo:
+    version: str
+    state: LifecycleState
+    deprecation_message: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Resolution:
+    version: str
+    warnings: list[str]
+
+
+def _parse(text: str) -> semver.Version:
+    return semver.Version.parse(text)
+
+
+def _partial(text: str) -> tuple[int, int | None, int | None]:
+    parts = text.split(".")
+    if not 1 <= len(parts) <= 3 or not all(p.isdigit() for p in parts):
+        raise ValueError(text)
+    nums = [int(p) for p in parts]
+    return nums[0], (nums[1] if len(nums) > 1 else None), (nums[2] if len(nums) > 2 else None)
+
+
+def matches(spec: str, version: str) -> bool:
+    """Whether ``version`` satisfies ``spec`` (npm/cargo semantics for ``^`` and ``~``)."""
+    spec = spec.strip()
+    v = _parse(version)
+    if spec in {"", "*", "x", "latest"}:
+        return not v.prerelease
+    if spec[0] in "^~":
+        major, minor, patch = _partial(spec[1:])
+        low = semver.Version(major, minor or 0, patch or 0)
+        if spec[0] == "~":
+            high = (
+                semver.Version(major + 1, 0, 0)
+                if minor is None
+                else semver.Version(major, minor + 1, 0)
+            )
+        elif major > 0 or minor is None:
+            high = semver.Version(major + 1, 0, 0)
+        elif minor > 0 or patch is None:
+            high = semver.Version(0, minor + 1, 0)
+        else:
+            high = semver.Version(0, 0, (patch or 0) + 1)
+        return low <= v < high and not v.prerelease
+    if spec[0] in "<>=!":
+        return all(_compare(v, clause.strip()) for clause in spec.split(","))
+    try:
+        return v == _parse(spec)
+    except ValueError:
+        major, minor, patch = _partial(spec)  # "1" or "1.2": any patch of it
+        return (
+            v.major == major
+            and (minor is None or v.minor == minor)
+            and (patch is None or v.patch == patch)
+            and not v.prerelease
+        )
+
+
+def _compare(v: semver.Version, clause: str) -> bool:
+    """One ``<op><version>`` clause; a partial version is padded (``>=1.1`` is ``>=1.1.0``)."""
+    op = clause[:2] if clause[:2] in {">=", "<=", "==", "!="} else clause[:1]
+    if op not in {">", "<", ">=", "<=", "==", "!=", "="}:
+        raise ValueError(clause)
+    major, minor, patch = _partial(clause[len(op) :].strip())
+    bound = semver.Version(major, minor or 0, patch or 0)
+    cmp = v.compare(bound)
+    return {
+        ">": cmp > 0,
+        "<": cmp < 0,
+        ">=": cmp >= 0,
+        "<=": cmp <= 0,
+        "==": cmp == 0,
+        "=": cmp == 0,
+        "!=": cmp != 0,
+    }[op] and not v.prerelease
+
+
+def is_valid_spec(spec: str) -> bool:
+    try:
+        matches(spec, "0.0.0")
+    except ValueError:
+        return False
+    return True
+
+
+def resolve(tool_id: str, spec: str, available: Sequence[VersionInfo]) -> Resolution:
+    """Pick the version ``spec`` names among ``available``."""
+    if not is_valid_spec(spec):
+        raise ToolVersionNotFound(
+            f"{spec!r} is not a version or range", details={"tool_id": tool_id}
+        )
+    candidates = sorted(
+        (info for info in available if matches(spec, info.version)),
+        key=lambda info: _parse(info.version),
+        reverse=True,
+    )
+    if not candidates:
+        raise ToolVersionNotFound(
+            f"no version of {tool_id} matches {spec!r}",
+            details={
+                "tool_id": tool_id,
+                "requested": spec,
+                "available": [
+                    i.version for i in available if i.state is not LifecycleState.REMOVED
+                ],
+            },
+        )
+    for state in (LifecycleState.ACTIVE, LifecycleState.DEPRECATED):
+        for info in candidates:
+            if info.state is state:
+                return Resolution(
+                    version=info.version, warnings=_warnings(tool_id, info, available)
+                )
+    raise ToolRemoved(
+        f"{tool_id}@{candidates[0].version} has been removed",
+        details={"tool_id": tool_id, "requested": spec},
+    )
+
+
+def _warnings(tool_id: str, chosen: VersionInfo, available: Sequence[VersionInfo]) -> list[str]:
+    if chosen.state is not LifecycleState.DEPRECATED:
+        return []
+    newest = max(
+        (i for i in available if i.state is LifecycleState.ACTIVE),
+        key=lambda i: _parse(i.version),
+        default=None,
+    )
+    hint = f"; use {newest.version}" if newest else ""
+    text = f"tool {tool_id}@{chosen.version} is deprecated{hint}"
+    if chosen.deprecation_message:
+        text += f" ({chosen.deprecation_message})"
+    return [text]

@@ -1,0 +1,122 @@
+"""What a running tool sees of toolfleet: who called, checkpoints, cancellation, credentials."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from toolfleet.errors import PermissionDenied
+
+if TYPE_CHECKING:
+    from toolfleet.secrets.store import Secret
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CheckpointInput:
+    """One ``ToolContext.checkpoint`` call, handed to the executor's sink."""
+
+    state: dict[str, Any]
+    progress_percent: float
+    current_phase: str
+    name: str | None = None
+    """Set for a named checkpoint: always kept durably, with its history."""
+
+
+class CheckpointSink(Protocol):
+    """Where checkpoints go (the executor writes Redis and emits an event)."""
+
+    async def save(self, checkpoint: CheckpointInput) -> str: ...
+
+
+class CredentialSource(Protocol):
+    """The credentials of one call (the executor's invocation-scoped capability)."""
+
+    def get(self, name: str) -> Secret: ...
+
+
+class ToolContext:
+    """Handed to every tool call: identities, checkpoints, cancellation and credentials.
+
+    It holds no secret itself: ``credential(name)`` asks the invocation's capability,
+    which the executor fills at execution time and revokes when the call returns.
+    """
+
+    def __init__(
+        self,
+        *,
+        tenant_id: str,
+        agent_did: str,
+        invocation_id: str,
+        tool_id: str,
+        tool_version: str,
+        attempt: int = 1,
+        resume_state: dict[str, Any] | None = None,
+        checkpoints: CheckpointSink | None = None,
+        cancel_event: asyncio.Event | None = None,
+        credentials: CredentialSource | None = None,
+        connection_id: str | None = None,
+    ) -> None:
+        self.tenant_id = tenant_id
+        self.agent_did = agent_did
+        self.invocation_id = invocation_id
+        self.tool_id = tool_id
+        self.tool_version = tool_version
+        self.attempt = attempt
+        self._resume_state = resume_state
+        self._checkpoints = checkpoints
+        self._cancel_event = cancel_event or asyncio.Event()
+        self._credentials = credentials
+        self.connection_id = connection_id
+        """The connection whose credentials this call may use (None: no connection)."""
+
+    def resume_state(self) -> dict[str, Any] | None:
+        """The state of the last checkpoint of this invocation, or None on a fresh start."""
+        return None if self._resume_state is None else dict(self._resume_state)
+
+    async def checkpoint(
+        self,
+        state: dict[str, Any],
+        progress_percent: float = 0.0,
+        current_phase: str = "",
+        *,
+        name: str | None = None,
+    ) -> str | None:
+        """Save progress; after a crash the invocation resumes from here, on any worker.
+
+        Every checkpoint replaces the hot copy in Redis (``micro``). The first one of a
+        run, and then one at least every ``checkpoint_interval_seconds``, is also kept in
+        Postgres (``macro``), as is every checkpoint given a ``name`` (``named``): those
+        survive the hot copy and can be resumed from by id (``resume_from_checkpoint_id``).
+
+        Returns the checkpoint id, or None when checkpointing is disabled for the call.
+        """
+        if self._checkpoints is None:
+            return None
+        progress = min(max(float(progress_percent), 0.0), 100.0)
+        return await self._checkpoints.save(
+            CheckpointInput(
+                state=state, progress_percent=progress, current_phase=current_phase, name=name
+            )
+        )
+
+    @property
+    def cancelled(self) -> bool:
+        """True once cancellation was requested; long tools should stop soon after."""
+        return self._cancel_event.is_set()
+
+    def credential(self, name: str) -> Secret:
+        """The credential ``name`` of this call's connection, as a masked :class:`Secret`.
+
+        Only names the tool declared in ``@tool(credentials=[...])`` resolve, and only
+        while the call runs. Use ``.reveal()`` at the one place that needs the value
+        (an HTTP header, a client constructor); never log it, put it in a checkpoint or
+        return it: the executor fails a call whose output contains it
+        (``redaction_failed``).
+
+        Raises:
+            PermissionDenied: the name was not declared, or the call has returned.
+        """
+        if self._credentials is None:
+            raise PermissionDenied(f"{self.tool_id} declared no credentials")
+        return self._credentials.get(name)

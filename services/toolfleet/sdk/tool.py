@@ -1,0 +1,224 @@
+"""``@tool``: turn a typed async function into a registered, versioned tool."""
+
+from __future__ import annotations
+
+import inspect
+import re
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, get_type_hints
+
+import semver
+from pydantic import BaseModel
+
+from toolfleet.errors import RegistrationError
+from toolfleet.events.models import TOOL_ID_PATTERN, Effect
+from toolfleet.registry.manifest import ToolManifest
+from toolfleet.sdk.context import ToolContext
+from toolfleet.sdk.policies import CachePolicy, CircuitPolicy, RetryPolicy
+from toolfleet.secrets.store import check_name
+
+ToolFunction = Callable[[Any, ToolContext], Awaitable[Any]]
+
+#: Fields an input schema may not declare: credentials flow through capabilities.
+_RESERVED_INPUT_FIELDS = frozenset({"connection_id", "capability_token"})
+
+
+@dataclass(frozen=True, kw_only=True)
+class ToolSpec:
+    """A tool as the executor runs it and the registry records it."""
+
+    tool_id: str
+    version: str
+    effect: Effect
+    fn: ToolFunction
+    input_model: type[BaseModel]
+    output_model: type[BaseModel]
+    redaction_allowlist: tuple[str, ...]
+    timeout_seconds: float
+    description: str = ""
+    category: str = "general"
+    tags: tuple[str, ...] = ()
+    credentials: tuple[str, ...] = ()
+    """Named credentials the tool reads with ``ctx.credential(name)``."""
+    input_schema: dict[str, Any] = field(default_factory=dict)
+    output_schema: dict[str, Any] = field(default_factory=dict)
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    """Retries of retryable errors (default: none)."""
+    circuit: str = ""
+    """Name of the circuit breaker the tool's calls go through (default: the tool id)."""
+    circuit_breaker: CircuitPolicy = field(default_factory=CircuitPolicy)
+    """Thresholds of that circuit breaker."""
+    cache: CachePolicy | None = None
+    """Result cache (default: none)."""
+
+    @property
+    def circuit_name(self) -> str:
+        return self.circuit or self.tool_id
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.tool_id, self.version)
+
+    def manifest(self) -> ToolManifest:
+        return ToolManifest(
+            tool_id=self.tool_id,
+            version=self.version,
+            effect=self.effect,
+            description=self.description,
+            category=self.category,
+            tags=list(self.tags),
+            input_schema=self.input_schema,
+            output_schema=self.output_schema,
+            redaction_allowlist=list(self.redaction_allowlist),
+            timeout_seconds=self.timeout_seconds,
+            credentials=list(self.credentials),
+        )
+
+
+def tool(
+    *,
+    id: str,
+    version: str,
+    effect: Effect | str,
+    redaction_allowlist: list[str] | tuple[str, ...] | None = None,
+    timeout_seconds: float = 30.0,
+    description: str | None = None,
+    category: str = "general",
+    tags: list[str] | tuple[str, ...] = (),
+    credentials: list[str] | tuple[str, ...] = (),
+    retry: RetryPolicy | None = None,
+    circuit: str | None = None,
+    circuit_breaker: CircuitPolicy | None = None,
+    cache: CachePolicy | None = None,
+) -> Callable[[ToolFunction], ToolSpec]:
+    """Declare a tool.
+
+    Example::
+
+        class EchoIn(BaseModel):
+            message: str
+
+        class EchoOut(BaseModel):
+            message: str
+            length: int
+
+        @tool(id="acme__echo", version="1.0.0", effect="read_only",
+              redaction_allowlist=["message", "length"])
+        async def echo(params: EchoIn, ctx: ToolContext) -> EchoOut:
+            return EchoOut(message=params.message, length=len(params.message))
+
+    Input and output JSON Schemas are generated from the pydantic models. The
+    redaction allowlist names the result fields clients may see (dotted paths);
+    every other field is redacted. It is required: a tool without one is refused.
+
+    ``credentials`` names the secrets the tool needs (``["api_key"]``: lower-case words
+    joined by ``_``). A call must then name a ``connection_id``; the executor resolves
+    each credential for the caller's tenant and that connection when the call runs, and
+    the tool reads it with ``ctx.credential("api_key")``. Secrets never travel in
+    events, and an input model may not declare ``connection_id`` itself.
+
+    Resilience (:mod:`toolfleet.sdk.policies`): ``retry=RetryPolicy(max_attempts=3)``
+    retries retryable errors with jittered backoff, resuming from the latest checkpoint;
+    ``circuit_breaker=CircuitPolicy(...)`` tunes the breaker of the circuit ``circuit``
+    (default: the tool id; tools calling the same upstream may share one);
+    ``cache=CachePolicy(mode="ttl", ttl_s=60)`` reuses successful results of identical
+    calls. A tool that declares credentials cannot be cached.
+    """
+
+    def decorate(fn: ToolFunction) -> ToolSpec:
+        if not inspect.iscoroutinefunction(fn):
+            raise RegistrationError(f"{id}: a tool must be an async function")
+        if not re.fullmatch(TOOL_ID_PATTERN, id) or len(id) > 128:
+            raise RegistrationError(
+                f"{id!r}: tool ids are namespaced lower-case identifiers, like 'acme__get_weather'"
+            )
+        try:
+            semver.Version.parse(version)
+        except ValueError:
+            raise RegistrationError(f"{id}: {version!r} is not a semantic version") from None
+        if redaction_allowlist is None:
+            raise RegistrationError(
+                f"{id}: redaction_allowlist is required (list the result fields clients may see)"
+            )
+        if timeout_seconds <= 0:
+            raise RegistrationError(f"{id}: timeout_seconds must be positive")
+        input_model, output_model = _models_of(id, fn)
+        input_schema = input_model.model_json_schema()
+        output_schema = output_model.model_json_schema()
+        reserved = _RESERVED_INPUT_FIELDS & set(input_schema.get("properties", {}))
+        if reserved:
+            raise RegistrationError(
+                f"{id}: input may not declare {sorted(reserved)}; "
+                "credentials reach tools through capabilities"
+            )
+        _check_allowlist(id, list(redaction_allowlist), output_schema)
+        _check_credentials(id, credentials)
+        if cache is not None and credentials:
+            raise RegistrationError(f"{id}: a tool that uses credentials cannot be cached")
+        if circuit is not None and not re.fullmatch(r"[A-Za-z0-9._:-]{1,200}", circuit):
+            raise RegistrationError(f"{id}: circuit names are letters, digits and '._:-'")
+        return ToolSpec(
+            tool_id=id,
+            version=version,
+            effect=Effect(effect),
+            fn=fn,
+            input_model=input_model,
+            output_model=output_model,
+            redaction_allowlist=tuple(redaction_allowlist),
+            timeout_seconds=float(timeout_seconds),
+            description=description if description is not None else inspect.getdoc(fn) or "",
+            category=category,
+            tags=tuple(tags),
+            credentials=tuple(credentials),
+            retry=retry or RetryPolicy(),
+            circuit=circuit or "",
+            circuit_breaker=circuit_breaker or CircuitPolicy(),
+            cache=cache,
+            input_schema={
+                "$schema": "https://json-schema.org/draft/2020-12/schema",
+                **input_schema,
+            },
+            output_schema={
+                "$schema": "https://json-schema.org/draft/2020-12/schema",
+                **output_schema,
+            },
+        )
+
+    return decorate
+
+
+def _models_of(tool_id: str, fn: ToolFunction) -> tuple[type[BaseModel], type[BaseModel]]:
+    hints = get_type_hints(fn)
+    params = list(inspect.signature(fn).parameters)
+    if len(params) != 2:
+        raise RegistrationError(f"{tool_id}: a tool takes (params: InputModel, ctx: ToolContext)")
+    input_model = hints.get(params[0])
+    output_model = hints.get("return")
+    for what, model in (("input", input_model), ("output", output_model)):
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            raise RegistrationError(f"{tool_id}: the {what} type must be a pydantic model")
+    assert isinstance(input_model, type)
+    assert isinstance(output_model, type)
+    return input_model, output_model
+
+
+def _check_allowlist(tool_id: str, allowlist: list[str], output_schema: dict[str, Any]) -> None:
+    top_level = set(output_schema.get("properties", {}))
+    unknown = [path for path in allowlist if path.split(".", 1)[0] not in top_level]
+    if unknown:
+        raise RegistrationError(
+            f"{tool_id}: redaction_allowlist names fields the output does not have: {unknown}"
+        )
+
+
+def _check_credentials(tool_id: str, credentials: list[str] | tuple[str, ...]) -> None:
+    if isinstance(credentials, str):
+        raise RegistrationError(f"{tool_id}: credentials is a list of names, not one string")
+    for name in credentials:
+        try:
+            check_name(name)
+        except (ValueError, TypeError) as exc:
+            raise RegistrationError(f"{tool_id}: {exc}") from None
+    if len(set(credentials)) != len(credentials):
+        raise RegistrationError(f"{tool_id}: credentials names a credential twice")

@@ -1,0 +1,1 @@
+"""Status: projects every lifecycle event into the ``tool_invocations`` table."""

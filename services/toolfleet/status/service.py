@@ -1,0 +1,65 @@
+"""The status projector over a :class:`Projection` port: no Postgres imports here."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Protocol
+
+from toolfleet.events.envelope import Envelope
+from toolfleet.status.projection import InvocationRow, apply, fact_of
+
+log = logging.getLogger(__name__)
+
+Transition = Callable[[InvocationRow | None], InvocationRow | None]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProjectInput:
+    """One event to fold into one invocation's row."""
+
+    source: str
+    """``source`` of the event; with ``event_id`` its idempotency key."""
+    event_id: str
+    invocation_id: str
+    transition: Transition
+    """Pure: the row as it is (``None`` if absent) → the row to store (``None``: none)."""
+
+
+class Projection(Protocol):
+    """Where rows live (Postgres: :class:`toolfleet.status.store.PostgresProjection`)."""
+
+    async def project(self, call: ProjectInput) -> bool:
+        """Atomically record ``source``+``event_id`` and apply ``transition`` to the row.
+
+        Returns ``False`` (and changes nothing) when that event was projected before.
+        Implementations serialize calls for one invocation.
+        """
+        ...
+
+
+@dataclass(kw_only=True)
+class StatusProjector:
+    """Folds lifecycle events into rows, once per event."""
+
+    projection: Projection
+    clock: Callable[[], datetime] = lambda: datetime.now(UTC)
+
+    async def on_event(self, event: Envelope) -> bool:
+        """Project ``event``; ``False`` if it names no invocation or was seen before."""
+        fact = fact_of(event, now=self.clock())
+        if fact is None:
+            return False
+        projected = await self.projection.project(
+            ProjectInput(
+                source=event.source,
+                event_id=event.id,
+                invocation_id=fact.invocation_id,
+                transition=lambda row: apply(row, fact),
+            )
+        )
+        if not projected:
+            log.debug("event already projected", extra={"event_type": event.type})
+        return projected

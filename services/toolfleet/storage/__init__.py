@@ -1,0 +1,1 @@
+"""Connections to Redis and Postgres, and the Postgres migrations."""

@@ -1,0 +1,125 @@
+"""Result blobs in Postgres ``result_blobs``: results too large to travel in an event.
+
+Two purposes share the table. A *transfer* blob carries the executor's raw result to the
+validator when it would not fit an event; it expires after a day (the ``executed`` topic
+holds the same data inline for smaller results, under the topic's own retention). An
+*attachment* is the validated, redacted result an outcome links to when it only carries
+a truncated preview; the status API serves it to the invocation's tenant.
+
+Every read names the tenant: a blob of another tenant reads as missing. Expired rows are
+deleted a few hundred at a time by later writes, so the table needs no janitor process.
+"""
+
+from __future__ import annotations
+
+import random
+import uuid
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Literal
+
+import asyncpg
+from asyncpg.pool import PoolConnectionProxy
+
+BlobPurpose = Literal["transfer", "attachment"]
+_Conn = asyncpg.Connection | PoolConnectionProxy
+
+#: One write in this many also deletes expired rows.
+_PURGE_EVERY = 32
+_PURGE_BATCH = 500
+
+
+@dataclass(frozen=True, slots=True)
+class StoredBlob:
+    blob_id: str
+    content_type: str
+    data: bytes
+
+
+class PostgresBlobStore:
+    """Blobs of a tenant's invocation, with an optional expiry."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self._pool = pool
+
+    async def put(
+        self,
+        data: bytes,
+        *,
+        tenant_id: str,
+        invocation_id: str,
+        purpose: BlobPurpose,
+        content_type: str = "application/json",
+        ttl_s: int | None = None,
+        blob_id: str | None = None,
+    ) -> str:
+        """Store ``data`` and return its id.
+
+        ``blob_id`` makes the write idempotent: writing the same id again keeps the first
+        copy (a redelivered event derives the same id and finds its blob stored).
+        """
+        key = uuid.UUID(blob_id) if blob_id is not None else uuid.uuid4()
+        expires = timedelta(seconds=ttl_s) if ttl_s else None
+        async with self._pool.acquire() as conn:
+            await conn.execute(
+                """INSERT INTO result_blobs (blob_id, invocation_id, tenant_id, purpose,
+                       content_type, size_bytes, data, expires_at)
+                   VALUES ($1, $2, $3, $4, $5, $6, $7, now() + $8::interval)
+                   ON CONFLICT (blob_id) DO NOTHING""",
+                key,
+                uuid.UUID(invocation_id),
+                tenant_id,
+                purpose,
+                content_type,
+                len(data),
+                data,
+                expires,
+            )
+            if random.randrange(_PURGE_EVERY) == 0:  # noqa: S311 - load spreading, not security
+                await self.purge_expired(conn)
+        return str(key)
+
+    async def get(
+        self,
+        blob_id: str,
+        *,
+        purpose: BlobPurpose,
+        tenant_id: str | None,
+        invocation_id: str | None = None,
+    ) -> StoredBlob | None:
+        """The blob, if it exists with this ``purpose``, has not expired, and belongs to
+        ``tenant_id`` (None: any tenant, for admins) and, when given, ``invocation_id``."""
+        try:
+            key = uuid.UUID(blob_id)
+            invocation = uuid.UUID(invocation_id) if invocation_id is not None else None
+        except ValueError:
+            return None
+        async with self._pool.acquire() as conn:
+            row = await conn.fetchrow(
+                """SELECT content_type, data FROM result_blobs
+                   WHERE blob_id = $1 AND purpose = $4
+                     AND ($2::text IS NULL OR tenant_id = $2)
+                     AND ($3::uuid IS NULL OR invocation_id = $3)
+                     AND (expires_at IS NULL OR expires_at > now())""",
+                key,
+                tenant_id,
+                invocation,
+                purpose,
+            )
+        if row is None:
+            return None
+        return StoredBlob(
+            blob_id=str(key), content_type=row["content_type"], data=bytes(row["data"])
+        )
+
+    async def purge_expired(self, conn: _Conn | None = None) -> int:
+        """Delete up to a batch of expired blobs; returns how many went."""
+        sql = """DELETE FROM result_blobs WHERE blob_id IN (
+                     SELECT blob_id FROM result_blobs
+                     WHERE expires_at IS NOT NULL AND expires_at <= now() LIMIT $1)"""
+        if conn is not None:
+            status = await conn.execute(sql, _PURGE_BATCH)
+        else:
+            async with self._pool.acquire() as own:
+                status = await own.execute(sql, _PURGE_BATCH)
+        return int(status.split()[-1])

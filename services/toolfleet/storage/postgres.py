@@ -1,0 +1,73 @@
+"""asyncpg pool with JSON codecs, and the migration runner for ``infra/migrations``."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from importlib import resources
+
+import asyncpg
+
+log = logging.getLogger(__name__)
+
+#: Any number; all migrating processes take this advisory lock so only one applies.
+_MIGRATION_LOCK = 7_143_021
+
+
+async def _init_connection(conn: asyncpg.Connection) -> None:
+    for type_name in ("json", "jsonb"):
+        await conn.set_type_codec(
+            type_name, encoder=json.dumps, decoder=json.loads, schema="pg_catalog"
+        )
+
+
+async def create_pool(dsn: str, *, min_size: int = 1, max_size: int = 10) -> asyncpg.Pool:
+    pool: asyncpg.Pool = await asyncpg.create_pool(
+        dsn, min_size=min_size, max_size=max_size, init=_init_connection
+    )
+    return pool
+
+
+def migration_files() -> list[tuple[str, str]]:
+    """``(name, sql)`` of every migration, in order."""
+    folder = resources.files("toolfleet.storage") / "migrations"
+    files = sorted((f for f in folder.iterdir() if f.name.endswith(".sql")), key=lambda f: f.name)
+    return [(f.name, f.read_text()) for f in files]
+
+
+async def migrate(pool: asyncpg.Pool) -> list[str]:
+    """Apply pending migrations under an advisory lock; return the names applied."""
+    applied: list[str] = []
+    async with pool.acquire() as conn, conn.transaction():
+        await conn.execute("SELECT pg_advisory_xact_lock($1)", _MIGRATION_LOCK)
+        await conn.execute(
+            """CREATE TABLE IF NOT EXISTS schema_migrations (
+                   name text PRIMARY KEY, checksum text NOT NULL,
+                   applied_at timestamptz NOT NULL DEFAULT now())"""
+        )
+        done = {
+            r["name"]: r["checksum"] for r in await conn.fetch("SELECT * FROM schema_migrations")
+        }
+        for name, sql in migration_files():
+            checksum = hashlib.sha256(sql.encode()).hexdigest()
+            if name in done:
+                if done[name] != checksum:
+                    log.warning("applied migration changed since", extra={"migration": name})
+                continue
+            await conn.execute(sql)
+            await conn.execute(
+                "INSERT INTO schema_migrations (name, checksum) VALUES ($1, $2)", name, checksum
+            )
+            applied.append(name)
+    if applied:
+        log.info("applied migrations", extra={"migrations": applied})
+    return applied
+
+
+def dsn_with_database(dsn: str, database: str) -> str:
+    """The same server, another database (tests create and drop their own)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(dsn)
+    return urlunsplit(parts._replace(path="/" + database))

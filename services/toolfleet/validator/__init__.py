@@ -1,0 +1,1 @@
+"""Validator: checks results against the tool's output schema, redacts, emits the outcome."""

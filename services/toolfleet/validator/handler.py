@@ -1,0 +1,39 @@
+"""Kafka adapter of the validator: ``invoke.executed`` in, terminal outcome out."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from toolfleet.bus.producer import Outbound
+from toolfleet.bus.runtime import ConsumerSpec, EventConsumer, Inbound
+from toolfleet.events.types import Source, TopicName
+from toolfleet.registry.lookup import ToolLookup
+from toolfleet.registry.schemas import CompiledSchemas
+from toolfleet.registry.store import RegistryStore
+from toolfleet.storage.blobs import PostgresBlobStore
+from toolfleet.validator.service import ValidatorService
+from toolfleet.worker import Resources
+
+
+async def build(res: Resources) -> list[EventConsumer]:
+    settings = res.settings
+    service = ValidatorService(
+        lookup=ToolLookup(RegistryStore(res.pool)),
+        schemas=CompiledSchemas(),
+        blobs=PostgresBlobStore(res.pool),
+        inline_bytes=settings.result_inline_limit,
+        attachment_ttl_s=settings.attachment_ttl_s,
+    )
+
+    async def handle(event: Inbound) -> Sequence[Outbound]:
+        emitted = await service.on_executed(event.envelope)
+        return [Outbound(envelope=env, topic=res.topic(name)) for name, env in emitted]
+
+    spec = ConsumerSpec(
+        service="validator",
+        source=Source.VALIDATOR,
+        group_id=res.group("validator"),
+        topics=[res.topic(TopicName.EXECUTED)],
+        max_in_flight=settings.max_in_flight,
+    )
+    return [res.consumer(spec, handle)]

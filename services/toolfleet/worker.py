@@ -1,0 +1,175 @@
+"""Runs one service as a process: clients up, consumers running, SIGTERM drains.
+
+Each service package exposes ``async def build(res: Resources) -> list[EventConsumer]``
+in its ``handler.py``; :func:`run_worker` does the rest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import logging
+import os
+import signal
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import asyncpg
+from redis.asyncio import Redis
+
+from toolfleet.bus.dedupe import RedisProcessedEvents
+from toolfleet.bus.producer import EventProducer
+from toolfleet.bus.runtime import ConsumerSpec, EventConsumer, Handler
+from toolfleet.events.types import TopicName, topic
+from toolfleet.observability.logs import configure_logging
+from toolfleet.observability.tracing import configure_tracing
+from toolfleet.settings import FleetSettings
+from toolfleet.storage.postgres import create_pool
+from toolfleet.storage.redis import connect_redis
+
+log = logging.getLogger(__name__)
+
+SERVICES = ("policy", "executor", "validator", "audit", "status")
+
+Job = Callable[[asyncio.Event], Coroutine[Any, Any, None]]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Resources:
+    """The clients a service holds for its lifetime (built at start, closed at stop).
+
+    Services read their own knobs as ``XSettings(**res.settings.model_dump(exclude_unset=True))``:
+    shared values come from here, the service's own ones from the environment.
+    """
+
+    settings: FleetSettings
+    producer: EventProducer
+    redis: Redis
+    pool: asyncpg.Pool
+    worker_id: str
+    jobs: list[Job] = field(default_factory=list)
+    """Background jobs of the service (listeners, sweepers), run until the worker stops."""
+
+    def background(self, job: Job) -> None:
+        """Run ``job(stop)`` beside the consumers; it must return once ``stop`` is set."""
+        self.jobs.append(job)
+
+    def topic(self, name: TopicName) -> str:
+        return topic(self.settings.topic_prefix, name)
+
+    def group(self, name: str) -> str:
+        """Consumer group id, prefixed like the topics so fleets sharing a cluster stay apart."""
+        return f"{self.settings.topic_prefix}{name}"
+
+    def consumer(
+        self, spec: ConsumerSpec, handler: Handler, *, dedupe: bool = True
+    ) -> EventConsumer:
+        processed = (
+            RedisProcessedEvents(self.redis, group=spec.group_id, ttl_s=self.settings.dedupe_ttl_s)
+            if dedupe
+            else None
+        )
+        return EventConsumer(
+            spec,
+            handler,
+            settings=self.settings,
+            producer=self.producer,
+            processed=processed,
+            dlq_topic=self.topic(TopicName.DLQ),
+        )
+
+
+def worker_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+@asynccontextmanager
+async def open_resources(settings: FleetSettings, *, service: str) -> AsyncIterator[Resources]:
+    producer = EventProducer(settings, client_id=f"toolfleet-{service}")
+    redis = connect_redis(settings.redis_url)
+    pool = await create_pool(settings.database_url)
+    try:
+        await producer.start()
+        yield Resources(
+            settings=settings, producer=producer, redis=redis, pool=pool, worker_id=worker_id()
+        )
+    finally:
+        await producer.stop()
+        await redis.aclose()
+        await pool.close()
+
+
+async def serve(
+    consumers: list[EventConsumer], stop: asyncio.Event, jobs: list[Job] | None = None
+) -> None:
+    """Run consumers and jobs until ``stop``; one that dies stops the whole process."""
+    tasks = [asyncio.create_task(c.run(stop), name=c.spec.group_id) for c in consumers]
+    tasks += [asyncio.create_task(job(stop)) for job in jobs or []]
+    stopper = asyncio.create_task(stop.wait())
+    done, _ = await asyncio.wait([*tasks, stopper], return_when=asyncio.FIRST_COMPLETED)
+    stop.set()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    stopper.cancel()
+    for task in done:
+        if task is not stopper and not task.cancelled() and task.exception() is not None:
+            raise task.exception()  # type: ignore[misc]
+
+
+BuildFn = Callable[[Resources], Awaitable[list[EventConsumer]]]
+
+
+def load_build(service: str) -> BuildFn:
+    if service not in SERVICES:
+        raise ValueError(f"unknown service {service!r}; choose one of {', '.join(SERVICES)}")
+    module = importlib.import_module(f"toolfleet.{service}.handler")
+    build: BuildFn = module.build
+    return build
+
+
+def _log_tasks() -> None:
+    """SIGUSR1: log where every asyncio task of the worker is waiting (for a stuck worker)."""
+    for task in asyncio.all_tasks():
+        chain: list[str] = []
+        awaited: Any = task.get_coro()
+        while awaited is not None and len(chain) < 40:
+            frame = getattr(awaited, "cr_frame", None) or getattr(awaited, "gi_frame", None)
+            if frame is not None:
+                chain.append(f"{frame.f_code.co_name}:{frame.f_lineno}")
+            awaited = getattr(awaited, "cr_await", None) or getattr(awaited, "gi_yieldfrom", None)
+        log.warning("task %s waits at %s", task.get_name(), " -> ".join(chain) or "?")
+
+
+async def _main(service: str, settings: FleetSettings) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGUSR1, _log_tasks)
+    if settings.metrics_port:
+        from prometheus_client import start_http_server
+
+        start_http_server(settings.metrics_port, addr="127.0.0.1")
+    build = load_build(service)
+    async with open_resources(settings, service=service) as res:
+        consumers = await build(res)
+        log.info("worker started", extra={"worker_id": res.worker_id})
+        await serve(consumers, stop, res.jobs)
+        log.info("worker stopped", extra={"worker_id": res.worker_id})
+
+
+def run_worker(service: str, settings: FleetSettings | None = None) -> None:
+    """Entry point of ``toolfleet worker NAME``."""
+    settings = settings or FleetSettings()
+    configure_logging(service=service, level=settings.log_level, fmt=settings.log_format)
+    configure_tracing(
+        service=service, exporter=settings.otel_exporter, endpoint=settings.otel_endpoint
+    )
+    with contextlib.suppress(ImportError):
+        import setproctitle
+
+        setproctitle.setproctitle(f"toolfleet worker {service}")
+    asyncio.run(_main(service, settings))

@@ -1,0 +1,113 @@
+"""Shared fixtures: one broker per session, a database per session, settings."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+
+import asyncpg
+import pytest
+
+from tests.support.servers import (
+    claimed_redis_database,
+    kafka_broker,
+    postgres_server,
+    redis_server,
+)
+from toolfleet.bus.admin import ensure_topics
+from toolfleet.settings import FleetSettings
+from toolfleet.storage.postgres import create_pool, dsn_with_database, migrate
+
+# Nothing from a developer's .env or dev.env may leak into tests.
+for _name in list(os.environ):
+    if _name.startswith("TOOLFLEET_") and _name not in {
+        "TOOLFLEET_REDIS_URL",
+        "TOOLFLEET_DATABASE_URL",
+        "TOOLFLEET_TEST_MODE",
+        "TOOLFLEET_TEST_KAFKA_BOOTSTRAP",
+    }:
+        del os.environ[_name]
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap() -> Iterator[str]:
+    with kafka_broker() as bootstrap:
+        yield bootstrap
+
+
+@pytest.fixture(scope="session")
+def redis_server_url() -> Iterator[str]:
+    with redis_server() as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def redis_url(redis_server_url: str) -> Iterator[str]:
+    """A Redis database of this session's own, emptied: like the per-run Postgres
+    database, nothing of an earlier or a concurrent run leaks in."""
+    with claimed_redis_database(redis_server_url) as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def postgres_admin_url() -> Iterator[str]:
+    with postgres_server() as url:
+        yield url
+
+
+@pytest.fixture
+def own_redis_url(redis_server_url: str) -> Iterator[str]:
+    """Another Redis database, for a test that runs a fleet of its own: a fleet is one
+    Postgres database and one Redis database, never a mix."""
+    with claimed_redis_database(redis_server_url) as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+async def database_url(postgres_admin_url: str) -> AsyncIterator[str]:
+    """A fresh, migrated database for this test session, dropped at the end."""
+    name = f"toolfleet_test_{uuid.uuid4().hex[:12]}"
+    admin = await asyncpg.connect(postgres_admin_url)
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await admin.close()
+    url = dsn_with_database(postgres_admin_url, name)
+    pool = await create_pool(url)
+    await migrate(pool)
+    await pool.close()
+    yield url
+    admin = await asyncpg.connect(postgres_admin_url)
+    try:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await admin.close()
+
+
+@pytest.fixture
+async def unborn_database_url(postgres_admin_url: str) -> AsyncIterator[str]:
+    """A database name nobody created yet (bootstrap must create it); dropped after."""
+    name = f"toolfleet_new_{uuid.uuid4().hex[:10]}"
+    yield dsn_with_database(postgres_admin_url, name)
+    admin = await asyncpg.connect(postgres_admin_url)
+    try:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await admin.close()
+
+
+@pytest.fixture(scope="session")
+async def settings(kafka_bootstrap: str, redis_url: str, database_url: str) -> FleetSettings:
+    """Settings for this session: own topic prefix, 4 partitions, low latency."""
+    fleet = FleetSettings(
+        kafka_bootstrap=kafka_bootstrap,
+        redis_url=redis_url,
+        database_url=database_url,
+        topic_prefix=f"tf{uuid.uuid4().hex[:8]}.",
+        topic_partitions=4,
+        drain_timeout_s=5,
+        log_format="console",
+    )
+    await ensure_topics(fleet)
+    return fleet

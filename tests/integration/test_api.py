@@ -1,0 +1,560 @@
+"""The status API against the real broker, Redis and Postgres."""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import httpx
+import pytest
+from aiokafka import AIOKafkaConsumer
+from fastapi import FastAPI
+
+from tests.support.eventually import eventually
+from toolfleet.api import ApiSettings, create_app
+from toolfleet.api.resources import ApiResources
+from toolfleet.auth.keys import KeyPair, generate_key_pair
+from toolfleet.auth.tokens import TokenIssuer
+from toolfleet.events.codec import decode
+from toolfleet.events.envelope import Envelope
+from toolfleet.events.types import EventType, TopicName, topic
+from toolfleet.executor.registration import register_catalog
+from toolfleet.policy.documents import TenantPolicy
+from toolfleet.policy.store import PolicyStore
+from toolfleet.sdk.catalog import discover
+from toolfleet.settings import FleetSettings
+from toolfleet.storage.blobs import PostgresBlobStore
+
+pytestmark = pytest.mark.integration
+
+PROBLEM = "application/problem+json"
+_RANK = {"pending": 0, "pending_approval": 1, "running": 2}
+
+
+# --- fixtures ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory: pytest.TempPathFactory) -> tuple[KeyPair, Path, Path]:
+    pair = generate_key_pair()
+    folder = tmp_path_factory.mktemp("api-keys")
+    private, public = folder / "private.pem", folder / "public.pem"
+    private.write_bytes(pair.private_pem)
+    public.write_bytes(pair.public_pem)
+    return pair, private, public
+
+
+@pytest.fixture(scope="module")
+def api_settings(settings: FleetSettings, keys: tuple[KeyPair, Path, Path]) -> ApiSettings:
+    _, private, public = keys
+    fleet = settings.model_copy(
+        update={
+            "jwt_private_key_file": private,
+            "jwt_public_key_file": public,
+            "api_url": "http://api.test",
+        }
+    )
+    return ApiSettings(**fleet.model_dump())
+
+
+@pytest.fixture(scope="module")
+def issuer(keys: tuple[KeyPair, Path, Path], api_settings: ApiSettings) -> TokenIssuer:
+    pair, _, _ = keys
+    return TokenIssuer(
+        pair.private_pem,
+        pair.public_pem,
+        issuer=api_settings.jwt_issuer,
+        audience=api_settings.jwt_audience,
+    )
+
+
+@pytest.fixture(scope="module")
+async def app(api_settings: ApiSettings) -> AsyncIterator[FastAPI]:
+    application = create_app(api_settings)
+    async with application.router.lifespan_context(application):
+        yield application
+
+
+@pytest.fixture
+async def http(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://api.test") as client:
+        yield client
+
+
+@pytest.fixture
+def pool(app: FastAPI) -> asyncpg.Pool:
+    res: ApiResources = app.state.resources
+    return res.pool
+
+
+@pytest.fixture
+def auth(issuer: TokenIssuer) -> Callable[..., dict[str, str]]:
+    def headers(
+        tenant: str, *, admin: bool = False, agent: str = "did:agent:test"
+    ) -> dict[str, str]:
+        token = issuer.issue(tenant_id=tenant, agent_did=agent, scopes=["admin"] if admin else None)
+        return {"Authorization": f"Bearer {token}"}
+
+    return headers
+
+
+def tenant() -> str:
+    return f"tenant_{uuid.uuid4().hex[:10]}"
+
+
+async def insert(
+    pool: asyncpg.Pool,
+    *,
+    tenant_id: str,
+    tool_id: str = "core__echo",
+    status: str = "pending",
+    created_at: datetime | None = None,
+    **columns: Any,
+) -> uuid.UUID:
+    """A row of the status projection, as the status service would write it."""
+    invocation_id = uuid.uuid4()
+    values = {
+        "invocation_id": invocation_id,
+        "tenant_id": tenant_id,
+        "tool_id": tool_id,
+        "status": status,
+        "status_rank": _RANK.get(status, 9),
+        "created_at": created_at or datetime.now(UTC),
+        **columns,
+    }
+    names = ", ".join(values)
+    marks = ", ".join(f"${i}" for i in range(1, len(values) + 1))
+    await pool.execute(
+        f"INSERT INTO tool_invocations ({names}) VALUES ({marks})",  # noqa: S608 - test data
+        *values.values(),
+    )
+    return invocation_id
+
+
+async def next_event(
+    settings: FleetSettings, name: TopicName, match: Callable[[Envelope], bool]
+) -> tuple[bytes | None, Envelope]:
+    """The first event on ``name`` (from the beginning) that ``match`` accepts."""
+    consumer = AIOKafkaConsumer(
+        topic(settings.topic_prefix, name),
+        bootstrap_servers=settings.kafka_bootstrap,
+        group_id=None,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        fetch_max_wait_ms=5,
+    )
+    await consumer.start()
+    try:
+        found: list[tuple[bytes | None, Envelope]] = []
+
+        async def scan() -> bool:
+            batch = await consumer.getmany(timeout_ms=100)
+            for records in batch.values():
+                for r in records:
+                    envelope = decode(key=r.key, value=r.value, headers=list(r.headers))
+                    if match(envelope):
+                        found.append((r.key, envelope))
+            return bool(found)
+
+        await eventually(scan, timeout=15)
+        return found[0]
+    finally:
+        await consumer.stop()
+
+
+def invoke_body(tenant_id: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "tool_id": "core__echo",
+        "agent_context": {"agent_did": "did:agent:test", "tenant_id": tenant_id},
+        "parameters": {"message": "hi"},
+        **extra,
+    }
+
+
+# --- health --------------------------------------------------------------------------
+
+
+async def test_health_readiness_and_openapi(http: httpx.AsyncClient) -> None:
+    assert (await http.get("/healthz")).json() == {"status": "ok"}
+    ready = await http.get("/readyz")
+    assert ready.status_code == 200
+    assert ready.json()["checks"] == {"kafka": "ok", "redis": "ok", "postgres": "ok"}
+    spec = (await http.get("/openapi.json")).json()
+    assert "/v1/invocations/{invocation_id}/cancel" in spec["paths"]
+    unauthorized = spec["paths"]["/v1/invocations"]["get"]["responses"]["401"]
+    assert list(unauthorized["content"]) == [PROBLEM]
+
+
+async def test_metrics_are_labelled_by_route_template(
+    http: httpx.AsyncClient, auth: Callable[..., dict[str, str]]
+) -> None:
+    await http.get(f"/v1/invocations/{uuid.uuid4()}", headers=auth(tenant()))
+    text = (await http.get("/metrics")).text
+    assert 'route="/v1/invocations/{invocation_id}"' in text
+    assert "toolfleet_http_request_seconds_bucket" in text
+    assert "tenant_" not in text
+
+
+# --- authentication ------------------------------------------------------------------
+
+
+async def test_no_or_bad_token_is_401_problem(http: httpx.AsyncClient) -> None:
+    missing = await http.get("/v1/invocations")
+    assert missing.status_code == 401
+    assert missing.headers["content-type"] == PROBLEM
+    assert missing.headers["www-authenticate"] == "Bearer"
+    problem = missing.json()
+    assert {"type", "title", "status", "detail", "instance"} <= problem.keys()
+    assert problem["status"] == 401
+    assert problem["instance"] == "/v1/invocations"
+
+    bad = await http.get("/v1/tools", headers={"Authorization": "Bearer not.a.jwt-secret"})
+    assert bad.status_code == 401
+    assert bad.headers["content-type"] == PROBLEM
+    assert "not.a.jwt-secret" not in bad.text
+
+
+async def test_token_from_another_key_is_401(http: httpx.AsyncClient) -> None:
+    other = generate_key_pair()
+    forged = TokenIssuer(
+        other.private_pem, other.public_pem, issuer="toolfleet", audience="toolfleet"
+    ).issue(tenant_id="t", agent_did="did:agent:x", scopes=["admin"])
+    response = await http.get("/v1/tools", headers={"Authorization": f"Bearer {forged}"})
+    assert response.status_code == 401
+    assert forged not in response.text
+
+
+# --- reading invocations -------------------------------------------------------------
+
+
+async def test_get_invocation_is_tenant_scoped(
+    http: httpx.AsyncClient, pool: asyncpg.Pool, auth: Callable[..., dict[str, str]]
+) -> None:
+    owner = tenant()
+    invocation_id = await insert(
+        pool,
+        tenant_id=owner,
+        status="success",
+        tool_version="1.0.0",
+        progress_percent=100.0,
+        current_phase="done",
+        result={"message": "hi", "length": 2},
+        execution_metadata={"duration_ms": 3, "attempts": 1},
+        warnings=["deprecated"],
+    )
+    mine = await http.get(f"/v1/invocations/{invocation_id}", headers=auth(owner))
+    assert mine.status_code == 200
+    body = mine.json()
+    assert body["invocation_id"] == str(invocation_id)
+    assert body["status"] == "success"
+    assert body["result"] == {"message": "hi", "length": 2}
+    assert body["tool_version"] == "1.0.0"
+    assert body["warnings"] == ["deprecated"]
+    assert {"error", "latest_checkpoint", "created_at", "completed_at"} <= body.keys()
+
+    theirs = await http.get(f"/v1/invocations/{invocation_id}", headers=auth(tenant()))
+    assert theirs.status_code == 404
+    assert theirs.headers["content-type"] == PROBLEM
+    assert owner not in theirs.text
+
+    admin = await http.get(f"/v1/invocations/{invocation_id}", headers=auth("ops", admin=True))
+    assert admin.status_code == 200
+
+    unknown = await http.get(f"/v1/invocations/{uuid.uuid4()}", headers=auth(owner))
+    assert unknown.status_code == 404
+
+
+async def test_list_pages_newest_first_with_filters(
+    http: httpx.AsyncClient, pool: asyncpg.Pool, auth: Callable[..., dict[str, str]]
+) -> None:
+    owner = tenant()
+    base = datetime.now(UTC) - timedelta(minutes=5)
+    ids = []
+    for i in range(5):
+        ids.append(await insert(pool, tenant_id=owner, created_at=base + timedelta(seconds=i)))
+    # Two rows with the same timestamp: the id breaks the tie, none is skipped.
+    same = base + timedelta(seconds=10)
+    ids += [await insert(pool, tenant_id=owner, created_at=same) for _ in range(2)]
+    other_tool = await insert(
+        pool,
+        tenant_id=owner,
+        tool_id="core__long_running",
+        status="running",
+        created_at=base + timedelta(seconds=20),
+    )
+    await insert(pool, tenant_id=tenant(), created_at=base + timedelta(seconds=30))
+
+    seen: list[str] = []
+    cursor = None
+    while True:
+        params: dict[str, Any] = {"limit": 3, **({"cursor": cursor} if cursor else {})}
+        page = (await http.get("/v1/invocations", params=params, headers=auth(owner))).json()
+        seen += [item["invocation_id"] for item in page["items"]]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    tied = sorted(ids[5:], key=str, reverse=True)
+    expected = [other_tool, *tied, *reversed(ids[:5])]
+    assert seen == [str(i) for i in expected]
+
+    running = await http.get("/v1/invocations", params={"status": "running"}, headers=auth(owner))
+    assert [i["invocation_id"] for i in running.json()["items"]] == [str(other_tool)]
+    echo = await http.get("/v1/invocations", params={"tool_id": "core__echo"}, headers=auth(owner))
+    assert len(echo.json()["items"]) == 7
+    assert echo.json()["next_cursor"] is None
+
+
+async def test_list_rejects_bad_limit_and_cursor(
+    http: httpx.AsyncClient, auth: Callable[..., dict[str, str]]
+) -> None:
+    too_many = await http.get("/v1/invocations", params={"limit": 201}, headers=auth(tenant()))
+    assert too_many.status_code == 422
+    assert too_many.headers["content-type"] == PROBLEM
+    assert [e["field"] for e in too_many.json()["errors"]] == ["query.limit"]
+    assert "201" not in str(too_many.json()["errors"])
+
+    garbage = await http.get("/v1/invocations", params={"cursor": "zzz"}, headers=auth(tenant()))
+    assert garbage.status_code == 422
+
+
+# --- submitting ----------------------------------------------------------------------
+
+
+async def test_post_publishes_invoke_requested_keyed_by_tenant(
+    http: httpx.AsyncClient,
+    settings: FleetSettings,
+    issuer: TokenIssuer,
+) -> None:
+    owner = tenant()
+    token = issuer.issue(tenant_id=owner, agent_did="did:agent:test", tool_id="core__echo")
+    response = await http.post(
+        "/v1/invocations", json=invoke_body(owner), headers={"Authorization": f"Bearer {token}"}
+    )
+    assert response.status_code == 202
+    accepted = response.json()
+    invocation_id = accepted["invocation_id"]
+    assert accepted["status"] == "pending"
+    assert accepted["polling_info"] == {
+        "status_url": f"http://api.test/v1/invocations/{invocation_id}",
+        "poll_interval_ms": 500,
+    }
+
+    key, event = await next_event(
+        settings, TopicName.REQUESTED, lambda e: e.invocationid == invocation_id
+    )
+    assert key == owner.encode()
+    assert event.type == EventType.INVOKE_REQUESTED
+    assert event.tenantid == owner
+    assert event.source == "/toolfleet/api"
+    assert event.data["tool_id"] == "core__echo"
+    assert event.data["parameters"] == {"message": "hi"}
+    # No capability_token in the body: the bearer token is the capability.
+    assert event.data["capability_token"] == token
+
+
+async def test_post_for_another_tenant_is_403(
+    http: httpx.AsyncClient, auth: Callable[..., dict[str, str]]
+) -> None:
+    response = await http.post(
+        "/v1/invocations", json=invoke_body("someone_else"), headers=auth(tenant())
+    )
+    assert response.status_code == 403
+    assert response.headers["content-type"] == PROBLEM
+    assert response.json()["code"] == "permission_denied"
+
+
+async def test_post_invalid_body_lists_fields_without_values(
+    http: httpx.AsyncClient, auth: Callable[..., dict[str, str]]
+) -> None:
+    owner = tenant()
+    body = invoke_body(owner, capability_token="secret-token-value", bogus_field="leak-me")
+    body["agent_context"]["tenant_id"] = "bad tenant!"
+    response = await http.post("/v1/invocations", json=body, headers=auth(owner))
+    assert response.status_code == 422
+    assert response.headers["content-type"] == PROBLEM
+    fields = {e["field"] for e in response.json()["errors"]}
+    assert fields == {"body.bogus_field", "body.agent_context.tenant_id"}
+    for secret in ("secret-token-value", "leak-me", "bad tenant!"):
+        assert secret not in response.text
+
+
+# --- control -------------------------------------------------------------------------
+
+
+async def test_cancel(
+    http: httpx.AsyncClient,
+    pool: asyncpg.Pool,
+    settings: FleetSettings,
+    auth: Callable[..., dict[str, str]],
+) -> None:
+    owner = tenant()
+    finished = await insert(pool, tenant_id=owner, status="success")
+    response = await http.post(f"/v1/invocations/{finished}/cancel", headers=auth(owner))
+    assert response.status_code == 200
+    assert response.json()["cancelled"] is False
+    assert "success" in response.json()["message"]
+
+    running = await insert(pool, tenant_id=owner, status="running")
+    other = await http.post(f"/v1/invocations/{running}/cancel", headers=auth(tenant()))
+    assert other.status_code == 404
+    response = await http.post(
+        f"/v1/invocations/{running}/cancel",
+        json={"reason": "no longer needed"},
+        headers=auth(owner, agent="did:agent:boss"),
+    )
+    assert response.json() == {
+        "invocation_id": str(running),
+        "cancelled": True,
+        "message": "cancellation requested",
+    }
+    key, event = await next_event(
+        settings, TopicName.CONTROL, lambda e: e.invocationid == str(running)
+    )
+    assert key == owner.encode()
+    assert event.type == EventType.CANCEL_REQUESTED
+    assert event.data["requested_by"] == "did:agent:boss"
+    assert event.data["reason"] == "no longer needed"
+
+
+async def test_approve_and_deny(
+    http: httpx.AsyncClient,
+    pool: asyncpg.Pool,
+    settings: FleetSettings,
+    auth: Callable[..., dict[str, str]],
+) -> None:
+    owner = tenant()
+    running = await insert(pool, tenant_id=owner, status="running")
+    conflict = await http.post(f"/v1/invocations/{running}/approve", headers=auth(owner))
+    assert conflict.status_code == 409
+    assert conflict.headers["content-type"] == PROBLEM
+    assert conflict.json()["code"] == "state_conflict"
+
+    waiting = await insert(pool, tenant_id=owner, status="pending_approval")
+    approved = await http.post(
+        f"/v1/invocations/{waiting}/approve", headers=auth(owner, agent="did:user:alice")
+    )
+    assert approved.status_code == 200
+    assert approved.json()["decision"] == "approved"
+    _, event = await next_event(
+        settings, TopicName.CONTROL, lambda e: e.invocationid == str(waiting)
+    )
+    assert event.type == EventType.APPROVAL_GRANTED
+    assert event.data["approver"] == "did:user:alice"
+
+    refused = await insert(pool, tenant_id=owner, status="pending_approval")
+    denied = await http.post(f"/v1/invocations/{refused}/deny", headers=auth(owner))
+    assert denied.json()["decision"] == "denied"
+    _, event = await next_event(
+        settings, TopicName.CONTROL, lambda e: e.invocationid == str(refused)
+    )
+    assert event.type == EventType.APPROVAL_DENIED
+
+
+# --- registry ------------------------------------------------------------------------
+
+
+async def test_tools_list_and_detail(
+    http: httpx.AsyncClient, pool: asyncpg.Pool, auth: Callable[..., dict[str, str]]
+) -> None:
+    await register_catalog(pool, discover([]))
+    caller = tenant()
+    # The catalog shows what the tenant's policy allows (tests/integration/test_api_policies.py).
+    await PolicyStore(pool).put(caller, TenantPolicy(allow_tools=["core__*"]), "test")
+    headers = auth(caller)
+    listing = (await http.get("/v1/tools", headers=headers)).json()
+    by_id = {t["tool_id"]: t for t in listing["items"]}
+    assert {"core__echo", "core__get_current_time", "core__long_running"} <= by_id.keys()
+    assert by_id["core__echo"]["versions"] == [
+        {"version": "1.0.0", "lifecycle_state": "active", "effect": "read_only"}
+    ]
+    assert listing["page"] == 1
+    assert listing["total"] >= 3
+
+    found = (await http.get("/v1/tools", params={"q": "ECHO"}, headers=headers)).json()
+    assert [t["tool_id"] for t in found["items"]] == ["core__echo"]
+    paged = await http.get("/v1/tools", params={"page_size": 1, "page": 2}, headers=headers)
+    assert len(paged.json()["items"]) == 1
+
+    detail = await http.get("/v1/tools/core__echo", headers=headers)
+    assert detail.status_code == 200
+    manifest = detail.json()["versions"][0]
+    assert manifest["version"] == "1.0.0"
+    assert manifest["input_schema"]["properties"]["message"]["type"] == "string"
+
+    missing = await http.get("/v1/tools/core__nope", headers=headers)
+    assert missing.status_code == 404
+    assert missing.headers["content-type"] == PROBLEM
+
+
+async def test_unknown_route_is_problem(http: httpx.AsyncClient) -> None:
+    response = await http.get("/v2/nothing")
+    assert response.status_code == 404
+    assert response.headers["content-type"] == PROBLEM
+
+
+async def test_readyz_names_the_unreachable_dependency(
+    app: FastAPI, http: httpx.AsyncClient
+) -> None:
+    res: ApiResources = app.state.resources
+    dead = dataclasses.replace(
+        res,
+        settings=res.settings.model_copy(
+            update={"kafka_bootstrap": "127.0.0.1:1", "readiness_timeout_s": 0.5}
+        ),
+    )
+    app.state.resources = dead
+    try:
+        response = await http.get("/readyz")
+    finally:
+        app.state.resources = res
+    assert response.status_code == 503
+    assert response.headers["content-type"] == PROBLEM
+    problem = response.json()
+    assert problem["checks"] == {"kafka": "unreachable", "redis": "ok", "postgres": "ok"}
+    assert "kafka" in problem["detail"]
+
+
+# --- attachments ---------------------------------------------------------------------
+
+
+async def test_attachment_is_served_to_its_tenant_only(
+    http: httpx.AsyncClient, pool: asyncpg.Pool, auth: Callable[..., dict[str, str]]
+) -> None:
+    owner, invocation = tenant(), str(uuid.uuid4())
+    blobs = PostgresBlobStore(pool)
+    whole = b'{"rows":[1,2,3]}'
+    blob_id = await blobs.put(
+        whole, tenant_id=owner, invocation_id=invocation, purpose="attachment"
+    )
+    url = f"/v1/invocations/{invocation}/attachments/{blob_id}"
+
+    got = await http.get(url, headers=auth(owner))
+    assert got.status_code == 200
+    assert got.content == whole
+    assert got.headers["content-type"] == "application/json"
+    assert (await http.get(url, headers=auth("ops", admin=True))).content == whole
+
+    other = await http.get(url, headers=auth(tenant()))
+    assert other.status_code == 404
+    assert other.headers["content-type"] == PROBLEM
+    elsewhere = f"/v1/invocations/{uuid.uuid4()}/attachments/{blob_id}"
+    assert (await http.get(elsewhere, headers=auth(owner))).status_code == 404
+    assert (await http.get(url)).status_code == 401
+
+
+async def test_transfer_blobs_are_never_served(
+    http: httpx.AsyncClient, pool: asyncpg.Pool, auth: Callable[..., dict[str, str]]
+) -> None:
+    # A transfer blob is the tool's raw result, before validation and redaction.
+    owner, invocation = tenant(), str(uuid.uuid4())
+    blob_id = await PostgresBlobStore(pool).put(
+        b'{"secret":"raw"}', tenant_id=owner, invocation_id=invocation, purpose="transfer"
+    )
+    got = await http.get(f"/v1/invocations/{invocation}/attachments/{blob_id}", headers=auth(owner))
+    assert got.status_code == 404

@@ -1,0 +1,193 @@
+"""``/v1/policies`` and policy-filtered ``/v1/tools`` against real Postgres and Redis."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import httpx
+import pytest
+from fastapi import FastAPI
+
+from toolfleet.api import ApiSettings, create_app
+from toolfleet.api.resources import ApiResources
+from toolfleet.auth.keys import generate_key_pair
+from toolfleet.auth.tokens import TokenIssuer
+from toolfleet.executor.registration import register_catalog
+from toolfleet.sdk.catalog import discover
+from toolfleet.settings import FleetSettings
+
+pytestmark = pytest.mark.integration
+
+PROBLEM = "application/problem+json"
+Auth = Callable[..., dict[str, str]]
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory: pytest.TempPathFactory) -> tuple[bytes, bytes, Path, Path]:
+    pair = generate_key_pair()
+    folder = tmp_path_factory.mktemp("policy-api-keys")
+    private, public = folder / "private.pem", folder / "public.pem"
+    private.write_bytes(pair.private_pem)
+    public.write_bytes(pair.public_pem)
+    return pair.private_pem, pair.public_pem, private, public
+
+
+@pytest.fixture(scope="module")
+def api_settings(settings: FleetSettings, keys: tuple[bytes, bytes, Path, Path]) -> ApiSettings:
+    fleet = settings.model_copy(
+        update={"jwt_private_key_file": keys[2], "jwt_public_key_file": keys[3]}
+    )
+    return ApiSettings(**fleet.model_dump())
+
+
+@pytest.fixture(scope="module")
+async def app(api_settings: ApiSettings) -> AsyncIterator[FastAPI]:
+    application = create_app(api_settings)
+    async with application.router.lifespan_context(application):
+        res: ApiResources = application.state.resources
+        await register_catalog(res.pool, discover([]))
+        yield application
+
+
+@pytest.fixture
+async def http(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://api.test") as client:
+        yield client
+
+
+@pytest.fixture
+def auth(keys: tuple[bytes, bytes, Path, Path], api_settings: ApiSettings) -> Auth:
+    issuer = TokenIssuer(
+        keys[0], keys[1], issuer=api_settings.jwt_issuer, audience=api_settings.jwt_audience
+    )
+
+    def headers(
+        tenant: str, *, admin: bool = False, agent: str = "did:agent:test"
+    ) -> dict[str, str]:
+        token = issuer.issue(tenant_id=tenant, agent_did=agent, scopes=["admin"] if admin else None)
+        return {"Authorization": f"Bearer {token}"}
+
+    return headers
+
+
+def tenant() -> str:
+    return f"tenant_{uuid.uuid4().hex[:10]}"
+
+
+async def test_put_then_get_with_versions(http: httpx.AsyncClient, auth: Auth) -> None:
+    t, admin = tenant(), auth("ops", admin=True, agent="did:admin:ops")
+    assert (await http.get(f"/v1/policies/{t}", headers=admin)).status_code == 404
+    body = {"allow_tools": ["core__*"], "budgets": {"max_runtime_ms": 500}}
+    first = await http.put(f"/v1/policies/{t}", json=body, headers=admin)
+    assert first.status_code == 200, first.text
+    assert first.json()["version"] == 1
+    assert first.json()["updated_by"] == "did:admin:ops"
+    second = await http.put(
+        f"/v1/policies/{t}", json={"allow_tools": ["core__echo"]}, headers=admin
+    )
+    assert second.json()["version"] == 2
+    got = (await http.get(f"/v1/policies/{t}", headers=admin)).json()
+    assert got["version"] == 2
+    assert got["policy"]["allow_tools"] == ["core__echo"]
+    assert got["policy"]["max_concurrent_per_agent"] == 4
+
+
+async def test_if_match_makes_the_write_conditional(http: httpx.AsyncClient, auth: Auth) -> None:
+    t, admin = tenant(), auth("ops", admin=True)
+    body = {"allow_tools": ["core__*"]}
+    created = await http.put(f"/v1/policies/{t}", json=body, headers={**admin, "If-Match": '"0"'})
+    assert created.json()["version"] == 1
+    stale = await http.put(f"/v1/policies/{t}", json=body, headers={**admin, "If-Match": '"0"'})
+    assert stale.status_code == 412
+    assert stale.headers["content-type"] == PROBLEM
+    assert stale.json()["code"] == "state_conflict"
+    assert stale.json()["current_version"] == 1
+    ok = await http.put(f"/v1/policies/{t}", json=body, headers={**admin, "If-Match": '"1"'})
+    assert ok.json()["version"] == 2
+
+
+async def test_non_admin_is_403(http: httpx.AsyncClient, auth: Auth) -> None:
+    t = tenant()
+    own = auth(t)
+    put = await http.put(f"/v1/policies/{t}", json={"allow_tools": ["core__*"]}, headers=own)
+    assert put.status_code == 403
+    assert put.headers["content-type"] == PROBLEM
+    assert put.json()["code"] == "permission_denied"
+    assert (await http.get(f"/v1/policies/{t}", headers=own)).status_code == 403
+    assert (await http.get(f"/v1/policies/{t}")).status_code == 401
+
+
+async def test_invalid_document_is_422_with_fields(http: httpx.AsyncClient, auth: Auth) -> None:
+    response = await http.put(
+        f"/v1/policies/{tenant()}",
+        json={"allow_tool": ["core__*"], "budgets": {"max_runtime_ms": 0}},
+        headers=auth("ops", admin=True),
+    )
+    assert response.status_code == 422
+    assert response.headers["content-type"] == PROBLEM
+    fields = {e["field"] for e in response.json()["errors"]}
+    assert {"body.allow_tool", "body.budgets.max_runtime_ms"} <= fields
+
+
+async def test_unknown_tools_are_422_naming_them(http: httpx.AsyncClient, auth: Auth) -> None:
+    t, admin = tenant(), auth("ops", admin=True)
+    response = await http.put(
+        f"/v1/policies/{t}",
+        json={"allow_tools": ["core__*", "core__ecko"], "deny_tools": ["acme__*"]},
+        headers=admin,
+    )
+    assert response.status_code == 422
+    problem = response.json()
+    assert problem["unknown_tools"] == ["core__ecko"]
+    assert problem["errors"][0]["field"] == "body.allow_tools.1"
+    assert problem["code"] == "invalid_parameters"
+    assert (await http.get(f"/v1/policies/{t}", headers=admin)).status_code == 404
+
+
+async def test_bad_tenant_path_is_422(http: httpx.AsyncClient, auth: Auth) -> None:
+    response = await http.get("/v1/policies/bad%20tenant", headers=auth("ops", admin=True))
+    assert response.status_code == 422
+
+
+async def test_catalog_shows_only_allowed_tools(http: httpx.AsyncClient, auth: Auth) -> None:
+    t, admin = tenant(), auth("ops", admin=True)
+    caller = auth(t)
+    nothing = (await http.get("/v1/tools", headers=caller)).json()
+    assert nothing["items"] == []
+    assert nothing["total"] == 0
+    assert (await http.get("/v1/tools/core__echo", headers=caller)).status_code == 404
+
+    policy = {
+        "allow_tools": ["core__*"],
+        "deny_tools": ["core__long_running"],
+        "agents": {"did:agent:intern": {"allow_tools": ["core__echo"]}},
+    }
+    assert (await http.put(f"/v1/policies/{t}", json=policy, headers=admin)).status_code == 200
+    listing = (await http.get("/v1/tools", headers=caller)).json()
+    assert [i["tool_id"] for i in listing["items"]] == ["core__echo", "core__get_current_time"]
+    assert listing["total"] == 2
+    paged = (await http.get("/v1/tools", params={"page_size": 1, "page": 2}, headers=caller)).json()
+    assert [i["tool_id"] for i in paged["items"]] == ["core__get_current_time"]
+    assert (await http.get("/v1/tools/core__echo", headers=caller)).status_code == 200
+    hidden = await http.get("/v1/tools/core__long_running", headers=caller)
+    assert hidden.status_code == 404
+    assert hidden.json()["code"] == "tool_not_found"
+
+    intern = auth(t, agent="did:agent:intern")
+    narrowed = (await http.get("/v1/tools", headers=intern)).json()
+    assert [i["tool_id"] for i in narrowed["items"]] == ["core__echo"]
+
+    everything = (await http.get("/v1/tools", headers=admin)).json()
+    assert {"core__echo", "core__long_running"} <= {i["tool_id"] for i in everything["items"]}
+    assert (await http.get("/v1/tools/core__long_running", headers=admin)).status_code == 200
+
+
+async def test_catalog_follows_a_policy_change_at_once(http: httpx.AsyncClient, auth: Auth) -> None:
+    t, admin = tenant(), auth("ops", admin=True)
+    await http.put(f"/v1/policies/{t}", json={"allow_tools": ["core__echo"]}, headers=admin)
+    assert (await http.get("/v1/tools/core__echo", headers=auth(t))).status_code == 200
+    await http.put(f"/v1/policies/{t}", json={"allow_tools": ["core__get_*"]}, headers=admin)
+    assert (await http.get("/v1/tools/core__echo", headers=auth(t))).status_code == 404

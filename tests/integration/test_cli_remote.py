@@ -1,0 +1,306 @@
+"""CLI commands against a real API server (uvicorn) and the real broker."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import uuid
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+import uvicorn
+from aiokafka import AIOKafkaConsumer
+from typer.testing import CliRunner, Result
+
+from tests.support.eventually import eventually
+from tests.support.servers import free_port
+from toolfleet.api import ApiSettings, create_app
+from toolfleet.api.resources import ApiResources
+from toolfleet.auth.keys import generate_key_pair
+from toolfleet.auth.tokens import TokenVerifier
+from toolfleet.bus.producer import EventProducer, Outbound
+from toolfleet.cli.main import app as cli
+from toolfleet.errors import ErrorCode, ErrorInfo
+from toolfleet.events.codec import decode
+from toolfleet.events.envelope import new_event
+from toolfleet.events.models import CheckpointCreated, InvocationStatus, ToolOutcome
+from toolfleet.events.types import EventType, Source, TopicName, topic
+from toolfleet.executor.registration import register_catalog
+from toolfleet.sdk.catalog import discover
+from toolfleet.settings import FleetSettings
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def cli_env(settings: FleetSettings, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    pair = generate_key_pair()
+    folder = tmp_path_factory.mktemp("cli-keys")
+    (folder / "private.pem").write_bytes(pair.private_pem)
+    (folder / "public.pem").write_bytes(pair.public_pem)
+    return {
+        "TOOLFLEET_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
+        "TOOLFLEET_REDIS_URL": settings.redis_url,
+        "TOOLFLEET_DATABASE_URL": settings.database_url,
+        "TOOLFLEET_TOPIC_PREFIX": settings.topic_prefix,
+        "TOOLFLEET_API_URL": f"http://127.0.0.1:{free_port()}",
+        "TOOLFLEET_JWT_PRIVATE_KEY_FILE": str(folder / "private.pem"),
+        "TOOLFLEET_JWT_PUBLIC_KEY_FILE": str(folder / "public.pem"),
+    }
+
+
+@pytest.fixture(scope="module")
+async def server(cli_env: dict[str, str]) -> AsyncIterator[ApiResources]:
+    """The API served by uvicorn on the port ``TOOLFLEET_API_URL`` names."""
+    settings = ApiSettings(
+        kafka_bootstrap=cli_env["TOOLFLEET_KAFKA_BOOTSTRAP"],
+        redis_url=cli_env["TOOLFLEET_REDIS_URL"],
+        database_url=cli_env["TOOLFLEET_DATABASE_URL"],
+        topic_prefix=cli_env["TOOLFLEET_TOPIC_PREFIX"],
+        api_url=cli_env["TOOLFLEET_API_URL"],
+        jwt_private_key_file=Path(cli_env["TOOLFLEET_JWT_PRIVATE_KEY_FILE"]),
+        jwt_public_key_file=Path(cli_env["TOOLFLEET_JWT_PUBLIC_KEY_FILE"]),
+    )
+    application = create_app(settings)
+    port = int(settings.api_url.rsplit(":", 1)[1])
+    config = uvicorn.Config(application, host="127.0.0.1", port=port, log_config=None)
+    uv = uvicorn.Server(config)
+    task = asyncio.create_task(uv.serve())
+    await eventually(lambda: asyncio.sleep(0, result=uv.started), timeout=20)
+    yield application.state.resources
+    uv.should_exit = True
+    await task
+
+
+async def run_cli(env: dict[str, str], *args: str) -> Result:
+    """Run the CLI in a thread: it makes blocking calls to the server on this loop."""
+    return await asyncio.to_thread(CliRunner().invoke, cli, list(args), env=env)
+
+
+async def test_invoke_without_wait_publishes_with_a_minted_token(
+    server: ApiResources, cli_env: dict[str, str], settings: FleetSettings
+) -> None:
+    tenant = f"tenant_{uuid.uuid4().hex[:8]}"
+    result = await run_cli(
+        cli_env,
+        "invoke",
+        "core__long_running",
+        "--tenant",
+        tenant,
+        "-p",
+        "steps=5",
+        "-p",
+        "step_seconds=0.1",
+        "--json",
+    )
+    assert result.exit_code == 0, result.output
+    printed = json.loads(result.stdout)
+    assert printed["status"] == "pending"
+
+    consumer = AIOKafkaConsumer(
+        topic(settings.topic_prefix, TopicName.REQUESTED),
+        bootstrap_servers=settings.kafka_bootstrap,
+        auto_offset_reset="earliest",
+        fetch_max_wait_ms=5,
+    )
+    await consumer.start()
+    found = []
+    try:
+
+        async def scan() -> bool:
+            for records in (await consumer.getmany(timeout_ms=100)).values():
+                for r in records:
+                    event = decode(key=r.key, value=r.value, headers=list(r.headers))
+                    if event.invocationid == printed["invocation_id"]:
+                        found.append(event)
+            return bool(found)
+
+        await eventually(scan, timeout=15)
+    finally:
+        await consumer.stop()
+    event = found[0]
+    assert event.source == "/toolfleet/cli"
+    assert event.data["parameters"] == {"steps": 5, "step_seconds": 0.1}
+    assert event.data["agent_context"]["agent_did"] == "did:agent:cli"
+    verifier = TokenVerifier.from_file(
+        Path(cli_env["TOOLFLEET_JWT_PUBLIC_KEY_FILE"]), issuer="toolfleet", audience="toolfleet"
+    )
+    capability = verifier.verify(event.data["capability_token"])
+    assert (capability.tenant_id, capability.tool_id) == (tenant, "core__long_running")
+
+
+async def test_status_cancel_approve_and_tools(
+    server: ApiResources, cli_env: dict[str, str]
+) -> None:
+    tenant = f"tenant_{uuid.uuid4().hex[:8]}"
+    invocation_id = uuid.uuid4()
+    await server.pool.execute(
+        """INSERT INTO tool_invocations (invocation_id, tenant_id, tool_id, tool_version,
+               status, status_rank, result, created_at)
+           VALUES ($1, $2, 'core__echo', '1.0.0', 'success', 9, $3, $4)""",
+        invocation_id,
+        tenant,
+        {"message": "hi", "length": 2},
+        datetime.now(UTC),
+    )
+    status = await run_cli(cli_env, "status", str(invocation_id), "--json")
+    assert status.exit_code == 0, status.output
+    assert json.loads(status.stdout)["result"] == {"message": "hi", "length": 2}
+
+    human = await run_cli(cli_env, "status", str(invocation_id))
+    assert human.exit_code == 0, human.output
+    assert "success" in human.stdout
+
+    cancel = await run_cli(cli_env, "cancel", str(invocation_id))
+    assert cancel.exit_code == 0, cancel.output
+    assert "already finished with status success" in cancel.stdout
+
+    approve = await run_cli(cli_env, "approve", str(invocation_id))
+    assert approve.exit_code == 1
+    assert "not pending_approval" in approve.stderr
+
+    missing = await run_cli(cli_env, "status", str(uuid.uuid4()))
+    assert missing.exit_code == 1
+    assert "no such invocation" in missing.stderr
+
+    await register_catalog(server.pool, discover([]))
+    tools = await run_cli(cli_env, "tools", "list", "--json")
+    assert tools.exit_code == 0, tools.output
+    assert "core__echo" in {t["tool_id"] for t in json.loads(tools.stdout)}
+    table = await run_cli(cli_env, "tools", "list")
+    assert "core__get_current_time" in table.stdout
+
+
+async def test_a_foreign_token_is_refused(server: ApiResources, cli_env: dict[str, str]) -> None:
+    result = await run_cli(cli_env, "tools", "list", "--token", "not-a-real-token")
+    assert result.exit_code == 1
+    assert "refused the token" in result.stderr
+    assert "not-a-real-token" not in result.output
+
+
+async def _answer_invokes(settings: FleetSettings, tenant: str, status: str) -> None:
+    """Play the fleet for ``tenant``: a checkpoint at 50 %, then a terminal outcome."""
+    producer = EventProducer(settings)
+    await producer.start()
+    consumer = AIOKafkaConsumer(
+        topic(settings.topic_prefix, TopicName.REQUESTED),
+        bootstrap_servers=settings.kafka_bootstrap,
+        auto_offset_reset="earliest",
+        fetch_max_wait_ms=5,
+    )
+    await consumer.start()
+    try:
+        while True:
+            for records in (await consumer.getmany(timeout_ms=100)).values():
+                for r in records:
+                    request = decode(key=r.key, value=r.value, headers=list(r.headers))
+                    if request.tenantid != tenant:
+                        continue
+                    invocation_id = request.invocationid or ""
+                    checkpoint = new_event(
+                        event_type=EventType.CHECKPOINT_CREATED,
+                        source=Source.EXECUTOR,
+                        data=CheckpointCreated(
+                            invocation_id=uuid.UUID(invocation_id),
+                            tenant_id=tenant,
+                            tool_id="core__echo",
+                            checkpoint_id="c1",
+                            progress_percent=50,
+                            current_phase="halfway",
+                            timestamp=datetime.now(UTC),
+                        ),
+                        tenant_id=tenant,
+                        invocation_id=invocation_id,
+                    )
+                    outcome = new_event(
+                        event_type=EventType.SUCCEEDED if status == "success" else EventType.FAILED,
+                        source=Source.VALIDATOR,
+                        data=ToolOutcome(
+                            invocation_id=uuid.UUID(invocation_id),
+                            status=InvocationStatus(status),
+                            agent_did="did:agent:cli",
+                            tenant_id=tenant,
+                            tool_id="core__echo",
+                            tool_version="1.0.0",
+                            result={"message": "hi", "length": 2} if status == "success" else None,
+                            error=None
+                            if status == "success"
+                            else ErrorInfo(code=ErrorCode.TOOL_EXECUTION_ERROR, message="boom"),
+                        ),
+                        tenant_id=tenant,
+                        invocation_id=invocation_id,
+                    )
+                    await producer.send(
+                        Outbound(
+                            envelope=checkpoint,
+                            topic=topic(settings.topic_prefix, TopicName.EVENTS),
+                        )
+                    )
+                    await producer.send(
+                        Outbound(
+                            envelope=outcome, topic=topic(settings.topic_prefix, TopicName.RESULTS)
+                        )
+                    )
+    finally:
+        await consumer.stop()
+        await producer.stop()
+
+
+@pytest.mark.parametrize(("status", "exit_code"), [("success", 0), ("error", 1)])
+async def test_invoke_wait_exits_zero_only_on_success(
+    cli_env: dict[str, str], settings: FleetSettings, status: str, exit_code: int
+) -> None:
+    tenant = f"tenant_{uuid.uuid4().hex[:8]}"
+    fleet = asyncio.create_task(_answer_invokes(settings, tenant, status))
+    try:
+        result = await run_cli(
+            cli_env,
+            "invoke",
+            "core__echo",
+            "--tenant",
+            tenant,
+            "-p",
+            "message=hi",
+            "--wait",
+            "--timeout",
+            "20",
+            "--json",
+        )
+    finally:
+        fleet.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await fleet
+    assert result.exit_code == exit_code, result.output
+    outcome = json.loads(result.stdout)
+    assert outcome["status"] == status
+    if status == "success":
+        assert outcome["result"] == {"message": "hi", "length": 2}
+    else:
+        assert outcome["error"]["code"] == "tool_execution_error"
+
+
+async def test_invoke_wait_human_output(cli_env: dict[str, str], settings: FleetSettings) -> None:
+    tenant = f"tenant_{uuid.uuid4().hex[:8]}"
+    fleet = asyncio.create_task(_answer_invokes(settings, tenant, "success"))
+    try:
+        result = await run_cli(
+            cli_env,
+            "invoke",
+            "core__echo",
+            "--tenant",
+            tenant,
+            "-p",
+            "message=hi",
+            "--wait",
+        )
+    finally:
+        fleet.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await fleet
+    assert result.exit_code == 0, result.output
+    assert "success" in result.stdout
+    assert "core__echo@1.0.0" in result.stdout
+    assert '"length": 2' in result.stdout

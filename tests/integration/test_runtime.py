@@ -1,0 +1,135 @@
+"""The consumer runtime against the real broker and Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import uuid
+from collections.abc import Sequence
+
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+from tests.support.eventually import eventually
+from toolfleet.bus.dedupe import RedisProcessedEvents
+from toolfleet.bus.producer import EventProducer, Outbound
+from toolfleet.bus.runtime import ConsumerSpec, EventConsumer, Inbound
+from toolfleet.events.codec import ContentMode, decode, encode
+from toolfleet.events.envelope import derived_event_id, new_event
+from toolfleet.events.types import EventType, Source, TopicName, topic
+from toolfleet.settings import FleetSettings
+from toolfleet.storage.redis import connect_redis
+
+pytestmark = pytest.mark.integration
+
+
+async def _read_all(settings: FleetSettings, name: TopicName, *, want: int, timeout: float = 15):
+    consumer = AIOKafkaConsumer(
+        topic(settings.topic_prefix, name),
+        bootstrap_servers=settings.kafka_bootstrap,
+        auto_offset_reset="earliest",
+        fetch_max_wait_ms=5,
+    )
+    await consumer.start()
+    got = []
+    try:
+
+        async def more():
+            batch = await consumer.getmany(timeout_ms=100)
+            for recs in batch.values():
+                got.extend(recs)
+            return len(got) >= want
+
+        await eventually(more, timeout=timeout)
+    finally:
+        await consumer.stop()
+    return got
+
+
+async def test_forwards_dedupes_and_dead_letters(settings: FleetSettings) -> None:
+    prefix = f"{settings.topic_prefix}rt{uuid.uuid4().hex[:6]}."
+    local = settings.model_copy(update={"topic_prefix": prefix})
+    from toolfleet.bus.admin import ensure_topics
+
+    await ensure_topics(local)
+    producer = EventProducer(local)
+    await producer.start()
+    redis = connect_redis(local.redis_url)
+    seen: list[str] = []
+
+    async def handler(event: Inbound) -> Sequence[Outbound]:
+        seen.append(event.envelope.id)
+        out = new_event(
+            event_type=EventType.INVOKE_AUTHORIZED,
+            source=Source.POLICY,
+            data={"echo": event.envelope.data},
+            tenant_id=event.envelope.tenantid or "",
+            invocation_id=event.envelope.invocationid,
+            event_id=derived_event_id(event.envelope, EventType.INVOKE_AUTHORIZED),
+            parent=event.envelope,
+        )
+        return [Outbound(envelope=out, topic=topic(prefix, TopicName.AUTHORIZED))]
+
+    group = f"g-{uuid.uuid4().hex[:6]}"
+    runtime = EventConsumer(
+        ConsumerSpec(
+            service="test",
+            source="/toolfleet/test",
+            group_id=group,
+            topics=[topic(prefix, TopicName.REQUESTED)],
+        ),
+        handler,
+        settings=local,
+        producer=producer,
+        processed=RedisProcessedEvents(redis, group=group, ttl_s=600),
+        dlq_topic=topic(prefix, TopicName.DLQ),
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(runtime.run(stop))
+    raw = AIOKafkaProducer(bootstrap_servers=local.kafka_bootstrap)
+    await raw.start()
+    try:
+        event = new_event(
+            event_type=EventType.INVOKE_REQUESTED,
+            source=Source.CLI,
+            data={"n": 1},
+            tenant_id="t1",
+            invocation_id=str(uuid.uuid4()),
+        )
+        structured = new_event(
+            event_type=EventType.INVOKE_REQUESTED,
+            source=Source.CLI,
+            data={"n": 2},
+            tenant_id="t2",
+            invocation_id=str(uuid.uuid4()),
+        )
+        req = topic(prefix, TopicName.REQUESTED)
+        for env, mode in (
+            (event, ContentMode.BINARY),
+            (event, ContentMode.BINARY),
+            (structured, ContentMode.STRUCTURED),
+        ):
+            wire = encode(env, mode)
+            await raw.send_and_wait(req, wire.value, key=wire.key, headers=wire.headers)
+        await raw.send_and_wait(req, b"\x00garbage", key=b"t1", headers=[("x", b"y")])
+        outputs = await _read_all(local, TopicName.AUTHORIZED, want=2)
+        dlq = await _read_all(local, TopicName.DLQ, want=1)
+    finally:
+        stop.set()
+        await task
+        await raw.stop()
+        await producer.stop()
+        await redis.aclose()
+
+    # the duplicate (same source+id) was processed once; both content modes were accepted
+    assert sorted(seen) == sorted([event.id, structured.id])
+    decoded = [decode(key=r.key, value=r.value, headers=list(r.headers)) for r in outputs]
+    assert {d.data["echo"]["n"] for d in decoded} == {1, 2}
+    assert all(d.partitionkey == d.tenantid for d in decoded)
+    record = decode(key=dlq[0].key, value=dlq[0].value, headers=list(dlq[0].headers))
+    assert dict(dlq[0].headers)["content-type"] == b"application/cloudevents+json"
+    assert dlq[0].key == b"t1"
+    assert base64.b64decode(record.data["value_b64"]) == b"\x00garbage"
+    assert record.data["error"]["code"] == "invalid_event"
+    assert json.dumps(record.data)  # serializable for SIEMs

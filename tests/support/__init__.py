@@ -1,0 +1,1 @@
+"""Test support: real servers (broker, Redis, Postgres), polling, fleet processes."""

@@ -1,0 +1,195 @@
+"""Execution grants: bound to one exact call, short-lived, never a capability token."""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+from typing import Any
+
+import jwt
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from toolfleet.auth.grants import (
+    GrantKeyError,
+    GrantSigner,
+    GrantVerifier,
+    ensure_grant_key,
+    load_grant_keys,
+    parameters_hash,
+    rotate_grant_key,
+)
+from toolfleet.auth.keys import generate_key_pair
+from toolfleet.auth.tokens import TokenIssuer, TokenVerifier
+from toolfleet.errors import PermissionDenied
+from toolfleet.settings import FleetSettings
+
+pytestmark = pytest.mark.unit
+
+KEY = b"k" * 32
+CALL: dict[str, Any] = {
+    "invocation_id": "2f1c3a52-0d7e-4a55-9d55-4c1f0b8e9a01",
+    "tenant_id": "t1",
+    "agent_did": "did:agent:a",
+    "tool_id": "core__echo",
+    "tool_version": "1.0.0",
+    "parameters": {"message": "héllo", "n": [1, 2.5, None]},
+}
+
+
+class FakeClock:
+    def __init__(self, now: float = 1_700_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _grant(clock: FakeClock | None = None, key: bytes = KEY, timeout_s: float = 30) -> str:
+    signer = GrantSigner(key, margin_s=60, clock=clock or FakeClock())
+    return signer.sign(**CALL, capability_jti="cap-jti-1", timeout_s=timeout_s)
+
+
+def _verifier(clock: FakeClock | None = None, keys: list[bytes] | None = None) -> GrantVerifier:
+    return GrantVerifier(keys or [KEY], clock=clock or FakeClock())
+
+
+def test_a_grant_verifies_for_exactly_its_call() -> None:
+    grant = _grant()
+    _verifier().verify(grant, **CALL)
+    decoded = _verifier().decode(grant, **CALL)
+    assert decoded.capability_jti == "cap-jti-1"
+    assert decoded.expires_at == 1_700_000_000 + 30 + 1 + 60
+    assert decoded.params_sha256 == parameters_hash("core__echo", "1.0.0", CALL["parameters"])
+    assert jwt.get_unverified_header(grant)["typ"] == "toolfleet-grant+jwt"
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("invocation_id", "00000000-0000-0000-0000-000000000000"),
+        ("tenant_id", "t2"),
+        ("agent_did", "did:agent:b"),
+        ("tool_id", "core__get_current_time"),
+        ("tool_version", "1.0.1"),
+        ("parameters", {"message": "hello", "n": [1, 2.5, None]}),
+        ("parameters", {}),
+    ],
+)
+def test_any_other_call_is_denied(field: str, value: Any) -> None:
+    with pytest.raises(PermissionDenied, match="execution grant was issued for"):
+        _verifier().verify(_grant(), **{**CALL, field: value})
+
+
+@pytest.mark.parametrize("claim", ["invocation_id", "tenant_id", "tool_id", "params_sha256", "exp"])
+def test_re_signing_a_changed_claim_without_the_key_is_denied(claim: str) -> None:
+    header, payload, signature = _grant().split(".")
+    claims = json.loads(base64.urlsafe_b64decode(payload + "=="))
+    claims[claim] = 9_999_999_999 if claim == "exp" else "x"
+    forged = base64.urlsafe_b64encode(json.dumps(claims).encode()).rstrip(b"=").decode()
+    with pytest.raises(PermissionDenied, match="signature is invalid"):
+        _verifier().verify(f"{header}.{forged}.{signature}", **CALL)
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data())
+def test_flipping_any_byte_is_denied(data: st.DataObject) -> None:
+    raw = bytearray(_grant().encode())
+    raw[data.draw(st.integers(0, len(raw) - 1))] ^= data.draw(st.integers(1, 255))
+    with pytest.raises(PermissionDenied):
+        _verifier().verify(raw.decode("latin-1"), **CALL)
+
+
+def test_expired_and_future_grants_are_denied() -> None:
+    clock = FakeClock()
+    grant = _grant(clock)
+    later = FakeClock(clock.now + 30 + 1 + 60 + 29)
+    _verifier(later).verify(grant, **CALL)  # within the leeway
+    with pytest.raises(PermissionDenied, match="expired"):
+        _verifier(FakeClock(clock.now + 30 + 1 + 60 + 31)).verify(grant, **CALL)
+    with pytest.raises(PermissionDenied, match="future"):
+        _verifier(FakeClock(clock.now - 120)).verify(grant, **CALL)
+
+
+def test_wrong_key_and_other_algorithms_are_denied() -> None:
+    with pytest.raises(PermissionDenied, match="unknown key"):
+        _verifier(keys=[b"z" * 32]).verify(_grant(), **CALL)
+    header = base64.urlsafe_b64encode(
+        json.dumps({"alg": "none", "typ": "toolfleet-grant+jwt"}).encode()
+    ).rstrip(b"=")
+    payload = _grant().split(".")[1]
+    with pytest.raises(PermissionDenied, match="HS256"):
+        _verifier().verify(f"{header.decode()}.{payload}.", **CALL)
+
+
+def test_grants_and_capability_tokens_do_not_mix() -> None:
+    pair = generate_key_pair()
+    token = TokenIssuer(pair.private_pem, issuer="i", audience="a").issue(
+        tenant_id="t1", agent_did="did:agent:a", tool_id="*"
+    )
+    with pytest.raises(PermissionDenied, match="HS256"):
+        _verifier().verify(token, **CALL)
+    with pytest.raises(PermissionDenied, match="RS256"):
+        TokenVerifier([pair.public_pem], issuer="i", audience="a").verify(_grant())
+    untyped = jwt.encode({"x": 1}, KEY, algorithm="HS256")
+    with pytest.raises(PermissionDenied, match="wrong type"):
+        _verifier().verify(untyped, **CALL)
+
+
+def test_parameters_hash_is_the_policy_canonicalisation() -> None:
+    # Golden digests of policy's approval hash (policy/service.py before the move):
+    # approvals parked before an upgrade must still match after it.
+    params = {"message": "h\u00e9llo", "n": [1, 2.5, None], "z": {"b": True, "a": "x"}}
+    assert parameters_hash("core__echo", "1.0.0", params) == (
+        "ffbae92fbb0b4e9765a0e6cd62853d0d8756d71b93e9bc3c885f4a52291db543"
+    )
+    assert parameters_hash("t", "1", {}) == (
+        "c92f3ae4c161eca475601935a91c03bb47d5727f9510da553d9c009fe0fd8ee2"
+    )
+
+
+def test_parameters_hash_ignores_key_order_only() -> None:
+    assert parameters_hash("t", "1", {"a": 1, "b": 2}) == parameters_hash(
+        "t", "1", {"b": 2, "a": 1}
+    )
+    assert parameters_hash("t", "1", {"a": 1}) != parameters_hash("t", "1", {"a": "1"})
+
+
+def test_grant_key_file_rotation_keeps_old_grants_valid(tmp_path: Path) -> None:
+    path = tmp_path / "grant.key"
+    assert ensure_grant_key(path) is True
+    assert ensure_grant_key(path) is False
+    assert oct(path.stat().st_mode & 0o777) == "0o600"
+    settings_ = FleetSettings(grant_key_file=path, grant_margin_s=10)
+    signer = GrantSigner.from_settings(settings_)
+    assert signer is not None
+    old = signer.sign(**CALL, capability_jti="j", timeout_s=5)
+    rotate_grant_key(path)
+    assert len(load_grant_keys(path)) == 2
+    verifier = GrantVerifier.from_settings(settings_)
+    assert verifier is not None
+    verifier.verify(old, **CALL)
+    new_signer = GrantSigner.from_settings(settings_)
+    assert new_signer is not None
+    verifier.verify(new_signer.sign(**CALL, capability_jti="j", timeout_s=5), **CALL)
+    rotate_grant_key(path, keep=1)
+    with pytest.raises(PermissionDenied, match="unknown key"):
+        GrantVerifier(load_grant_keys(path)).verify(old, **CALL)
+    assert GrantSigner.from_settings(FleetSettings()) is None
+    assert GrantVerifier.from_settings(FleetSettings()) is None
+
+
+def test_short_or_missing_grant_keys_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(GrantKeyError):
+        GrantSigner(b"short")
+    path = tmp_path / "grant.key"
+    path.write_text("# only a comment\n")
+    with pytest.raises(GrantKeyError, match="no key"):
+        load_grant_keys(path)
+    path.write_text("tooshort\n")
+    with pytest.raises(GrantKeyError, match="at least 32"):
+        load_grant_keys(path)
+    with pytest.raises(GrantKeyError, match="cannot read"):
+        load_grant_keys(tmp_path / "missing")

@@ -1,0 +1,36 @@
+"""The README's configuration table is generated from the settings classes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from toolfleet.config_doc import END, START, render_table
+
+pytestmark = pytest.mark.unit
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def test_readme_configuration_table_matches_the_settings() -> None:
+    text = README.read_text()
+    table = text.split(START, 1)[1].split(END, 1)[0].strip()
+    assert table == render_table(), "run: python -m toolfleet.config_doc README.md"
+
+
+def test_every_variable_is_documented() -> None:
+    table = render_table()
+    for name in (
+        "TOOLFLEET_KAFKA_BOOTSTRAP",
+        "TOOLFLEET_REDIS_URL",
+        "TOOLFLEET_DATABASE_URL",
+        "TOOLFLEET_API_URL",
+        "TOOLFLEET_POLICY_FILE",
+        "TOOLFLEET_TOOL_MODULES",
+        "TOOLFLEET_FETCH_MAX_WAIT_MS",
+        "TOOLFLEET_LINGER_MS",
+        "TOOLFLEET_HOME",
+    ):
+        assert f"`{name}`" in table
+    assert "|  |" not in table  # every variable has a description

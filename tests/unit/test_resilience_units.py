@@ -1,0 +1,198 @@
+"""Retry loop, cache key and resilience declarations, offline."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+
+from toolfleet.errors import ErrorCode, ExternalApiError, RegistrationError, ToolTimeout
+from toolfleet.executor.attempts import AttemptsInput, AttemptsResult, run_attempts
+from toolfleet.executor.cache import call_id
+from toolfleet.executor.circuits import CircuitBreaker, CircuitState, CircuitStatus, Transition
+from toolfleet.sdk import CachePolicy, CircuitPolicy, RetryPolicy, ToolContext, tool
+
+pytestmark = pytest.mark.unit
+
+
+class In(BaseModel):
+    fail_with: str = ""
+    fail_times: int = 0
+
+
+class Out(BaseModel):
+    attempt: int
+    resumed: dict[str, Any] | None
+
+
+RUNS: list[int] = []
+
+
+@tool(
+    id="unit__retry",
+    version="1.0.0",
+    effect="read_only",
+    redaction_allowlist=["attempt"],
+    retry=RetryPolicy(max_attempts=3, initial_backoff_s=0, max_backoff_s=0),
+)
+async def retried(params: In, ctx: ToolContext) -> Out:
+    RUNS.append(ctx.attempt)
+    if ctx.attempt <= params.fail_times:
+        if params.fail_with == "timeout":
+            raise ToolTimeout("slow upstream")
+        raise ExternalApiError("503")
+    return Out(attempt=ctx.attempt, resumed=ctx.resume_state())
+
+
+def job(
+    params: dict[str, Any],
+    *,
+    cancel: asyncio.Event | None = None,
+    breaker: CircuitBreaker | None = None,
+    transitions: list[Transition] | None = None,
+) -> AttemptsInput:
+    async def context_for(attempt: int) -> ToolContext:
+        return ToolContext(
+            tenant_id="t",
+            agent_did="a",
+            invocation_id="i",
+            tool_id="unit__retry",
+            tool_version="1.0.0",
+            attempt=attempt,
+            resume_state={"from": attempt - 1} if attempt > 1 else None,
+        )
+
+    async def after_transition(transition: Transition, attempt: int) -> None:
+        if transitions is not None:
+            transitions.append(transition)
+
+    return AttemptsInput(
+        spec=retried,
+        parameters=params,
+        timeout_s=1,
+        cancel_event=cancel or asyncio.Event(),
+        context_for=context_for,
+        breaker=breaker,
+        after_transition=after_transition,
+    )
+
+
+@pytest.mark.parametrize("fail_with", ["external", "timeout"])
+async def test_retryable_errors_are_retried_and_resume(fail_with: str) -> None:
+    done = await run_attempts(job({"fail_times": 2, "fail_with": fail_with}))
+    assert done.attempts == 3
+    assert done.result.result == {"attempt": 3, "resumed": {"from": 2}}
+
+
+async def test_last_error_is_reported_when_attempts_run_out() -> None:
+    done = await run_attempts(job({"fail_times": 9}))
+    assert done.attempts == 3
+    assert done.result.error is not None
+    assert done.result.error.code is ErrorCode.EXTERNAL_API_ERROR
+
+
+async def test_non_retryable_errors_end_the_call() -> None:
+    done = await run_attempts(job({"fail_times": "x"}))  # invalid parameters
+    assert done.attempts == 1
+    assert done.result.error is not None
+    assert done.result.error.code is ErrorCode.INVALID_PARAMETERS
+
+
+async def test_cancel_during_the_backoff_ends_as_cancelled() -> None:
+    cancel = asyncio.Event()
+    cancel.set()
+    RUNS.clear()
+    done = await run_attempts(job({"fail_times": 2}, cancel=cancel))
+    assert done.result.error is not None
+    assert done.result.error.code is ErrorCode.CANCELLED
+    assert (done.attempts, RUNS) == (1, [1])
+
+
+class Store:
+    def __init__(self, state: CircuitState) -> None:
+        self.raw = state.to_json()
+
+    async def load(self, name: str) -> str:
+        return self.raw
+
+    async def swap(self, name: str, expected: str, new: str, transition: str) -> bool:
+        self.raw = new
+        return True
+
+
+async def test_an_open_circuit_refuses_without_running() -> None:
+    RUNS.clear()
+    store = Store(CircuitState(status=CircuitStatus.OPEN, since=100))
+    breaker = CircuitBreaker(store=store, clock=lambda: 105.0)
+    done: AttemptsResult = await run_attempts(job({}, breaker=breaker))
+    assert done.attempts == 0
+    assert RUNS == []
+    assert done.result.error is not None
+    assert done.result.error.code is ErrorCode.CIRCUIT_BREAKER_OPEN
+    assert done.result.error.retry_after_s == 25
+
+
+async def test_failures_feed_the_circuit_and_its_transitions_are_reported() -> None:
+    transitions: list[Transition] = []
+    store = Store(CircuitState())
+    breaker = CircuitBreaker(store=store, clock=lambda: 1.0)
+    for _ in range(2):  # default policy: 5 calls in the window, 50 % failures
+        await run_attempts(job({"fail_times": 9}, breaker=breaker, transitions=transitions))
+    assert [t.status for t in transitions] == [CircuitStatus.OPEN]
+    assert CircuitState.from_json(store.raw).status is CircuitStatus.OPEN
+
+
+def test_call_id_is_canonical_and_tenant_scoped() -> None:
+    a = call_id(tool_id="x", tool_version="1.0.0", parameters={"a": 1, "b": 2}, tenant_id="t")
+    b = call_id(tool_id="x", tool_version="1.0.0", parameters={"b": 2, "a": 1}, tenant_id="t")
+    assert a == b
+    assert len(a) == 64
+    assert a != call_id(
+        tool_id="x", tool_version="1.0.0", parameters={"a": 1, "b": 2}, tenant_id="u"
+    )
+    assert a != call_id(
+        tool_id="x", tool_version="1.0.1", parameters={"a": 1, "b": 2}, tenant_id="t"
+    )
+
+
+def test_tools_with_credentials_cannot_be_cached() -> None:
+    with pytest.raises(RegistrationError, match="cached"):
+
+        @tool(
+            id="unit__c",
+            version="1.0.0",
+            effect="read_only",
+            redaction_allowlist=["attempt"],
+            credentials=["api_key"],
+            cache=CachePolicy(),
+        )
+        async def c(params: In, ctx: ToolContext) -> Out:
+            raise NotImplementedError
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: RetryPolicy(max_attempts=0),
+        lambda: RetryPolicy(initial_backoff_s=2, max_backoff_s=1),
+        lambda: CircuitPolicy(minimum_calls=30, window_size=20),
+        lambda: CircuitPolicy(failure_rate=0),
+        lambda: CircuitPolicy(open_s=0),
+        lambda: CachePolicy(mode="ttl", ttl_s=0),
+    ],
+)
+def test_bad_policies_are_refused(make: Any) -> None:
+    with pytest.raises(RegistrationError):
+        make()
+
+
+def test_defaults() -> None:
+    assert retried.circuit_name == "unit__retry"
+    assert retried.cache is None
+    policy = CircuitPolicy()
+    assert (policy.window_size, policy.minimum_calls, policy.failure_rate) == (20, 5, 0.5)
+    assert (policy.slow_call_s, policy.slow_call_rate, policy.open_s) == (10, 1.0, 30)
+    assert policy.half_open_calls == 3
+    assert RetryPolicy().max_attempts == 1

@@ -1,0 +1,74 @@
+"""The status projector over an in-memory Projection (the port's contract, no Postgres)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from tests.support.lifecycle import T0, Lifecycle
+from toolfleet.events.envelope import new_event
+from toolfleet.events.models import CircuitChanged, InvocationStatus
+from toolfleet.events.types import EventType, Source
+from toolfleet.status.projection import InvocationRow
+from toolfleet.status.service import ProjectInput, StatusProjector
+
+pytestmark = pytest.mark.unit
+
+
+class MemoryProjection:
+    """The Projection port in a dict: what the Postgres adapter does, minus SQL."""
+
+    def __init__(self) -> None:
+        self.rows: dict[str, InvocationRow] = {}
+        self.projected: set[tuple[str, str]] = set()
+
+    async def project(self, call: ProjectInput) -> bool:
+        key = (call.source, call.event_id)
+        if key in self.projected:
+            return False
+        self.projected.add(key)
+        updated = call.transition(self.rows.get(call.invocation_id))
+        if updated is not None:
+            self.rows[call.invocation_id] = updated
+        return True
+
+
+def _projector() -> tuple[StatusProjector, MemoryProjection]:
+    store = MemoryProjection()
+    return StatusProjector(projection=store, clock=lambda: datetime(2030, 1, 1, tzinfo=UTC)), store
+
+
+async def test_projects_once_per_event() -> None:
+    projector, store = _projector()
+    lc = Lifecycle()
+    requested, done = lc.requested(), lc.outcome()
+    assert await projector.on_event(requested)
+    assert not await projector.on_event(requested)
+    assert await projector.on_event(done)
+    assert not await projector.on_event(done)
+    row = store.rows[lc.invocation_id]
+    assert row.status is InvocationStatus.SUCCESS
+    assert len(store.projected) == 2
+
+
+async def test_events_without_an_invocation_are_not_projected() -> None:
+    projector, store = _projector()
+    circuit = new_event(
+        event_type=EventType.CIRCUIT_CLOSED,
+        source=Source.EXECUTOR,
+        data=CircuitChanged(circuit_name="c", state="closed", at=T0),
+        tenant_id="t",
+        invocation_id=None,
+    )
+    assert not await projector.on_event(circuit)
+    assert store.projected == set()
+    assert store.rows == {}
+
+
+async def test_control_event_before_the_row_is_recorded_but_makes_no_row() -> None:
+    projector, store = _projector()
+    lc = Lifecycle()
+    assert await projector.on_event(lc.cancel_requested())
+    assert store.rows == {}
+    assert len(store.projected) == 1

@@ -24,6 +24,9 @@ pytestmark = pytest.mark.integration
 CORE = TenantPolicy(allow_tools=["core__*"])
 ECHO = TenantPolicy(allow_tools=["core__echo"], max_concurrent_per_agent=1)
 
+#: Far below the caches' 300 s TTL, far above a push on a loaded 2-core box.
+PUSH_BOUND_S = 10.0
+
 
 def tenant() -> str:
     return f"tenant_{uuid.uuid4().hex[:10]}"
@@ -128,7 +131,7 @@ async def test_a_stale_reader_does_not_recache_after_announce(
     assert (await cache.load(t))[0] is None
 
 
-async def test_put_reaches_another_process_within_a_second(
+async def test_put_reaches_another_process_through_the_channel_not_the_ttl(
     pool: asyncpg.Pool, redis: Redis, redis_url: str
 ) -> None:
     store, t = PolicyStore(pool), tenant()
@@ -150,7 +153,9 @@ async def test_put_reaches_another_process_within_a_second(
         async def sees_new_policy() -> bool:
             return await remote.policy_for(t) == ECHO
 
-        await eventually(sees_new_policy, timeout=1.0, interval=0.02)
+        # Both caches hold the old policy for 300 s: seeing the new one sooner proves the
+        # push. How soon is a speed figure for bench/, not an assertion here.
+        await eventually(sees_new_policy, timeout=PUSH_BOUND_S, interval=0.02)
     finally:
         stop.set()
         with contextlib.suppress(asyncio.CancelledError):
@@ -189,7 +194,9 @@ async def test_listener_resubscribes_after_losing_its_connection(
         async def sees_new_policy() -> bool:
             return await remote.policy_for(t) == ECHO
 
-        await eventually(sees_new_policy, timeout=1.0, interval=0.02)
+        # Both caches hold the old policy for 300 s: seeing the new one sooner proves the
+        # push. How soon is a speed figure for bench/, not an assertion here.
+        await eventually(sees_new_policy, timeout=PUSH_BOUND_S, interval=0.02)
     finally:
         stop.set()
         await asyncio.wait_for(listener, timeout=5)

@@ -9,7 +9,6 @@ store waits out), never let them escape into the tool as a crash of its own.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
@@ -22,7 +21,6 @@ from toolfleet.bus.runtime import _is_transient
 from toolfleet.errors import CheckpointFailed, InvalidParameters
 from toolfleet.executor.checkpoints import Checkpoint
 from toolfleet.executor.cold_checkpoints import PostgresCheckpointStore
-from toolfleet.observability.logs import ConsoleFormatter, JsonFormatter, log_context
 
 OUTAGES = [
     ConnectionRefusedError(111, "Connection refused"),
@@ -80,26 +78,3 @@ async def test_durable_checkpoint_write_reports_an_outage_as_checkpoint_failed(
         await store.save(checkpoint)
     # The type only: a driver's message may quote the query or its data.
     assert raised.value.message == f"checkpoint could not be saved: {type(outage).__name__}"
-
-
-def _record(**extra: object) -> logging.LogRecord:
-    record = logging.makeLogRecord({"name": "toolfleet.bus.runtime", "levelname": "WARNING"})
-    record.msg = "step failed, retrying"
-    record.__dict__.update(extra)
-    return record
-
-
-def test_console_logs_show_the_fields_a_call_passed() -> None:
-    with log_context(tenant_id="acme"):
-        line = ConsoleFormatter().format(_record(error="InternalClientError"))
-    assert line == (
-        "WARNING toolfleet.bus.runtime: step failed, retrying error=InternalClientError "
-        "tenant_id=acme"
-    )
-
-
-def test_json_logs_show_the_fields_a_call_passed() -> None:
-    with log_context(tenant_id="acme"):
-        line = JsonFormatter("executor").format(_record(error="InternalClientError"))
-    assert '"error": "InternalClientError"' in line
-    assert '"tenant_id": "acme"' in line

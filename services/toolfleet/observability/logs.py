@@ -12,7 +12,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 _CONTEXT: contextvars.ContextVar[dict[str, str]] = contextvars.ContextVar("toolfleet_log_context")
-_RESERVED = frozenset(vars(logging.makeLogRecord({})).keys()) | {"message", "asctime"}
+_RESERVED = frozenset(vars(logging.makeLogRecord({})).keys()) | {
+    "message",
+    "asctime",
+    "color_message",  # uvicorn repeats every message with ANSI colour codes in it
+}
 
 
 @contextmanager

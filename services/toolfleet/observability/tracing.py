@@ -26,8 +26,16 @@ _tracer: trace.Tracer = trace.get_tracer("toolfleet")
 def configure_tracing(
     *, service: str, exporter: Literal["none", "console", "otlp"], endpoint: str | None = None
 ) -> None:
-    """Install a tracer provider; with ``exporter='none'`` spans are made but not exported."""
+    """Install a tracer provider that exports to ``exporter``.
+
+    With ``exporter='none'`` (the default) spans are the API's no-op ones: nothing is
+    recorded, so nothing is paid for per event. Trace context still travels, because
+    every event carries its parent's ``traceparent`` whatever the current span is.
+    """
     global _tracer
+    if exporter == "none":
+        _tracer = trace.NoOpTracer()
+        return
     provider = TracerProvider(resource=Resource.create({"service.name": f"toolfleet-{service}"}))
     if exporter == "console":
         provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))

@@ -47,9 +47,12 @@ _COLUMNS: Final = (
     "completed_at",
 )
 
-_LOCK = "SELECT pg_advisory_xact_lock($1, hashtext($2))"
-_MARK = """
-    INSERT INTO projected_events (source, event_id, invocation_id) VALUES ($1, $2, $3)
+# Lock, then mark, in one round trip: the lock is taken while the FROM row is made,
+# before the insert checks for a conflict.
+_LOCK_AND_MARK = """
+    INSERT INTO projected_events (source, event_id, invocation_id)
+    SELECT $1::text, $2::text, $3::uuid
+    FROM (SELECT pg_advisory_xact_lock($4, hashtext($5))) AS locked
     ON CONFLICT (source, event_id) DO NOTHING
     RETURNING 1
 """
@@ -74,8 +77,15 @@ class PostgresProjection:
     async def project(self, call: ProjectInput) -> bool:
         invocation = uuid.UUID(call.invocation_id)
         async with self._pool.acquire() as conn, conn.transaction():
-            await conn.execute(_LOCK, _LOCK_CLASS, call.invocation_id)
-            if await conn.fetchval(_MARK, call.source, call.event_id, invocation) is None:
+            marked = await conn.fetchval(
+                _LOCK_AND_MARK,
+                call.source,
+                call.event_id,
+                invocation,
+                _LOCK_CLASS,
+                call.invocation_id,
+            )
+            if marked is None:
                 return False
             record = await conn.fetchrow(_SELECT, invocation)
             current = _row_of(record) if record is not None else None

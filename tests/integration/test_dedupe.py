@@ -1,0 +1,91 @@
+"""Dedupe markers in the real Redis, asked for by many records at once."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import redis.exceptions
+from redis.asyncio import Redis
+
+from toolfleet.bus.dedupe import RedisProcessedEvents
+from toolfleet.storage.redis import connect_redis
+
+pytestmark = pytest.mark.integration
+
+IN_FLIGHT = 200
+
+
+class CountingRedis(Redis):
+    """Counts the pipelines sent: each is one round trip."""
+
+    pipelines = 0
+
+    def pipeline(self, transaction: bool = True, shard_hint: Any = None) -> Any:
+        self.pipelines += 1
+        return super().pipeline(transaction=transaction, shard_hint=shard_hint)
+
+
+@pytest.fixture
+async def counting(redis_url: str) -> AsyncIterator[CountingRedis]:
+    client = CountingRedis(connection_pool=connect_redis(redis_url).connection_pool)
+    yield client
+    await client.aclose()
+
+
+def event_keys(n: int) -> list[str]:
+    run = uuid.uuid4().hex
+    return [f"/toolfleet/policy:{run}-{i}" for i in range(n)]
+
+
+async def test_records_in_flight_share_round_trips_and_get_their_own_answers(
+    counting: CountingRedis,
+) -> None:
+    processed = RedisProcessedEvents(counting, group=f"g-{uuid.uuid4().hex[:8]}", ttl_s=60)
+    keys = event_keys(IN_FLIGHT)
+    marked, fresh = keys[::2], keys[1::2]
+    await asyncio.gather(*(processed.mark(k) for k in marked))
+
+    counting.pipelines = 0
+    answers = await asyncio.gather(*(processed.seen(k) for k in keys))
+
+    # The 200 questions asked at once went out together, not as 200 round trips.
+    assert counting.pipelines <= 2
+    assert answers == [k in marked for k in keys]
+    assert not any([await processed.seen(k) for k in fresh])  # one at a time works too
+
+
+async def test_markers_expire_with_their_ttl(counting: CountingRedis) -> None:
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    processed = RedisProcessedEvents(counting, group=group, ttl_s=60)
+    await processed.mark("/toolfleet/policy:e1")
+    ttls = [await counting.ttl(key) async for key in counting.scan_iter(f"dedupe:{group}:*")]
+    assert len(ttls) == 1
+    assert 0 < ttls[0] <= 60
+
+
+async def test_a_failed_round_trip_fails_every_call_in_it() -> None:
+    unreachable = Redis.from_url("redis://127.0.0.1:1/0", socket_connect_timeout=0.2)
+    processed = RedisProcessedEvents(unreachable, group="g", ttl_s=60)
+    try:
+        results = await asyncio.gather(
+            *(processed.seen(k) for k in event_keys(20)), return_exceptions=True
+        )
+    finally:
+        await unreachable.aclose()
+    # Connection errors: the consumer runtime waits those out and asks again.
+    assert all(isinstance(r, redis.exceptions.ConnectionError) for r in results), results
+
+
+async def test_a_caller_that_gives_up_does_not_lose_the_others(counting: CountingRedis) -> None:
+    processed = RedisProcessedEvents(counting, group=f"g-{uuid.uuid4().hex[:8]}", ttl_s=60)
+    keys = event_keys(10)
+    await processed.mark(keys[0])
+    calls = [asyncio.create_task(processed.seen(k)) for k in keys]
+    calls[3].cancel()
+    answers = await asyncio.gather(*calls, return_exceptions=True)
+    assert isinstance(answers[3], asyncio.CancelledError)
+    assert answers[:3] + answers[4:] == [True] + [False] * 8

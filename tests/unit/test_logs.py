@@ -1,0 +1,39 @@
+"""Log lines: the fields a call passed, the context's ids, and nothing else."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from toolfleet.observability.logs import ConsoleFormatter, JsonFormatter, log_context
+
+
+def _record(**extra: object) -> logging.LogRecord:
+    record = logging.makeLogRecord({"name": "toolfleet.bus.runtime", "levelname": "WARNING"})
+    record.msg = "step failed, retrying"
+    record.__dict__.update(extra)
+    return record
+
+
+def test_console_logs_show_the_fields_a_call_passed() -> None:
+    with log_context(tenant_id="acme"):
+        line = ConsoleFormatter().format(_record(error="InternalClientError"))
+    assert line == (
+        "WARNING toolfleet.bus.runtime: step failed, retrying error=InternalClientError "
+        "tenant_id=acme"
+    )
+
+
+def test_json_logs_show_the_fields_a_call_passed() -> None:
+    with log_context(tenant_id="acme"):
+        line = JsonFormatter("executor").format(_record(error="InternalClientError"))
+    assert '"error": "InternalClientError"' in line
+    assert '"tenant_id": "acme"' in line
+
+
+def test_uvicorns_coloured_copy_of_the_message_is_not_repeated() -> None:
+    record = _record(color_message="Started server process [\x1b[36m%d\x1b[0m]")
+    record.msg, record.args = "Started server process [%d]", (42,)
+    console = ConsoleFormatter().format(record)
+    assert console == "WARNING toolfleet.bus.runtime: Started server process [42]"
+    assert "color_message" not in json.loads(JsonFormatter("api").format(record))

@@ -4,7 +4,7 @@
 #   make test       unit, then integration, then end-to-end tests
 #   make lint       ruff check + ruff format --check
 #   make typecheck  mypy --strict
-#   make bench      end-to-end benchmark against a bare aiokafka baseline
+#   make bench      end-to-end and policy-push benchmarks, each beside its baseline
 #   make schemas    regenerate schemas/ from the pydantic models
 #   make clean      caches and build output (keeps .venv and .toolfleet)
 #
@@ -59,6 +59,7 @@ typecheck: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/e2e_bench.py
+	$(BIN)/python bench/policy_push_bench.py
 
 schemas: $(STAMP)
 	$(BIN)/python -m toolfleet.events.schema_export schemas

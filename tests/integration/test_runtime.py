@@ -133,3 +133,44 @@ async def test_forwards_dedupes_and_dead_letters(settings: FleetSettings) -> Non
     assert base64.b64decode(record.data["value_b64"]) == b"\x00garbage"
     assert record.data["error"]["code"] == "invalid_event"
     assert json.dumps(record.data)  # serializable for SIEMs
+
+
+async def test_a_stop_while_joining_the_group_ends_the_consumer_without_the_join(
+    settings: FleetSettings,
+) -> None:
+    # A broker that accepts connections and never answers: the consumer's start (which
+    # waits for the group to assign it partitions) would wait 40 s for its first reply.
+    connected, hang_up = asyncio.Event(), asyncio.Event()
+
+    async def never_answer(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connected.set()
+        await hang_up.wait()
+        writer.close()
+
+    silent = await asyncio.start_server(never_answer, "127.0.0.1", 0)
+    port = silent.sockets[0].getsockname()[1]
+    local = settings.model_copy(update={"kafka_bootstrap": f"127.0.0.1:{port}"})
+
+    async def unreachable_handler(_: Inbound) -> Sequence[Outbound]:
+        raise AssertionError("nothing can be fetched from a broker that never answers")
+
+    runtime = EventConsumer(
+        ConsumerSpec(service="test", source="/toolfleet/test", group_id="g-joining", topics=["t"]),
+        unreachable_handler,
+        settings=local,
+        producer=EventProducer(local),
+        processed=None,
+        dlq_topic="dlq",
+    )
+    stop = asyncio.Event()
+    running = asyncio.create_task(runtime.run(stop))
+    try:
+        await asyncio.wait_for(connected.wait(), timeout=10)
+        stop.set()  # what SIGTERM does
+        # Far below the 40 s the join would hold it: the stop did not wait for the join.
+        await asyncio.wait_for(running, timeout=10)
+    finally:
+        hang_up.set()
+        silent.close()
+        await silent.wait_closed()
+    assert not runtime.assigned.is_set()

@@ -195,7 +195,9 @@ class EventConsumer:
         self._consumer = consumer
         self._stop_requested = stop
         consumer.subscribe(list(self.spec.topics), listener=_Rebalance(self))
-        await consumer.start()
+        if not await self._start_unless_stopped(consumer, stop):
+            self._consumer = None
+            return
         committer = asyncio.create_task(self._commit_loop(), name=f"{self.spec.service}-commit")
         try:
             await self._poll_loop(consumer, stop)
@@ -214,6 +216,34 @@ class EventConsumer:
             except TimeoutError:
                 log.warning("left the consumer group without waiting for its rebalance")
             self._consumer = None
+
+    async def _start_unless_stopped(self, consumer: AIOKafkaConsumer, stop: asyncio.Event) -> bool:
+        """Start ``consumer``; False if ``stop`` came first (it is then closed).
+
+        A subscribed consumer's ``start`` returns only once the group has assigned it
+        partitions: a whole group join, which a fleet in the middle of a rebalance (other
+        members draining, or gone without leaving) can stretch to the rebalance timeout.
+        A worker told to stop meanwhile has fetched nothing and owes no commit, so it
+        stops at once rather than join a group only to leave it.
+        """
+        starting = asyncio.ensure_future(consumer.start())
+        stopped = asyncio.ensure_future(stop.wait())
+        try:
+            await asyncio.wait([starting, stopped], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopped.cancel()
+        if starting.done():
+            starting.result()  # a failed start raises here
+            return True
+        starting.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await starting
+        log.info("stopped before the consumer group assigned any partition")
+        with contextlib.suppress(TimeoutError, KafkaError, OSError):
+            await asyncio.wait_for(
+                consumer.stop(), timeout=self._settings.session_timeout_ms / 1000
+            )
+        return False
 
     async def _leave(self, consumer: AIOKafkaConsumer, committer: asyncio.Task[None]) -> None:
         committer.cancel()

@@ -28,6 +28,7 @@ from redis.exceptions import RedisError
 from toolfleet.errors import CheckpointFailed
 from toolfleet.executor.checkpoint_schedule import CheckpointType, is_durable
 from toolfleet.executor.fencing import FENCE_CHECK_LUA, Fence, StaleLease, epoch_key
+from toolfleet.storage.redis import CoalescedCommands
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +70,7 @@ class RedisCheckpointStore:
 
     def __init__(self, redis: Redis, *, ttl_s: int = 3600) -> None:
         self._redis = redis
+        self._reads = CoalescedCommands(redis)
         self._ttl_s = ttl_s
         self._fenced_set = redis.register_script(_FENCED_SET_LUA)
 
@@ -94,7 +96,8 @@ class RedisCheckpointStore:
             raise StaleLease(fence)
 
     async def latest(self, invocation_id: str) -> Checkpoint | None:
-        raw = await self._redis.get(checkpoint_key(invocation_id))
+        key = checkpoint_key(invocation_id)
+        raw = await self._reads.run(lambda pipe: pipe.get(key))
         return None if raw is None else Checkpoint.model_validate_json(raw)
 
 

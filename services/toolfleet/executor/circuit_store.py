@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from redis.asyncio import Redis
 
+from toolfleet.storage.redis import CoalescedCommands
+
 CHANGES_CHANNEL = "circuit:state:changes"
 
 _SWAP = """
@@ -31,10 +33,12 @@ def state_key(name: str) -> str:
 class RedisCircuitStore:
     def __init__(self, redis: Redis) -> None:
         self._redis = redis
+        self._reads = CoalescedCommands(redis)
         self._swap = redis.register_script(_SWAP)
 
     async def load(self, name: str) -> str:
-        raw = await self._redis.get(state_key(name))
+        key = state_key(name)
+        raw = await self._reads.run(lambda pipe: pipe.get(key))
         if raw is None:
             return ""
         return raw.decode() if isinstance(raw, bytes) else str(raw)

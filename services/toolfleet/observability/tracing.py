@@ -21,6 +21,8 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 _PROPAGATOR = TraceContextTextMapPropagator()
 _tracer: trace.Tracer = trace.get_tracer("toolfleet")
+_recording = True
+"""False once :func:`configure_tracing` chose no exporter: :func:`span` is then free."""
 
 
 def configure_tracing(
@@ -32,8 +34,9 @@ def configure_tracing(
     recorded, so nothing is paid for per event. Trace context still travels, because
     every event carries its parent's ``traceparent`` whatever the current span is.
     """
-    global _tracer
-    if exporter == "none":
+    global _tracer, _recording
+    _recording = exporter != "none"
+    if not _recording:
         _tracer = trace.NoOpTracer()
         return
     provider = TracerProvider(resource=Resource.create({"service.name": f"toolfleet-{service}"}))
@@ -85,6 +88,9 @@ def span(
     attributes: dict[str, str | int] | None = None,
 ) -> Iterator[Span]:
     """A span; given a ``traceparent`` it becomes that remote trace's child."""
+    if not _recording:  # nothing would record it: skip parsing the trace context too
+        yield trace.INVALID_SPAN
+        return
     with _tracer.start_as_current_span(
         name, context=_context_of(traceparent, tracestate), kind=kind, attributes=attributes
     ) as current:

@@ -17,6 +17,7 @@ from toolfleet.policy.idempotency import DEFAULT_TTL_S, Claim, ClaimKind, Waiter
 from toolfleet.policy.lua import LuaScript
 from toolfleet.policy.ratelimit import RateDecision, RateLimits
 from toolfleet.policy.service import PendingApproval
+from toolfleet.storage.redis import CoalescedCommands
 
 __all__ = [
     "RedisApprovalStore",
@@ -111,12 +112,14 @@ class RedisCancelFlags:
 
     def __init__(self, redis: Redis) -> None:
         self._redis = redis
+        self._reads = CoalescedCommands(redis)
 
     async def request(self, invocation_id: str) -> None:
         await self._redis.set(cancel_key(invocation_id), b"1", ex=CANCEL_TTL_S)
 
     async def is_requested(self, invocation_id: str) -> bool:
-        return bool(await self._redis.exists(cancel_key(invocation_id)))
+        key = cancel_key(invocation_id)
+        return bool(await self._reads.run(lambda pipe: pipe.exists(key)))
 
 
 class RedisRateLimiter:

@@ -211,3 +211,95 @@ async def test_store_serializes_one_invocations_events(fleet: StatusFleet) -> No
     assert sum(results) == len(events)  # every event once, every duplicate refused
     expected = reduce(apply, facts, None)  # type: ignore[arg-type]
     assert await store.get(lc.invocation_id) == expected
+
+
+class CountingPool:
+    """The fleet's pool, counting the connections taken: one per transaction."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self.pool = pool
+        self.acquired = 0
+
+    def acquire(self) -> object:
+        self.acquired += 1
+        return self.pool.acquire()
+
+
+def _call(lc: Lifecycle, env: Envelope) -> ProjectInput:
+    fact = fact_of(env, now=T0)
+    assert fact is not None
+    return ProjectInput(
+        source=env.source,
+        event_id=env.id,
+        invocation_id=lc.invocation_id,
+        transition=lambda row: apply(row, fact),
+    )
+
+
+def _lifecycle_events(lc: Lifecycle) -> list[Envelope]:
+    return [lc.requested(), lc.authorized(), lc.invoked(), lc.executed(), lc.outcome(S.SUCCESS)]
+
+
+async def test_many_invocations_projected_at_once_share_transactions(fleet: StatusFleet) -> None:
+    counting = CountingPool(fleet.pool)
+    store = PostgresProjection(counting)  # type: ignore[arg-type]
+    lifecycles = [Lifecycle() for _ in range(40)]
+    events = {lc.invocation_id: _lifecycle_events(lc) for lc in lifecycles}
+    calls = [_call(lc, e) for lc in lifecycles for e in events[lc.invocation_id]]
+
+    results = await asyncio.gather(*(store.project(c) for c in calls))
+
+    assert all(results)
+    # 200 events, not 200 transactions: the calls made together were written together.
+    assert counting.acquired < len(calls) / 10
+    for lc in lifecycles:
+        expected = reduce(apply, [fact_of(e, now=T0) for e in events[lc.invocation_id]], None)  # type: ignore[arg-type]
+        assert await store.get(lc.invocation_id) == expected
+        assert (await store.get(lc.invocation_id)).status is S.SUCCESS  # type: ignore[union-attr]
+
+
+async def test_a_poison_event_fails_alone_and_its_batch_is_projected(fleet: StatusFleet) -> None:
+    store = fleet.store
+    good, bad = Lifecycle(), Lifecycle()
+    good_calls = [_call(good, e) for e in _lifecycle_events(good)]
+    poison_event = bad.requested()
+
+    def explode(_: InvocationRow | None) -> InvocationRow | None:
+        raise ValueError("a transition that cannot be applied")
+
+    poison = ProjectInput(
+        source=poison_event.source,
+        event_id=poison_event.id,
+        invocation_id=bad.invocation_id,
+        transition=explode,
+    )
+    results = await asyncio.gather(
+        *(store.project(c) for c in good_calls[:2]),
+        store.project(poison),
+        *(store.project(c) for c in good_calls[2:]),
+        return_exceptions=True,
+    )
+
+    assert isinstance(results[2], ValueError)
+    assert results[:2] + results[3:] == [True] * len(good_calls)
+    row = await store.get(good.invocation_id)
+    assert row is not None
+    assert row.status is S.SUCCESS
+    # The poison's transaction was rolled back: its event can still be projected later.
+    assert await store.get(bad.invocation_id) is None
+    assert await fleet.projections_of(poison_event) == 0
+
+
+async def test_an_unreachable_database_fails_every_call_with_a_connection_error() -> None:
+    pool = await asyncpg.create_pool("postgresql://postgres@127.0.0.1:1/none", min_size=0)
+    store = PostgresProjection(pool)
+    lc = Lifecycle()
+    try:
+        results = await asyncio.gather(
+            *(store.project(_call(lc, e)) for e in _lifecycle_events(lc)),
+            return_exceptions=True,
+        )
+    finally:
+        await pool.close()
+    # OSError is what the consumer runtime waits out; no event was given up on.
+    assert all(isinstance(r, OSError) for r in results), results

@@ -1,14 +1,25 @@
 """Postgres adapter of the :class:`~toolfleet.status.service.Projection` port.
 
-One transaction per event: a per-invocation advisory lock (the consumer handles many
-records of a partition at once, and one invocation's events arrive on six topics),
-then the ``projected_events`` insert — a conflict means the event was projected
-before and nothing else happens — then read, transform (pure) and upsert the row.
+Events are projected in batches: every call made while the previous batch was being
+written goes into the next one, a single transaction with a fixed number of
+statements however many events it holds: per-invocation advisory locks (the consumer
+handles many records at once, and one invocation's events arrive on six topics), taken
+in a fixed order so that two batches never deadlock; the ``projected_events`` inserts,
+where a conflict means the event was projected before and it changes nothing; one read
+of the rows; the pure transitions, folded in the order the calls came; one upsert of
+the rows that changed. An idle consumer's batch is a single event.
+
+A batch that fails on a lost connection fails every call in it (the consumer runtime
+waits that out and calls again). Any other failure is projected again one event per
+transaction, so a poison event fails alone.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import uuid
+from collections.abc import Sequence
 from typing import Any, Final
 
 import asyncpg
@@ -16,6 +27,12 @@ import asyncpg
 from toolfleet.events.models import InvocationStatus
 from toolfleet.status.projection import Checkpoint, InvocationRow
 from toolfleet.status.service import ProjectInput
+from toolfleet.storage.errors import POSTGRES_UNAVAILABLE
+
+log = logging.getLogger(__name__)
+
+#: Most events written in one transaction.
+MAX_BATCH: Final = 256
 
 #: Advisory-lock class of invocation rows (two-int form; the key is hashtext(id)).
 _LOCK_CLASS: Final = 7_143_022
@@ -47,20 +64,23 @@ _COLUMNS: Final = (
     "completed_at",
 )
 
-# Lock, then mark, in one round trip: the lock is taken while the FROM row is made,
-# before the insert checks for a conflict.
-_LOCK_AND_MARK = """
-    INSERT INTO projected_events (source, event_id, invocation_id)
-    SELECT $1::text, $2::text, $3::uuid
-    FROM (SELECT pg_advisory_xact_lock($4, hashtext($5))) AS locked
-    ON CONFLICT (source, event_id) DO NOTHING
-    RETURNING 1
-"""
 # Both statements are built from the constant column list above, never from input.
 _COLUMN_LIST = ", ".join(_COLUMNS)
 _PLACEHOLDERS = ", ".join(f"${i}" for i in range(1, len(_COLUMNS) + 1))
 _ASSIGNMENTS = ", ".join(f"{c} = EXCLUDED.{c}" for c in _COLUMNS[1:])
 _SELECT = f"SELECT {_COLUMN_LIST} FROM tool_invocations WHERE invocation_id = $1"  # noqa: S608
+_SELECT_MANY = f"SELECT {_COLUMN_LIST} FROM tool_invocations WHERE invocation_id = ANY($1::uuid[])"  # noqa: S608
+# Sorted ids, locked in that order: batches that share invocations never deadlock.
+_LOCK_MANY = """
+    SELECT pg_advisory_xact_lock($1, hashtext(id))
+    FROM (SELECT id FROM unnest($2::text[]) AS id ORDER BY id) AS ordered
+"""
+_MARK_MANY = """
+    INSERT INTO projected_events (source, event_id, invocation_id)
+    SELECT * FROM unnest($1::text[], $2::text[], $3::uuid[])
+    ON CONFLICT (source, event_id) DO NOTHING
+    RETURNING source, event_id
+"""
 _INSERT = f"INSERT INTO tool_invocations ({_COLUMN_LIST}, updated_at)"
 _UPSERT = (
     f"{_INSERT} VALUES ({_PLACEHOLDERS}, now()) "
@@ -71,34 +91,97 @@ _UPSERT = (
 class PostgresProjection:
     """``tool_invocations`` + ``projected_events`` through an asyncpg pool."""
 
-    def __init__(self, pool: asyncpg.Pool) -> None:
+    def __init__(self, pool: asyncpg.Pool, *, max_batch: int = MAX_BATCH) -> None:
         self._pool = pool
+        self._max_batch = max_batch
+        self._queued: list[tuple[ProjectInput, asyncio.Future[bool]]] = []
+        self._writer: asyncio.Task[None] | None = None
 
     async def project(self, call: ProjectInput) -> bool:
-        invocation = uuid.UUID(call.invocation_id)
+        """Project ``call`` in the next batch; ``False`` if its event was projected before."""
+        done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._queued.append((call, done))
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.create_task(self._write_batches())
+        return await done
+
+    async def _write_batches(self) -> None:
+        while self._queued:
+            batch = self._queued[: self._max_batch]
+            del self._queued[: self._max_batch]
+            calls = [call for call, _ in batch]
+            try:
+                results = await self._project_batch(calls)
+            except POSTGRES_UNAVAILABLE as exc:
+                _settle(batch, exc)
+            except Exception as exc:
+                if len(batch) > 1:
+                    log.warning("batch failed; projecting its events one by one: %r", exc)
+                    await self._project_one_by_one(batch)
+                else:
+                    _settle(batch, exc)
+            else:
+                for (_, done), result in zip(batch, results, strict=True):
+                    if not done.done():
+                        done.set_result(result)
+
+    async def _project_one_by_one(
+        self, batch: list[tuple[ProjectInput, asyncio.Future[bool]]]
+    ) -> None:
+        for call, done in batch:
+            try:
+                (result,) = await self._project_batch([call])
+            except Exception as exc:
+                _settle([(call, done)], exc)
+            else:
+                if not done.done():
+                    done.set_result(result)
+
+    async def _project_batch(self, calls: Sequence[ProjectInput]) -> list[bool]:
+        ids = [uuid.UUID(call.invocation_id) for call in calls]
+        keys = sorted({str(i) for i in ids})
         async with self._pool.acquire() as conn, conn.transaction():
-            marked = await conn.fetchval(
-                _LOCK_AND_MARK,
-                call.source,
-                call.event_id,
-                invocation,
-                _LOCK_CLASS,
-                call.invocation_id,
+            await conn.execute(_LOCK_MANY, _LOCK_CLASS, keys)
+            marked = await conn.fetch(
+                _MARK_MANY, [c.source for c in calls], [c.event_id for c in calls], ids
             )
-            if marked is None:
-                return False
-            record = await conn.fetchrow(_SELECT, invocation)
-            current = _row_of(record) if record is not None else None
-            updated = call.transition(current)
-            if updated is not None and updated != current:
-                await conn.execute(_UPSERT, *_values(updated))
-            return True
+            fresh = {(r["source"], r["event_id"]) for r in marked}
+            stored = {
+                str(r["invocation_id"]): _row_of(r) for r in await conn.fetch(_SELECT_MANY, ids)
+            }
+            rows: dict[str, InvocationRow | None] = dict(stored)
+            results: list[bool] = []
+            for call, invocation in zip(calls, ids, strict=True):
+                event = (call.source, call.event_id)
+                if event not in fresh:  # projected before, or a twin earlier in this batch
+                    results.append(False)
+                    continue
+                fresh.discard(event)
+                key = str(invocation)
+                updated = call.transition(rows.get(key))
+                if updated is not None:
+                    rows[key] = updated
+                results.append(True)
+            changed = [
+                _values(row)
+                for key, row in rows.items()
+                if row is not None and row != stored.get(key)
+            ]
+            if changed:
+                await conn.executemany(_UPSERT, changed)
+        return results
 
     async def get(self, invocation_id: str) -> InvocationRow | None:
         """The row of one invocation (tests, tools)."""
         async with self._pool.acquire() as conn:
             record = await conn.fetchrow(_SELECT, uuid.UUID(invocation_id))
         return _row_of(record) if record is not None else None
+
+
+def _settle(batch: list[tuple[ProjectInput, asyncio.Future[bool]]], error: BaseException) -> None:
+    for _, done in batch:
+        if not done.done():
+            done.set_exception(error)
 
 
 def _values(row: InvocationRow) -> list[Any]:

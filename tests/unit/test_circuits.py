@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 
 import pytest
@@ -14,6 +15,7 @@ from toolfleet.executor.circuits import (
     CircuitBreaker,
     CircuitState,
     CircuitStatus,
+    Step,
     Verdict,
     admit,
     record,
@@ -330,3 +332,51 @@ def test_invalid_window_and_strategy_are_refused(make: Callable[[], CircuitPolic
 
 def test_a_time_window_may_need_more_calls_than_window_size() -> None:
     assert CircuitPolicy(window="time", minimum_calls=50).minimum_calls == 50
+
+
+class SharedStore:
+    """A CircuitStore as Redis is to many executors: every call is a round trip."""
+
+    def __init__(self) -> None:
+        self.raw = ""
+        self.swaps = 0
+        self.published: list[str] = []
+
+    async def load(self, name: str) -> str:
+        await asyncio.sleep(0)  # the reply arrives on a later turn of the loop
+        return self.raw
+
+    async def swap(self, name: str, expected: str, new: str, transition: str) -> bool:
+        await asyncio.sleep(0)
+        self.swaps += 1
+        if self.raw != expected:
+            return False
+        self.raw = new
+        if transition:
+            self.published.append(transition)
+        return True
+
+
+@given(st.lists(outcomes, min_size=1, max_size=60))
+def test_calls_finishing_together_are_recorded_as_one_by_one_in_fewer_writes(
+    finished: list[CallOutcome],
+) -> None:
+    async def record_all() -> tuple[SharedStore, list[Step]]:
+        store = SharedStore()
+        breaker = CircuitBreaker(store=store, clock=lambda: 50.0)
+        steps = await asyncio.gather(*(breaker.after_call("c", POLICY, o) for o in finished))
+        return store, steps
+
+    store, steps = asyncio.run(record_all())
+
+    expected, transitions = CircuitState(), []
+    for outcome in finished:
+        step = record("c", expected, POLICY, 50.0, outcome)
+        expected = step.state
+        transitions += [step.transition] if step.transition else []
+    final = CircuitState.from_json(store.raw) if store.raw else CircuitState()
+    assert final == expected
+    # Each transition published once, and reported to the one call that caused it.
+    assert [s.transition for s in steps if s.transition] == transitions
+    assert len(store.published) == len(transitions)
+    assert store.swaps <= len(transitions) + 1  # not one write per call

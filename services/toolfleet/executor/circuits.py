@@ -18,10 +18,11 @@ executors' wall clocks (seconds); circuits tolerate the skew of NTP-synced hosts
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from enum import IntFlag, StrEnum
 from typing import Protocol
 
@@ -263,6 +264,15 @@ class CircuitStore(Protocol):
         ...
 
 
+@dataclass(frozen=True, slots=True)
+class _Report:
+    """A finished call waiting to be recorded."""
+
+    policy: CircuitPolicy
+    outcome: CallOutcome
+    step: asyncio.Future[Step]
+
+
 @dataclass(kw_only=True)
 class CircuitBreaker:
     """Runs :func:`admit` / :func:`record` against the shared state, race-free."""
@@ -271,12 +281,70 @@ class CircuitBreaker:
     clock: Callable[[], float]
     max_swaps: int = 16
     """Compare-and-swap attempts before a step is given up (fail open, sample dropped)."""
+    _reports: dict[str, list[_Report]] = field(default_factory=dict, init=False, repr=False)
+    _writers: dict[str, asyncio.Task[None]] = field(default_factory=dict, init=False, repr=False)
 
     async def before_call(self, name: str, policy: CircuitPolicy) -> Step:
         return await self._step(name, lambda s, now: admit(name, s, policy, now))
 
     async def after_call(self, name: str, policy: CircuitPolicy, outcome: CallOutcome) -> Step:
-        return await self._step(name, lambda s, now: record(name, s, policy, now, outcome))
+        """Record a finished call; returns the step it caused (its transition, if any).
+
+        Every finished call changes the window, so each would be a compare-and-swap on
+        the one key all executors share, and the calls of a busy tool would keep losing
+        the race to each other. Instead the calls of a circuit that finish while its
+        last write is under way are folded, in order, into the next write: the state is
+        the one they would have made one by one, in one round trip. A fold stops at the
+        first call that changes the circuit's status, so each write publishes at most
+        one transition; the calls after it go into the next write.
+        """
+        step: asyncio.Future[Step] = asyncio.get_running_loop().create_future()
+        self._reports.setdefault(name, []).append(_Report(policy, outcome, step))
+        writer = self._writers.get(name)
+        if writer is None or writer.done():
+            self._writers[name] = asyncio.create_task(self._write_reports(name))
+        return await step
+
+    async def _write_reports(self, name: str) -> None:
+        queue = self._reports[name]
+        while queue:
+            batch = list(queue)
+            try:
+                steps = await self._fold(name, batch)
+            except Exception as exc:  # Redis unreachable: each caller sees it, as before
+                del queue[: len(batch)]
+                for report in batch:
+                    if not report.step.done():
+                        report.step.set_exception(exc)
+                continue
+            del queue[: len(steps)]
+            for report, step in zip(batch, steps, strict=False):  # steps: a prefix
+                if not report.step.done():
+                    report.step.set_result(step)
+        del self._reports[name]
+
+    async def _fold(self, name: str, batch: list[_Report]) -> list[Step]:
+        """Record a prefix of ``batch`` in one write; the steps of the calls recorded."""
+        for _ in range(self.max_swaps):
+            raw = await self.store.load(name)
+            current = CircuitState.from_json(raw)
+            now = self.clock()
+            state, steps = current, []
+            for report in batch:
+                step = record(name, state, report.policy, now, report.outcome)
+                steps.append(step)
+                state = step.state
+                if step.transition is not None:
+                    break
+            if state == current:
+                return steps
+            last = steps[-1].transition
+            if await self.store.swap(name, raw, state.to_json(), last.to_json() if last else ""):
+                if last is not None:
+                    log.info("circuit %s", last.status.value, extra={"circuit": name})
+                return steps
+        log.warning("circuit state kept changing; calls not recorded", extra={"circuit": name})
+        return [Step(state=CircuitState()) for _ in batch]
 
     async def peek(self, name: str, policy: CircuitPolicy) -> Step:
         """What :meth:`before_call` would say for an open circuit, changing nothing."""

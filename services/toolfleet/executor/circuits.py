@@ -18,14 +18,15 @@ executors' wall clocks (seconds); circuits tolerate the skew of NTP-synced hosts
 
 from __future__ import annotations
 
-import asyncio
+import functools
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from enum import IntFlag, StrEnum
 from typing import Protocol
 
+from toolfleet.coalescing import Coalescer
 from toolfleet.sdk.policies import CircuitPolicy
 
 log = logging.getLogger(__name__)
@@ -270,7 +271,6 @@ class _Report:
 
     policy: CircuitPolicy
     outcome: CallOutcome
-    step: asyncio.Future[Step]
 
 
 @dataclass(kw_only=True)
@@ -281,8 +281,9 @@ class CircuitBreaker:
     clock: Callable[[], float]
     max_swaps: int = 16
     """Compare-and-swap attempts before a step is given up (fail open, sample dropped)."""
-    _reports: dict[str, list[_Report]] = field(default_factory=dict, init=False, repr=False)
-    _writers: dict[str, asyncio.Task[None]] = field(default_factory=dict, init=False, repr=False)
+    _reports: dict[str, Coalescer[_Report, Step]] = field(
+        default_factory=dict, init=False, repr=False
+    )
 
     async def before_call(self, name: str, policy: CircuitPolicy) -> Step:
         return await self._step(name, lambda s, now: admit(name, s, policy, now))
@@ -298,32 +299,12 @@ class CircuitBreaker:
         first call that changes the circuit's status, so each write publishes at most
         one transition; the calls after it go into the next write.
         """
-        step: asyncio.Future[Step] = asyncio.get_running_loop().create_future()
-        self._reports.setdefault(name, []).append(_Report(policy, outcome, step))
-        writer = self._writers.get(name)
-        if writer is None or writer.done():
-            self._writers[name] = asyncio.create_task(self._write_reports(name))
-        return await step
+        reports = self._reports.get(name)
+        if reports is None:
+            reports = self._reports[name] = Coalescer(functools.partial(self._fold, name))
+        return await reports.submit(_Report(policy, outcome))
 
-    async def _write_reports(self, name: str) -> None:
-        queue = self._reports[name]
-        while queue:
-            batch = list(queue)
-            try:
-                steps = await self._fold(name, batch)
-            except Exception as exc:  # Redis unreachable: each caller sees it, as before
-                del queue[: len(batch)]
-                for report in batch:
-                    if not report.step.done():
-                        report.step.set_exception(exc)
-                continue
-            del queue[: len(steps)]
-            for report, step in zip(batch, steps, strict=False):  # steps: a prefix
-                if not report.step.done():
-                    report.step.set_result(step)
-        del self._reports[name]
-
-    async def _fold(self, name: str, batch: list[_Report]) -> list[Step]:
+    async def _fold(self, name: str, batch: Sequence[_Report]) -> list[Step]:
         """Record a prefix of ``batch`` in one write; the steps of the calls recorded."""
         for _ in range(self.max_swaps):
             raw = await self.store.load(name)

@@ -16,7 +16,6 @@ transaction, so a poison event fails alone.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import uuid
 from collections.abc import Sequence
@@ -24,6 +23,7 @@ from typing import Any, Final
 
 import asyncpg
 
+from toolfleet.coalescing import Coalescer
 from toolfleet.events.models import InvocationStatus
 from toolfleet.status.projection import Checkpoint, InvocationRow
 from toolfleet.status.service import ProjectInput
@@ -93,49 +93,31 @@ class PostgresProjection:
 
     def __init__(self, pool: asyncpg.Pool, *, max_batch: int = MAX_BATCH) -> None:
         self._pool = pool
-        self._max_batch = max_batch
-        self._queued: list[tuple[ProjectInput, asyncio.Future[bool]]] = []
-        self._writer: asyncio.Task[None] | None = None
+        self._batches: Coalescer[ProjectInput, bool] = Coalescer(
+            self._project_many, max_batch=max_batch
+        )
 
     async def project(self, call: ProjectInput) -> bool:
         """Project ``call`` in the next batch; ``False`` if its event was projected before."""
-        done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._queued.append((call, done))
-        if self._writer is None or self._writer.done():
-            self._writer = asyncio.create_task(self._write_batches())
-        return await done
+        return await self._batches.submit(call)
 
-    async def _write_batches(self) -> None:
-        while self._queued:
-            batch = self._queued[: self._max_batch]
-            del self._queued[: self._max_batch]
-            calls = [call for call, _ in batch]
-            try:
-                results = await self._project_batch(calls)
-            except POSTGRES_UNAVAILABLE as exc:
-                _settle(batch, exc)
-            except Exception as exc:
-                if len(batch) > 1:
-                    log.warning("batch failed; projecting its events one by one: %r", exc)
-                    await self._project_one_by_one(batch)
-                else:
-                    _settle(batch, exc)
-            else:
-                for (_, done), result in zip(batch, results, strict=True):
-                    if not done.done():
-                        done.set_result(result)
+    async def _project_many(self, calls: Sequence[ProjectInput]) -> Sequence[bool | Exception]:
+        try:
+            return await self._project_batch(calls)
+        except POSTGRES_UNAVAILABLE:
+            raise
+        except Exception as exc:
+            if len(calls) == 1:
+                raise
+            log.warning("batch failed; projecting its events one by one: %r", exc)
+            return [await self._project_alone(call) for call in calls]
 
-    async def _project_one_by_one(
-        self, batch: list[tuple[ProjectInput, asyncio.Future[bool]]]
-    ) -> None:
-        for call, done in batch:
-            try:
-                (result,) = await self._project_batch([call])
-            except Exception as exc:
-                _settle([(call, done)], exc)
-            else:
-                if not done.done():
-                    done.set_result(result)
+    async def _project_alone(self, call: ProjectInput) -> bool | Exception:
+        try:
+            (projected,) = await self._project_batch([call])
+        except Exception as exc:
+            return exc
+        return projected
 
     async def _project_batch(self, calls: Sequence[ProjectInput]) -> list[bool]:
         ids = [uuid.UUID(call.invocation_id) for call in calls]
@@ -176,12 +158,6 @@ class PostgresProjection:
         async with self._pool.acquire() as conn:
             record = await conn.fetchrow(_SELECT, uuid.UUID(invocation_id))
         return _row_of(record) if record is not None else None
-
-
-def _settle(batch: list[tuple[ProjectInput, asyncio.Future[bool]]], error: BaseException) -> None:
-    for _, done in batch:
-        if not done.done():
-            done.set_exception(error)
 
 
 def _values(row: InvocationRow) -> list[Any]:

@@ -1,0 +1,70 @@
+"""Calls that many tasks make at about the same time, handled as one batch.
+
+A consumer has hundreds of records in flight, and each makes the same small request at
+about the same time: ask Redis whether its event was seen, project its event into
+Postgres, record its call in a circuit. One by one, every request is a round trip (and
+for a shared key, a race). A :class:`Coalescer` hands the requests made while a batch is
+being handled to its handler as the next batch, so a busy consumer makes a few large
+round trips and an idle one makes the same single round trip as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Generic, TypeVar
+
+In = TypeVar("In")
+Out = TypeVar("Out")
+
+BatchHandler = Callable[[Sequence[In]], Awaitable[Sequence[Out | Exception]]]
+"""Handles a batch; returns one result per item, or per item of a leading part of the
+batch (the rest go into the next batch). An exception as a result is that item's error."""
+
+
+class Coalescer(Generic[In, Out]):
+    """Runs ``handle`` on the items submitted while its previous batch was handled.
+
+    The first item of an idle coalescer starts a batch on the next turn of the event
+    loop. Each caller gets its own item's result; if ``handle`` raises, every caller in
+    the batch gets that error. A caller that stops waiting leaves the others unaffected.
+    """
+
+    def __init__(self, handle: BatchHandler[In, Out], *, max_batch: int = 1024) -> None:
+        self._handle = handle
+        self._max_batch = max_batch
+        self._queued: list[tuple[In, asyncio.Future[Out]]] = []
+        self._worker: asyncio.Task[None] | None = None
+
+    async def submit(self, item: In) -> Out:
+        """Queue ``item`` and return its result once its batch was handled."""
+        result: asyncio.Future[Out] = asyncio.get_running_loop().create_future()
+        self._queued.append((item, result))
+        if self._worker is None or self._worker.done():
+            self._worker = asyncio.create_task(self._run())
+        return await result
+
+    async def _run(self) -> None:
+        while self._queued:
+            batch = self._queued[: self._max_batch]
+            try:
+                results = await self._handle([item for item, _ in batch])
+                if not 0 < len(results) <= len(batch):
+                    raise RuntimeError(f"{len(results)} results for a batch of {len(batch)}")
+            except Exception as exc:
+                del self._queued[: len(batch)]
+                for _, waiting in batch:
+                    _settle(waiting, exc)
+                continue
+            del self._queued[: len(results)]
+            for (_, waiting), result in zip(batch, results, strict=False):
+                _settle(waiting, result)
+
+
+def _settle(waiting: asyncio.Future[Out], result: Out | Exception) -> None:
+    if waiting.done():  # the caller stopped waiting
+        return
+    if isinstance(result, Exception):
+        waiting.set_exception(result)
+    else:
+        waiting.set_result(result)

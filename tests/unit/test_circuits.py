@@ -334,27 +334,22 @@ def test_a_time_window_may_need_more_calls_than_window_size() -> None:
     assert CircuitPolicy(window="time", minimum_calls=50).minimum_calls == 50
 
 
-class SharedStore:
+class SharedStore(MemoryStore):
     """A CircuitStore as Redis is to many executors: every call is a round trip."""
 
     def __init__(self) -> None:
-        self.raw = ""
+        super().__init__()
+        self.race_once = False
         self.swaps = 0
-        self.published: list[str] = []
 
     async def load(self, name: str) -> str:
         await asyncio.sleep(0)  # the reply arrives on a later turn of the loop
-        return self.raw
+        return await super().load(name)
 
     async def swap(self, name: str, expected: str, new: str, transition: str) -> bool:
         await asyncio.sleep(0)
         self.swaps += 1
-        if self.raw != expected:
-            return False
-        self.raw = new
-        if transition:
-            self.published.append(transition)
-        return True
+        return await super().swap(name, expected, new, transition)
 
 
 @given(st.lists(outcomes, min_size=1, max_size=60))

@@ -109,7 +109,11 @@ class PostgresProjection:
         except Exception as exc:
             if len(calls) == 1:
                 raise
-            log.warning("batch failed; projecting its events one by one: %r", exc)
+            # The type only: a driver's message may quote the rows.
+            log.warning(
+                "batch failed; projecting its events one by one",
+                extra={"error": type(exc).__name__, "events": len(calls)},
+            )
             return [await self._project_alone(call) for call in calls]
 
     async def _project_alone(self, call: ProjectInput) -> bool | Exception:
@@ -131,7 +135,7 @@ class PostgresProjection:
             stored = {
                 str(r["invocation_id"]): _row_of(r) for r in await conn.fetch(_SELECT_MANY, ids)
             }
-            rows: dict[str, InvocationRow | None] = dict(stored)
+            rows = dict(stored)
             results: list[bool] = []
             for call, invocation in zip(calls, ids, strict=True):
                 event = (call.source, call.event_id)
@@ -144,11 +148,7 @@ class PostgresProjection:
                 if updated is not None:
                     rows[key] = updated
                 results.append(True)
-            changed = [
-                _values(row)
-                for key, row in rows.items()
-                if row is not None and row != stored.get(key)
-            ]
+            changed = [_values(row) for key, row in rows.items() if row != stored.get(key)]
             if changed:
                 await conn.executemany(_UPSERT, changed)
         return results

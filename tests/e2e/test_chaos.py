@@ -90,6 +90,7 @@ async def run_and_tally(
     report: ChaosReport,
     *,
     fleet: Fleet,
+    procs: ProcessFleet,
     workload: Workload,
     counter_url: str,
     chaos: Callable[[float], Any],
@@ -102,8 +103,10 @@ async def run_and_tally(
     )
     report.disruptions = list(disruptions)
     # A lost invocation is a finding, not an error: the report still gets written.
-    with contextlib.suppress(AssertionError):
+    try:
         await wait_for_outcomes(fleet.settings, published, timeout=150)
+    except AssertionError:
+        procs.dump_tasks()  # the worker logs then show where each one waits
     report.seconds = round(time.monotonic() - began, 1)
     # Waiting for the absence of an effect: a redelivery's late duplicate outcome.
     await asyncio.sleep(SETTLE_S)
@@ -151,7 +154,12 @@ async def _executor_chaos(
             )
 
         await run_and_tally(
-            report, fleet=fleet, workload=EXECUTOR_CHAOS, counter_url=redis_url, chaos=chaos
+            report,
+            fleet=fleet,
+            procs=procs,
+            workload=EXECUTOR_CHAOS,
+            counter_url=redis_url,
+            chaos=chaos,
         )
     report.publish(home, record_property)
     return report
@@ -197,7 +205,7 @@ async def test_redis_restart_mid_run_loses_no_invocation(
         # The step counters stay in the session's Redis: they must survive the restart.
         async with chaos_fleet(settings, tmp_path, counter_url=redis_url, redis_url=server.url) as (
             fleet,
-            _,
+            procs,
         ):
 
             async def chaos(began: float) -> list[Disruption]:
@@ -207,7 +215,12 @@ async def test_redis_restart_mid_run_loses_no_invocation(
                 return [Disruption(at_s=at, action="restart (comes back empty)", target="redis")]
 
             await run_and_tally(
-                report, fleet=fleet, workload=RESTART_CHAOS, counter_url=redis_url, chaos=chaos
+                report,
+                fleet=fleet,
+                procs=procs,
+                workload=RESTART_CHAOS,
+                counter_url=redis_url,
+                chaos=chaos,
             )
     report.publish(tmp_path, record_property)
     assert_exactly_one_outcome_each(report, tmp_path)
@@ -233,7 +246,7 @@ async def test_postgres_restart_mid_run_loses_no_invocation(
         database_url = server.url("toolfleet_chaos")
         async with chaos_fleet(
             settings, tmp_path, counter_url=redis_url, database_url=database_url
-        ) as (fleet, _):
+        ) as (fleet, procs):
 
             async def chaos(began: float) -> list[Disruption]:
                 await asyncio.sleep(rng.uniform(8.0, 12.0))
@@ -242,7 +255,12 @@ async def test_postgres_restart_mid_run_loses_no_invocation(
                 return [Disruption(at_s=at, action="restart (fast shutdown)", target="postgres")]
 
             await run_and_tally(
-                report, fleet=fleet, workload=RESTART_CHAOS, counter_url=redis_url, chaos=chaos
+                report,
+                fleet=fleet,
+                procs=procs,
+                workload=RESTART_CHAOS,
+                counter_url=redis_url,
+                chaos=chaos,
             )
     report.publish(tmp_path, record_property)
     assert_exactly_one_outcome_each(report, tmp_path)

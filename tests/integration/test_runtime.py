@@ -18,6 +18,7 @@ from toolfleet.bus.runtime import ConsumerSpec, EventConsumer, Inbound
 from toolfleet.events.codec import ContentMode, decode, encode
 from toolfleet.events.envelope import derived_event_id, new_event
 from toolfleet.events.types import EventType, Source, TopicName, topic
+from toolfleet.observability import metrics
 from toolfleet.settings import FleetSettings
 from toolfleet.storage.redis import connect_redis
 
@@ -135,26 +136,38 @@ async def test_forwards_dedupes_and_dead_letters(settings: FleetSettings) -> Non
     assert json.dumps(record.data)  # serializable for SIEMs
 
 
-async def test_a_stop_while_joining_the_group_ends_the_consumer_without_the_join(
-    settings: FleetSettings,
-) -> None:
-    # A broker that accepts connections and never answers: the consumer's start (which
-    # waits for the group to assign it partitions) would wait 40 s for its first reply.
-    connected, hang_up = asyncio.Event(), asyncio.Event()
+class SilentBroker:
+    """Accepts connections and never answers: a consumer's start (which waits for the
+    group to assign it partitions) would wait 40 s for its first reply."""
 
-    async def never_answer(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        connected.set()
-        await hang_up.wait()
+    def __init__(self) -> None:
+        self.connections = 0
+        self.connected = asyncio.Event()
+        self._hang_up = asyncio.Event()
+        self._server: asyncio.Server | None = None
+
+    async def _never_answer(self, _: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        self.connected.set()
+        await self._hang_up.wait()
         writer.close()
 
-    silent = await asyncio.start_server(never_answer, "127.0.0.1", 0)
-    port = silent.sockets[0].getsockname()[1]
-    local = settings.model_copy(update={"kafka_bootstrap": f"127.0.0.1:{port}"})
+    async def __aenter__(self) -> str:
+        self._server = await asyncio.start_server(self._never_answer, "127.0.0.1", 0)
+        return f"127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
 
+    async def __aexit__(self, *_: object) -> None:
+        self._hang_up.set()
+        assert self._server is not None
+        self._server.close()
+        await self._server.wait_closed()
+
+
+def _consumer_of(local: FleetSettings) -> EventConsumer:
     async def unreachable_handler(_: Inbound) -> Sequence[Outbound]:
         raise AssertionError("nothing can be fetched from a broker that never answers")
 
-    runtime = EventConsumer(
+    return EventConsumer(
         ConsumerSpec(service="test", source="/toolfleet/test", group_id="g-joining", topics=["t"]),
         unreachable_handler,
         settings=local,
@@ -162,15 +175,44 @@ async def test_a_stop_while_joining_the_group_ends_the_consumer_without_the_join
         processed=None,
         dlq_topic="dlq",
     )
-    stop = asyncio.Event()
-    running = asyncio.create_task(runtime.run(stop))
-    try:
-        await asyncio.wait_for(connected.wait(), timeout=10)
+
+
+async def test_a_stop_while_joining_the_group_ends_the_consumer_without_the_join(
+    settings: FleetSettings,
+) -> None:
+    broker = SilentBroker()
+    async with broker as bootstrap:
+        runtime = _consumer_of(settings.model_copy(update={"kafka_bootstrap": bootstrap}))
+        stop = asyncio.Event()
+        running = asyncio.create_task(runtime.run(stop))
+        await asyncio.wait_for(broker.connected.wait(), timeout=10)
         stop.set()  # what SIGTERM does
         # Far below the 40 s the join would hold it: the stop did not wait for the join.
         await asyncio.wait_for(running, timeout=10)
-    finally:
-        hang_up.set()
-        silent.close()
-        await silent.wait_closed()
+    assert not runtime.assigned.is_set()
+
+
+async def test_a_group_stuck_in_a_rebalance_is_joined_again_as_a_new_member(
+    settings: FleetSettings,
+) -> None:
+    rejoins = metrics.GROUP_REJOINS.labels("test")
+    before = rejoins._value.get()
+    broker = SilentBroker()
+    async with broker as bootstrap:
+        local = settings.model_copy(
+            update={"kafka_bootstrap": bootstrap, "group_stall_s": 1.0, "session_timeout_ms": 1000}
+        )
+        runtime = _consumer_of(local)
+        stop = asyncio.Event()
+        running = asyncio.create_task(runtime.run(stop))
+
+        async def joined_again() -> bool:
+            return broker.connections >= 2  # a new consumer, with its own connection
+
+        try:
+            await eventually(joined_again, timeout=30)
+        finally:
+            stop.set()
+            await asyncio.wait_for(running, timeout=10)
+    assert rejoins._value.get() > before
     assert not runtime.assigned.is_set()

@@ -64,6 +64,13 @@ class ProcessFleet:
             time.sleep(1)
             raise
 
+    def dump_tasks(self) -> None:
+        """SIGUSR1 to every live worker: each logs where every one of its tasks waits."""
+        for proc in (p for ps in self.procs.values() for p in ps if p.poll() is None):
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGUSR1)
+        time.sleep(1)
+
     def stop_all(self) -> None:
         running = [p for ps in self.procs.values() for p in ps if p.poll() is None]
         for proc in running:

@@ -45,9 +45,6 @@ class FleetSettings(BaseSettings):
     """Idempotent producer; off by default because the dev broker lacks it."""
     session_timeout_ms: int = Field(default=10_000, ge=1_000)
     """Consumer session timeout: how soon a dead worker's partitions move elsewhere."""
-    group_stall_s: float | None = Field(default=None, ge=1)
-    """A consumer still inside one group rebalance after this long joins again as a new
-    member; unset: six session timeouts, at least 30 s."""
     max_event_bytes: int = Field(default=1_048_576, ge=1024)
     """Largest accepted message value; larger ones go to the DLQ."""
     result_inline_bytes: int = Field(default=262_144, ge=1024)
@@ -134,13 +131,6 @@ class FleetSettings(BaseSettings):
         return value
 
     # --- end of auth block ---------------------------------------------------------------
-
-    @property
-    def group_stall_limit_s(self) -> float:
-        """``group_stall_s``, or its default: six session timeouts, at least 30 s."""
-        if self.group_stall_s is not None:
-            return self.group_stall_s
-        return max(30.0, 6 * self.session_timeout_ms / 1000)
 
     @property
     def result_inline_limit(self) -> int:

@@ -271,6 +271,16 @@ class Disruption:
     target: str
 
 
+def stalled_in_group_join(procs: ProcessFleet) -> bool:
+    """After :meth:`ProcessFleet.dump_tasks`: every live executor logged a task still
+    waiting in aiokafka's group join, that is, on the broker's coordinator."""
+    live = [i for i, p in enumerate(procs.procs["executor"]) if p.poll() is None]
+    return bool(live) and all(
+        "perform_group_join" in (procs.log_dir / f"executor-{i}.log").read_text(errors="replace")
+        for i in live
+    )
+
+
 async def bounce_executors(
     procs: ProcessFleet,
     rng: random.Random,
@@ -513,6 +523,11 @@ class ChaosReport:
     """A few invocation ids per anomaly, for the logs."""
     diagnostics: dict[str, dict[str, Any]] = field(default_factory=dict)
     """For a few invocations without an outcome: their records and their Redis state."""
+    group_join_stalled: bool = False
+    """Outcomes were missing while every live executor was still inside a group join
+    (JoinGroup or SyncGroup in flight): the broker's coordinator stopped answering."""
+    stalled_runs: list[int] = field(default_factory=list)
+    """Seeds of earlier runs of this test that ended in such a stall (then run again)."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -164,8 +164,6 @@ class EventConsumer:
             else None
         )
         self._stop_requested: asyncio.Event | None = None
-        self._rebalancing_since: float | None = None
-        """When the group rebalance under way began (None: this member is assigned)."""
         self.assigned = asyncio.Event()
         """Set once the consumer has been assigned partitions (tests and readiness)."""
 
@@ -177,37 +175,8 @@ class EventConsumer:
     # --- lifecycle -----------------------------------------------------------------
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Consume until ``stop`` is set, then drain in-flight work and commit.
-
-        A group that stays in one rebalance past ``group_stall_limit_s`` (a coordinator
-        waiting for a member that will never answer) is left, and joined again as a new
-        member; this consumer owns no partitions meanwhile, so nothing is in flight.
-        """
-        self._stop_requested = stop
-        while not stop.is_set():
-            consumer = self._new_consumer()
-            self._consumer = consumer
-            self._rebalancing_since = time.monotonic()
-            consumer.subscribe(list(self.spec.topics), listener=_Rebalance(self))
-            if not await self._start_unless_stopped(consumer, stop):
-                await self._abandon(consumer)
-                continue
-            committer = asyncio.create_task(self._commit_loop(), name=f"{self.spec.service}-commit")
-            stalled = False
-            try:
-                stalled = await self._poll_loop(consumer, stop)
-            finally:
-                if stalled:
-                    committer.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await committer
-                    await self._abandon(consumer)
-                else:
-                    await self._finish(consumer, committer)
-        self._consumer = None
-
-    def _new_consumer(self) -> AIOKafkaConsumer:
-        return AIOKafkaConsumer(
+        """Consume until ``stop`` is set, then drain in-flight work and commit."""
+        consumer = AIOKafkaConsumer(
             bootstrap_servers=self._settings.kafka_bootstrap,
             group_id=self.spec.group_id,
             client_id=f"toolfleet-{self.spec.service}",
@@ -223,45 +192,44 @@ class EventConsumer:
             heartbeat_interval_ms=max(500, self._settings.session_timeout_ms // 3),
             max_poll_interval_ms=300_000,
         )
-
-    async def _finish(self, consumer: AIOKafkaConsumer, committer: asyncio.Task[None]) -> None:
-        """Stopping: drain in-flight work, commit, leave the group."""
-        self._stopping.set()
-        await self._drain(self._settings.drain_timeout_s)
-        # A commit or a leave during a rebalance waits for the group join under way,
-        # which a fleet in the middle of a rebalance can stretch out. Past the session
-        # timeout the group drops this member anyway, and whatever was not committed
-        # is redelivered: bounded, so SIGTERM always ends the process.
+        self._consumer = consumer
+        self._stop_requested = stop
+        consumer.subscribe(list(self.spec.topics), listener=_Rebalance(self))
+        if not await self._start_unless_stopped(consumer, stop):
+            self._consumer = None
+            return
+        committer = asyncio.create_task(self._commit_loop(), name=f"{self.spec.service}-commit")
         try:
-            await asyncio.wait_for(
-                self._leave(consumer, committer),
-                timeout=self._settings.session_timeout_ms / 1000,
-            )
-        except TimeoutError:
-            log.warning("left the consumer group without waiting for its rebalance")
-
-    def _stalled(self) -> bool:
-        """Inside one rebalance for longer than the stall limit."""
-        since = self._rebalancing_since
-        return since is not None and (time.monotonic() - since > self._settings.group_stall_limit_s)
+            await self._poll_loop(consumer, stop)
+        finally:
+            self._stopping.set()
+            await self._drain(self._settings.drain_timeout_s)
+            # A commit or a leave during a rebalance waits for the group join under way,
+            # which a fleet in the middle of a rebalance can stretch out. Past the session
+            # timeout the group drops this member anyway, and whatever was not committed
+            # is redelivered: bounded, so SIGTERM always ends the process.
+            try:
+                await asyncio.wait_for(
+                    self._leave(consumer, committer),
+                    timeout=self._settings.session_timeout_ms / 1000,
+                )
+            except TimeoutError:
+                log.warning("left the consumer group without waiting for its rebalance")
+            self._consumer = None
 
     async def _start_unless_stopped(self, consumer: AIOKafkaConsumer, stop: asyncio.Event) -> bool:
-        """Start ``consumer``; False if ``stop`` came first, or the group stalled.
+        """Start ``consumer``; False if ``stop`` came first (it is then closed).
 
         A subscribed consumer's ``start`` returns only once the group has assigned it
         partitions: a whole group join, which a fleet in the middle of a rebalance (other
-        members draining, or gone without leaving) can stretch out. A worker told to stop
-        meanwhile has fetched nothing and owes no commit, so it stops at once rather than
-        join a group only to leave it.
+        members draining, or gone without leaving) can stretch to the rebalance timeout.
+        A worker told to stop meanwhile has fetched nothing and owes no commit, so it
+        stops at once rather than join a group only to leave it.
         """
         starting = asyncio.ensure_future(consumer.start())
         stopped = asyncio.ensure_future(stop.wait())
         try:
-            await asyncio.wait(
-                [starting, stopped],
-                timeout=self._settings.group_stall_limit_s,
-                return_when=asyncio.FIRST_COMPLETED,
-            )
+            await asyncio.wait([starting, stopped], return_when=asyncio.FIRST_COMPLETED)
         finally:
             stopped.cancel()
         if starting.done():
@@ -270,28 +238,15 @@ class EventConsumer:
         starting.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await starting
-        if stop.is_set():
-            log.info(
-                "stopped before the consumer group assigned any partition",
-                extra={"group": self.spec.group_id},
-            )
-        else:
-            self._log_stall()
-        return False
-
-    def _log_stall(self) -> None:
-        log.warning(
-            "consumer group stuck in a rebalance; joining again as a new member",
-            extra={"group": self.spec.group_id, "stall_s": self._settings.group_stall_limit_s},
+        log.info(
+            "stopped before the consumer group assigned any partition",
+            extra={"group": self.spec.group_id},
         )
-        metrics.GROUP_REJOINS.labels(self.spec.service).inc()
-
-    async def _abandon(self, consumer: AIOKafkaConsumer) -> None:
-        """Close a consumer that owns no partitions, without waiting on its group."""
         with contextlib.suppress(TimeoutError, KafkaError, OSError):
             await asyncio.wait_for(
                 consumer.stop(), timeout=self._settings.session_timeout_ms / 1000
             )
+        return False
 
     async def _leave(self, consumer: AIOKafkaConsumer, committer: asyncio.Task[None]) -> None:
         committer.cancel()
@@ -300,14 +255,10 @@ class EventConsumer:
         await self._commit(final=True)
         await consumer.stop()
 
-    async def _poll_loop(self, consumer: AIOKafkaConsumer, stop: asyncio.Event) -> bool:
-        """Fetch and dispatch until ``stop``; True if it returned because the group stalled."""
+    async def _poll_loop(self, consumer: AIOKafkaConsumer, stop: asyncio.Event) -> None:
         stopped = asyncio.create_task(stop.wait())
         try:
             while not stop.is_set():
-                if self._stalled():
-                    self._log_stall()
-                    return True
                 free = self.spec.max_in_flight - len(self._tasks)
                 if self._backlog is not None:
                     free += self.spec.backlog_limit - len(self._backlog)
@@ -321,11 +272,10 @@ class EventConsumer:
                     fetch.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
                         await fetch
-                    return False
+                    return
                 self._dispatch_batch(consumer, fetch.result())
         finally:
             stopped.cancel()
-        return False
 
     def _dispatch_batch(
         self,
@@ -616,13 +566,6 @@ class EventConsumer:
             level = logging.INFO if final else logging.WARNING
             log.log(level, "commit failed", extra={"error": type(exc).__name__})
 
-    def rebalance_began(self) -> None:
-        if self._rebalancing_since is None:
-            self._rebalancing_since = time.monotonic()
-
-    def rebalance_ended(self) -> None:
-        self._rebalancing_since = None
-
     async def release(self, revoked: Sequence[Partition]) -> None:
         """Called on revoke: let in-flight work of those partitions finish, then commit."""
         revoked_set = set(revoked)
@@ -651,10 +594,12 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
         self._runtime = runtime
 
     async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
-        self._runtime.rebalance_began()
         await self._runtime.release([Partition(tp.topic, tp.partition) for tp in revoked])
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
-        self._runtime.rebalance_ended()  # an empty assignment is an assignment too
+        log.info(
+            "partitions assigned",
+            extra={"group": self._runtime.spec.group_id, "partitions": len(assigned)},
+        )
         if assigned:
             self._runtime.assigned.set()

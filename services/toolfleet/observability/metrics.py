@@ -18,11 +18,6 @@ PROCESSING_SECONDS = Histogram(
 DLQ_RECORDS = Counter(
     "toolfleet_dlq_records_total", "Messages a service sent to the DLQ.", ["service", "reason"]
 )
-GROUP_REJOINS = Counter(
-    "toolfleet_group_rejoins_total",
-    "Consumers that left a consumer group stuck in a rebalance and joined it again.",
-    ["service"],
-)
 IN_FLIGHT = Gauge("toolfleet_in_flight_events", "Events being processed now.", ["service"])
 DUPLICATES_SKIPPED = Counter(
     "toolfleet_duplicate_events_total", "Redelivered events skipped by dedupe.", ["service"]

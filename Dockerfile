@@ -9,10 +9,12 @@ COPY pyproject.toml README.md ./
 # copy both trees so it resolves while the wheel is built.
 COPY infra/ infra/
 COPY services/ services/
+# The image runs workers and the API: the `fleet` and `api` extras, not the dev stack
+# (embedded broker, Postgres and Redis binaries).
 # The installed package must carry the SQL migrations (pyproject's package-data has
 # missed them): copy them in if the wheel did not, then check.
 RUN python -m venv /opt/toolfleet \
- && /opt/toolfleet/bin/pip install . \
+ && /opt/toolfleet/bin/pip install '.[fleet,api]' \
  && pkg="$(/opt/toolfleet/bin/python -c 'import os, toolfleet.storage as s; print(os.path.dirname(s.__file__))')" \
  && if ! ls "$pkg"/migrations/*.sql >/dev/null 2>&1; then \
       mkdir -p "$pkg/migrations" && cp infra/migrations/*.sql "$pkg/migrations/"; \

@@ -45,6 +45,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
+from toolfleet.bus.connection import connection_kwargs
 from toolfleet.devstack.broker import start_broker
 from toolfleet.events.codec import encode
 from toolfleet.events.envelope import new_event
@@ -172,6 +173,11 @@ def sample_message(tenant: str) -> tuple[bytes | None, bytes, list[tuple[str, by
     return wire.key, wire.value, wire.headers, invocation
 
 
+def _kafka(bootstrap: str) -> dict[str, Any]:
+    """Client kwargs for ``bootstrap`` with the fleet's TLS/SASL settings from the env."""
+    return connection_kwargs(FleetSettings(kafka_bootstrap=bootstrap))
+
+
 def relay_main(source: str, target: str, group: str, bootstrap: str, cfg: dict[str, int]) -> None:
     """One baseline hop, as its own process: consume ``source``, re-produce to ``target``."""
 
@@ -181,15 +187,13 @@ def relay_main(source: str, target: str, group: str, bootstrap: str, cfg: dict[s
         loop.add_signal_handler(signal.SIGTERM, stop.set)
         consumer = AIOKafkaConsumer(
             source,
-            bootstrap_servers=bootstrap,
+            **_kafka(bootstrap),
             group_id=group,
             enable_auto_commit=False,
             auto_offset_reset="earliest",
             fetch_max_wait_ms=cfg["fetch_max_wait_ms"],
         )
-        producer = AIOKafkaProducer(
-            bootstrap_servers=bootstrap, acks="all", linger_ms=cfg["linger_ms"]
-        )
+        producer = AIOKafkaProducer(**_kafka(bootstrap), acks="all", linger_ms=cfg["linger_ms"])
         await producer.start()
         await consumer.start()
         ready = Path(os.environ["BENCH_READY_FILE"])
@@ -216,7 +220,7 @@ def relay_main(source: str, target: str, group: str, bootstrap: str, cfg: dict[s
 
 
 async def create_topics(bootstrap: str, names: list[str], partitions: int) -> None:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    admin = AIOKafkaAdminClient(**_kafka(bootstrap))
     await admin.start()
     try:
         await admin.create_topics([NewTopic(name, partitions, 1) for name in names])
@@ -269,9 +273,9 @@ async def run_baseline(bootstrap: str, cfg: BenchConfig, work: Path) -> RunResul
 
 
 async def measure_baseline(bootstrap: str, topics: list[str], cfg: BenchConfig) -> RunResult:
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=cfg.linger_ms)
+    producer = AIOKafkaProducer(**_kafka(bootstrap), acks="all", linger_ms=cfg.linger_ms)
     watcher = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap, group_id=None, fetch_max_wait_ms=cfg.fetch_max_wait_ms
+        **_kafka(bootstrap), group_id=None, fetch_max_wait_ms=cfg.fetch_max_wait_ms
     )
     await producer.start()
     await watcher.start()
@@ -396,7 +400,7 @@ async def run_fleet(bootstrap: str, cfg: BenchConfig, work: Path) -> RunResult:
 async def measure_fleet(
     settings: FleetSettings, cfg: BenchConfig, tokens: dict[str, str], work: Path
 ) -> RunResult:
-    from toolfleet.sdk.client import ToolfleetClient
+    from toolfleet.client import ToolfleetClient
 
     async with ToolfleetClient(settings, watch=True) as client:
 

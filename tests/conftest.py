@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Iterator
 
 import asyncpg
 import pytest
+from hypothesis import settings as hypothesis_settings
 
 from tests.support.servers import (
     claimed_redis_database,
@@ -18,6 +19,11 @@ from tests.support.servers import (
 from toolfleet.bus.admin import ensure_topics
 from toolfleet.settings import FleetSettings
 from toolfleet.storage.postgres import create_pool, dsn_with_database, migrate
+
+# Properties test what the code does, not how fast: on a loaded 2-core CI machine a
+# single example can take longer than hypothesis's 200 ms default deadline.
+hypothesis_settings.register_profile("toolfleet", deadline=None)
+hypothesis_settings.load_profile("toolfleet")
 
 # Nothing from a developer's .env or dev.env may leak into tests.
 for _name in list(os.environ):

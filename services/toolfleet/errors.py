@@ -26,7 +26,13 @@ The retry predicate reads the ``retryable`` class attribute, never the message.
     ├── CheckpointFailed                checkpoint_failed          (retryable)
     ├── ResumeFailed                    resume_failed
     ├── StateConflict                   state_conflict
-    └── RegistrationError               internal_error (raised at start, never on the wire)
+    ├── DocumentNotFound                document_not_found         (ctx.documents)
+    ├── DocumentAccessDenied            document_access_denied     (ctx.documents)
+    ├── DocumentVersionConflict         document_version_conflict  (ctx.documents)
+    ├── DocumentSourceUnavailable       document_source_unavailable (retryable)
+    ├── RegistrationError               internal_error (raised at start, never on the wire)
+    │   └── ProviderSchemaError         internal_error (an agent run's catalog, never on the wire)
+    └── KafkaSecurityError              internal_error (raised at start, never on the wire)
 """
 
 from __future__ import annotations
@@ -61,6 +67,10 @@ class ErrorCode(StrEnum):
     CHECKPOINT_FAILED = "checkpoint_failed"
     RESUME_FAILED = "resume_failed"
     STATE_CONFLICT = "state_conflict"
+    DOCUMENT_NOT_FOUND = "document_not_found"
+    DOCUMENT_ACCESS_DENIED = "document_access_denied"
+    DOCUMENT_VERSION_CONFLICT = "document_version_conflict"
+    DOCUMENT_SOURCE_UNAVAILABLE = "document_source_unavailable"
     INTERNAL_ERROR = "internal_error"
 
 
@@ -199,8 +209,57 @@ class StateConflict(ToolfleetError):
     code = ErrorCode.STATE_CONFLICT
 
 
+class DocumentNotFound(ToolfleetError):
+    """The source has no such document, or not at the version asked for."""
+
+    code = ErrorCode.DOCUMENT_NOT_FOUND
+
+
+class DocumentAccessDenied(ToolfleetError):
+    """The call may not read the document: its ``document_context`` does not name it."""
+
+    code = ErrorCode.DOCUMENT_ACCESS_DENIED
+
+
+class DocumentVersionConflict(ToolfleetError):
+    """The version the call is pinned to (by the request or a first read) is not the
+    one the source answered with."""
+
+    code = ErrorCode.DOCUMENT_VERSION_CONFLICT
+
+
+class DocumentSourceUnavailable(ToolfleetError):
+    """The document source (an MCP server) did not answer, or answered malformed."""
+
+    code = ErrorCode.DOCUMENT_SOURCE_UNAVAILABLE
+    retryable = True
+
+
 class RegistrationError(ToolfleetError):
     """A tool definition is unusable (raised at start-up, never sent on the wire)."""
+
+
+class ProviderSchemaError(RegistrationError):
+    """A tool's input schema uses a construct a model provider's strict mode refuses.
+
+    Raised when an agent run compiles its catalog; the message names the tool and the
+    JSON pointer of the construct, never a value.
+    """
+
+    def __init__(self, tool_id: str, path: str, problem: str) -> None:
+        super().__init__(
+            f"tool {tool_id!r}: {problem} at {path}",
+            details={"tool_id": tool_id, "path": path},
+        )
+        self.tool_id = tool_id
+        self.path = path
+
+
+class KafkaSecurityError(ToolfleetError):
+    """The Kafka TLS/SASL settings are unusable: a bad combination or an unreadable file.
+
+    Raised when a Kafka client is built, before anything is sent; never on the wire.
+    """
 
 
 def is_retryable(exc: BaseException) -> bool:

@@ -7,10 +7,10 @@ The README's configuration table is checked against these classes by a test.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Self
 from urllib.parse import urlsplit
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -33,7 +33,8 @@ class FleetSettings(BaseSettings):
     topic_partitions: int = Field(default=12, ge=1)
     """Partitions per topic when toolfleet creates its topics."""
     topic_replication: int = Field(default=1, ge=1)
-    """Replication factor when toolfleet creates its topics."""
+    """Replication factor when toolfleet creates its topics; caps the
+    ``min.insync.replicas`` of ``topics.yaml``."""
     fetch_max_wait_ms: int = Field(default=5, ge=0)
     """How long a fetch may wait for data: sets per-hop latency (low by default)."""
     observer_fetch_max_wait_ms: int = Field(default=50, ge=0)
@@ -55,6 +56,27 @@ class FleetSettings(BaseSettings):
     """Largest result a tool may return at all; a larger one is ``resource_exhausted``."""
     attachment_ttl_s: int = Field(default=30 * 24 * 3600, ge=0)
     """How long a result attachment stays downloadable (0 = kept until deleted)."""
+
+    # --- Kafka security: one connection factory applies it (toolfleet.bus.connection) ---
+    kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    """How every producer, consumer and admin client talks to the brokers: ``PLAINTEXT``,
+    ``SSL`` (TLS), ``SASL_PLAINTEXT`` or ``SASL_SSL`` (SASL over TLS, for production)."""
+    kafka_sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
+    """SASL mechanism; required with the ``SASL_*`` protocols (``PLAIN`` only over TLS in
+    production: it sends the password as is)."""
+    kafka_sasl_username: str | None = None
+    """SASL user name; required with the ``SASL_*`` protocols."""
+    kafka_sasl_password_file: Path | None = None
+    """File holding the SASL password (one line), re-read whenever a client is built; the
+    password itself is never a setting, so it never shows in the environment or a log."""
+    kafka_ssl_ca_file: Path | None = None
+    """PEM CA bundle that verifies the brokers' certificates (``SSL``, ``SASL_SSL``);
+    unset: the system's trusted CAs."""
+    kafka_ssl_cert_file: Path | None = None
+    """PEM client certificate for mutual TLS (with ``TOOLFLEET_KAFKA_SSL_KEY_FILE``)."""
+    kafka_ssl_key_file: Path | None = None
+    """PEM private key of the client certificate (unencrypted; keep it readable only by
+    the service's user)."""
 
     # --- Redis and Postgres -------------------------------------------------------------
     redis_url: str = "redis://127.0.0.1:6379/0"
@@ -98,9 +120,11 @@ class FleetSettings(BaseSettings):
     log_format: Literal["json", "console"] = "json"
     """Structured JSON logs by default; ``console`` for humans."""
     otel_exporter: Literal["none", "console", "otlp"] = "none"
-    """Span exporter; off by default."""
+    """Span exporter: ``none`` (free), ``console`` (stdout) or ``otlp`` (OTLP/HTTP, protobuf)."""
     otel_endpoint: str | None = None
-    """OTLP endpoint when ``otel_exporter=otlp``."""
+    """Base URL of the OTLP/HTTP collector when the exporter is ``otlp``, e.g.
+    ``http://collector:4318``; spans go to its ``/v1/traces``. Unset: the exporter's own
+    ``OTEL_EXPORTER_OTLP_*`` default (``http://localhost:4318``)."""
     metrics_port: int = Field(default=0, ge=0)
     """Workers serve Prometheus metrics on this port (0 = off; the API has ``/metrics``)."""
 
@@ -117,9 +141,14 @@ class FleetSettings(BaseSettings):
     revocation_ttl_s: int = Field(default=30 * 24 * 3600, ge=60)
     """How long ``toolfleet token revoke`` remembers a ``jti`` without ``--ttl``; the
     longest a revocation of a token of unknown expiry lasts."""
+    revocation_cache_ttl_s: float = Field(default=10.0, ge=0, le=300)
+    """How long a process remembers whether a ``jti`` is revoked (0 = ask Redis every
+    time). A revocation still takes effect within a second: it is pushed on the Redis
+    channel ``token:revocations``, and without that subscription nothing is cached."""
     grant_key_file: Path | None = None
-    """File of execution-grant HMAC keys (one per line, the first signs); unset means
-    policy mints no grant and the executor cannot require one."""
+    """File of execution-grant HMAC keys (one per line, the first signs); a key derived
+    from it signs control decisions (approve, deny, cancel). Unset means policy mints no
+    grant, the executor cannot require one, and every control event is refused."""
     grant_margin_s: int = Field(default=300, ge=0)
     """An execution grant lives for the tool's timeout plus this margin (queueing, retries)."""
 
@@ -131,6 +160,13 @@ class FleetSettings(BaseSettings):
         return value
 
     # --- end of auth block ---------------------------------------------------------------
+
+    @model_validator(mode="after")
+    def _check_kafka_security(self) -> Self:
+        problems = kafka_security_problems(self)
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
 
     @property
     def result_inline_limit(self) -> int:
@@ -154,3 +190,45 @@ class FleetSettings(BaseSettings):
     @property
     def tool_module_list(self) -> list[str]:
         return [m.strip() for m in self.tool_modules.split(",") if m.strip()]
+
+
+_SSL_FILES = ("kafka_ssl_ca_file", "kafka_ssl_cert_file", "kafka_ssl_key_file")
+_SASL_FIELDS = ("kafka_sasl_mechanism", "kafka_sasl_username", "kafka_sasl_password_file")
+
+
+def kafka_security_problems(settings: FleetSettings) -> list[str]:
+    """What is wrong with the Kafka security settings, one sentence per problem.
+
+    A setting that the chosen protocol would ignore is an error rather than a silent
+    no-op: an operator who sets a CA file believes the connection is encrypted.
+    """
+    protocol = settings.kafka_security_protocol
+    uses_tls = protocol in {"SSL", "SASL_SSL"}
+    uses_sasl = protocol.startswith("SASL_")
+    problems: list[str] = []
+
+    def var(name: str) -> str:
+        return f"TOOLFLEET_{name.upper()}"
+
+    for name in _SSL_FILES:
+        path = getattr(settings, name)
+        if path is None:
+            continue
+        if not uses_tls:
+            problems.append(f"{var(name)} is set but TOOLFLEET_KAFKA_SECURITY_PROTOCOL={protocol}")
+        elif not path.is_file():
+            problems.append(f"{var(name)}: no such file: {path}")
+    if (settings.kafka_ssl_cert_file is None) != (settings.kafka_ssl_key_file is None):
+        problems.append(
+            "TOOLFLEET_KAFKA_SSL_CERT_FILE and TOOLFLEET_KAFKA_SSL_KEY_FILE go together"
+        )
+    for name in _SASL_FIELDS:
+        value = getattr(settings, name)
+        if uses_sasl and value is None:
+            problems.append(f"{var(name)} is required with {protocol}")
+        elif not uses_sasl and value is not None:
+            problems.append(f"{var(name)} is set but TOOLFLEET_KAFKA_SECURITY_PROTOCOL={protocol}")
+    password_file = settings.kafka_sasl_password_file
+    if uses_sasl and password_file is not None and not password_file.is_file():
+        problems.append(f"TOOLFLEET_KAFKA_SASL_PASSWORD_FILE: no such file: {password_file}")
+    return problems

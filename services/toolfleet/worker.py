@@ -24,9 +24,10 @@ from redis.asyncio import Redis
 from toolfleet.bus.dedupe import RedisProcessedEvents
 from toolfleet.bus.producer import EventProducer
 from toolfleet.bus.runtime import ConsumerSpec, EventConsumer, Handler
+from toolfleet.events import routing
 from toolfleet.events.types import TopicName, topic
 from toolfleet.observability.logs import configure_logging
-from toolfleet.observability.tracing import configure_tracing
+from toolfleet.observability.tracing import configure_tracing, shutdown_tracing
 from toolfleet.settings import FleetSettings
 from toolfleet.storage.postgres import create_pool
 from toolfleet.storage.redis import connect_redis
@@ -64,6 +65,22 @@ class Resources:
     def group(self, name: str) -> str:
         """Consumer group id, prefixed like the topics so fleets sharing a cluster stay apart."""
         return f"{self.settings.topic_prefix}{name}"
+
+    def spec(self, route: routing.Consumer, **options: Any) -> ConsumerSpec:
+        """The :class:`ConsumerSpec` of ``route``, a consumer of the routing table
+        (:mod:`toolfleet.events.routing`): its name, source, group and topics from the
+        table, with this fleet's prefix; ``options`` are the other ``ConsumerSpec`` fields."""
+        party = routing.party_of(route)
+        assert party.source is not None  # only parties of the fleet have consumers
+        group = f"{route.group}-{self.worker_id}" if route.per_worker else route.group
+        return ConsumerSpec(
+            service=route.name,
+            source=party.source,
+            group_id=self.group(group),
+            topics=[self.topic(name) for name in route.topics],
+            auto_offset_reset=route.auto_offset_reset,
+            **options,
+        )
 
     def consumer(
         self, spec: ConsumerSpec, handler: Handler, *, dedupe: bool = True
@@ -172,4 +189,7 @@ def run_worker(service: str, settings: FleetSettings | None = None) -> None:
         import setproctitle
 
         setproctitle.setproctitle(f"toolfleet worker {service}")
-    asyncio.run(_main(service, settings))
+    try:
+        asyncio.run(_main(service, settings))
+    finally:
+        shutdown_tracing()  # the last spans of a stopping worker are exported, not dropped

@@ -14,9 +14,10 @@ from aiokafka import AIOKafkaProducer
 from tests.support.eventually import eventually
 from tests.support.fleet import ProcessFleet, process_fleet
 from tests.support.pipeline import Fleet, fleet_settings
+from toolfleet.bus.connection import connection_kwargs
+from toolfleet.client import Progress
 from toolfleet.events.models import InvocationStatus
 from toolfleet.events.types import EventType, TopicName
-from toolfleet.sdk.client import Progress
 from toolfleet.settings import FleetSettings
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
@@ -103,7 +104,7 @@ async def test_garbage_goes_to_the_dlq_and_the_fleet_keeps_consuming(
     fleet: tuple[Fleet, ProcessFleet],
 ) -> None:
     running, _ = fleet
-    raw = AIOKafkaProducer(bootstrap_servers=running.settings.kafka_bootstrap)
+    raw = AIOKafkaProducer(**connection_kwargs(running.settings))
     await raw.start()
     try:
         await raw.send_and_wait(

@@ -21,6 +21,7 @@ from aiokafka import AIOKafkaConsumer
 from tests.support.eventually import eventually
 from tests.support.fleet import ALL_SERVICES, ProcessFleet, process_fleet
 from tests.support.pipeline import Fleet, fleet_settings
+from toolfleet.bus.connection import connection_kwargs
 from toolfleet.events.models import InvocationStatus, ToolOutcome
 from toolfleet.events.types import TopicName
 from toolfleet.secrets.capability import encodings
@@ -69,7 +70,7 @@ def _found(blob: bytes) -> bool:
 async def _raw_messages(running: Fleet) -> list[tuple[str, bytes]]:
     """Every message of every topic of this fleet, as (topic, key + headers + value)."""
     consumer = AIOKafkaConsumer(
-        bootstrap_servers=running.settings.kafka_bootstrap,
+        **connection_kwargs(running.settings),
         auto_offset_reset="earliest",
         enable_auto_commit=False,
         fetch_max_wait_ms=5,

@@ -20,10 +20,10 @@ import pytest
 from tests.support.eventually import eventually
 from tests.support.fleet import ProcessFleet, process_fleet
 from tests.support.pipeline import Fleet, fleet_settings
+from toolfleet.client import Progress
 from toolfleet.events.envelope import Envelope
 from toolfleet.events.models import InvocationStatus
 from toolfleet.events.types import EventType, TopicName
-from toolfleet.sdk.client import Progress
 from toolfleet.settings import FleetSettings
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]

@@ -18,15 +18,21 @@ from fastapi import FastAPI
 from tests.support.eventually import eventually
 from toolfleet.api import ApiSettings, create_app
 from toolfleet.api.resources import ApiResources
+from toolfleet.auth.control import ControlVerifier, control_claims
+from toolfleet.auth.grants import ensure_grant_key
 from toolfleet.auth.keys import KeyPair, generate_key_pair
 from toolfleet.auth.tokens import TokenIssuer
+from toolfleet.bus.connection import connection_kwargs
+from toolfleet.client import ApiError, InvocationHandle, ToolfleetHttpClient
 from toolfleet.events.codec import decode
 from toolfleet.events.envelope import Envelope
+from toolfleet.events.identity import trace_id_of
+from toolfleet.events.models import ApprovalDecision, CancelRequested, InvocationStatus
 from toolfleet.events.types import EventType, TopicName, topic
 from toolfleet.executor.registration import register_catalog
 from toolfleet.policy.documents import TenantPolicy
 from toolfleet.policy.store import PolicyStore
-from toolfleet.sdk.catalog import discover
+from toolfleet.registry.catalog import discover
 from toolfleet.settings import FleetSettings
 from toolfleet.storage.blobs import PostgresBlobStore
 
@@ -52,10 +58,13 @@ def keys(tmp_path_factory: pytest.TempPathFactory) -> tuple[KeyPair, Path, Path]
 @pytest.fixture(scope="module")
 def api_settings(settings: FleetSettings, keys: tuple[KeyPair, Path, Path]) -> ApiSettings:
     _, private, public = keys
+    grant_key = private.parent / "grant.key"
+    ensure_grant_key(grant_key)
     fleet = settings.model_copy(
         update={
             "jwt_private_key_file": private,
             "jwt_public_key_file": public,
+            "grant_key_file": grant_key,
             "api_url": "http://api.test",
         }
     )
@@ -96,9 +105,10 @@ def pool(app: FastAPI) -> asyncpg.Pool:
 @pytest.fixture
 def auth(issuer: TokenIssuer) -> Callable[..., dict[str, str]]:
     def headers(
-        tenant: str, *, admin: bool = False, agent: str = "did:agent:test"
+        tenant: str, *, admin: bool = False, agent: str = "did:agent:test", scope: str = ""
     ) -> dict[str, str]:
-        token = issuer.issue(tenant_id=tenant, agent_did=agent, scopes=["admin"] if admin else None)
+        scopes = [*(["admin"] if admin else []), *scope.split()]
+        token = issuer.issue(tenant_id=tenant, agent_did=agent, scopes=scopes or None)
         return {"Authorization": f"Bearer {token}"}
 
     return headers
@@ -143,7 +153,7 @@ async def next_event(
     """The first event on ``name`` (from the beginning) that ``match`` accepts."""
     consumer = AIOKafkaConsumer(
         topic(settings.topic_prefix, name),
-        bootstrap_servers=settings.kafka_bootstrap,
+        **connection_kwargs(settings),
         group_id=None,
         auto_offset_reset="earliest",
         enable_auto_commit=False,
@@ -358,6 +368,72 @@ async def test_post_publishes_invoke_requested_keyed_by_tenant(
     assert event.data["capability_token"] == token
 
 
+@pytest.mark.parametrize(
+    ("sent", "kept"),
+    [
+        ("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", True),
+        ("01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-later", True),
+        ("00-00000000000000000000000000000000-00f067aa0ba902b7-01", False),
+        ("not a traceparent", False),
+        (None, False),
+    ],
+)
+async def test_post_joins_the_callers_trace_or_starts_one(
+    http: httpx.AsyncClient,
+    settings: FleetSettings,
+    auth: Callable[..., dict[str, str]],
+    sent: str | None,
+    kept: bool,
+) -> None:
+    owner = tenant()
+    headers = auth(owner) | ({"traceparent": sent} if sent is not None else {})
+    response = await http.post("/v1/invocations", json=invoke_body(owner), headers=headers)
+    assert response.status_code == 202
+    invocation_id = response.json()["invocation_id"]
+    _, event = await next_event(
+        settings, TopicName.REQUESTED, lambda e: e.invocationid == invocation_id
+    )
+    trace_id = trace_id_of(event.traceparent)
+    assert trace_id is not None
+    assert (trace_id == "4bf92f3577b34da6a3ce929d0e0e4736") is kept
+
+
+async def test_the_http_client_publishes_and_reads_through_the_app(
+    app: FastAPI,
+    pool: asyncpg.Pool,
+    settings: FleetSettings,
+    issuer: TokenIssuer,
+) -> None:
+    owner = tenant()
+    token = issuer.issue(tenant_id=owner, agent_did="did:agent:test", tool_id="core__echo")
+    transport = httpx.ASGITransport(app=app)
+    async with ToolfleetHttpClient("http://api.test", token=token, transport=transport) as api:
+        handle = await api.invoke(
+            "core__echo", {"message": "hi"}, tenant_id=owner, agent_did="did:agent:test"
+        )
+        key, event = await next_event(
+            settings, TopicName.REQUESTED, lambda e: e.invocationid == handle.invocation_id
+        )
+        assert key == owner.encode()
+        assert event.data["capability_token"] == token  # the bearer token is the capability
+
+        finished = await insert(pool, tenant_id=owner, status="success", result={"length": 2})
+        view = await api.wait(
+            InvocationHandle(
+                invocation_id=str(finished), tenant_id=owner, event_id="", traceparent=""
+            ),
+            timeout=5,
+        )
+        assert view.status is InvocationStatus.SUCCESS
+        assert view.result == {"length": 2}
+        assert await api.status(str(uuid.uuid4())) is None
+
+        with pytest.raises(ApiError) as caught:
+            await api.invoke("core__echo", tenant_id="someone_else", agent_did="did:agent:x")
+    assert (caught.value.status, caught.value.problem_code) == (403, "permission_denied")
+    assert token not in str(caught.value)
+
+
 async def test_post_for_another_tenant_is_403(
     http: httpx.AsyncClient, auth: Callable[..., dict[str, str]]
 ) -> None:
@@ -391,6 +467,7 @@ async def test_cancel(
     http: httpx.AsyncClient,
     pool: asyncpg.Pool,
     settings: FleetSettings,
+    api_settings: ApiSettings,
     auth: Callable[..., dict[str, str]],
 ) -> None:
     owner = tenant()
@@ -419,41 +496,99 @@ async def test_cancel(
     assert key == owner.encode()
     assert event.type == EventType.CANCEL_REQUESTED
     assert event.data["requested_by"] == "did:agent:boss"
+    cancel = CancelRequested.model_validate(event.data)
+    verifier = ControlVerifier.from_settings(api_settings)
+    assert verifier is not None
+    verifier.verify(cancel.signature, control_claims(event.type, cancel))
     assert event.data["reason"] == "no longer needed"
 
 
 async def test_approve_and_deny(
     http: httpx.AsyncClient,
     pool: asyncpg.Pool,
-    settings: FleetSettings,
+    api_settings: ApiSettings,
     auth: Callable[..., dict[str, str]],
 ) -> None:
     owner = tenant()
-    running = await insert(pool, tenant_id=owner, status="running")
-    conflict = await http.post(f"/v1/invocations/{running}/approve", headers=auth(owner))
+    approver = auth(owner, agent="did:user:alice", scope="approver")
+    verifier = ControlVerifier.from_settings(api_settings)
+    assert verifier is not None
+    running = await insert(pool, tenant_id=owner, status="running", agent_did="did:agent:test")
+    conflict = await http.post(f"/v1/invocations/{running}/approve", headers=approver)
     assert conflict.status_code == 409
     assert conflict.headers["content-type"] == PROBLEM
     assert conflict.json()["code"] == "state_conflict"
 
-    waiting = await insert(pool, tenant_id=owner, status="pending_approval")
-    approved = await http.post(
-        f"/v1/invocations/{waiting}/approve", headers=auth(owner, agent="did:user:alice")
+    digest = "c" * 64
+    waiting = await insert(
+        pool,
+        tenant_id=owner,
+        status="pending_approval",
+        agent_did="did:agent:test",
+        parameters={"message": "hi"},
+        parameters_hash=digest,
     )
+    # The requesting agent's own token never decides, whatever its scope.
+    for headers in (auth(owner), auth(owner, scope="approver")):
+        refused = await http.post(f"/v1/invocations/{waiting}/approve", headers=headers)
+        assert refused.status_code == 403
+        assert refused.headers["content-type"] == PROBLEM
+        assert refused.json()["code"] == "permission_denied"
+    # An approver of another tenant does not even see the call.
+    other = auth(tenant(), agent="did:user:alice", scope="approver")
+    assert (await http.post(f"/v1/invocations/{waiting}/approve", headers=other)).status_code == 404
+
+    approved = await http.post(f"/v1/invocations/{waiting}/approve", headers=approver)
     assert approved.status_code == 200
     assert approved.json()["decision"] == "approved"
     _, event = await next_event(
-        settings, TopicName.CONTROL, lambda e: e.invocationid == str(waiting)
+        api_settings, TopicName.CONTROL, lambda e: e.invocationid == str(waiting)
     )
     assert event.type == EventType.APPROVAL_GRANTED
-    assert event.data["approver"] == "did:user:alice"
+    decision = ApprovalDecision.model_validate(event.data)
+    assert decision.approver == "did:user:alice"
+    assert decision.parameters_hash == digest  # what GET showed the approver
+    verifier.verify(decision.signature, control_claims(event.type, decision))
 
-    refused = await insert(pool, tenant_id=owner, status="pending_approval")
-    denied = await http.post(f"/v1/invocations/{refused}/deny", headers=auth(owner))
+    refused_id = await insert(
+        pool, tenant_id=owner, status="pending_approval", agent_did="did:agent:test"
+    )
+    admin = auth("*", admin=True, agent="did:user:root")
+    denied = await http.post(f"/v1/invocations/{refused_id}/deny", headers=admin)
     assert denied.json()["decision"] == "denied"
     _, event = await next_event(
-        settings, TopicName.CONTROL, lambda e: e.invocationid == str(refused)
+        api_settings, TopicName.CONTROL, lambda e: e.invocationid == str(refused_id)
     )
     assert event.type == EventType.APPROVAL_DENIED
+    denial = ApprovalDecision.model_validate(event.data)
+    verifier.verify(denial.signature, control_claims(event.type, denial))
+
+
+async def test_a_pending_call_shows_what_an_approval_binds_to(
+    http: httpx.AsyncClient, pool: asyncpg.Pool, auth: Callable[..., dict[str, str]]
+) -> None:
+    owner = tenant()
+    waiting = await insert(
+        pool,
+        tenant_id=owner,
+        status="pending_approval",
+        tool_version="1.0.0",
+        agent_did="did:agent:test",
+        parameters={"to": "[REDACTED:email]"},
+        parameters_hash="d" * 64,
+    )
+    view = (await http.get(f"/v1/invocations/{waiting}", headers=auth(owner))).json()
+    assert view["agent_did"] == "did:agent:test"
+    assert view["approval"] == {
+        "tool_id": "core__echo",
+        "tool_version": "1.0.0",
+        "parameters": {"to": "[REDACTED:email]"},
+        "parameters_hash": "d" * 64,
+    }
+    done = await insert(pool, tenant_id=owner, status="success", parameters={"to": "x"})
+    assert (await http.get(f"/v1/invocations/{done}", headers=auth(owner))).json()[
+        "approval"
+    ] is None
 
 
 # --- registry ------------------------------------------------------------------------

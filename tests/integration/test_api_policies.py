@@ -15,7 +15,7 @@ from toolfleet.api.resources import ApiResources
 from toolfleet.auth.keys import generate_key_pair
 from toolfleet.auth.tokens import TokenIssuer
 from toolfleet.executor.registration import register_catalog
-from toolfleet.sdk.catalog import discover
+from toolfleet.registry.catalog import discover
 from toolfleet.settings import FleetSettings
 
 pytestmark = pytest.mark.integration

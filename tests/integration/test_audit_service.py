@@ -12,6 +12,7 @@ from aiokafka import AIOKafkaConsumer, ConsumerRecord
 from tests.support.eventually import eventually
 from tests.support.lifecycle import Lifecycle
 from tests.support.pipeline import running_services
+from toolfleet.bus.connection import connection_kwargs
 from toolfleet.bus.producer import EventProducer, Outbound
 from toolfleet.events.codec import ContentMode, decode
 from toolfleet.events.envelope import Envelope
@@ -61,7 +62,7 @@ async def _audit_records(
 ) -> list[ConsumerRecord[bytes, bytes]]:
     consumer = AIOKafkaConsumer(
         topic(fleet.settings.topic_prefix, TopicName.AUDIT),
-        bootstrap_servers=fleet.settings.kafka_bootstrap,
+        **connection_kwargs(fleet.settings),
         auto_offset_reset="earliest",
         fetch_max_wait_ms=5,
     )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -11,8 +13,10 @@ import redis as sync_redis
 from redis.asyncio import Redis
 from typer.testing import CliRunner
 
+from tests.support.eventually import eventually
 from toolfleet.auth.keys import generate_key_pair
 from toolfleet.auth.revocation import (
+    CachedRevocationList,
     MemoryRevocationList,
     RedisRevocationList,
     ensure_not_revoked,
@@ -98,3 +102,70 @@ def test_cli_token_revoke_without_redis_is_a_friendly_error() -> None:
     )
     assert result.exit_code == 1
     assert "cannot reach Redis" in result.output
+
+
+@contextlib.asynccontextmanager
+async def listening_cache(
+    redis_url: str, *, ttl_s: float = 300, name: str | None = None
+) -> AsyncIterator[tuple[CachedRevocationList, asyncio.Event]]:
+    """Another process's cached list: its own connection and listener."""
+    client = Redis.from_url(redis_url, client_name=name)
+    revocations = CachedRevocationList(RedisRevocationList(client), ttl_s=ttl_s)
+    stop, subscribed = asyncio.Event(), asyncio.Event()
+    listener = asyncio.create_task(revocations.listen(client, stop, subscribed=subscribed))
+    try:
+        await asyncio.wait_for(subscribed.wait(), timeout=5)
+        yield revocations, subscribed
+    finally:
+        stop.set()
+        await asyncio.wait_for(listener, timeout=5)
+        await client.aclose()
+
+
+async def test_a_revocation_reaches_every_cache_within_a_second(
+    redis: Redis, redis_url: str
+) -> None:
+    jti = str(uuid.uuid4())
+    async with (
+        listening_cache(redis_url) as (api, _),
+        listening_cache(redis_url) as (executor, _),
+    ):
+        # Both remember "not revoked" for 300 s: seeing the revocation sooner proves the push.
+        assert not await api.is_revoked(jti)
+        assert not await executor.is_revoked(jti)
+        await RedisRevocationList(redis).revoke(jti, ttl_s=600)
+
+        async def everywhere() -> bool:
+            return await api.is_revoked(jti) and await executor.is_revoked(jti)
+
+        # How soon exactly, bench/revocation_push_bench.py measures.
+        await eventually(everywhere, timeout=1.0, interval=0.01)
+
+
+async def test_a_cache_whose_listener_lost_its_connection_asks_redis(
+    redis: Redis, redis_url: str
+) -> None:
+    jti, name = str(uuid.uuid4()), f"revocation-listener-{uuid.uuid4().hex[:8]}"
+    async with listening_cache(redis_url, name=name) as (revocations, subscribed):
+        assert not await revocations.is_revoked(jti)  # remembered for 300 s
+        subscribed.clear()
+        # Drop the listener's connection from the server side, as a Redis restart would...
+        for client in await redis.client_list(_type="pubsub"):
+            if client.get("name") == name:
+                await redis.client_kill_filter(_id=client["id"])
+        # ...and revoke silently (no announcement): only Redis knows.
+        await redis.set(revocation_key(jti), b"1", ex=600)
+
+        async def refused() -> bool:
+            return await revocations.is_revoked(jti)
+
+        await eventually(refused, timeout=5, interval=0.02)
+
+        async def resubscribed() -> bool:
+            return subscribed.is_set()
+
+        await eventually(resubscribed, timeout=10)
+        other = str(uuid.uuid4())
+        assert not await revocations.is_revoked(other)
+        await RedisRevocationList(redis).revoke(other, ttl_s=600)
+        await eventually(lambda: revocations.is_revoked(other), timeout=1.0, interval=0.01)

@@ -31,21 +31,21 @@ from toolfleet.events.models import (
     ToolOutcome,
 )
 from toolfleet.events.types import EventType, Source, TopicName
-from toolfleet.executor.checkpoint_codec import canonical_json
-from toolfleet.executor.checkpoints import (
+from toolfleet.executor.checkpoints.codec import canonical_json
+from toolfleet.executor.checkpoints.cold import PostgresCheckpointStore
+from toolfleet.executor.checkpoints.sink import CheckpointSink
+from toolfleet.executor.checkpoints.store import (
     Checkpoint,
     RedisCheckpointStore,
     TieredCheckpointStore,
     checkpoint_key,
 )
-from toolfleet.executor.cold_checkpoints import PostgresCheckpointStore
-from toolfleet.executor.fencing import Fence, StaleLease, epoch_key, lease_key
-from toolfleet.executor.leases import RedisLeases, Taken
-from toolfleet.executor.service import ExecutorService, _CheckpointSink
-from toolfleet.sdk.catalog import ToolCatalog
+from toolfleet.executor.leasing.fencing import Fence, StaleLease, epoch_key, lease_key
+from toolfleet.executor.leasing.leases import RedisLeases, Taken
 from toolfleet.sdk.context import ToolContext
 from toolfleet.secrets.capability import LeakDetector
 from toolfleet.settings import FleetSettings
+from toolfleet.storage.cancel_flags import MemoryCancelFlags
 from toolfleet.storage.postgres import create_pool
 
 pytestmark = pytest.mark.integration
@@ -478,14 +478,6 @@ async def test_concurrent_fenced_writers_never_interleave(pool: asyncpg.Pool) ->
     assert [r["parent_checkpoint_id"] for r in rows[1:]] == [r["checkpoint_id"] for r in rows[:-1]]
 
 
-class _Cancels:
-    async def request(self, invocation_id: str) -> None:
-        pass
-
-    async def is_requested(self, invocation_id: str) -> bool:
-        return False
-
-
 class _Emitter:
     def __init__(self) -> None:
         self.emitted: list[Envelope] = []
@@ -502,14 +494,8 @@ async def test_stale_lease_propagates_out_of_ctx_checkpoint(
 ) -> None:
     inv = uuid.uuid4()
     emitter = _Emitter()
-    service = ExecutorService(
-        catalog=ToolCatalog([]),
-        checkpoints=TieredCheckpointStore(
-            hot=RedisCheckpointStore(redis), cold=PostgresCheckpointStore(pool)
-        ),
-        cancels=_Cancels(),
-        emitter=emitter,
-        worker_id="w",
+    store = TieredCheckpointStore(
+        hot=RedisCheckpointStore(redis), cold=PostgresCheckpointStore(pool)
     )
     call = InvokeAuthorized(
         invocation_id=inv,
@@ -530,8 +516,12 @@ async def test_stale_lease_propagates_out_of_ctx_checkpoint(
         invocation_id=str(inv),
     )
     await redis.set(epoch_key(str(inv)), 1)
-    sink = _CheckpointSink(
-        service=service,
+    sink = CheckpointSink(
+        store=store,
+        emitter=emitter,
+        cancels=MemoryCancelFlags(),
+        cancel_local=lambda: None,
+        suspended=lambda: False,
         parent=parent,
         call=call,
         cancel_event=asyncio.Event(),

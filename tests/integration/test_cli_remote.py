@@ -21,6 +21,7 @@ from toolfleet.api import ApiSettings, create_app
 from toolfleet.api.resources import ApiResources
 from toolfleet.auth.keys import generate_key_pair
 from toolfleet.auth.tokens import TokenVerifier
+from toolfleet.bus.connection import connection_kwargs
 from toolfleet.bus.producer import EventProducer, Outbound
 from toolfleet.cli.main import app as cli
 from toolfleet.errors import ErrorCode, ErrorInfo
@@ -29,7 +30,7 @@ from toolfleet.events.envelope import new_event
 from toolfleet.events.models import CheckpointCreated, InvocationStatus, ToolOutcome
 from toolfleet.events.types import EventType, Source, TopicName, topic
 from toolfleet.executor.registration import register_catalog
-from toolfleet.sdk.catalog import discover
+from toolfleet.registry.catalog import discover
 from toolfleet.settings import FleetSettings
 
 pytestmark = pytest.mark.integration
@@ -102,7 +103,7 @@ async def test_invoke_without_wait_publishes_with_a_minted_token(
 
     consumer = AIOKafkaConsumer(
         topic(settings.topic_prefix, TopicName.REQUESTED),
-        bootstrap_servers=settings.kafka_bootstrap,
+        **connection_kwargs(settings),
         auto_offset_reset="earliest",
         fetch_max_wait_ms=5,
     )
@@ -187,7 +188,7 @@ async def _answer_invokes(settings: FleetSettings, tenant: str, status: str) -> 
     await producer.start()
     consumer = AIOKafkaConsumer(
         topic(settings.topic_prefix, TopicName.REQUESTED),
-        bootstrap_servers=settings.kafka_bootstrap,
+        **connection_kwargs(settings),
         auto_offset_reset="earliest",
         fetch_max_wait_ms=5,
     )

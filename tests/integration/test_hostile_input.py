@@ -33,13 +33,14 @@ from tests.support.pipeline import fleet_settings
 from toolfleet.auth.keys import generate_key_pair
 from toolfleet.auth.tokens import TokenIssuer
 from toolfleet.bus.admin import ensure_topics
+from toolfleet.bus.connection import connection_kwargs
 from toolfleet.bus.runtime import EventConsumer
+from toolfleet.client import InvocationHandle, ToolfleetClient
 from toolfleet.errors import ErrorCode
 from toolfleet.events.codec import decode
+from toolfleet.events.identity import invocation_uuid
 from toolfleet.events.models import InvocationStatus, ToolOutcome
 from toolfleet.events.types import EventType, TopicName, topic
-from toolfleet.policy.service import invocation_uuid
-from toolfleet.sdk.client import InvocationHandle, ToolfleetClient
 from toolfleet.settings import FleetSettings
 from toolfleet.worker import SERVICES, load_build, open_resources
 
@@ -441,9 +442,7 @@ async def test_hostile_input_gets_typed_outcomes_and_no_consumer_dies(running: R
         )
 
     handles = [await valid(0)]
-    raw = AIOKafkaProducer(
-        bootstrap_servers=running.settings.kafka_bootstrap, max_request_size=8 * LIMIT
-    )
+    raw = AIOKafkaProducer(**connection_kwargs(running.settings), max_request_size=8 * LIMIT)
     await raw.start()
     placed: list[tuple[Hostile, int, int]] = []
     try:
@@ -513,7 +512,7 @@ async def _read(running: Running, name: TopicName) -> list[Any]:
 
     consumer = AIOKafkaConsumer(
         running.topic(name),
-        bootstrap_servers=running.settings.kafka_bootstrap,
+        **connection_kwargs(running.settings),
         auto_offset_reset="earliest",
         fetch_max_wait_ms=5,
     )

@@ -18,10 +18,10 @@ import pytest
 from tests.support.pipeline import Fleet, fleet_settings, in_process_fleet
 from toolfleet.events.large_results import encode_result
 from toolfleet.events.models import InvocationStatus, ToolOutcome
+from toolfleet.registry.redaction import REDACTED
 from toolfleet.settings import FleetSettings
 from toolfleet.storage.blobs import PostgresBlobStore
 from toolfleet.storage.postgres import create_pool
-from toolfleet.validator.redaction import REDACTED
 
 pytestmark = pytest.mark.integration
 

@@ -15,11 +15,11 @@ import pytest
 
 from tests.support.eventually import eventually
 from tests.support.pipeline import Fleet, fleet_settings, in_process_fleet
+from toolfleet.client import Progress
 from toolfleet.events.codec import ContentMode
 from toolfleet.events.envelope import new_event
 from toolfleet.events.models import InvocationStatus, ToolOutcome
 from toolfleet.events.types import EventType, Source, TopicName
-from toolfleet.sdk.client import Progress
 from toolfleet.settings import FleetSettings
 
 pytestmark = pytest.mark.integration

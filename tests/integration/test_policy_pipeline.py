@@ -307,8 +307,8 @@ async def test_calls_past_the_agent_concurrency_limit_wait(fleet: Fleet) -> None
 
 
 async def test_an_approval_binds_to_the_exact_request(fleet: Fleet) -> None:
+    from toolfleet.client import Progress
     from toolfleet.policy.service import parameters_hash
-    from toolfleet.sdk.client import Progress
 
     seen: list[Progress] = []
     params = {"message": "pay 10 EUR"}

@@ -12,9 +12,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from redis.asyncio import Redis
 
-from toolfleet.policy.lua import LuaScript
 from toolfleet.policy.ratelimit import InMemoryRateLimiter, RateLimits
 from toolfleet.policy.stores import RedisRateLimiter
+from toolfleet.storage.lua import LuaScript
 from toolfleet.storage.redis import connect_redis
 
 pytestmark = pytest.mark.integration

@@ -5,7 +5,6 @@ The tools are in ``tests.support.sample_tools``; they count their runs in this p
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -19,8 +18,7 @@ from tests.support.eventually import eventually
 from tests.support.pipeline import Fleet, fleet_settings, in_process_fleet
 from toolfleet.events.models import CircuitChanged, InvocationStatus, ToolOutcome
 from toolfleet.events.types import EventType, TopicName
-from toolfleet.executor.circuit_store import CHANGES_CHANNEL, state_key
-from toolfleet.executor.circuits import CircuitState, CircuitStatus
+from toolfleet.executor.circuits.store import CHANGES_CHANNEL, state_key
 from toolfleet.settings import FleetSettings
 
 pytestmark = pytest.mark.integration
@@ -172,43 +170,3 @@ async def test_cache_hit_runs_nothing(fleet: Fleet, redis: Redis) -> None:
     )
     assert other.execution_metadata.cached is False
     assert sample_tools.RUNS[f"cached:{key}"] == 2
-
-
-async def test_time_window_forgets_old_failures_and_canaries_close_it(
-    fleet: Fleet, redis: Redis
-) -> None:
-    key = state_key("test.windowed")
-    await redis.delete(key)
-
-    async def state() -> CircuitState:
-        raw = await redis.get(key)
-        return CircuitState.from_json(raw.decode() if raw else "")
-
-    # window 3 s, minimum 2 calls, 50 % failures: a failure older than the window
-    # does not count, so two failures 3.2 s apart leave it closed. (Windows and waits
-    # are seconds long so that a slow, loaded machine still calls well within them.)
-    for pause in (3.2, 0.0):
-        failed = await call(fleet, "test__windowed", {"fail": True})
-        assert failed.error is not None
-        assert failed.error.code == "external_api_error"
-        await asyncio.sleep(pause)
-    stored = await state()
-    assert stored.status is CircuitStatus.CLOSED
-    assert (len(stored.window), len(stored.times)) == (1, 1)
-
-    assert (await call(fleet, "test__windowed", {"fail": True})).error is not None
-    assert (await state()).status is CircuitStatus.OPEN
-    refused = await call(fleet, "test__windowed", {"fail": False})
-    assert refused.error is not None
-    assert refused.error.code == "circuit_breaker_open"
-
-    # After open_s, two canaries in a row (one at a time) close it.
-    await asyncio.sleep(3.1)
-    for trials in (1, 2):
-        outcome = await call(fleet, "test__windowed", {"fail": False})
-        assert outcome.status is InvocationStatus.SUCCESS, outcome.error
-        if trials == 1:
-            half = await state()
-            assert half.status is CircuitStatus.HALF_OPEN
-            assert (half.trials_started, half.trials_succeeded) == (1, 1)
-    assert (await state()).status is CircuitStatus.CLOSED

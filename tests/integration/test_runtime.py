@@ -12,6 +12,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from tests.support.eventually import eventually
+from toolfleet.bus.connection import connection_kwargs
 from toolfleet.bus.dedupe import RedisProcessedEvents
 from toolfleet.bus.producer import EventProducer, Outbound
 from toolfleet.bus.runtime import ConsumerSpec, EventConsumer, Inbound
@@ -27,7 +28,7 @@ pytestmark = pytest.mark.integration
 async def _read_all(settings: FleetSettings, name: TopicName, *, want: int, timeout: float = 15):
     consumer = AIOKafkaConsumer(
         topic(settings.topic_prefix, name),
-        bootstrap_servers=settings.kafka_bootstrap,
+        **connection_kwargs(settings),
         auto_offset_reset="earliest",
         fetch_max_wait_ms=5,
     )
@@ -87,7 +88,7 @@ async def test_forwards_dedupes_and_dead_letters(settings: FleetSettings) -> Non
     )
     stop = asyncio.Event()
     task = asyncio.create_task(runtime.run(stop))
-    raw = AIOKafkaProducer(bootstrap_servers=local.kafka_bootstrap)
+    raw = AIOKafkaProducer(**connection_kwargs(local))
     await raw.start()
     try:
         event = new_event(

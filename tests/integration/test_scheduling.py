@@ -22,15 +22,16 @@ from tests.support.eventually import eventually
 from tests.support.pipeline import Fleet, fleet_settings, in_process_fleet
 from tests.support.sample_tools import STARTED
 from toolfleet.bus.admin import ensure_topics
+from toolfleet.bus.connection import connection_kwargs
 from toolfleet.bus.producer import EventProducer, Outbound
 from toolfleet.bus.runtime import ConsumerSpec, EventConsumer, Inbound
 from toolfleet.bus.scheduler import Placement
+from toolfleet.client import InvocationHandle
 from toolfleet.events.codec import ContentMode, encode
 from toolfleet.events.envelope import new_event
 from toolfleet.events.models import InvocationStatus, Priority
 from toolfleet.events.types import EventType, Source, TopicName, topic
 from toolfleet.executor.settings import ExecutorSettings
-from toolfleet.sdk.client import InvocationHandle
 from toolfleet.settings import FleetSettings
 from toolfleet.worker import load_build, open_resources
 
@@ -180,7 +181,7 @@ async def test_queued_records_are_left_to_the_next_owner_and_bad_ones_dead_lette
     ]
     producer = EventProducer(local)
     await producer.start()
-    raw = AIOKafkaProducer(bootstrap_servers=local.kafka_bootstrap)
+    raw = AIOKafkaProducer(**connection_kwargs(local))
     await raw.start()
     try:
         for env in events[:1]:
@@ -230,7 +231,7 @@ async def _read(settings: FleetSettings, name: str, *, want: int) -> list[Any]:
 
     reader = AIOKafkaConsumer(
         name,
-        bootstrap_servers=settings.kafka_bootstrap,
+        **connection_kwargs(settings),
         auto_offset_reset="earliest",
         fetch_max_wait_ms=5,
     )

@@ -36,6 +36,7 @@ from tests.support.eventually import eventually
 from tests.support.fleet import ProcessFleet
 from tests.support.pipeline import Fleet
 from tests.support.servers import free_port, wait_for_port
+from toolfleet.bus.connection import connection_kwargs
 from toolfleet.errors import InvalidEvent
 from toolfleet.events.codec import decode
 from toolfleet.events.envelope import Envelope
@@ -325,7 +326,7 @@ class Located:
 async def read_records(settings: FleetSettings, name: TopicName) -> list[Located]:
     """Every decodable record of a topic, from the beginning up to its current end."""
     consumer = AIOKafkaConsumer(
-        bootstrap_servers=settings.kafka_bootstrap,
+        **connection_kwargs(settings),
         enable_auto_commit=False,
         fetch_max_wait_ms=20,
         max_partition_fetch_bytes=4 * 1_048_576,
@@ -366,7 +367,7 @@ async def read_topic(settings: FleetSettings, name: TopicName) -> list[Envelope]
 async def committed_offsets(settings: FleetSettings, group: str, name: TopicName) -> dict[int, int]:
     """Partition -> offset the consumer group ``group`` committed on a topic (-1: none)."""
     consumer = AIOKafkaConsumer(
-        bootstrap_servers=settings.kafka_bootstrap, group_id=group, enable_auto_commit=False
+        **connection_kwargs(settings), group_id=group, enable_auto_commit=False
     )
     await consumer.start()
     try:

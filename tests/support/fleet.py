@@ -17,9 +17,9 @@ from tests.support.servers import kill_quietly
 from toolfleet.auth.tokens import TokenIssuer
 from toolfleet.bus.admin import ensure_topics
 from toolfleet.bus.producer import EventProducer
+from toolfleet.client import ToolfleetClient
 from toolfleet.devstack.bootstrap import bootstrap
 from toolfleet.events.models import InvocationStatus
-from toolfleet.sdk.client import ToolfleetClient
 from toolfleet.settings import FleetSettings
 
 ALL_SERVICES = ("policy", "executor", "validator", "audit", "status")

@@ -17,11 +17,12 @@ from toolfleet.auth.grants import ensure_grant_key
 from toolfleet.auth.keys import ensure_key_pair
 from toolfleet.auth.tokens import TokenIssuer
 from toolfleet.bus.admin import ensure_topics
+from toolfleet.bus.connection import connection_kwargs
 from toolfleet.bus.producer import EventProducer, Outbound
+from toolfleet.client import ToolfleetClient
 from toolfleet.events.codec import ContentMode, decode
 from toolfleet.events.envelope import Envelope
 from toolfleet.events.types import TopicName, topic
-from toolfleet.sdk.client import ToolfleetClient
 from toolfleet.settings import FleetSettings
 from toolfleet.worker import Resources, load_build, open_resources
 
@@ -59,7 +60,7 @@ class Fleet:
         """Everything on a topic so far (optionally for one invocation)."""
         consumer = AIOKafkaConsumer(
             self.topic(name),
-            bootstrap_servers=self.settings.kafka_bootstrap,
+            **connection_kwargs(self.settings),
             auto_offset_reset="earliest",
             fetch_max_wait_ms=5,
         )

@@ -355,3 +355,43 @@ async def big_output(params: BigIn, ctx: ToolContext) -> BigOut:
         ],
         total=params.rows,
     )
+
+
+class ReadDocumentInput(BaseModel):
+    document_id: str
+    steps: int = 0
+    step_seconds: float = 0.0
+
+
+class ReadDocumentOutput(BaseModel):
+    versions_seen: list[str]
+    content: str
+    resumed_from_step: int | None = None
+
+
+@tool(
+    id="test__read_document",
+    version="1.0.0",
+    effect="read_only",
+    redaction_allowlist=["versions_seen", "content", "resumed_from_step"],
+    timeout_seconds=600,
+)
+async def read_document(params: ReadDocumentInput, ctx: ToolContext) -> ReadDocumentOutput:
+    """Reads a document through ``ctx.documents`` at the start and after every step,
+    checkpointing the versions it saw (a long call reading its source of truth)."""
+    state = ctx.resume_state()
+    start = int(state["step"]) if state else 0
+    seen: list[str] = list(state["seen"]) if state else []
+    doc = await ctx.documents.get(params.document_id)
+    seen.append(doc.version)
+    for step in range(start, params.steps):
+        await asyncio.sleep(params.step_seconds)
+        doc = await ctx.documents.get(params.document_id)
+        seen.append(doc.version)
+        done = step + 1
+        await ctx.checkpoint(
+            {"step": done, "seen": seen}, progress_percent=100.0 * done / params.steps
+        )
+    return ReadDocumentOutput(
+        versions_seen=seen, content=doc.content, resumed_from_step=start if state else None
+    )

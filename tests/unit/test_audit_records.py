@@ -9,13 +9,18 @@ import pytest
 
 from tests.support.lifecycle import T0, Lifecycle
 from toolfleet.audit import ocsf
-from toolfleet.audit.records import audit_event, invocation_id_of, invocation_uuid
+from toolfleet.audit.records import audit_event
 from toolfleet.errors import ErrorCode
 from toolfleet.events.codec import ContentMode, decode, encode
 from toolfleet.events.envelope import Envelope, derived_event_id, new_event
-from toolfleet.events.models import AuditRecord, CircuitChanged, InvocationStatus
+from toolfleet.events.identity import invocation_uuid
+from toolfleet.events.models import (
+    AuditRecord,
+    CircuitChanged,
+    ControlRefused,
+    InvocationStatus,
+)
 from toolfleet.events.types import EventType, Source
-from toolfleet.policy.service import invocation_uuid as policy_invocation_uuid
 
 pytestmark = pytest.mark.unit
 
@@ -177,6 +182,37 @@ def test_actor_of_control_events_is_the_human() -> None:
     assert requested.ocsf["actor"]["user"]["type"] == "agent"
 
 
+def test_a_refused_control_event_is_an_audited_security_failure() -> None:
+    lc = Lifecycle()
+    forged = lc.approval(granted=True).model_copy(update={"authtype": "app_user", "authid": "x"})
+    _, claimed = _audit(forged)
+    assert claimed.auth == {}  # producer-written: its auth attributes are only claims
+    refusal = new_event(
+        event_type=EventType.CONTROL_REFUSED,
+        source=Source.POLICY,
+        data=ControlRefused(
+            invocation_id=forged.data["invocation_id"],
+            tenant_id=forged.data["tenant_id"],
+            control_type=forged.type,
+            actor="did:user:approver",
+            reason="control event is not signed",
+            refused_event_id=forged.id,
+        ),
+        tenant_id=forged.data["tenant_id"],
+        invocation_id=forged.data["invocation_id"],
+    )
+    _, record = _audit(refusal)
+    assert (record.outcome, record.error_code, record.actor) == (
+        "failure",
+        "permission_denied",
+        "did:user:approver",
+    )
+    assert record.ocsf["status_id"] == 2
+    assert record.ocsf["severity_id"] == 3
+    assert record.ocsf["unmapped"]["reason"] == "control event is not signed"
+    assert record.ocsf["unmapped"]["refused_event_id"] == forged.id
+
+
 def test_ocsf_api_activity_projection() -> None:
     lc = Lifecycle()
     _, record = _audit(lc.outcome(InvocationStatus.ERROR))
@@ -266,10 +302,3 @@ def test_free_text_in_details_is_masked() -> None:
     )
     raw = json.dumps(_audit(cancel)[0].data)
     assert "bob@example.com" not in raw
-
-
-@pytest.mark.parametrize("raw", ["not-a-uuid", "6a1f3c1e-0000-4000-8000-000000000001", "x" * 300])
-def test_invocation_ids_match_policy(raw: str) -> None:
-    assert invocation_uuid(raw[:256]) == policy_invocation_uuid(raw[:256])
-    event = Envelope(id=raw[:256], source="/c", type=EventType.INVOKE_REQUESTED)
-    assert invocation_id_of(event) == policy_invocation_uuid(raw[:256])

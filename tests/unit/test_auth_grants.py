@@ -193,3 +193,20 @@ def test_short_or_missing_grant_keys_are_refused(tmp_path: Path) -> None:
         load_grant_keys(path)
     with pytest.raises(GrantKeyError, match="cannot read"):
         load_grant_keys(tmp_path / "missing")
+
+
+DOCS = {"documents": [{"document_id": "handbook", "version": None}], "source": None}
+
+
+def test_a_grant_binds_the_calls_document_context() -> None:
+    signer = GrantSigner(KEY, margin_s=60, clock=FakeClock())
+    verifier = GrantVerifier([KEY], clock=FakeClock())
+    with_docs = signer.sign(**CALL, capability_jti="cap-jti-1", timeout_s=30, document_context=DOCS)
+    verifier.verify(with_docs, **CALL, document_context=DOCS)
+    wider = {"documents": [*DOCS["documents"], {"document_id": "payroll", "version": None}]}
+    for other in (wider, None):
+        with pytest.raises(PermissionDenied, match="other documents"):
+            verifier.verify(with_docs, **CALL, document_context=other)
+    # A grant issued without documents does not let an edited event add some.
+    with pytest.raises(PermissionDenied, match="other documents"):
+        verifier.verify(_grant(), **CALL, document_context=DOCS)

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from toolfleet.executor.checkpoint_codec import (
+from toolfleet.executor.checkpoints.codec import (
     apply_patch,
     canonical_json,
     decode,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from toolfleet.executor.checkpoint_schedule import CheckpointSchedule, is_durable
+from toolfleet.executor.checkpoints.schedule import CheckpointSchedule, is_durable
 
 pytestmark = pytest.mark.unit
 

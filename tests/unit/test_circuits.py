@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from toolfleet.errors import RegistrationError
-from toolfleet.executor.circuits import (
+from toolfleet.executor.circuits.breaker import (
     CallOutcome,
     CircuitBreaker,
     CircuitState,

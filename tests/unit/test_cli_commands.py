@@ -82,6 +82,23 @@ def test_token_issue_admin_scope(key_env: dict[str, str]) -> None:
     assert verifier.verify(result.stdout.strip()).is_admin
 
 
+def test_token_issue_approver_scope(key_env: dict[str, str]) -> None:
+    base = ["token", "issue", "--tenant", "t", "--agent", "did:user:alice", "--tool", "*"]
+    result = CliRunner().invoke(app, [*base, "--scope", "approver"], env=key_env)
+    assert result.exit_code == 0, result.output
+    verifier = TokenVerifier.from_file(
+        Path(key_env["TOOLFLEET_JWT_PUBLIC_KEY_FILE"]), issuer="iss-test", audience="aud-test"
+    )
+    capability = verifier.verify(result.stdout.strip())
+    assert capability.scopes == frozenset({"approver"})
+    assert not capability.is_admin
+
+    unknown = CliRunner().invoke(app, [*base, "--scope", "root"], env=key_env)
+    assert unknown.exit_code == 1
+    assert "unknown scope 'root'" in unknown.stderr
+    assert unknown.stdout == ""
+
+
 def test_missing_key_is_a_friendly_error(tmp_path: Path) -> None:
     result = CliRunner().invoke(
         app, ["token", "issue", "--tenant", "t", "--agent", "did:a", "--tool", "x"]

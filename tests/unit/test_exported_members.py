@@ -1,38 +1,73 @@
-"""The public SDK surface is pinned: changing it is a deliberate, reviewed act."""
+"""The public surfaces are pinned: changing one is a deliberate, reviewed act."""
 
 from __future__ import annotations
 
+from types import ModuleType
+
 import pytest
 
+import toolfleet.client
 import toolfleet.sdk
+import toolfleet.sdk.testing
 
 pytestmark = pytest.mark.unit
 
+SURFACES: dict[str, tuple[ModuleType, list[str]]] = {
+    "sdk": (
+        toolfleet.sdk,
+        [
+            "CachePolicy",
+            "CircuitPolicy",
+            "Effect",
+            "RetryPolicy",
+            "ToolContext",
+            "ToolSpec",
+            "spec_of",
+            "tool",
+        ],
+    ),
+    "sdk.testing": (
+        toolfleet.sdk.testing,
+        ["CheckpointRecorder", "LocalRun", "context_for", "run_tool"],
+    ),
+    "client": (
+        toolfleet.client,
+        [
+            "ApiError",
+            "ApiUnavailable",
+            "InvocationHandle",
+            "Progress",
+            "ToolfleetClient",
+            "ToolfleetHttpClient",
+            "invoke_request",
+        ],
+    ),
+}
 
-def test_sdk_exports() -> None:
-    assert sorted(toolfleet.sdk.__all__) == [
-        "CachePolicy",
-        "CircuitPolicy",
-        "Effect",
-        "InvocationHandle",
-        "RetryPolicy",
-        "ToolContext",
-        "ToolSpec",
-        "ToolfleetClient",
-        "tool",
-    ]
+
+@pytest.mark.parametrize("surface", sorted(SURFACES))
+def test_exports(surface: str) -> None:
+    module, expected = SURFACES[surface]
+    assert sorted(module.__all__) == expected
 
 
-def test_every_export_exists_and_is_documented() -> None:
-    for name in toolfleet.sdk.__all__:
-        member = getattr(toolfleet.sdk, name)
-        assert member.__doc__, f"toolfleet.sdk.{name} has no docstring"
+@pytest.mark.parametrize("surface", sorted(SURFACES))
+def test_every_export_exists_and_is_documented(surface: str) -> None:
+    module, _ = SURFACES[surface]
+    for name in module.__all__:
+        member = getattr(module, name)
+        assert member.__doc__, f"toolfleet.{surface}.{name} has no docstring"
 
 
-def test_no_undeclared_public_members() -> None:
+def test_no_undeclared_public_members_in_the_sdk() -> None:
     public = {
         name
         for name, value in vars(toolfleet.sdk).items()
-        if not name.startswith("_") and not isinstance(value, type(toolfleet))  # submodules
+        if not name.startswith("_") and not isinstance(value, ModuleType)  # submodules
     }
     assert public == set(toolfleet.sdk.__all__)
+
+
+def test_the_sdk_no_longer_carries_the_producer_client() -> None:
+    # Producers import toolfleet.client; tool authors' installs stay light.
+    assert not hasattr(toolfleet.sdk, "ToolfleetClient")

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from toolfleet.validator.redaction import REDACTED, redact
+from toolfleet.registry.redaction import REDACTED, redact
 
 pytestmark = pytest.mark.unit
 

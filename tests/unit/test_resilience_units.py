@@ -11,8 +11,13 @@ from pydantic import BaseModel
 from toolfleet.errors import ErrorCode, ExternalApiError, RegistrationError, ToolTimeout
 from toolfleet.executor.attempts import AttemptsInput, AttemptsResult, run_attempts
 from toolfleet.executor.cache import call_id
-from toolfleet.executor.circuits import CircuitBreaker, CircuitState, CircuitStatus, Transition
-from toolfleet.sdk import CachePolicy, CircuitPolicy, RetryPolicy, ToolContext, tool
+from toolfleet.executor.circuits.breaker import (
+    CircuitBreaker,
+    CircuitState,
+    CircuitStatus,
+    Transition,
+)
+from toolfleet.sdk import CachePolicy, CircuitPolicy, RetryPolicy, ToolContext, spec_of, tool
 
 pytestmark = pytest.mark.unit
 
@@ -69,7 +74,7 @@ def job(
             transitions.append(transition)
 
     return AttemptsInput(
-        spec=retried,
+        spec=spec_of(retried),
         parameters=params,
         timeout_s=1,
         cancel_event=cancel or asyncio.Event(),
@@ -189,8 +194,8 @@ def test_bad_policies_are_refused(make: Any) -> None:
 
 
 def test_defaults() -> None:
-    assert retried.circuit_name == "unit__retry"
-    assert retried.cache is None
+    assert spec_of(retried).circuit_name == "unit__retry"
+    assert spec_of(retried).cache is None
     policy = CircuitPolicy()
     assert (policy.window_size, policy.minimum_calls, policy.failure_rate) == (20, 5, 0.5)
     assert (policy.slow_call_s, policy.slow_call_rate, policy.open_s) == (10, 1.0, 30)

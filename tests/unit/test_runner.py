@@ -8,10 +8,10 @@ import pytest
 from pydantic import BaseModel
 
 from toolfleet.errors import ErrorCode, ExternalApiError
-from toolfleet.executor.fencing import Fence, StaleLease
+from toolfleet.executor.leasing.fencing import Fence, StaleLease
 from toolfleet.executor.runner import run_tool
 from toolfleet.sdk.context import CheckpointInput, ToolContext
-from toolfleet.sdk.tool import tool
+from toolfleet.sdk.tool import spec_of, tool
 
 pytestmark = pytest.mark.unit
 
@@ -42,17 +42,17 @@ def ctx() -> ToolContext:
 
 
 async def test_ok() -> None:
-    assert (await run_tool(t, {"mode": "fast"}, ctx(), timeout_s=1)).result == {"ok": True}
+    assert (await run_tool(spec_of(t), {"mode": "fast"}, ctx(), timeout_s=1)).result == {"ok": True}
 
 
 async def test_timeout() -> None:
-    run = await run_tool(t, {"mode": "slow"}, ctx(), timeout_s=0.05)
+    run = await run_tool(spec_of(t), {"mode": "slow"}, ctx(), timeout_s=0.05)
     assert run.error is not None
     assert run.error.code is ErrorCode.TIMEOUT
 
 
 async def test_typed_errors_keep_their_code_and_retry_hint() -> None:
-    run = await run_tool(t, {"mode": "external"}, ctx(), timeout_s=1)
+    run = await run_tool(spec_of(t), {"mode": "external"}, ctx(), timeout_s=1)
     assert run.error is not None
     assert (run.error.code, run.error.retryable, run.error.retry_after_s) == (
         ErrorCode.EXTERNAL_API_ERROR,
@@ -62,7 +62,7 @@ async def test_typed_errors_keep_their_code_and_retry_hint() -> None:
 
 
 async def test_unexpected_exceptions_leak_only_their_type() -> None:
-    run = await run_tool(t, {"mode": "crash"}, ctx(), timeout_s=1)
+    run = await run_tool(spec_of(t), {"mode": "crash"}, ctx(), timeout_s=1)
     assert run.error is not None
     assert run.error.code is ErrorCode.TOOL_EXECUTION_ERROR
     assert "secret-value" not in run.error.model_dump_json()
@@ -70,7 +70,7 @@ async def test_unexpected_exceptions_leak_only_their_type() -> None:
 
 
 async def test_invalid_parameters() -> None:
-    run = await run_tool(t, {"mode": 3}, ctx(), timeout_s=1)
+    run = await run_tool(spec_of(t), {"mode": 3}, ctx(), timeout_s=1)
     assert run.error is not None
     assert run.error.code is ErrorCode.INVALID_PARAMETERS
     assert run.error.details["errors"][0]["field"] == "mode"
@@ -100,4 +100,4 @@ async def test_a_lost_lease_discards_the_run_instead_of_reporting_it() -> None:
         checkpoints=_LostLease(),
     )
     with pytest.raises(StaleLease):
-        await run_tool(checkpointer, {"mode": "fast"}, lost, timeout_s=1)
+        await run_tool(spec_of(checkpointer), {"mode": "fast"}, lost, timeout_s=1)

@@ -13,6 +13,7 @@ import pytest
 import yaml
 from pydantic import BaseModel
 
+from toolfleet.cli import schemas as schema_files
 from toolfleet.errors import ErrorCode, ErrorInfo
 from toolfleet.events import schema_export
 from toolfleet.events.codec import ContentMode, encode
@@ -25,6 +26,7 @@ from toolfleet.events.models import (
     CancelRequested,
     CheckpointCreated,
     CircuitChanged,
+    ControlRefused,
     DlqHeader,
     DlqRecord,
     Effect,
@@ -127,6 +129,15 @@ def sample(event_type: EventType) -> BaseModel:
                 progress_percent=50,
                 timestamp=NOW,
             )
+        case EventType.CONTROL_REFUSED:
+            return ControlRefused(
+                invocation_id=INVOCATION,
+                tenant_id="tenant_acme",
+                control_type=EventType.APPROVAL_GRANTED,
+                actor="did:user:alice",
+                reason="control event is not signed",
+                refused_event_id="e1",
+            )
         case EventType.APPROVAL_REQUESTED:
             return ApprovalRequested(
                 invocation_id=INVOCATION,
@@ -180,11 +191,8 @@ def _validator(path: str) -> Any:
 
 
 def test_checked_in_schemas_match_the_models() -> None:
-    drifted = schema_export.drift(SCHEMAS)
-    assert not drifted, (
-        f"schemas/ drifted from the models: {drifted}; "
-        "run `python -m toolfleet.events.schema_export schemas`"
-    )
+    drifted = schema_files.drift(SCHEMAS)
+    assert not drifted, f"schemas/ drifted from the models: {drifted}; run `make schemas`"
 
 
 def test_render_is_deterministic() -> None:
@@ -293,3 +301,23 @@ def test_asyncapi_document_is_complete_and_its_refs_resolve() -> None:
         if op["action"] == "send" and op["channel"]["$ref"] == "#/channels/invokeAuthorized"
     }
     assert senders == {"policy"}
+
+
+def test_the_schemas_command_writes_checks_and_removes_stale_files(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert schema_files.main(["--check", str(tmp_path)]) == 1
+    assert "differ from the models" in capsys.readouterr().err
+    assert schema_files.main([str(tmp_path)]) == 0
+    assert schema_files.drift(tmp_path) == []
+    assert schema_files.main(["--check", str(tmp_path)]) == 0
+    stale = tmp_path / "events" / "ai.agent.tool.retired.json"
+    stale.write_text("{}", encoding="utf-8")
+    (tmp_path / "asyncapi.yaml").write_text("edited by hand\n", encoding="utf-8")
+    assert set(schema_files.drift(tmp_path)) == {
+        "asyncapi.yaml",
+        "events/ai.agent.tool.retired.json",
+    }
+    assert schema_files.main([str(tmp_path)]) == 0
+    assert not stale.exists()
+    assert (tmp_path / "asyncapi.yaml").read_text(encoding="utf-8") == RENDERED["asyncapi.yaml"]

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 
 from toolfleet.errors import PermissionDenied, RegistrationError
-from toolfleet.sdk import ToolContext, tool
+from toolfleet.sdk import ToolContext, spec_of, tool
 from toolfleet.secrets.capability import (
     CredentialCapability,
     LeakDetector,
@@ -136,8 +136,8 @@ def test_tool_declares_credentials_in_its_manifest() -> None:
     async def gh(params: Empty, ctx: ToolContext) -> Out:
         return Out(value="x")
 
-    assert gh.credentials == ("api_key", "app_id")
-    assert gh.manifest().credentials == ["api_key", "app_id"]
+    assert spec_of(gh).credentials == ("api_key", "app_id")
+    assert spec_of(gh).manifest().credentials == ["api_key", "app_id"]
 
 
 @pytest.mark.parametrize(

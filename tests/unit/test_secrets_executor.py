@@ -14,9 +14,9 @@ from tests.support import sample_tools
 from toolfleet.events.envelope import Envelope, new_event
 from toolfleet.events.models import AgentContext, Effect, InvokeAuthorized
 from toolfleet.events.types import EventType, Source, TopicName
-from toolfleet.executor.checkpoints import Checkpoint
+from toolfleet.executor.checkpoints.store import Checkpoint
 from toolfleet.executor.service import ExecutorService
-from toolfleet.sdk.catalog import ToolCatalog
+from toolfleet.registry.catalog import ToolCatalog
 from toolfleet.secrets.env import EnvSecretStore
 
 pytestmark = pytest.mark.unit

@@ -12,6 +12,7 @@ from toolfleet.events.models import CircuitChanged, InvocationStatus
 from toolfleet.events.types import EventType, Source
 from toolfleet.status.projection import InvocationRow
 from toolfleet.status.service import ProjectInput, StatusProjector
+from toolfleet.storage.notices import MemoryFinishedNotices
 
 pytestmark = pytest.mark.unit
 
@@ -72,3 +73,21 @@ async def test_control_event_before_the_row_is_recorded_but_makes_no_row() -> No
     assert await projector.on_event(lc.cancel_requested())
     assert store.rows == {}
     assert len(store.projected) == 1
+
+
+async def test_terminal_outcomes_are_announced_after_projection_redeliveries_too() -> None:
+    store = MemoryProjection()
+    notices = MemoryFinishedNotices()
+    projector = StatusProjector(projection=store, notices=notices)
+    lc = Lifecycle()
+    for event in (lc.requested(), lc.authorized(), lc.invoked()):
+        await projector.on_event(event)
+    assert notices.published == []
+    done = lc.outcome()
+    with notices.watch(lc.invocation_id) as finished:
+        await projector.on_event(done)
+        assert finished.is_set()
+        # Announced only once the row shows the outcome.
+        assert store.rows[lc.invocation_id].status is InvocationStatus.SUCCESS
+    await projector.on_event(done)  # a redelivery: a notice lost to a crash is sent again
+    assert notices.published == [lc.invocation_id, lc.invocation_id]

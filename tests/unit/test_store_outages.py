@@ -19,8 +19,8 @@ import pytest
 
 from toolfleet.bus.runtime import _is_transient
 from toolfleet.errors import CheckpointFailed, InvalidParameters
-from toolfleet.executor.checkpoints import Checkpoint
-from toolfleet.executor.cold_checkpoints import PostgresCheckpointStore
+from toolfleet.executor.checkpoints.cold import PostgresCheckpointStore
+from toolfleet.executor.checkpoints.store import Checkpoint
 
 OUTAGES = [
     ConnectionRefusedError(111, "Connection refused"),

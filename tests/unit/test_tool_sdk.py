@@ -9,8 +9,8 @@ from pydantic import BaseModel, Field
 
 from toolfleet.errors import RegistrationError
 from toolfleet.events.models import Effect
-from toolfleet.sdk import ToolContext, ToolSpec, tool
-from toolfleet.sdk.catalog import ToolCatalog, discover
+from toolfleet.registry.catalog import ToolCatalog, discover
+from toolfleet.sdk import ToolContext, ToolSpec, spec_of, tool
 
 pytestmark = pytest.mark.unit
 
@@ -42,7 +42,7 @@ def define(**overrides: Any) -> ToolSpec:
         """Echoes."""
         return Out(message=params.message, length=len(params.message))
 
-    return tool(**options)(echo)
+    return spec_of(tool(**options)(echo))
 
 
 def test_a_valid_tool() -> None:
@@ -165,3 +165,37 @@ def test_discover_includes_the_builtins() -> None:
         ("core__echo", "1.0.0"),
         ("core__long_running", "1.0.0"),
     } <= ids
+
+
+async def test_the_decorated_function_stays_callable_and_carries_its_spec() -> None:
+    async def echo(params: In, ctx: ToolContext) -> Out:
+        return Out(message=params.message, length=len(params.message))
+
+    declared = tool(id="acme__echo", version="1.0.0", effect="read_only", redaction_allowlist=[])(
+        echo
+    )
+    assert declared is echo
+    assert spec_of(echo).fn is echo
+    assert spec_of(echo) is echo.__toolfleet_spec__  # type: ignore[attr-defined]
+    assert spec_of(spec_of(echo)) is spec_of(echo)
+    ctx = ToolContext(
+        tenant_id="t", agent_did="a", invocation_id="i", tool_id="acme__echo", tool_version="1.0.0"
+    )
+    assert await echo(In(message="hi"), ctx) == Out(message="hi", length=2)
+
+
+def test_spec_of_a_plain_function_names_the_decorator() -> None:
+    async def plain(params: In, ctx: ToolContext) -> Out:
+        return Out(message="", length=0)
+
+    with pytest.raises(RegistrationError, match=r"plain is not a tool: declare it with @tool"):
+        spec_of(plain)
+
+
+def test_catalog_takes_decorated_functions() -> None:
+    async def echo(params: In, ctx: ToolContext) -> Out:
+        return Out(message=params.message, length=len(params.message))
+
+    tool(id="acme__echo", version="2.0.0", effect="read_only", redaction_allowlist=[])(echo)
+    catalog = ToolCatalog([echo])
+    assert catalog.get("acme__echo", "2.0.0") is spec_of(echo)

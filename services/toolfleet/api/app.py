@@ -7,21 +7,24 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI
+from starlette.routing import Route
 
 import toolfleet
+from toolfleet.api.mcp import MCP_PATH, McpService
 from toolfleet.api.metrics import HttpMetricsMiddleware
 from toolfleet.api.problems import install_problem_handlers, problem_media_types
 from toolfleet.api.resources import open_resources
-from toolfleet.api.routes import health, invocations, policies, tools
+from toolfleet.api.routes import events, health, invocations, policies, tools
 from toolfleet.api.settings import ApiSettings
 
 
 def create_app(settings: ApiSettings) -> FastAPI:
     """Build the API; its clients are opened when the app starts and closed when it stops."""
+    mcp = McpService.create()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        async with open_resources(settings) as res:
+        async with open_resources(settings) as res, mcp.running():
             app.state.resources = res
             yield
 
@@ -35,8 +38,13 @@ def create_app(settings: ApiSettings) -> FastAPI:
     app.add_middleware(HttpMetricsMiddleware)
     app.include_router(health.router)
     app.include_router(invocations.router)
+    app.include_router(events.router)
     app.include_router(tools.router)
     app.include_router(policies.router)
+    # MCP's transport answers GET, POST and DELETE itself (405 where stateless has none).
+    app.router.routes.append(
+        Route(MCP_PATH, mcp.endpoint, methods=["GET", "POST", "DELETE"], include_in_schema=False)
+    )
     _serve_problem_media_types(app)
     return app
 

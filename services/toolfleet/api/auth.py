@@ -1,8 +1,10 @@
 """Bearer-token authentication: every route but health names a caller.
 
 The bearer token is a capability token signed by the fleet's keys; its ``tenant_id``
-claim scopes what the caller sees. The token itself never appears in a response or a
-log line: a failure says which check failed, nothing more.
+claim scopes what the caller sees. Every request checks the token's ``jti`` against the
+revocation list (a revoked token is a ``401``; an unreachable list a ``503``: never let a
+possibly revoked token through). The token itself never appears in a response or a log
+line: a failure says which check failed, nothing more.
 """
 
 from __future__ import annotations
@@ -12,9 +14,11 @@ from typing import Annotated
 
 from fastapi import Depends
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from redis.exceptions import RedisError
 
 from toolfleet.api.problems import ProblemError
 from toolfleet.api.resources import ApiResources, resources
+from toolfleet.auth.revocation import ensure_not_revoked
 from toolfleet.auth.tokens import Capability
 from toolfleet.errors import ErrorCode, PermissionDenied
 
@@ -44,6 +48,20 @@ class Caller:
         """Whether this caller may read or act on ``tenant_id``'s invocations."""
         return self.is_admin or tenant_id == self.tenant_id
 
+    def may_decide(self, tenant_id: str) -> bool:
+        """Whether this caller may approve or deny ``tenant_id``'s pending calls.
+
+        Needs the ``approver`` scope for that tenant, or ``admin``; a plain capability
+        token (what agents hold) never decides.
+        """
+        return self.is_admin or (
+            "approver" in self.capability.scopes and tenant_id == self.tenant_id
+        )
+
+    def is_requester(self, agent_did: str | None) -> bool:
+        """Whether this caller is the agent that requested a call (unknown counts as yes)."""
+        return agent_did is None or agent_did in {self.subject, self.capability.agent_did}
+
     @property
     def tenant_scope(self) -> str | None:
         """The tenant to filter reads by, or ``None`` for an admin (all tenants)."""
@@ -57,18 +75,46 @@ def _unauthorized(detail: str, *, invalid: bool) -> ProblemError:
     )
 
 
+async def verify_bearer(res: ApiResources, authorization: str | None) -> Caller:
+    """The verified, unrevoked caller of an ``Authorization`` header value.
+
+    Every door of the API (the HTTP routes, ``/mcp``) calls this, so token checks and
+    revocation hold the same everywhere.
+
+    Raises:
+        ProblemError: ``401`` without a bearer token or with a bad or revoked one;
+            ``503`` when the revocation list cannot be read.
+    """
+    scheme, _, token = (authorization or "").partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token:
+        raise _unauthorized("a bearer token is required", invalid=False)
+    try:
+        capability = await res.verifier.verify_fresh(token)
+    except PermissionDenied as exc:
+        raise _unauthorized(exc.message, invalid=True) from None
+    try:
+        await ensure_not_revoked(res.revocations, capability)
+    except PermissionDenied as exc:
+        raise _unauthorized(exc.message, invalid=True) from None
+    except (RedisError, OSError):
+        raise ProblemError(
+            503,
+            "the revocation list is unavailable; retry later",
+            code=ErrorCode.INTERNAL_ERROR,
+            headers={"Retry-After": "1"},
+        ) from None
+    return Caller(capability=capability, token=token)
+
+
 async def authenticate(
     res: Annotated[ApiResources, Depends(resources)],
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> Caller:
-    """FastAPI dependency: the verified caller, or a 401 problem."""
-    if credentials is None or credentials.scheme.lower() != "bearer":
+    """FastAPI dependency: the verified, unrevoked caller; else a 401 (or 503) problem."""
+    if credentials is None:
         raise _unauthorized("a bearer token is required", invalid=False)
-    try:
-        capability = await res.verifier.verify_fresh(credentials.credentials)
-    except PermissionDenied as exc:
-        raise _unauthorized(exc.message, invalid=True) from None
-    return Caller(capability=capability, token=credentials.credentials)
+    return await verify_bearer(res, f"{credentials.scheme} {credentials.credentials}")
 
 
 CallerDep = Annotated[Caller, Depends(authenticate)]

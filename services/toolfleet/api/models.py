@@ -34,11 +34,26 @@ class InvokeAccepted(_Body):
     polling_info: PollingInfo
 
 
+class ApprovalView(_Body):
+    """What an approver approves: present while the call is ``pending_approval``."""
+
+    tool_id: str
+    tool_version: str | None
+    """The resolved version the call would run."""
+    parameters: dict[str, Any] | None
+    """The parameters, after audit sanitization (secrets and PII patterns masked)."""
+    parameters_hash: str | None
+    """SHA-256 of the canonical tool, version and (unsanitized) parameters: the approval
+    binds to it, and ``POST .../approve`` sends it unless the body names one."""
+
+
 class InvocationView(_Body):
     """One invocation as the status projection (``tool_invocations``) knows it."""
 
     invocation_id: UUID
     tenant_id: str
+    agent_did: str | None = None
+    """The requesting agent (an approver must be someone else)."""
     tool_id: str
     tool_version: str | None = None
     """The resolved version, once policy has resolved it."""
@@ -55,6 +70,9 @@ class InvocationView(_Body):
     updated_at: datetime
     started_at: datetime | None = None
     completed_at: datetime | None = None
+    approval: ApprovalView | None = None
+    """While ``pending_approval``: tool, version, sanitized parameters and the hash the
+    approval binds to."""
 
 
 class InvocationPage(_Body):

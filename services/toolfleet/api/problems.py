@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from toolfleet.api.responses import SafeJSONResponse
 from toolfleet.errors import ErrorCode
 
 log = logging.getLogger(__name__)
@@ -100,7 +101,7 @@ def problem_response(
         errors=errors,
         **(extensions or {}),
     )
-    return JSONResponse(
+    return SafeJSONResponse(
         problem.model_dump(mode="json", exclude_none=True),
         status_code=status,
         headers=headers,

@@ -17,12 +17,12 @@ from uuid import UUID
 
 import asyncpg
 
-from toolfleet.api.models import InvocationPage, InvocationView
+from toolfleet.api.models import ApprovalView, InvocationPage, InvocationView
 from toolfleet.events.models import InvocationStatus
 
-_COLUMNS = """invocation_id, tenant_id, tool_id, tool_version, status, progress_percent,
-    current_phase, result, error, latest_checkpoint, execution_metadata, warnings,
-    created_at, updated_at, started_at, completed_at"""
+_COLUMNS = """invocation_id, tenant_id, agent_did, tool_id, tool_version, status,
+    progress_percent, current_phase, result, error, latest_checkpoint, execution_metadata,
+    warnings, created_at, updated_at, started_at, completed_at, parameters, parameters_hash"""
 
 
 class InvalidCursor(ValueError):
@@ -83,7 +83,7 @@ class InvocationQueries:
             f"SELECT {_COLUMNS} FROM tool_invocations WHERE {where}",  # noqa: S608 - placeholders only
             *args,
         )
-        return None if row is None else InvocationView.model_validate(dict(row))
+        return None if row is None else _view(row)
 
     async def page(self, query: InvocationFilter) -> InvocationPage:
         """A page of invocations, newest first."""
@@ -112,7 +112,7 @@ class InvocationQueries:
                 ORDER BY created_at DESC, invocation_id DESC LIMIT {limit}""",  # noqa: S608 - placeholders only
             *args,
         )
-        items = [InvocationView.model_validate(dict(r)) for r in rows[: query.limit]]
+        items = [_view(r) for r in rows[: query.limit]]
         next_cursor = None
         if len(rows) > query.limit:
             last = items[-1]
@@ -120,3 +120,19 @@ class InvocationQueries:
                 created_at=last.created_at, invocation_id=last.invocation_id
             ).encode()
         return InvocationPage(items=items, next_cursor=next_cursor)
+
+
+def _view(row: asyncpg.Record) -> InvocationView:
+    """The API's view of a row: parameters only while an approver has to judge them."""
+    fields = dict(row)
+    parameters, digest = fields.pop("parameters"), fields.pop("parameters_hash")
+    view = InvocationView.model_validate(fields)
+    if view.status is not InvocationStatus.PENDING_APPROVAL:
+        return view
+    approval = ApprovalView(
+        tool_id=view.tool_id,
+        tool_version=view.tool_version,
+        parameters=parameters,
+        parameters_hash=digest,
+    )
+    return view.model_copy(update={"approval": approval})

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
@@ -12,12 +14,14 @@ from redis.asyncio import Redis
 
 from toolfleet.api.queries import InvocationQueries
 from toolfleet.api.settings import ApiSettings
+from toolfleet.auth.revocation import CachedRevocationList
 from toolfleet.auth.tokens import TokenVerifier
+from toolfleet.client import ToolfleetClient
 from toolfleet.errors import ToolfleetError
 from toolfleet.events.types import Source
 from toolfleet.registry.store import RegistryStore
-from toolfleet.sdk.client import ToolfleetClient
 from toolfleet.storage.blobs import PostgresBlobStore
+from toolfleet.storage.notices import RedisFinishedNotices
 from toolfleet.storage.postgres import create_pool
 from toolfleet.storage.redis import connect_redis
 
@@ -31,9 +35,13 @@ class ApiResources:
     redis: Redis
     client: ToolfleetClient
     verifier: TokenVerifier
+    revocations: CachedRevocationList
+    """Checked on every authenticated request; follows ``token:revocations``."""
     registry: RegistryStore
     invocations: InvocationQueries
     blobs: PostgresBlobStore
+    notices: RedisFinishedNotices
+    """Wakes synchronous invokes when status has stored their outcome."""
 
 
 def load_verifier(settings: ApiSettings) -> TokenVerifier:
@@ -54,6 +62,10 @@ def load_verifier(settings: ApiSettings) -> TokenVerifier:
     return verifier
 
 
+#: How long start-up waits for the "invocation finished" subscription.
+_SUBSCRIBE_WAIT_S = 5.0
+
+
 @asynccontextmanager
 async def open_resources(settings: ApiSettings) -> AsyncIterator[ApiResources]:
     """Build every client; close them all on exit, whatever failed on the way."""
@@ -66,16 +78,35 @@ async def open_resources(settings: ApiSettings) -> AsyncIterator[ApiResources]:
         client = ToolfleetClient(settings, source=Source.API, watch=False)
         stack.push_async_callback(client.stop)  # also releases a half-started client
         await client.start()
+        revocations = CachedRevocationList.from_settings(redis, settings)
+        stop = asyncio.Event()
+        listener = asyncio.create_task(revocations.listen(redis, stop))
+        stack.push_async_callback(_stop_job, stop, listener)
+        notices = RedisFinishedNotices(redis)
+        subscribed = asyncio.Event()
+        notice_listener = asyncio.create_task(notices.listen(stop, subscribed=subscribed.set))
+        stack.push_async_callback(_stop_job, stop, notice_listener)
+        # Serve without the subscription if Redis is slow: a synchronous invoke then
+        # finds its outcome by rechecking.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(subscribed.wait(), _SUBSCRIBE_WAIT_S)
         yield ApiResources(
             settings=settings,
             pool=pool,
             redis=redis,
             client=client,
             verifier=verifier,
+            revocations=revocations,
             registry=RegistryStore(pool),
             invocations=InvocationQueries(pool),
             blobs=PostgresBlobStore(pool),
+            notices=notices,
         )
+
+
+async def _stop_job(stop: asyncio.Event, job: asyncio.Task[None]) -> None:
+    stop.set()
+    await asyncio.gather(job, return_exceptions=True)
 
 
 def resources(request: Request) -> ApiResources:

@@ -7,9 +7,10 @@ from datetime import UTC, datetime
 
 from toolfleet.audit.records import audit_event
 from toolfleet.bus.producer import Outbound
-from toolfleet.bus.runtime import ConsumerSpec, EventConsumer, Inbound
+from toolfleet.bus.runtime import EventConsumer, Inbound
+from toolfleet.events import routing
 from toolfleet.events.codec import ContentMode
-from toolfleet.events.types import LIFECYCLE_TOPICS, Source, TopicName
+from toolfleet.events.types import TopicName
 from toolfleet.worker import Resources
 
 
@@ -21,11 +22,8 @@ async def build(res: Resources) -> list[EventConsumer]:
         # Structured mode: SIEM connectors read the value and never see headers.
         return [Outbound(envelope=envelope, topic=audit_topic, mode=ContentMode.STRUCTURED)]
 
-    spec = ConsumerSpec(
-        service="audit",
-        source=Source.AUDIT,
-        group_id=res.group("audit"),
-        topics=[res.topic(name) for name in LIFECYCLE_TOPICS],
+    spec = res.spec(
+        routing.AUDIT_CONSUMER,
         max_in_flight=res.settings.max_in_flight,
         fetch_max_wait_ms=res.settings.observer_fetch_max_wait_ms,
     )

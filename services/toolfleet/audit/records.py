@@ -13,8 +13,6 @@ put there is a claim, not an identity, and is dropped (policy does the same).
 
 from __future__ import annotations
 
-import re
-import uuid
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any, Final, Literal, cast
@@ -22,12 +20,12 @@ from typing import Any, Final, Literal, cast
 from toolfleet.audit import ocsf
 from toolfleet.audit.sanitize import mask_text, sanitize_parameters
 from toolfleet.events.envelope import Envelope, derived_event_id, new_event
+from toolfleet.events.identity import invocation_id_of, tenant_of, trace_id_of
 from toolfleet.events.models import AuditRecord, SourceEventRef
 from toolfleet.events.types import TERMINAL_TYPES, EventType, Source
 
 Outcome = Literal["success", "failure", "pending", "info"]
 
-_TRACEPARENT = re.compile(r"^[0-9a-f]{2}-([0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}")
 _MAX_TEXT: Final = 512
 
 #: ``(outcome, status)`` for every non-terminal type; terminal ones read ``data.status``.
@@ -41,38 +39,23 @@ _SHAPE: Final[dict[str, tuple[Outcome, str | None]]] = {
     EventType.CHECKPOINT_CREATED: ("info", "running"),
     EventType.INVOKE_EXECUTED: ("info", "running"),
     EventType.CANCEL_REQUESTED: ("info", None),
+    EventType.CONTROL_REFUSED: ("failure", None),
 }
 
+_CODE_OF_TYPE: Final[dict[str, str]] = {
+    EventType.APPROVAL_DENIED: "approval_denied",
+    EventType.CONTROL_REFUSED: "permission_denied",
+}
 _WITH_PARAMETERS: Final = frozenset({EventType.INVOKE_REQUESTED, EventType.INVOKE_AUTHORIZED})
-_UNVERIFIED_AUTH: Final = frozenset({EventType.INVOKE_REQUESTED})
-_NAMESPACE: Final = uuid.NAMESPACE_URL
-
-
-def invocation_uuid(text: str) -> str:
-    """The invocation id as a UUID string; a non-UUID id maps stably (as policy maps it)."""
-    try:
-        return str(uuid.UUID(text))
-    except ValueError:
-        return str(uuid.uuid5(_NAMESPACE, f"toolfleet:invocation:{text}"))
-
-
-def invocation_id_of(event: Envelope) -> str | None:
-    """The invocation an event is about, as policy names it; ``None`` for fleet events."""
-    raw = _text(event.data.get("invocation_id")) or event.invocationid
-    if raw is None and event.type == EventType.INVOKE_REQUESTED:
-        raw = event.id  # the contract: invocation_id defaults to the event id
-    return invocation_uuid(raw[:256]) if raw else None
-
-
-def tenant_of(event: Envelope) -> str | None:
-    agent = _dict(event.data.get("agent_context"))
-    return event.tenantid or _text(event.data.get("tenant_id")) or _text(agent.get("tenant_id"))
-
-
-def trace_id_of(traceparent: str | None) -> str | None:
-    """The trace id of a W3C ``traceparent``, if it is well-formed."""
-    match = _TRACEPARENT.match(traceparent or "")
-    return match.group(1) if match else None
+#: Producer-written events: their auth attributes are claims nobody verified.
+_UNVERIFIED_AUTH: Final = frozenset(
+    {
+        EventType.INVOKE_REQUESTED,
+        EventType.CANCEL_REQUESTED,
+        EventType.APPROVAL_GRANTED,
+        EventType.APPROVAL_DENIED,
+    }
+)
 
 
 def audit_event(parent: Envelope, *, topic: str, now: datetime) -> Envelope:
@@ -138,7 +121,7 @@ def _shape(event: Envelope) -> tuple[Outcome, str | None, str | None]:
         code = _text(_dict(event.data.get("error")).get("code"))
         return ("success" if status == "success" else "failure"), status, code
     outcome, status = _SHAPE.get(event.type, ("info", None))
-    code = "approval_denied" if event.type == EventType.APPROVAL_DENIED else None
+    code = _CODE_OF_TYPE.get(event.type)
     return outcome, status, code
 
 
@@ -147,6 +130,8 @@ def _actor(event: Envelope, agent_did: str | None) -> str | None:
         return _text(event.data.get("approver")) or None
     if event.type == EventType.CANCEL_REQUESTED:
         return _text(event.data.get("requested_by")) or None
+    if event.type == EventType.CONTROL_REFUSED:
+        return _text(event.data.get("actor")) or None
     return agent_did
 
 
@@ -191,6 +176,8 @@ def _details(event: Envelope) -> dict[str, Any]:
             "resumed_from_checkpoint_id", meta.get("resumed_from_checkpoint_id")
         ),
         "reason": data.get("reason"),
+        "control_type": data.get("control_type"),
+        "refused_event_id": data.get("refused_event_id"),
         "circuit_name": data.get("circuit_name"),
         "circuit_state": data.get("state"),
         "retry_after_s": data.get("retry_after_s"),

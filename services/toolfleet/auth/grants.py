@@ -26,7 +26,8 @@ The cost of HMAC is that every executor holds the secret and could mint grants; 
 executor runs the tools anyway, so that gives it nothing it did not have.
 
 The parameter hash is :func:`parameters_hash`, the same canonical JSON policy binds
-approvals to.
+approvals to. A call with a ``document_context`` is bound to it too (``docs_sha256``,
+:func:`documents_hash`): the documents a tool may read cannot be widened after policy.
 """
 
 from __future__ import annotations
@@ -66,8 +67,9 @@ _REQUIRED = ("iss", "aud", "iat", "exp", "jti", *_BOUND, "params_sha256", "cap_j
 def parameters_hash(tool_id: str, version: str, parameters: dict[str, Any]) -> str:
     """SHA-256 (hex) of the canonical tool, version and parameters a call is bound to.
 
-    Canonical JSON: sorted keys, no whitespace, UTF-8 (not ASCII-escaped). The same
-    function binds approvals (policy) and grants (policy and executor).
+    Canonical JSON: sorted keys, no whitespace, UTF-8 (not ASCII-escaped; a lone
+    surrogate, which JSON input may carry, as its three-byte form). The same function
+    binds approvals (policy) and grants (policy and executor).
     """
     canonical = json.dumps(
         {"tool_id": tool_id, "version": version, "parameters": parameters},
@@ -75,7 +77,15 @@ def parameters_hash(tool_id: str, version: str, parameters: dict[str, Any]) -> s
         separators=(",", ":"),
         ensure_ascii=False,
     )
-    return hashlib.sha256(canonical.encode()).hexdigest()
+    return hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def documents_hash(document_context: dict[str, Any]) -> str:
+    """SHA-256 (hex) of a call's ``document_context`` (as JSON), canonical as above."""
+    canonical = json.dumps(
+        document_context, sort_keys=True, separators=(",", ":"), ensure_ascii=False
+    )
+    return hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -178,6 +188,7 @@ class GrantSigner:
         parameters: dict[str, Any],
         capability_jti: str,
         timeout_s: float,
+        document_context: dict[str, Any] | None = None,
     ) -> str:
         """A grant for this call, valid for ``timeout_s`` plus the margin."""
         now = int(self._clock())
@@ -195,6 +206,8 @@ class GrantSigner:
             "params_sha256": parameters_hash(tool_id, tool_version, parameters),
             "cap_jti": capability_jti,
         }
+        if document_context is not None:
+            claims["docs_sha256"] = documents_hash(document_context)
         return jwt.encode(
             claims, self._key, algorithm=ALGORITHM, headers={"kid": self._kid, "typ": TYP}
         )
@@ -226,6 +239,7 @@ class GrantVerifier:
         tool_id: str,
         tool_version: str,
         parameters: dict[str, Any],
+        document_context: dict[str, Any] | None = None,
     ) -> None:
         """Return when ``grant`` authorizes exactly this call; else :class:`PermissionDenied`."""
         self.decode(
@@ -236,6 +250,7 @@ class GrantVerifier:
             tool_id=tool_id,
             tool_version=tool_version,
             parameters=parameters,
+            document_context=document_context,
         )
 
     def decode(
@@ -248,6 +263,7 @@ class GrantVerifier:
         tool_id: str,
         tool_version: str,
         parameters: dict[str, Any],
+        document_context: dict[str, Any] | None = None,
     ) -> ExecutionGrant:
         """:meth:`verify`, returning the grant's claims (``capability_jti`` ...)."""
         claims = self._claims(grant)
@@ -265,6 +281,12 @@ class GrantVerifier:
         bound = claims["params_sha256"]
         if not isinstance(bound, str) or not hmac.compare_digest(bound, digest):
             raise PermissionDenied("execution grant was issued for other parameters")
+        docs = claims.get("docs_sha256")
+        wanted = None if document_context is None else documents_hash(document_context)
+        if not (docs is None and wanted is None) and not (
+            isinstance(docs, str) and wanted is not None and hmac.compare_digest(docs, wanted)
+        ):
+            raise PermissionDenied("execution grant was issued for other documents")
         if not isinstance(claims["cap_jti"], str):
             raise PermissionDenied("execution grant claim 'cap_jti' is malformed")
         return ExecutionGrant(

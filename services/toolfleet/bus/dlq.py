@@ -1,4 +1,8 @@
-"""DLQ records: the original key, headers and value (base64), where it came from, why."""
+"""DLQ records: the original key, headers and value (base64), where it came from, why.
+
+A DLQ record carries a ``traceparent`` like every event: the dead-lettered event's
+trace, or one of its own derived from its id when the message had none.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ from datetime import UTC, datetime
 from toolfleet.errors import ErrorInfo
 from toolfleet.events.codec import ContentMode, WireMessage, encode
 from toolfleet.events.envelope import Envelope
+from toolfleet.events.identity import derived_traceparent
 from toolfleet.events.models import DlqHeader, DlqRecord
 from toolfleet.events.types import EventType
 
@@ -29,6 +34,7 @@ def dlq_message(
     headers: list[tuple[str, bytes]],
     value: bytes | None,
     error: ErrorInfo,
+    traceparent: str | None = None,
 ) -> WireMessage:
     """A structured-mode CloudEvent for ``toolfleet.dlq``, keyed by the original key."""
     record = DlqRecord(
@@ -55,6 +61,7 @@ def dlq_message(
         time=record.failed_at,
         tenantid=tenant,
         partitionkey=tenant,
+        traceparent=traceparent or derived_traceparent(source, event_id),
         data=record.model_dump(mode="json"),
     )
     wire = encode(envelope, ContentMode.STRUCTURED)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from aiokafka import AIOKafkaProducer
 from opentelemetry.trace import SpanKind
 
+from toolfleet.bus.connection import connection_kwargs
 from toolfleet.events.codec import ContentMode, WireMessage, encode
 from toolfleet.events.envelope import Envelope
 from toolfleet.observability.tracing import span
@@ -29,7 +30,7 @@ class EventProducer:
 
     def __init__(self, settings: FleetSettings, *, client_id: str = "toolfleet") -> None:
         self._producer = AIOKafkaProducer(
-            bootstrap_servers=settings.kafka_bootstrap,
+            **connection_kwargs(settings),
             client_id=client_id,
             acks="all",
             linger_ms=settings.linger_ms,

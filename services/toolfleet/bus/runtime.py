@@ -32,6 +32,7 @@ from aiokafka.errors import CommitFailedError, KafkaError
 from opentelemetry.trace import SpanKind
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_random_exponential
 
+from toolfleet.bus.connection import connection_kwargs
 from toolfleet.bus.dedupe import ProcessedEvents
 from toolfleet.bus.dlq import dlq_message
 from toolfleet.bus.offsets import OffsetTracker, Partition
@@ -40,9 +41,10 @@ from toolfleet.bus.scheduler import Backlog, Placement
 from toolfleet.errors import ErrorCode, ErrorInfo, InvalidEvent, ToolfleetError
 from toolfleet.events.codec import decode
 from toolfleet.events.envelope import Envelope
+from toolfleet.events.identity import trace_id_of, valid_traceparent, with_trace
 from toolfleet.observability import metrics
 from toolfleet.observability.logs import log_context
-from toolfleet.observability.tracing import span, trace_id_of
+from toolfleet.observability.tracing import span, trace_root
 from toolfleet.settings import FleetSettings
 from toolfleet.storage.errors import POSTGRES_UNAVAILABLE
 
@@ -94,6 +96,11 @@ class ConsumerSpec:
     schedule: Callable[[Envelope], Placement] | None = None
     """Opt-in scheduling: where a decoded record goes in the backlog (rank, tenant). Must
     not raise. Unset: every record starts as soon as it is fetched (the default)."""
+    starts_traces: bool = False
+    """This consumer records the root span of the trace an event that arrived without
+    ``traceparent`` starts (:func:`~toolfleet.observability.tracing.trace_root`). One
+    service of the fleet does (policy, the first to read a request); every service
+    gives such an event the same derived ``traceparent`` anyway."""
     max_in_flight_per_tenant: int | None = None
     """With ``schedule``: records of one tenant running at once; None: no bound."""
     read_ahead: int | None = None
@@ -177,7 +184,7 @@ class EventConsumer:
     async def run(self, stop: asyncio.Event) -> None:
         """Consume until ``stop`` is set, then drain in-flight work and commit."""
         consumer = AIOKafkaConsumer(
-            bootstrap_servers=self._settings.kafka_bootstrap,
+            **connection_kwargs(self._settings),
             group_id=self.spec.group_id,
             client_id=f"toolfleet-{self.spec.service}",
             enable_auto_commit=False,
@@ -371,7 +378,8 @@ class EventConsumer:
                 "message larger than the configured limit",
                 details={"bytes": len(record.value), "limit": self._settings.max_event_bytes},
             )
-        return decode(key=record.key, value=record.value, headers=headers)
+        # Where a request without a trace gets one: every stage downstream inherits it.
+        return with_trace(decode(key=record.key, value=record.value, headers=headers))
 
     def _forget_task(self, task: asyncio.Task[None]) -> None:
         self._tasks.pop(task, None)
@@ -391,11 +399,13 @@ class EventConsumer:
         headers = [(k, v) for k, v in record.headers]
         event_type = "unknown"
         outcome = "ok"
+        traceparent: str | None = None
         try:
             if isinstance(decoded, InvalidEvent):
                 raise decoded
             envelope = self._decode(record, headers) if decoded is None else decoded
             event_type = envelope.type
+            traceparent = envelope.traceparent
             key = envelope.dedupe_key
             if key in self._in_flight_keys:
                 metrics.DUPLICATES_SKIPPED.labels(self.spec.service).inc()
@@ -426,7 +436,7 @@ class EventConsumer:
             raise
         except InvalidEvent as exc:
             outcome = "dlq"
-            await self._dead_letter(record, headers, exc.to_error_info())
+            await self._dead_letter(record, headers, exc.to_error_info(), traceparent)
         except Exception as exc:
             outcome = "dlq"
             log.exception("giving up on event", extra={"event_type": event_type})
@@ -439,7 +449,7 @@ class EventConsumer:
                     retryable=True,
                 )
             )
-            await self._dead_letter(record, headers, info)
+            await self._dead_letter(record, headers, info, traceparent)
         finally:
             if outcome != "abandoned":
                 self._tracker.finished(part, record.offset)
@@ -450,6 +460,11 @@ class EventConsumer:
 
     async def _handle_and_emit(self, inbound: Inbound) -> None:
         env = inbound.envelope
+        attributes: dict[str, str | int] = {
+            "messaging.destination.name": inbound.topic,
+            "messaging.kafka.offset": inbound.offset,
+            "toolfleet.service": self.spec.service,
+        }
         with (
             log_context(
                 tenant_id=env.tenantid,
@@ -457,16 +472,23 @@ class EventConsumer:
                 trace_id=trace_id_of(env.traceparent),
                 event_type=env.type,
             ),
+            (
+                trace_root(
+                    f"start {env.type}",
+                    traceparent=env.traceparent,
+                    source=env.source,
+                    event_id=env.id,
+                    attributes=attributes,
+                )
+                if self.spec.starts_traces
+                else contextlib.nullcontext()
+            ),
             span(
                 f"process {env.type}",
                 kind=SpanKind.CONSUMER,
                 traceparent=env.traceparent,
                 tracestate=env.tracestate,
-                attributes={
-                    "messaging.destination.name": inbound.topic,
-                    "messaging.kafka.offset": inbound.offset,
-                    "toolfleet.service": self.spec.service,
-                },
+                attributes=attributes,
             ),
         ):
             await self._retrying(lambda: self._handle_once(inbound))
@@ -509,7 +531,10 @@ class EventConsumer:
         record: ConsumerRecord[bytes, bytes],
         headers: list[tuple[str, bytes]],
         error: ErrorInfo,
+        traceparent: str | None,
     ) -> None:
+        """Publish ``record`` to the DLQ in the trace of the event it was (``traceparent``),
+        else of the ``ce_traceparent`` header it carries, else in a trace of its own."""
         metrics.DLQ_RECORDS.labels(self.spec.service, error.code).inc()
         log.warning(
             "dead-lettered message",
@@ -531,6 +556,7 @@ class EventConsumer:
             headers=headers,
             value=record.value,
             error=error,
+            traceparent=traceparent or _header_traceparent(headers),
         )
         async for attempt in AsyncRetrying(
             wait=wait_random_exponential(multiplier=0.05, max=5), reraise=True
@@ -583,6 +609,14 @@ class EventConsumer:
                 await asyncio.wait(pending)
         await self._commit(list(revoked_set))
         self._tracker.forget(revoked_set)
+
+
+def _header_traceparent(headers: Sequence[tuple[str, bytes]]) -> str | None:
+    """A valid ``ce_traceparent`` header of a binary-mode message that did not decode."""
+    for name, value in headers:
+        if name.lower() == "ce_traceparent":
+            return valid_traceparent(value.decode("ascii", errors="replace"))
+    return None
 
 
 async def await_ack(future: asyncio.Future[object]) -> None:

@@ -11,8 +11,8 @@ from collections.abc import Callable
 from typing import Annotated, Any
 
 import typer
-from aiokafka import AIOKafkaConsumer
 
+from toolfleet.bus.connection import connection_kwargs
 from toolfleet.cli.config import load_settings
 from toolfleet.cli.errors import friendly, reaching_fleet
 from toolfleet.errors import InvalidEvent
@@ -59,9 +59,11 @@ async def _tail(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    from aiokafka import AIOKafkaConsumer  # the fleet extra: imported on use
+
     consumer = AIOKafkaConsumer(
         topic(settings.topic_prefix, TopicName.AUDIT),
-        bootstrap_servers=settings.kafka_bootstrap,
+        **connection_kwargs(settings),
         group_id=None,
         enable_auto_commit=False,
         auto_offset_reset="earliest" if from_beginning else "latest",

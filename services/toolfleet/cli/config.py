@@ -26,6 +26,9 @@ def load_settings(cls: type[SettingsT]) -> SettingsT:
     except ValidationError as exc:
         problems = [
             f"  TOOLFLEET_{'_'.join(str(p) for p in err['loc']).upper()}: {err['msg']}"
+            if err["loc"]
+            # A check across settings names its variables itself.
+            else f"  {err['msg'].removeprefix('Value error, ')}"
             for err in exc.errors(include_url=False, include_input=False)
         ]
         raise CliError("invalid configuration:\n" + "\n".join(problems)) from None

@@ -9,11 +9,11 @@ from typing import ParamSpec
 from urllib.parse import urlsplit, urlunsplit
 
 import typer
-from aiokafka.errors import KafkaError
-from redis.exceptions import ConnectionError as RedisConnectionError
 from rich.markup import escape
 
+from toolfleet.bus.topics import TopicAdminError, TopicsFileError
 from toolfleet.cli.output import err_console
+from toolfleet.errors import KafkaSecurityError
 from toolfleet.settings import FleetSettings
 
 P = ParamSpec("P")
@@ -58,14 +58,19 @@ def redacted(url: str) -> str:
 def reaching_fleet(settings: FleetSettings) -> Iterator[None]:
     """Turn connection failures to the broker, Redis or Postgres into a :class:`CliError`."""
     hint = "is `toolfleet dev` running, or did you `source .toolfleet/dev.env`?"
+    kafka_error, redis_connection_error = _client_errors()
     try:
         yield
-    except KafkaError as exc:
+    except KafkaSecurityError as exc:
+        raise CliError(f"unusable Kafka security settings: {exc.message}") from None
+    except (TopicAdminError, TopicsFileError) as exc:
+        raise CliError(str(exc)) from None
+    except kafka_error as exc:
         raise CliError(
             f"cannot reach the Kafka broker at {settings.kafka_bootstrap} "
             f"({type(exc).__name__}); {hint}"
         ) from None
-    except RedisConnectionError:
+    except redis_connection_error:
         raise CliError(f"cannot reach Redis at {redacted(settings.redis_url)}; {hint}") from None
     except BrokenPipeError:
         # The reader went away (`toolfleet audit tail | head`): a normal end, not a failure.
@@ -77,6 +82,29 @@ def reaching_fleet(settings: FleetSettings) -> Iterator[None]:
             f"TOOLFLEET_DATABASE_URL ({redacted(settings.database_url)}) and the other "
             f"TOOLFLEET_* endpoints; {hint}"
         ) from None
+
+
+class _NeverRaised(Exception):
+    """Stands for a client library's error class when that library is not installed."""
+
+
+def _client_errors() -> tuple[type[Exception], type[Exception]]:
+    """The broker's and Redis's connection errors (imported here: the fleet extra)."""
+    kafka_error: type[Exception] = _NeverRaised
+    redis_error: type[Exception] = _NeverRaised
+    try:
+        from aiokafka.errors import KafkaError
+
+        kafka_error = KafkaError
+    except ModuleNotFoundError:
+        pass
+    try:
+        from redis.exceptions import ConnectionError as RedisConnectionError
+
+        redis_error = RedisConnectionError
+    except ModuleNotFoundError:
+        pass
+    return kafka_error, redis_error
 
 
 def _silence_stdout() -> None:

@@ -7,13 +7,14 @@ import contextlib
 import importlib
 from collections.abc import Callable
 from enum import StrEnum
+from pathlib import Path
 from typing import Annotated, cast
 
 import typer
 
 from toolfleet.cli.config import load_settings
 from toolfleet.cli.errors import CliError, reaching_fleet, redacted
-from toolfleet.cli.output import err_console
+from toolfleet.cli.output import err_console, print_json, print_topic_report
 from toolfleet.settings import FleetSettings
 
 
@@ -45,14 +46,51 @@ def dev() -> None:
     raise typer.Exit(run_dev())
 
 
-def init() -> None:
-    """Migrate Postgres, create the topics and register the installed tools."""
+def init(
+    check: Annotated[
+        bool,
+        typer.Option(
+            "--check",
+            help="Only compare the topics with topics.yaml; change nothing, fail on drift.",
+        ),
+    ] = False,
+    apply: Annotated[
+        bool,
+        typer.Option("--apply", help="Also alter existing topics' configs to match."),
+    ] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the topic report as JSON on stdout.")
+    ] = False,
+    topics_file: Annotated[
+        Path | None,
+        typer.Option(help="Topic definitions to use instead of the packaged topics.yaml."),
+    ] = None,
+) -> None:
+    """Migrate Postgres, create the topics (retention and cleanup from topics.yaml) and
+    register the installed tools; report topics whose configs drifted."""
+    from toolfleet.bus.admin import sync_fleet_topics
+    from toolfleet.bus.topics import TopicMode
     from toolfleet.devstack.bootstrap import bootstrap
 
+    if check and apply:
+        raise CliError("--check and --apply exclude each other")
     settings = load_settings(FleetSettings)
     with reaching_fleet(settings):
-        asyncio.run(bootstrap(settings))
-    err_console.print("[green]fleet initialised[/]: database migrated, topics and tools ready")
+        if check:
+            report = asyncio.run(
+                sync_fleet_topics(settings, mode=TopicMode.CHECK, topics_file=topics_file)
+            )
+        else:
+            mode = TopicMode.APPLY if apply else TopicMode.CREATE
+            report = asyncio.run(bootstrap(settings, topic_mode=mode, topics_file=topics_file))
+    if as_json:
+        print_json(report.as_dict())
+    else:
+        print_topic_report(report)
+    if check and not report.clean:
+        raise typer.Exit(1)
+    if not check:
+        err_console.print("[green]fleet initialised[/]: database migrated, topics and tools ready")
 
 
 def worker(
@@ -76,14 +114,16 @@ def api(
     from toolfleet.api import ApiSettings, create_app
     from toolfleet.api.readiness import preflight
     from toolfleet.api.resources import load_verifier
+    from toolfleet.bus.connection import kafka_connection
     from toolfleet.errors import ToolfleetError
     from toolfleet.observability.logs import configure_logging
-    from toolfleet.observability.tracing import configure_tracing
+    from toolfleet.observability.tracing import configure_tracing, shutdown_tracing
 
     settings = load_settings(ApiSettings)
     # Fail here, readably, rather than with a traceback from inside the app's lifespan.
     try:
         load_verifier(settings)
+        kafka_connection(settings)  # an unreadable CA or key file, said before serving
     except ToolfleetError as exc:
         raise CliError(exc.message) from None
     checks = asyncio.run(preflight(settings))
@@ -104,11 +144,14 @@ def api(
         import setproctitle
 
         setproctitle.setproctitle("toolfleet api")
-    uvicorn.run(
-        create_app(settings),
-        host=host or settings.api_host,
-        port=port or settings.api_port,
-        log_config=None,
-        access_log=False,
-        server_header=False,
-    )
+    try:
+        uvicorn.run(
+            create_app(settings),
+            host=host or settings.api_host,
+            port=port or settings.api_port,
+            log_config=None,
+            access_log=False,
+            server_header=False,
+        )
+    finally:
+        shutdown_tracing()

@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -24,11 +24,14 @@ from toolfleet.cli.config import load_settings, mint
 from toolfleet.cli.errors import CliError, reaching_fleet
 from toolfleet.cli.output import console, err_console, print_details, print_json, styled_status
 from toolfleet.cli.params import parse_params
+from toolfleet.client.handles import InvocationHandle
+from toolfleet.client.handles import Progress as InvocationProgress
 from toolfleet.events.models import InvocationStatus, ToolOutcome
 from toolfleet.events.types import EventType, Source
-from toolfleet.sdk.client import InvocationHandle, ToolfleetClient
-from toolfleet.sdk.client import Progress as InvocationProgress
 from toolfleet.settings import FleetSettings
+
+if TYPE_CHECKING:
+    from toolfleet.client.kafka import ToolfleetClient
 
 DEFAULT_AGENT = "did:agent:cli"
 DEFAULT_WAIT_S = 300.0
@@ -86,6 +89,8 @@ class ProgressDisplay:
 @asynccontextmanager
 async def _started(settings: FleetSettings, *, watch: bool) -> AsyncIterator[ToolfleetClient]:
     """A started client, stopped on exit even when starting it failed half-way."""
+    from toolfleet.client.kafka import ToolfleetClient  # the fleet extra: imported on use
+
     client = ToolfleetClient(settings, source=Source.CLI, watch=watch)
     try:
         await client.start()

@@ -8,11 +8,15 @@ variables, which may hold tokens.
 from __future__ import annotations
 
 import logging
+import sys
 
 import typer
+from rich.markup import escape
 
-from toolfleet.cli import audit, fleet, invoke, keys, policy, remote, tokens
+from toolfleet.cli import agent, audit, fleet, invoke, keys, policy, remote, tokens
 from toolfleet.cli.errors import friendly
+from toolfleet.cli.extras import missing_extra_message
+from toolfleet.cli.output import err_console
 
 app = typer.Typer(
     name="toolfleet",
@@ -46,8 +50,16 @@ app.add_typer(tokens.app, name="token")
 app.add_typer(keys.app, name="keys")
 app.add_typer(audit.app, name="audit")
 app.add_typer(policy.app, name="policy")
+app.add_typer(agent.app, name="agent")
 
 
 def main() -> None:
-    """Console-script entry point."""
-    app(prog_name="toolfleet")
+    """Console-script entry point; a command whose install extra is missing says which."""
+    try:
+        app(prog_name="toolfleet")
+    except ModuleNotFoundError as exc:
+        message = missing_extra_message(exc, sys.argv[1:])
+        if message is None:
+            raise
+        err_console.print(f"[bold red]Error:[/] {escape(message)}")
+        raise SystemExit(1) from None

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.json import JSON
 from rich.markup import escape
 from rich.table import Table
+
+if TYPE_CHECKING:
+    from toolfleet.bus.topics import TopicReport
 
 console = Console(highlight=False)
 """Human output (stdout)."""
@@ -93,3 +96,22 @@ def print_details(outcome: dict[str, Any]) -> None:
             console.print(
                 f"[dim]attachment[/] {escape(str(url))} ({size} bytes, {escape(str(kind))})"
             )
+
+
+def print_topic_report(report: TopicReport) -> None:
+    """Created, missing and drifted topics (``toolfleet init``), on stderr."""
+    for name in report.created:
+        err_console.print(f"created topic {escape(name)}")
+    for name in report.missing:
+        err_console.print(f"[bold red]missing topic[/] {escape(name)}")
+    for d in report.altered:
+        err_console.print(f"altered {escape(d.topic)}: {escape(d.key)} {d.have} -> {d.want}")
+    for d in report.drift:
+        note = "" if d.alterable else " (not changed by --apply: it would move tenants)"
+        err_console.print(
+            f"[bold yellow]drift[/] {escape(d.topic)}: {escape(d.key)} is "
+            f"{escape(str(d.have) if d.have is not None else 'unset')}, "
+            f"topics.yaml says {escape(d.want)}{note}"
+        )
+    if report.drift and report.mode.value == "create":
+        err_console.print("run `toolfleet init --apply` to alter the drifted configs")

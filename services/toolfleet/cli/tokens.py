@@ -8,15 +8,17 @@ from typing import Annotated
 import jwt
 import typer
 
-from toolfleet.auth.revocation import RedisRevocationList, revocation_key
 from toolfleet.auth.tokens import IssuedToken
 from toolfleet.cli.config import load_settings, token_issuer
 from toolfleet.cli.errors import CliError, friendly, reaching_fleet
 from toolfleet.cli.output import err_console, print_json
 from toolfleet.settings import FleetSettings
-from toolfleet.storage.redis import connect_redis
 
 app = typer.Typer(help="Capability tokens.", no_args_is_help=True)
+
+SCOPES = ("approver", "admin")
+"""Scopes ``--scope`` accepts: ``approver`` decides its tenant's pending calls (never its
+own), ``admin`` does everything for every tenant."""
 
 
 @app.command("issue")
@@ -32,6 +34,14 @@ def issue(
     admin: Annotated[
         bool, typer.Option("--admin", help="Add the admin scope (all tenants in the API).")
     ] = False,
+    scope: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--scope",
+            help="Add a scope (repeatable): approver (decide the tenant's pending calls) or admin.",
+            show_default=False,
+        ),
+    ] = None,
     connection: Annotated[
         list[str] | None,
         typer.Option(
@@ -45,6 +55,10 @@ def issue(
     ] = False,
 ) -> None:
     """Print a signed capability token, alone, on stdout."""
+    scopes = sorted(set(scope or ()) | ({"admin"} if admin else set()))
+    unknown = [s for s in scopes if s not in SCOPES]
+    if unknown:
+        raise CliError(f"unknown scope {unknown[0]!r}; choose from {', '.join(SCOPES)}")
     settings = load_settings(FleetSettings)
     issuer = token_issuer(settings)
     try:
@@ -54,7 +68,7 @@ def issue(
             tool_id=tool,
             tool_version=version,
             ttl_s=ttl,
-            scopes=["admin"] if admin else None,
+            scopes=scopes or None,
             connections=list(connection or []),
         )
     except (ValueError, TypeError, jwt.PyJWTError):
@@ -83,6 +97,8 @@ def revoke(
     ] = None,
 ) -> None:
     """Revoke a capability token by jti: policy refuses it from now on."""
+    from toolfleet.auth.revocation import revocation_key  # the fleet extra (redis)
+
     settings = load_settings(FleetSettings)
     try:
         revocation_key(jti)
@@ -95,6 +111,9 @@ def revoke(
 
 
 async def _revoke(settings: FleetSettings, jti: str, ttl_s: int) -> None:
+    from toolfleet.auth.revocation import RedisRevocationList
+    from toolfleet.storage.redis import connect_redis
+
     redis = connect_redis(settings.redis_url, max_connections=2, wait_s=5.0)
     try:
         await RedisRevocationList(redis, max_ttl_s=max(ttl_s, settings.revocation_ttl_s)).revoke(

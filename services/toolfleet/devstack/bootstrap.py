@@ -8,13 +8,15 @@ again, or from several processes at once, is safe.
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 import asyncpg
 
-from toolfleet.bus.admin import ensure_topics
+from toolfleet.bus.admin import sync_fleet_topics
+from toolfleet.bus.topics import TopicMode, TopicReport
 from toolfleet.executor.registration import register_catalog
-from toolfleet.sdk.catalog import discover
+from toolfleet.registry.catalog import discover
 from toolfleet.settings import FleetSettings
 from toolfleet.storage.postgres import create_pool, dsn_with_database, migrate
 
@@ -61,17 +63,25 @@ async def ensure_database(dsn: str) -> bool:
     return True
 
 
-async def bootstrap(settings: FleetSettings) -> None:
+async def bootstrap(
+    settings: FleetSettings,
+    *,
+    topic_mode: TopicMode = TopicMode.CREATE,
+    topics_file: Path | None = None,
+) -> TopicReport:
     """Create the database if missing, migrate it, create the topics, register the tools.
 
-    Tools are the built-ins, the ``toolfleet.tools`` entry points and
-    ``settings.tool_module_list``, as every executor discovers them.
+    Topics are created as ``topics.yaml`` (or ``topics_file``) describes them; with
+    ``TopicMode.APPLY`` the configs of existing ones are altered to match. Tools are the
+    built-ins, the ``toolfleet.tools`` entry points and ``settings.tool_module_list``, as
+    every executor discovers them. Returns what was found and done to the topics.
     """
     await ensure_database(settings.database_url)
     pool = await create_pool(settings.database_url, min_size=1, max_size=2)
     try:
         await migrate(pool)
-        await ensure_topics(settings)
+        report = await sync_fleet_topics(settings, mode=topic_mode, topics_file=topics_file)
         await register_catalog(pool, discover(settings.tool_module_list))
     finally:
         await pool.close()
+    return report

@@ -115,9 +115,51 @@ class CheckpointConfig(_Inbound):
 
 class ExecutionOptions(_Inbound):
     async_mode: bool = True
+    """``false``: ``POST /v1/invocations`` answers ``200`` with the outcome if the call
+    ends within ``TOOLFLEET_SYNC_INVOKE_WAIT_S`` (else ``202``). Kafka producers wait
+    on the results topic themselves; the pipeline ignores it."""
     priority: Priority = Priority.NORMAL
     idempotency_key: str | None = Field(default=None, max_length=256)
     require_approval: bool = False
+
+
+DOCUMENT_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:/-]{0,255}$"
+
+
+class DocumentRef(_Inbound):
+    """One document a call may read through ``ctx.documents``."""
+
+    document_id: str = Field(pattern=DOCUMENT_ID_PATTERN)
+    version: str | None = Field(default=None, min_length=1, max_length=128)
+    """Pin: the call reads exactly this version. None: the version current at the
+    call's first read of it, kept for the rest of the call (resumes included)."""
+
+
+class DocumentContext(_Inbound):
+    """The specification's ``document_context``: which documents a call may read."""
+
+    documents: list[DocumentRef] = Field(default_factory=list, max_length=256)
+    """The only documents ``ctx.documents`` lets the tool read (each id once)."""
+    source: str | None = Field(default=None, max_length=256)
+    """Name of the document source to read them from (None: the fleet's only one)."""
+
+    @field_validator("documents")
+    @classmethod
+    def _unique(cls, value: list[DocumentRef]) -> list[DocumentRef]:
+        ids = [ref.document_id for ref in value]
+        if len(ids) != len(set(ids)):
+            raise ValueError("a document_id is named more than once")
+        return value
+
+
+class DocumentAccess(_Internal):
+    """One document a call read: an entry of the outcome's ``documents_accessed``."""
+
+    document_id: str
+    version: str
+    """The version the tool was given (the call's pin)."""
+    access: Literal["read", "metadata", "search"]
+    """``read``: its content; ``metadata``: its metadata; ``search``: a search hit."""
 
 
 class InvokeRequested(_Inbound):
@@ -136,6 +178,8 @@ class InvokeRequested(_Inbound):
     resource_limits: ResourceLimits = Field(default_factory=ResourceLimits)
     checkpoint_config: CheckpointConfig = Field(default_factory=CheckpointConfig)
     execution_options: ExecutionOptions = Field(default_factory=ExecutionOptions)
+    document_context: DocumentContext | None = None
+    """Documents the tool may read through ``ctx.documents`` (None: none)."""
 
     @field_validator("parameters")
     @classmethod
@@ -166,6 +210,8 @@ class InvokeAuthorized(_Internal):
     resource_limits: ResourceLimits = Field(default_factory=ResourceLimits)
     checkpoint_config: CheckpointConfig = Field(default_factory=CheckpointConfig)
     execution_options: ExecutionOptions = Field(default_factory=ExecutionOptions)
+    document_context: DocumentContext | None = None
+    """The request's ``document_context``, as policy received it."""
     warnings: list[str] = Field(default_factory=list)
     requested_at: datetime
     max_result_bytes: int | None = None
@@ -226,6 +272,8 @@ class InvokeExecuted(_Internal):
     warnings: list[str] = Field(default_factory=list)
     execution_metadata: ExecutionMetadata
     checkpoint_ref: str | None = None
+    documents_accessed: list[DocumentAccess] = Field(default_factory=list)
+    """Documents the tool read through ``ctx.documents``, each once per access kind."""
 
 
 class ToolOutcome(_Internal):
@@ -242,6 +290,8 @@ class ToolOutcome(_Internal):
     warnings: list[str] = Field(default_factory=list)
     execution_metadata: ExecutionMetadata = Field(default_factory=ExecutionMetadata)
     checkpoint_ref: str | None = None
+    documents_accessed: list[DocumentAccess] = Field(default_factory=list)
+    """Documents the tool read through ``ctx.documents`` (id, pinned version, access)."""
 
 
 # --- lifecycle notifications (toolfleet.invoke.events) ---------------------------------
@@ -308,7 +358,12 @@ class CancelRequested(_Inbound):
     invocation_id: UUID
     tenant_id: str = Field(pattern=TENANT_ID_PATTERN)
     requested_by: str = Field(default="", max_length=512)
+    """Who asked for the cancellation (the token subject); bound by ``signature``."""
     reason: str = Field(default="", max_length=1024)
+    signature: str | None = Field(default=None, max_length=4096, repr=False)
+    """Control signature (compact JWS, HS256 with a key derived from the execution-grant
+    key) over the invocation, tenant, action, ``requested_by`` and issue time. Policy
+    refuses a cancel without a valid one (the refusal is audited)."""
 
 
 class ApprovalDecision(_Inbound):
@@ -317,10 +372,35 @@ class ApprovalDecision(_Inbound):
     invocation_id: UUID
     tenant_id: str = Field(pattern=TENANT_ID_PATTERN)
     approver: str = Field(default="", max_length=512)
+    """Who decided (the approver token's subject); bound by ``signature``."""
     reason: str = Field(default="", max_length=1024)
     parameters_hash: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
     """The ``parameters_hash`` of the ``approval.requested`` the approver looked at: a
     decision naming another hash changes nothing (the call stays pending)."""
+    signature: str | None = Field(default=None, max_length=4096, repr=False)
+    """Control signature (compact JWS, HS256 with a key derived from the execution-grant
+    key) over the invocation, tenant, decision, ``approver``, issue time and
+    ``parameters_hash``. Policy refuses a decision without a valid one: the call stays
+    pending and the refusal is audited (``ai.agent.tool.control.refused``)."""
+
+
+class ControlRefused(_Internal):
+    """``ai.agent.tool.control.refused``: policy ignored a control event it could not trust.
+
+    Emitted for an unsigned, forged, expired or misbound decision or cancel; the call
+    it named is unchanged. Audit records it as a failure (``permission_denied``).
+    """
+
+    invocation_id: UUID
+    tenant_id: str
+    control_type: str
+    """``type`` of the refused control event."""
+    actor: str = ""
+    """Who the refused event claimed decided (unverified, for the audit trail)."""
+    reason: str
+    """Which check failed; never quotes the signature."""
+    refused_event_id: str
+    """``id`` of the refused control event."""
 
 
 # --- audit and DLQ -----------------------------------------------------------------

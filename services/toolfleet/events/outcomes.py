@@ -6,7 +6,12 @@ import uuid
 
 from toolfleet.errors import ErrorCode, ErrorInfo, ToolfleetError
 from toolfleet.events.envelope import Envelope, derived_event_id, new_event
-from toolfleet.events.models import ExecutionMetadata, InvocationStatus, ToolOutcome
+from toolfleet.events.models import (
+    DocumentAccess,
+    ExecutionMetadata,
+    InvocationStatus,
+    ToolOutcome,
+)
 from toolfleet.events.types import EventType, Source
 
 _TYPE_OF_STATUS: dict[InvocationStatus, EventType] = {
@@ -60,6 +65,7 @@ def failure_event(
     tool_version: str | None = None,
     warnings: list[str] | None = None,
     execution_metadata: ExecutionMetadata | None = None,
+    documents_accessed: list[DocumentAccess] | None = None,
 ) -> Envelope:
     info = error.to_error_info() if isinstance(error, ToolfleetError) else error
     outcome = ToolOutcome(
@@ -72,5 +78,6 @@ def failure_event(
         error=info,
         warnings=warnings or [],
         execution_metadata=execution_metadata or ExecutionMetadata(),
+        documents_accessed=documents_accessed or [],
     )
     return outcome_event(parent, source, outcome)

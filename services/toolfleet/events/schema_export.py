@@ -1,13 +1,11 @@
-"""Generate ``schemas/`` (JSON Schema 2020-12 + AsyncAPI 3.0) from the event models.
+"""The text of ``schemas/`` (JSON Schema 2020-12 + AsyncAPI 3.0), from the event models.
 
 The files are the published contract; they are derived from the pydantic models here
-and checked in, and a unit test fails when the two drift. Output is deterministic
-(sorted keys, stable order) so a diff of ``schemas/`` shows exactly what changed.
-
-Usage::
-
-    python -m toolfleet.events.schema_export schemas          # (re)write the files
-    python -m toolfleet.events.schema_export --check schemas  # exit 1 listing drift
+and from the routing table (:mod:`toolfleet.events.routing`, the AsyncAPI operations),
+and checked in; a unit test fails when the two drift. Output is deterministic (sorted
+keys, stable order) so a diff of ``schemas/`` shows exactly what changed. This module
+only builds the text (:func:`render`); ``python -m toolfleet.cli.schemas`` (``make
+schemas``) writes the files.
 
 ``$id`` URIs are identifiers under :data:`SCHEMA_BASE_URI`; the AsyncAPI document
 references the schema files by relative path, so the directory works offline.
@@ -15,15 +13,12 @@ references the schema files by relative path, so the directory works offline.
 
 from __future__ import annotations
 
-import argparse
 import ast
 import inspect
 import json
-import sys
 import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import yaml
@@ -40,6 +35,7 @@ from toolfleet.events.models import (
     CancelRequested,
     CheckpointCreated,
     CircuitChanged,
+    ControlRefused,
     DlqRecord,
     InvokeAuthorized,
     InvokeExecuted,
@@ -48,6 +44,7 @@ from toolfleet.events.models import (
     ToolOutcome,
 )
 from toolfleet.events.outcomes import _TYPE_OF_STATUS
+from toolfleet.events.routing import DEAD_LETTER, ROUTING, Route, types_on
 from toolfleet.events.types import LIFECYCLE_TOPICS, TOPIC_OF_TYPE, EventType, TopicName
 
 #: Version of the external contract these files describe (CONTRACT.md "v1").
@@ -62,6 +59,8 @@ KAFKA_BINDING_VERSION = "0.5.0"
 AUDIT_SCHEMA_PATH = "events/audit.json"
 ENVELOPE_SCHEMA_PATH = "envelope.json"
 ASYNCAPI_PATH = "asyncapi.yaml"
+#: The command that writes the files, named in their headers.
+GENERATOR = "toolfleet.cli.schemas"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -119,6 +118,11 @@ EVENTS: dict[EventType, EventDoc] = {
     EventType.APPROVAL_REQUESTED: EventDoc(
         model=ApprovalRequested,
         description="The call waits for a human to approve or deny it.",
+    ),
+    EventType.CONTROL_REFUSED: EventDoc(
+        model=ControlRefused,
+        description="Policy refused a control event it could not trust (unsigned, forged, "
+        "expired or bound to other fields); the call it named is unchanged.",
     ),
     EventType.CIRCUIT_OPENED: EventDoc(
         model=CircuitChanged,
@@ -187,8 +191,9 @@ TOPIC_DOCS: dict[TopicName, str] = {
     TopicName.RESULTS: "Terminal outcomes; every invocation ends in exactly one. Written by "
     "the validator, policy and the executor.",
     TopicName.EVENTS: "Lifecycle notifications: execution started, checkpoints, approval "
-    "requests, circuit changes. Written by any service.",
-    TopicName.CONTROL: "Cancellation and approval decisions. Written by the API, CLI and SDK.",
+    "requests, refused control events, circuit changes. Written by any service.",
+    TopicName.CONTROL: "Cancellation and approval decisions, each signed by the API, CLI or "
+    "SDK that checked the decider (data.signature). Written by the API, CLI and SDK.",
     TopicName.AUDIT: "One audit event per lifecycle event, for SIEMs: same type, data "
     "with the audit fields plus an OCSF 1.8 API Activity (6003) projection. Written by the "
     "audit service.",
@@ -204,186 +209,21 @@ for _status, _type in _TYPE_OF_STATUS.items():
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Operation:
-    """One service's use of one topic."""
+    """One party's use of one topic, as the AsyncAPI document lists it."""
 
     service: str
     action: str  # "send" | "receive"
-    topic: TopicName
-    types: tuple[EventType, ...]
-    description: str
+    route: Route
 
 
-_TERMINAL = (EventType.SUCCEEDED, EventType.FAILED, EventType.TIMEOUT, EventType.CANCELLED)
-_CONTROL = (EventType.CANCEL_REQUESTED, EventType.APPROVAL_GRANTED, EventType.APPROVAL_DENIED)
-_NOTIFICATIONS = tuple(t for t, name in TOPIC_OF_TYPE.items() if name is TopicName.EVENTS)
-
-
-def _types_on(name: TopicName) -> tuple[EventType, ...]:
-    return tuple(t for t, topic in TOPIC_OF_TYPE.items() if topic is name)
-
-
-def _operations() -> list[Operation]:
-    ops = [
-        Operation(
-            service="producer",
-            action="send",
-            topic=TopicName.REQUESTED,
-            types=(EventType.INVOKE_REQUESTED,),
-            description="Producers (SDK, CLI, HTTP API) publish invoke requests.",
-        ),
-        Operation(
-            service="producer",
-            action="send",
-            topic=TopicName.CONTROL,
-            types=_CONTROL,
-            description="Producers cancel invocations and approve or deny them.",
-        ),
-        Operation(
-            service="producer",
-            action="receive",
-            topic=TopicName.RESULTS,
-            types=_TERMINAL,
-            description="Clients that wait read their outcome.",
-        ),
-        Operation(
-            service="producer",
-            action="receive",
-            topic=TopicName.EVENTS,
-            types=_NOTIFICATIONS,
-            description="Clients that wait follow progress.",
-        ),
-        Operation(
-            service="policy",
-            action="receive",
-            topic=TopicName.REQUESTED,
-            types=(EventType.INVOKE_REQUESTED,),
-            description="Verifies the token, applies policy, resolves the version.",
-        ),
-        Operation(
-            service="policy",
-            action="receive",
-            topic=TopicName.CONTROL,
-            types=_CONTROL,
-            description="Resolves pending approvals and cancels waiting calls.",
-        ),
-        Operation(
-            service="policy",
-            action="send",
-            topic=TopicName.AUTHORIZED,
-            types=(EventType.INVOKE_AUTHORIZED,),
-            description="Allowed requests.",
-        ),
-        Operation(
-            service="policy",
-            action="send",
-            topic=TopicName.RESULTS,
-            types=_TERMINAL,
-            description="Denied, invalid or cancelled requests end here.",
-        ),
-        Operation(
-            service="policy",
-            action="send",
-            topic=TopicName.EVENTS,
-            types=(EventType.APPROVAL_REQUESTED,),
-            description="Calls that need a human's approval.",
-        ),
-        Operation(
-            service="executor",
-            action="receive",
-            topic=TopicName.AUTHORIZED,
-            types=(EventType.INVOKE_AUTHORIZED,),
-            description="Runs the tool.",
-        ),
-        Operation(
-            service="executor",
-            action="receive",
-            topic=TopicName.CONTROL,
-            types=(EventType.CANCEL_REQUESTED,),
-            description="Every executor instance sees every cancellation.",
-        ),
-        Operation(
-            service="executor",
-            action="send",
-            topic=TopicName.EXECUTED,
-            types=(EventType.INVOKE_EXECUTED,),
-            description="Raw tool results.",
-        ),
-        Operation(
-            service="executor",
-            action="send",
-            topic=TopicName.RESULTS,
-            types=_TERMINAL,
-            description="Tool errors, timeouts and cancellations end here.",
-        ),
-        Operation(
-            service="executor",
-            action="send",
-            topic=TopicName.EVENTS,
-            types=(
-                EventType.INVOKED,
-                EventType.CHECKPOINT_CREATED,
-                EventType.CIRCUIT_OPENED,
-                EventType.CIRCUIT_CLOSED,
-            ),
-            description="Execution started, checkpoints and circuit changes.",
-        ),
-        Operation(
-            service="validator",
-            action="receive",
-            topic=TopicName.EXECUTED,
-            types=(EventType.INVOKE_EXECUTED,),
-            description="Validates results against the output schema and redacts them.",
-        ),
-        Operation(
-            service="validator",
-            action="send",
-            topic=TopicName.RESULTS,
-            types=_TERMINAL,
-            description="Validated, redacted outcomes.",
-        ),
-    ]
-    for service, purpose in (
-        ("audit", "Turns every lifecycle event into an audit event."),
-        ("status", "Projects every lifecycle event into the status API's store."),
-    ):
-        ops.extend(
-            Operation(
-                service=service,
-                action="receive",
-                topic=name,
-                types=_types_on(name),
-                description=purpose,
-            )
-            for name in LIFECYCLE_TOPICS
-        )
-    ops.append(
-        Operation(
-            service="audit",
-            action="send",
-            topic=TopicName.AUDIT,
-            types=(),
-            description="Audit events (structured content mode).",
-        )
-    )
-    ops.append(
-        Operation(
-            service="siem",
-            action="receive",
-            topic=TopicName.AUDIT,
-            types=(),
-            description="SIEM connectors read audit events from the value alone.",
-        )
-    )
-    ops.extend(
-        Operation(
-            service=service,
-            action="send",
-            topic=TopicName.DLQ,
-            types=(EventType.DLQ_RECORD,),
-            description="Messages this consumer could not decode or process.",
-        )
-        for service in ("policy", "executor", "validator", "audit", "status")
-    )
+def operations() -> list[Operation]:
+    """Every operation of the routing table (:mod:`toolfleet.events.routing`)."""
+    ops: list[Operation] = []
+    for party in ROUTING:
+        ops.extend(Operation(service=party.name, action="receive", route=r) for r in party.reads)
+        ops.extend(Operation(service=party.name, action="send", route=r) for r in party.sends)
+        if party.dead_letters:
+            ops.append(Operation(service=party.name, action="send", route=DEAD_LETTER))
     return ops
 
 
@@ -649,7 +489,7 @@ def _messages() -> dict[str, Any]:
 def _channel_messages(name: TopicName) -> list[str]:
     if name is TopicName.AUDIT:
         return ["auditRecord"]
-    return [_message_id(t) for t in _types_on(name)]
+    return [_message_id(t) for t in types_on(name)]
 
 
 def _channels() -> dict[str, Any]:
@@ -687,19 +527,20 @@ def _channels() -> dict[str, Any]:
 
 
 def _operations_doc() -> dict[str, Any]:
-    operations: dict[str, Any] = {}
-    for op in _operations():
-        channel = _channel_id(op.topic)
-        mids = _channel_messages(op.topic) if not op.types else [_message_id(t) for t in op.types]
+    doc: dict[str, Any] = {}
+    for op in operations():
+        route = op.route
+        channel = _channel_id(route.topic)
+        mids = [_message_id(t) for t in route.types] or _channel_messages(route.topic)
         op_id = f"{op.service}{op.action.capitalize()}{channel[0].upper()}{channel[1:]}"
-        operations[op_id] = {
+        doc[op_id] = {
             "action": op.action,
             "channel": {"$ref": f"#/channels/{channel}"},
-            "summary": op.description,
+            "summary": route.summary,
             "tags": [{"name": op.service}],
             "messages": [{"$ref": f"#/channels/{channel}/messages/{mid}"} for mid in mids],
         }
-    return operations
+    return doc
 
 
 def asyncapi_document() -> dict[str, Any]:
@@ -764,7 +605,7 @@ def asyncapi_document() -> dict[str, Any]:
     }
 
 
-# --- rendering and CLI ------------------------------------------------------------------
+# --- rendering ----------------------------------------------------------------------------
 
 
 def _json_text(document: dict[str, Any]) -> str:
@@ -779,7 +620,7 @@ class _NoAliasDumper(yaml.SafeDumper):
 
 
 def _yaml_text(document: dict[str, Any]) -> str:
-    header = "# Generated by `python -m toolfleet.events.schema_export`; do not edit.\n"
+    header = f"# Generated by `python -m {GENERATOR}`; do not edit.\n"
     body = yaml.dump(document, Dumper=_NoAliasDumper, sort_keys=True, allow_unicode=True, width=100)
     return header + body
 
@@ -791,69 +632,3 @@ def render() -> dict[str, str]:
     files[ENVELOPE_SCHEMA_PATH] = _json_text(envelope_schema())
     files[ASYNCAPI_PATH] = _yaml_text(asyncapi_document())
     return dict(sorted(files.items()))
-
-
-def _existing(root: Path) -> set[str]:
-    """Generated-looking files already in ``root`` (to find stale ones)."""
-    found = {p.relative_to(root).as_posix() for p in (root / "events").glob("*.json")}
-    found |= {p for p in (ENVELOPE_SCHEMA_PATH, ASYNCAPI_PATH) if (root / p).exists()}
-    return found
-
-
-def drift(root: Path) -> list[str]:
-    """Paths under ``root`` that differ from :func:`render` (changed, missing or stale)."""
-    expected = render()
-    drifted = [
-        path
-        for path, text in expected.items()
-        if not (root / path).is_file() or (root / path).read_text(encoding="utf-8") != text
-    ]
-    drifted.extend(sorted(_existing(root) - expected.keys()))
-    return drifted
-
-
-def write(root: Path) -> list[str]:
-    """Write every file under ``root``, removing stale event schemas; returns changed paths."""
-    changed = drift(root)
-    expected = render()
-    for stale in _existing(root) - expected.keys():
-        (root / stale).unlink()
-    for path in changed:
-        if path in expected:
-            target = root / path
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(expected[path], encoding="utf-8")
-    return changed
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m toolfleet.events.schema_export",
-        description="Generate the JSON Schemas and AsyncAPI document from the event models.",
-    )
-    parser.add_argument("dir", type=Path, help="output directory, e.g. schemas")
-    parser.add_argument(
-        "--check", action="store_true", help="write nothing; exit 1 listing drifted files"
-    )
-    args = parser.parse_args(argv)
-    root: Path = args.dir
-    if args.check:
-        drifted = drift(root)
-        for path in drifted:
-            print(f"drifted: {root / path}", file=sys.stderr)
-        if drifted:
-            print(
-                f"{len(drifted)} file(s) differ from the models; run "
-                f"`python -m toolfleet.events.schema_export {root}`",
-                file=sys.stderr,
-            )
-            return 1
-        return 0
-    expected = render()
-    for path in write(root):
-        print(f"{'wrote' if path in expected else 'removed'} {root / path}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -18,6 +18,7 @@ class EventType(StrEnum):
     INVOKED = "ai.agent.tool.invoked"
     CHECKPOINT_CREATED = "ai.agent.tool.checkpoint.created"
     APPROVAL_REQUESTED = "ai.agent.tool.approval.requested"
+    CONTROL_REFUSED = "ai.agent.tool.control.refused"
     CIRCUIT_OPENED = "ai.agent.circuit.opened"
     CIRCUIT_CLOSED = "ai.agent.circuit.closed"
     CANCEL_REQUESTED = "ai.agent.tool.cancel.requested"
@@ -55,6 +56,7 @@ TOPIC_OF_TYPE: dict[EventType, TopicName] = {
     EventType.INVOKED: TopicName.EVENTS,
     EventType.CHECKPOINT_CREATED: TopicName.EVENTS,
     EventType.APPROVAL_REQUESTED: TopicName.EVENTS,
+    EventType.CONTROL_REFUSED: TopicName.EVENTS,
     EventType.CIRCUIT_OPENED: TopicName.EVENTS,
     EventType.CIRCUIT_CLOSED: TopicName.EVENTS,
     EventType.CANCEL_REQUESTED: TopicName.CONTROL,

@@ -29,7 +29,7 @@ from toolfleet.errors import (
     error_from,
     is_retryable,
 )
-from toolfleet.executor.circuits import CallOutcome, CircuitBreaker, Transition, Verdict
+from toolfleet.executor.circuits.breaker import CallOutcome, CircuitBreaker, Transition, Verdict
 from toolfleet.executor.runner import RunResult, run_tool
 from toolfleet.sdk.context import ToolContext
 from toolfleet.sdk.tool import ToolSpec

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from redis.asyncio import Redis
@@ -54,3 +56,25 @@ class RedisResultCache:
         raw = json.dumps(result, separators=(",", ":"), ensure_ascii=False)
         ttl = policy.ttl_s if policy.mode == "ttl" else None
         await self._redis.set(cache_key(call_id), raw, ex=ttl)
+
+
+class MemoryResultCache:
+    """In-process :class:`ResultCache` for tests; ``ttl`` entries expire on ``clock``."""
+
+    def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.entries: dict[str, tuple[dict[str, Any], float | None]] = {}
+        self._clock = clock
+
+    async def get(self, call_id: str) -> dict[str, Any] | None:
+        entry = self.entries.get(call_id)
+        if entry is None:
+            return None
+        result, expires_at = entry
+        if expires_at is not None and expires_at <= self._clock():
+            del self.entries[call_id]
+            return None
+        return dict(result)
+
+    async def put(self, call_id: str, result: dict[str, Any], policy: CachePolicy) -> None:
+        expires_at = self._clock() + policy.ttl_s if policy.mode == "ttl" else None
+        self.entries[call_id] = (dict(result), expires_at)

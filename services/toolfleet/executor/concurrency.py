@@ -10,12 +10,17 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from redis.asyncio import Redis
 
-_ACQUIRE = """
+from toolfleet.storage.lua import LuaScript
+
+_ACQUIRE = LuaScript(
+    "slots_acquire",
+    source="""
 local now = redis.call('TIME')
 local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now_ms)
@@ -26,7 +31,8 @@ if redis.call('ZSCORE', KEYS[1], ARGV[1]) or redis.call('ZCARD', KEYS[1]) < tonu
   return 1
 end
 return 0
-"""
+""",
+)
 
 
 class AgentSlots(Protocol):
@@ -43,10 +49,11 @@ def agent_key(tenant_id: str, agent_did: str) -> str:
 class RedisAgentSlots:
     def __init__(self, redis: Redis) -> None:
         self._redis = redis
-        self._acquire = redis.register_script(_ACQUIRE)
 
     async def try_acquire(self, agent_key: str, holder: str, limit: int, lease_s: float) -> bool:
-        taken = await self._acquire(keys=[agent_key], args=[holder, limit, int(lease_s * 1000)])
+        taken = await _ACQUIRE(
+            self._redis, keys=[agent_key], args=[holder, limit, int(lease_s * 1000)]
+        )
         return bool(taken)
 
     async def release(self, agent_key: str, holder: str) -> None:
@@ -74,3 +81,28 @@ async def wait_for_slot(
         await asyncio.sleep(random.uniform(0, backoff))  # noqa: S311 - jitter, not crypto
         backoff = min(backoff * 2, max_backoff_s)
     return True
+
+
+class MemoryAgentSlots:
+    """In-process :class:`AgentSlots` for tests and single-process tools.
+
+    Leases expire on ``clock`` (seconds), like the Redis slots on Redis' clock.
+    """
+
+    def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.held: dict[str, dict[str, float]] = {}
+        """Per agent key: holder -> lease expiry."""
+        self._clock = clock
+
+    async def try_acquire(self, agent_key: str, holder: str, limit: int, lease_s: float) -> bool:
+        now = self._clock()
+        slots = self.held.setdefault(agent_key, {})
+        for expired in [h for h, until in slots.items() if until <= now]:
+            del slots[expired]
+        if holder not in slots and len(slots) >= limit:
+            return False
+        slots[holder] = now + lease_s
+        return True
+
+    async def release(self, agent_key: str, holder: str) -> None:
+        self.held.get(agent_key, {}).pop(holder, None)

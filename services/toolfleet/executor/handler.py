@@ -7,32 +7,40 @@ import time
 from collections import defaultdict
 from collections.abc import Awaitable, Sequence
 
+from toolfleet.auth.control import ControlVerifier, is_signed_cancel
 from toolfleet.auth.grants import GrantVerifier
+from toolfleet.auth.revocation import CachedRevocationList
 from toolfleet.bus.offsets import Partition
 from toolfleet.bus.producer import EventProducer, Outbound
-from toolfleet.bus.runtime import ConsumerSpec, EventConsumer, Inbound
+from toolfleet.bus.runtime import EventConsumer, Inbound
+from toolfleet.documents.cache import CHANNEL as DOCUMENT_UPDATES
+from toolfleet.documents.cache import DocumentCache, RedisCacheStore
+from toolfleet.documents.mcp_source import McpDocumentSource
+from toolfleet.documents.pins import RedisPinBook
+from toolfleet.events import routing
 from toolfleet.events.envelope import Envelope
-from toolfleet.events.types import EventType, Source, TopicName
+from toolfleet.events.types import EventType, TopicName
 from toolfleet.executor.cache import RedisResultCache
-from toolfleet.executor.checkpoints import RedisCheckpointStore, TieredCheckpointStore
-from toolfleet.executor.circuit_store import RedisCircuitStore
-from toolfleet.executor.circuits import CircuitBreaker
-from toolfleet.executor.cold_checkpoints import PostgresCheckpointStore
+from toolfleet.executor.checkpoints.cold import PostgresCheckpointStore
+from toolfleet.executor.checkpoints.store import RedisCheckpointStore, TieredCheckpointStore
+from toolfleet.executor.circuits.breaker import CircuitBreaker
+from toolfleet.executor.circuits.store import RedisCircuitStore
 from toolfleet.executor.concurrency import RedisAgentSlots
-from toolfleet.executor.lease_guard import LeaseGuard, LeaseLost
-from toolfleet.executor.leases import RedisLeases
+from toolfleet.executor.leasing.guard import LeaseGuard, LeaseLost
+from toolfleet.executor.leasing.leases import RedisLeases
 from toolfleet.executor.registration import register_catalog
 from toolfleet.executor.result_transfer import ResultTransfer
 from toolfleet.executor.scheduling import placement
 from toolfleet.executor.service import ExecutorService
 from toolfleet.executor.settings import ExecutorSettings, SecretBackend
-from toolfleet.policy.stores import RedisCancelFlags
-from toolfleet.sdk.catalog import discover
+from toolfleet.registry.catalog import discover
 from toolfleet.secrets.env import EnvSecretStore
 from toolfleet.secrets.file import FileSecretStore
 from toolfleet.secrets.store import SecretStore
 from toolfleet.secrets.vault import VaultConfig, VaultSecretStore
 from toolfleet.storage.blobs import PostgresBlobStore
+from toolfleet.storage.cancel_flags import RedisCancelFlags
+from toolfleet.storage.invalidation import run_invalidation_listener
 from toolfleet.worker import Resources
 
 
@@ -70,6 +78,17 @@ async def build(res: Resources) -> list[EventConsumer]:
     settings = ExecutorSettings(**res.settings.model_dump(exclude_unset=True))
     catalog = discover(settings.tool_module_list)
     await register_catalog(res.pool, catalog)
+    revocations = CachedRevocationList.from_settings(res.redis, settings)
+    documents = (
+        McpDocumentSource(settings.document_source, timeout_s=settings.document_timeout_s)
+        if settings.document_source
+        else None
+    )
+    document_cache = DocumentCache(
+        RedisCacheStore(res.redis),
+        source=settings.document_source_name,
+        ttl_s=settings.document_cache_ttl_s,
+    )
     service = ExecutorService(
         catalog=catalog,
         checkpoints=TieredCheckpointStore(
@@ -86,6 +105,7 @@ async def build(res: Resources) -> list[EventConsumer]:
         cancel_grace_s=settings.cancel_grace_s,
         secrets=secret_store(settings),
         grants=GrantVerifier.from_settings(settings),
+        revocations=revocations,
         slots=RedisAgentSlots(res.redis),
         breaker=CircuitBreaker(store=RedisCircuitStore(res.redis), clock=time.time),
         cache=RedisResultCache(res.redis),
@@ -94,6 +114,10 @@ async def build(res: Resources) -> list[EventConsumer]:
             inline_bytes=settings.result_inline_limit,
             max_bytes=settings.max_result_blob_bytes,
         ),
+        documents=documents,
+        document_cache=document_cache,
+        document_source_name=settings.document_source_name,
+        document_pins=RedisPinBook(res.redis, ttl_s=settings.checkpoint_ttl_s),
         lease_guard=LeaseGuard(
             leases=RedisLeases(res.redis, ttl_s=settings.lease_ttl), worker_id=res.worker_id
         ),
@@ -104,6 +128,12 @@ async def build(res: Resources) -> list[EventConsumer]:
         service.suspend()
 
     res.background(suspend_at_stop)
+    res.background(lambda stop: revocations.listen(res.redis, stop))
+    res.background(
+        lambda stop: run_invalidation_listener(res.redis, DOCUMENT_UPDATES, document_cache, stop)
+    )
+    if documents is not None:
+        res.background(documents.run)
 
     in_flight: dict[Partition, set[str]] = defaultdict(set)
 
@@ -119,16 +149,18 @@ async def build(res: Resources) -> list[EventConsumer]:
     def on_revoke(parts: Sequence[Partition]) -> None:
         service.suspend_calls({i for p in parts for i in in_flight.get(p, ())})
 
+    signatures = ControlVerifier.from_settings(settings)
+
     async def control(event: Inbound) -> Sequence[Outbound]:
-        if event.envelope.type == EventType.CANCEL_REQUESTED:
+        # An unsigned or forged cancel stops nothing; policy audits the refusal.
+        if event.envelope.type == EventType.CANCEL_REQUESTED and is_signed_cancel(
+            signatures, event.envelope
+        ):
             await service.on_cancel(event.envelope)
         return []
 
-    executions = ConsumerSpec(
-        service="executor",
-        source=Source.EXECUTOR,
-        group_id=res.group("executor"),
-        topics=[res.topic(TopicName.AUTHORIZED)],
+    executions = res.spec(
+        routing.EXECUTOR_RUNS,
         max_in_flight=settings.max_in_flight,
         # Another worker owns the call now: handling it again replays that worker's outcome.
         extra_transient=(LeaseLost,),
@@ -140,12 +172,5 @@ async def build(res: Resources) -> list[EventConsumer]:
         max_in_flight_per_tenant=settings.tenant_in_flight,
     )
     # Every executor must see every cancel: its own group, reading from the end.
-    cancels = ConsumerSpec(
-        service="executor-control",
-        source=Source.EXECUTOR,
-        group_id=res.group(f"executor-control-{res.worker_id}"),
-        topics=[res.topic(TopicName.CONTROL)],
-        auto_offset_reset="latest",
-        max_in_flight=64,
-    )
+    cancels = res.spec(routing.EXECUTOR_CANCELS, max_in_flight=64)
     return [res.consumer(executions, run), res.consumer(cancels, control, dedupe=False)]

@@ -6,8 +6,8 @@ import logging
 
 import asyncpg
 
+from toolfleet.registry.catalog import ToolCatalog
 from toolfleet.registry.store import RegistryStore
-from toolfleet.sdk.catalog import ToolCatalog
 
 log = logging.getLogger(__name__)
 

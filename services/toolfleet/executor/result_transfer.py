@@ -10,34 +10,18 @@ a while, since the alternative is running the tool again.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay
 from tenacity import wait_random_exponential as jittered
 
 from toolfleet.errors import ResourceExhausted
 from toolfleet.events.models import ResultBlob
-from toolfleet.storage.blobs import BlobPurpose
+from toolfleet.storage.blobs import ResultBlobs
 from toolfleet.storage.errors import POSTGRES_UNAVAILABLE
 
 #: A transfer blob only has to outlive the validator's backlog.
 TRANSFER_TTL_S = 24 * 3600
-
-
-class ResultBlobs(Protocol):
-    """:class:`toolfleet.storage.blobs.PostgresBlobStore`, as the executor uses it."""
-
-    async def put(
-        self,
-        data: bytes,
-        *,
-        tenant_id: str,
-        invocation_id: str,
-        purpose: BlobPurpose,
-        content_type: str = ...,
-        ttl_s: int | None = ...,
-        blob_id: str | None = ...,
-    ) -> str: ...
 
 
 @dataclass(frozen=True, kw_only=True)

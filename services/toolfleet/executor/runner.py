@@ -3,8 +3,10 @@
 The tool's own exceptions never escape: a :class:`ToolfleetError` keeps its code, a
 timeout becomes ``timeout``, anything else ``tool_execution_error`` with the exception
 type only (its message may hold data that must not leave the executor). The exception
-is :class:`~toolfleet.executor.fencing.StaleLease` out of ``ctx.checkpoint()``: the
+is :class:`~toolfleet.executor.leasing.fencing.StaleLease` out of ``ctx.checkpoint()``: the
 run lost its lease, and the lease guard discards it (the call's new owner reports).
+
+:mod:`toolfleet.sdk.testing` runs tool authors' local calls through this same step.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from toolfleet.errors import (
     ToolTimeout,
 )
 from toolfleet.events.envelope import field_errors
-from toolfleet.executor.fencing import StaleLease
+from toolfleet.executor.leasing.fencing import StaleLease
 from toolfleet.sdk.context import ToolContext
 from toolfleet.sdk.tool import ToolSpec
 

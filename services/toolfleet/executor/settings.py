@@ -59,6 +59,20 @@ class ExecutorSettings(FleetSettings):
     def lease_ttl(self) -> float:
         return self.lease_ttl_s or self.session_timeout_ms / 1000
 
+    document_source: str | None = None
+    """Where ``ctx.documents`` reads: an MCP server exposing ``get_source_of_truth``,
+    ``search_documents``, ``find_overlaps`` and ``get_document_metadata``, as an
+    ``http(s)://`` URL (Streamable HTTP) or a command line started as a stdio server,
+    e.g. ``python -m toolfleet.documents.reference_server docs.json``. Unset: document
+    reads fail with ``document_source_unavailable``."""
+    document_source_name: str = Field(default="default", pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    """Name of that source; a request whose ``document_context.source`` names another
+    one cannot read documents here. Also names its entries in the Redis cache."""
+    document_timeout_s: float = Field(default=10.0, gt=0)
+    """How long one request to the document source may take."""
+    document_cache_ttl_s: int = Field(default=300, ge=1)
+    """TTL of the Redis cache of document answers (also dropped on ``document:updates``)."""
+
     secret_backend: SecretBackend = SecretBackend.ENV
     """Where tool credentials are resolved: ``env``
     (``TOOLFLEET_SECRET__{TENANT}__{CONNECTION}__{NAME}``), ``file`` (``TOOLFLEET_SECRET_DIR``)

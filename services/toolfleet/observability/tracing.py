@@ -1,14 +1,15 @@
 """OpenTelemetry tracing in one place: spans around process and send, W3C context.
 
 The ``traceparent`` of the original request travels on every event, so every service's
-``process`` span joins one trace per invocation.
+``process`` span joins one trace per invocation. A request that arrives without one gets
+it where it is decoded (:func:`toolfleet.events.identity.with_trace`).
 """
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Literal
 
 from opentelemetry import trace
@@ -16,13 +17,32 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.trace import Span, SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from toolfleet.events.identity import derived_traceparent, new_traceparent, parse_traceparent
 
 _PROPAGATOR = TraceContextTextMapPropagator()
 _tracer: trace.Tracer = trace.get_tracer("toolfleet")
 _recording = True
 """False once :func:`configure_tracing` chose no exporter: :func:`span` is then free."""
+_provider: TracerProvider | None = None
+"""The provider :func:`configure_tracing` installed, flushed by :func:`shutdown_tracing`."""
+OTLP_TRACES_PATH = "/v1/traces"
+_root_ids: ContextVar[tuple[int, int] | None] = ContextVar("toolfleet_root_ids", default=None)
+
+
+class RootIds(RandomIdGenerator):
+    """Random ids, except for the span :func:`trace_root` starts: the ids it is given."""
+
+    def generate_trace_id(self) -> int:
+        ids = _root_ids.get()
+        return ids[0] if ids is not None else super().generate_trace_id()
+
+    def generate_span_id(self) -> int:
+        ids = _root_ids.get()
+        return ids[1] if ids is not None else super().generate_span_id()
 
 
 def configure_tracing(
@@ -33,27 +53,45 @@ def configure_tracing(
     With ``exporter='none'`` (the default) spans are the API's no-op ones: nothing is
     recorded, so nothing is paid for per event. Trace context still travels, because
     every event carries its parent's ``traceparent`` whatever the current span is.
+    ``otlp`` sends OTLP/HTTP (protobuf) to ``endpoint`` + ``/v1/traces`` (without an
+    endpoint, to the exporter's ``OTEL_EXPORTER_OTLP_*`` default).
     """
-    global _tracer, _recording
+    global _tracer, _recording, _provider
+    shutdown_tracing()
     _recording = exporter != "none"
     if not _recording:
         _tracer = trace.NoOpTracer()
         return
-    provider = TracerProvider(resource=Resource.create({"service.name": f"toolfleet-{service}"}))
+    provider = TracerProvider(
+        resource=Resource.create({"service.name": f"toolfleet-{service}"}), id_generator=RootIds()
+    )
     if exporter == "console":
         provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
-    elif exporter == "otlp":  # pragma: no cover - needs an OTLP collector
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import (  # type: ignore[import-not-found]
-            OTLPSpanExporter,
-        )
+    elif exporter == "otlp":
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint)))
+        provider.add_span_processor(
+            BatchSpanProcessor(OTLPSpanExporter(endpoint=traces_url(endpoint)))
+        )
+    _provider = provider
     _tracer = provider.get_tracer("toolfleet")
 
 
-def new_traceparent() -> str:
-    """A fresh W3C ``traceparent`` for a request that arrives without one."""
-    return f"00-{secrets.token_hex(16)}-{secrets.token_hex(8)}-01"
+def traces_url(endpoint: str | None) -> str | None:
+    """The OTLP/HTTP traces URL of a collector's base ``endpoint`` (``None`` stays unset)."""
+    if not endpoint:
+        return None
+    base = endpoint.rstrip("/")
+    return base if base.endswith(OTLP_TRACES_PATH) else base + OTLP_TRACES_PATH
+
+
+def shutdown_tracing() -> None:
+    """Export the spans still buffered and stop exporting (worker and API shutdown)."""
+    global _provider, _tracer
+    provider, _provider = _provider, None
+    if provider is not None:
+        provider.shutdown()  # flushes every BatchSpanProcessor first
+        _tracer = trace.NoOpTracer()
 
 
 def current_traceparent() -> str:
@@ -61,12 +99,6 @@ def current_traceparent() -> str:
     carrier: dict[str, str] = {}
     _PROPAGATOR.inject(carrier)
     return carrier.get("traceparent") or new_traceparent()
-
-
-def trace_id_of(traceparent: str | None) -> str | None:
-    if traceparent and len(traceparent) >= 55:
-        return traceparent[3:35]
-    return None
 
 
 def _context_of(traceparent: str | None, tracestate: str | None) -> Context | None:
@@ -95,3 +127,34 @@ def span(
         name, context=_context_of(traceparent, tracestate), kind=kind, attributes=attributes
     ) as current:
         yield current
+
+
+@contextmanager
+def trace_root(
+    name: str,
+    *,
+    traceparent: str | None,
+    source: str,
+    event_id: str,
+    kind: SpanKind = SpanKind.CONSUMER,
+    attributes: dict[str, str | int] | None = None,
+) -> Iterator[Span]:
+    """The root span of the trace an event without ``traceparent`` started, if this is one.
+
+    :func:`~toolfleet.events.identity.with_trace` gave such an event a ``traceparent``
+    derived from its ``source`` + ``id``; this span is the parent it names (same trace
+    id, same span id), so the spans of every service hang under one root. Only the
+    service that starts traces (policy) records it, or a trace would have one per
+    service; for any other event this is a no-op.
+    """
+    parsed = parse_traceparent(traceparent)
+    if not _recording or parsed is None or traceparent != derived_traceparent(source, event_id):
+        yield trace.INVALID_SPAN
+        return
+    ids = _root_ids.set((int(parsed.trace_id, 16), int(parsed.parent_id, 16)))
+    try:
+        root = _tracer.start_span(name, context=Context(), kind=kind, attributes=attributes)
+    finally:
+        _root_ids.reset(ids)
+    with trace.use_span(root, end_on_exit=True):
+        yield root

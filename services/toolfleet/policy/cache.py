@@ -12,7 +12,6 @@ a single-key script (cluster-safe).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 from typing import Any
@@ -22,6 +21,8 @@ from redis.exceptions import RedisError
 
 from toolfleet.policy.documents import TenantPolicy
 from toolfleet.policy.provider import CachedEntry, PolicyProvider
+from toolfleet.storage import invalidation
+from toolfleet.storage.lua import LuaScript
 
 log = logging.getLogger(__name__)
 
@@ -31,13 +32,16 @@ CACHE_TTL_S = 300
 """Lifetime of a cached entry in Redis."""
 
 # Store the entry only while the epoch is the one the reader saw before loading it.
-_STORE_IF_EPOCH = """
+_STORE_IF_EPOCH = LuaScript(
+    "policy_cache_store",
+    source="""
 local current = redis.call('HGET', KEYS[1], 'epoch') or ''
 if current ~= ARGV[1] then return 0 end
 redis.call('HSET', KEYS[1], 'entry', ARGV[2])
 redis.call('EXPIRE', KEYS[1], tonumber(ARGV[3]))
 return 1
-"""
+""",
+)
 
 
 def cache_key(tenant_id: str) -> str:
@@ -56,7 +60,6 @@ class RedisPolicyCache:
         self._redis = redis
         self._ttl = ttl_s
         self._channel = channel
-        self._store_script = redis.register_script(_STORE_IF_EPOCH)
 
     async def load(self, tenant_id: str) -> tuple[CachedEntry | None, str]:
         try:
@@ -68,8 +71,8 @@ class RedisPolicyCache:
 
     async def store(self, tenant_id: str, entry: CachedEntry, epoch: str) -> None:
         try:
-            await self._store_script(
-                keys=[cache_key(tenant_id)], args=[epoch, _encode(entry), self._ttl]
+            await _STORE_IF_EPOCH(
+                self._redis, keys=[cache_key(tenant_id)], args=[epoch, _encode(entry), self._ttl]
             )
         except (RedisError, OSError) as exc:
             log.warning("policy cache unavailable", extra={"error": type(exc).__name__})
@@ -107,40 +110,16 @@ async def run_invalidation_listener(
 ) -> None:
     """Drop cached policies named on ``policy:updates`` until ``stop`` is set.
 
-    Reconnects with backoff when Redis goes away; on every (re)subscription the whole
-    local layer is dropped, since updates published meanwhile were missed.
+    The listener of :mod:`toolfleet.storage.invalidation`: it reconnects with backoff,
+    and the whole local layer is dropped when the subscription is lost and again when it
+    is back, since updates published meanwhile were missed.
 
     Args:
         subscribed: set each time the subscription is live (tests wait on it).
     """
-    backoff = 0.1
-    while not stop.is_set():
-        pubsub = redis.pubsub()
-        try:
-            await pubsub.subscribe(channel)
-            provider.invalidate_local()
-            if subscribed is not None:
-                subscribed.set()
-            backoff = 0.1
-            while not stop.is_set():
-                message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=0.5)
-                if message is not None and message.get("type") == "message":
-                    tenant_id = _text(message["data"])
-                    await provider.invalidate(tenant_id)
-                    log.info("policy cache invalidated", extra={"tenant_id": tenant_id})
-        except (RedisError, OSError) as exc:
-            if subscribed is not None:
-                subscribed.clear()
-            log.warning(
-                "policy update subscription lost; reconnecting",
-                extra={"error": type(exc).__name__, "retry_in_s": backoff},
-            )
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=backoff)
-            backoff = min(backoff * 2, max_backoff_s)
-        finally:
-            with contextlib.suppress(RedisError, OSError):
-                await pubsub.aclose()  # type: ignore[no-untyped-call]  # untyped in redis-py
+    await invalidation.run_invalidation_listener(
+        redis, channel, provider, stop, subscribed=subscribed, max_backoff_s=max_backoff_s
+    )
 
 
 def _text(value: Any) -> str:

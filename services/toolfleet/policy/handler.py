@@ -1,8 +1,9 @@
 """Kafka adapter of policy: requests, control and results in; decisions out.
 
-Besides its consumer, policy runs three background jobs: the ``policy:updates``
-listener (cache invalidation within a second), the approval-expiry sweeper, and the
-policy-file watcher that re-seeds file-managed tenants when the file changes.
+Besides its consumer, policy runs four background jobs: the ``policy:updates`` and
+``token:revocations`` listeners (cache invalidation within a second), the
+approval-expiry sweeper, and the policy-file watcher that re-seeds file-managed tenants
+when the file changes.
 """
 
 from __future__ import annotations
@@ -12,13 +13,15 @@ import contextlib
 import logging
 from collections.abc import Sequence
 
+from toolfleet.auth.control import ControlVerifier
 from toolfleet.auth.grants import GrantSigner
-from toolfleet.auth.revocation import RedisRevocationList
+from toolfleet.auth.revocation import CachedRevocationList
 from toolfleet.auth.tokens import open_verifier
 from toolfleet.bus.producer import Outbound
-from toolfleet.bus.runtime import ConsumerSpec, EventConsumer, Inbound
+from toolfleet.bus.runtime import EventConsumer, Inbound
 from toolfleet.errors import InvalidEvent
-from toolfleet.events.types import EventType, Source, TopicName
+from toolfleet.events import routing
+from toolfleet.events.types import EventType, TopicName
 from toolfleet.policy.approval_expiry import expiry_outcome, run_expiry_sweeper
 from toolfleet.policy.cache import RedisPolicyCache, run_invalidation_listener
 from toolfleet.policy.documents import load_policy
@@ -28,13 +31,13 @@ from toolfleet.policy.settings import PolicySettings
 from toolfleet.policy.store import PolicyStore, seed_from_document
 from toolfleet.policy.stores import (
     RedisApprovalStore,
-    RedisCancelFlags,
     RedisIdempotencyStore,
     RedisRateLimiter,
 )
 from toolfleet.registry.lookup import ToolLookup
 from toolfleet.registry.schemas import CompiledSchemas
 from toolfleet.registry.store import RegistryStore
+from toolfleet.storage.cancel_flags import RedisCancelFlags
 from toolfleet.worker import Resources
 
 log = logging.getLogger(__name__)
@@ -47,6 +50,7 @@ async def build(res: Resources) -> list[EventConsumer]:
     provider = PolicyProvider(store, shared=cache)
     await seed_from_document(store, load_policy(settings.policy_file), announce=cache.announce)
     approvals = RedisApprovalStore(res.redis)
+    revocations = CachedRevocationList.from_settings(res.redis, settings)
     service = PolicyService(
         lookup=ToolLookup(RegistryStore(res.pool), ttl_s=settings.registry_cache_ttl_s),
         verifier=await open_verifier(settings),
@@ -56,8 +60,9 @@ async def build(res: Resources) -> list[EventConsumer]:
         cancels=RedisCancelFlags(res.redis),
         limiter=RedisRateLimiter(res.redis),
         idempotency=RedisIdempotencyStore(res.redis),
-        revocations=RedisRevocationList(res.redis, max_ttl_s=settings.revocation_ttl_s),
+        revocations=revocations,
         grants=GrantSigner.from_settings(settings),
+        control=ControlVerifier.from_settings(settings),
         approval_ttl_s=settings.approval_ttl_s,
     )
 
@@ -99,18 +104,13 @@ async def build(res: Resources) -> list[EventConsumer]:
                 log.info("policy file re-applied", extra={"tenants": sorted(applied)})
 
     res.background(lambda stop: run_invalidation_listener(res.redis, provider, stop))
+    res.background(lambda stop: revocations.listen(res.redis, stop))
     res.background(lambda stop: run_expiry_sweeper(approvals, expire, stop))
     res.background(watch_policy_file)
-    spec = ConsumerSpec(
-        service="policy",
-        source=Source.POLICY,
-        group_id=res.group("policy"),
-        topics=[
-            res.topic(TopicName.REQUESTED),
-            res.topic(TopicName.CONTROL),
-            res.topic(TopicName.RESULTS),
-        ],
+    spec = res.spec(
+        routing.POLICY_CONSUMER,
         max_in_flight=settings.max_in_flight,
+        starts_traces=True,  # the first service to read a request
     )
     return [res.consumer(spec, handle)]
 

@@ -127,6 +127,14 @@ class PolicyProvider:
         self._generations[tenant_id] = self._generations.get(tenant_id, 0) + 1
         self._local.pop(tenant_id, None)
 
+    def after_subscribe(self) -> None:
+        """The ``policy:updates`` subscription is live: updates may have been missed."""
+        self.invalidate_local()
+
+    def after_connection_lost(self) -> None:
+        """The ``policy:updates`` subscription is gone: forget what it kept fresh."""
+        self.invalidate_local()
+
     async def invalidate(self, tenant_id: str) -> None:
         """Forget one tenant here and in the shared cache (on a ``policy:updates`` message)."""
         self.invalidate_local(tenant_id)

@@ -17,16 +17,19 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
+from toolfleet.auth.control import ControlVerifier, control_claims
 from toolfleet.auth.grants import GrantSigner
 from toolfleet.auth.grants import parameters_hash as _grant_parameters_hash
 from toolfleet.auth.revocation import RevocationList, ensure_not_revoked
 from toolfleet.auth.tokens import Capability, TokenVerifier
-from toolfleet.errors import InvalidEvent, InvalidParameters, PermissionDenied, ToolfleetError
+from toolfleet.errors import InvalidEvent, PermissionDenied, ToolfleetError
 from toolfleet.events.envelope import Envelope, derived_event_id, new_event
+from toolfleet.events.identity import invocation_uuid
 from toolfleet.events.models import (
     ApprovalDecision,
     ApprovalRequested,
     CancelRequested,
+    ControlRefused,
     InvokeAuthorized,
     InvokeRequested,
     ToolOutcome,
@@ -42,9 +45,11 @@ from toolfleet.policy.idempotency import (
     outcome_for_duplicate,
 )
 from toolfleet.policy.ratelimit import RateLimiter, RateLimits, rate_limit_error
+from toolfleet.registry.enforcement import check_parameters
 from toolfleet.registry.lookup import ResolvedTool, ToolLookup
 from toolfleet.registry.schemas import CompiledSchemas
 from toolfleet.registry.versions import matches
+from toolfleet.storage.cancel_flags import CancelFlags
 
 AUTHTYPE = "app_user"
 """authcontext ``authtype`` for calls authorized by a verified capability token."""
@@ -77,11 +82,6 @@ class ApprovalStore(Protocol):
     async def take(self, invocation_id: str) -> PendingApproval | None: ...
 
 
-class CancelFlags(Protocol):
-    async def request(self, invocation_id: str) -> None: ...
-    async def is_requested(self, invocation_id: str) -> bool: ...
-
-
 class _Waiter(BaseModel):
     """What resolving a duplicate later needs of its request (stored beside the key)."""
 
@@ -106,14 +106,6 @@ def parameters_hash(tool_id: str, version: str, parameters: dict[str, Any]) -> s
     return _grant_parameters_hash(tool_id, version, parameters)
 
 
-def invocation_uuid(text: str) -> str:
-    """The invocation id as a UUID string (a non-UUID event id is mapped stably)."""
-    try:
-        return str(uuid.UUID(text))
-    except ValueError:
-        return str(uuid.uuid5(uuid.NAMESPACE_URL, f"toolfleet:invocation:{text}"))
-
-
 @dataclass(kw_only=True)
 class PolicyService:
     lookup: ToolLookup
@@ -126,6 +118,8 @@ class PolicyService:
     idempotency: IdempotencyStore
     revocations: RevocationList | None = None
     grants: GrantSigner | None = None
+    control: ControlVerifier | None = None
+    """Checks the signature of approvals, denials and cancels; ``None`` refuses them all."""
     approval_ttl_s: int = 24 * 3600
     idempotency_ttl_s: int = 7 * 24 * 3600
 
@@ -160,13 +154,7 @@ class PolicyService:
                     approval_requested=request.execution_options.require_approval,
                 ),
             )
-            errors = self.schemas.errors(manifest.input_schema, request.parameters)
-            if errors:
-                raise InvalidParameters(
-                    "parameters do not match the input schema of "
-                    f"{manifest.tool_id}@{manifest.version}",
-                    details={"errors": errors},
-                )
+            check_parameters(self.schemas, manifest, request.parameters)
             await self._rate_limit(tenant, manifest.tool_id, tenant_policy, decision)
             # Last check: a refusal above must never become the stored answer for a key.
             duplicate = await self._idempotency(event, request, invocation_id, manifest.version)
@@ -216,6 +204,7 @@ class PolicyService:
             resource_limits=request.resource_limits,
             checkpoint_config=request.checkpoint_config,
             execution_options=request.execution_options,
+            document_context=request.document_context,
             warnings=resolved.warnings,
             requested_at=event.time or datetime.now(UTC),
             max_result_bytes=decision.budgets.max_result_bytes,
@@ -245,6 +234,7 @@ class PolicyService:
                         parameters=authorized.parameters,
                         capability_jti=capability_jti,
                         timeout_s=authorized.timeout_seconds,
+                        document_context=_json(authorized.document_context),
                     )
                 }
             )
@@ -419,56 +409,92 @@ class PolicyService:
     # --- control: approvals and cancellation ----------------------------------------
 
     async def on_control(self, event: Envelope, key: bytes | None) -> list[Emitted]:
+        control: CancelRequested | ApprovalDecision
         if event.type == EventType.CANCEL_REQUESTED:
-            cancel = event.data_as(CancelRequested)
-            _check_control_tenant(event, key, cancel.tenant_id)
-            invocation_id = str(cancel.invocation_id)
-            await self.cancels.request(invocation_id)
-            waiting = await self.approvals.peek(invocation_id)
-            if waiting is None or waiting.tenant_id != cancel.tenant_id:
-                return []
-            pending = await self.approvals.take(invocation_id)
-            if pending is None:
-                return []
-            return [self._fail_pending(event, pending, _cancelled(cancel.reason))]
-        if event.type in {EventType.APPROVAL_GRANTED, EventType.APPROVAL_DENIED}:
-            decision = event.data_as(ApprovalDecision)
-            _check_control_tenant(event, key, decision.tenant_id)
-            invocation_id = str(decision.invocation_id)
-            waiting = await self.approvals.peek(invocation_id)
-            if waiting is None or waiting.tenant_id != decision.tenant_id:
-                return []  # decided, cancelled, expired, or another tenant's: no effect
-            if (
-                event.type == EventType.APPROVAL_GRANTED
-                and decision.parameters_hash is not None
-                and decision.parameters_hash != waiting.parameters_hash
-            ):
-                return []  # approved something else than what waits: it keeps waiting
-            pending = await self.approvals.take(invocation_id)
-            if pending is None:
-                return []  # a concurrent decision won
-            if pending.expires_at < datetime.now(UTC):
-                return [
-                    self._fail_pending(event, pending, _approval_denied("the approval expired"))
-                ]
-            if event.type == EventType.APPROVAL_DENIED:
-                return [
-                    self._fail_pending(
-                        event, pending, _approval_denied(decision.reason or "denied by an approver")
-                    )
-                ]
-            # The grant is minted now, not when the call was parked: it must outlive the run.
+            control = event.data_as(CancelRequested)
+        elif event.type in {EventType.APPROVAL_GRANTED, EventType.APPROVAL_DENIED}:
+            control = event.data_as(ApprovalDecision)
+        else:
+            return []  # other control events are for other services
+        _check_control_tenant(event, key, control.tenant_id)
+        try:
+            self._check_signature(event, control)
+        except PermissionDenied as exc:
+            return [_refused(event, control, exc)]
+        if isinstance(control, CancelRequested):
+            return await self._cancel(event, control)
+        return await self._decide(event, control)
+
+    def _check_signature(
+        self, event: Envelope, control: CancelRequested | ApprovalDecision
+    ) -> None:
+        """:class:`PermissionDenied` unless the API (or a trusted CLI) signed this event."""
+        if self.control is None:
+            raise PermissionDenied(
+                "no control signing key is configured; every control event is refused"
+            )
+        self.control.verify(control.signature, control_claims(event.type, control))
+
+    async def _cancel(self, event: Envelope, cancel: CancelRequested) -> list[Emitted]:
+        invocation_id = str(cancel.invocation_id)
+        await self.cancels.request(invocation_id)
+        waiting = await self.approvals.peek(invocation_id)
+        if waiting is None or waiting.tenant_id != cancel.tenant_id:
+            return []
+        pending = await self.approvals.take(invocation_id)
+        if pending is None:
+            return []
+        return [self._fail_pending(event, pending, _cancelled(cancel.reason))]
+
+    async def _decide(self, event: Envelope, decision: ApprovalDecision) -> list[Emitted]:
+        invocation_id = str(decision.invocation_id)
+        waiting = await self.approvals.peek(invocation_id)
+        if waiting is None or waiting.tenant_id != decision.tenant_id:
+            return []  # decided, cancelled, expired, or another tenant's: no effect
+        granted = event.type == EventType.APPROVAL_GRANTED
+        if (
+            granted
+            and decision.parameters_hash is not None
+            and decision.parameters_hash != waiting.parameters_hash
+        ):
+            return []  # approved something else than what waits: it keeps waiting
+        # Revoked since the call was parked: it must not run on the approval. Checked
+        # before ``take`` so a Redis failure here leaves the call parked for the retry.
+        revoked = (
+            granted
+            and self.revocations is not None
+            and await self.revocations.is_revoked(waiting.capability_jti)
+        )
+        pending = await self.approvals.take(invocation_id)
+        if pending is None:
+            return []  # a concurrent decision won
+        if revoked:
             return [
-                self._authorize(
+                self._fail_pending(
                     event,
-                    pending.authorized,
-                    pending.authid,
-                    pending.capability_jti,
-                    pending.tenant_id,
-                    traceparent=pending.traceparent,
+                    pending,
+                    PermissionDenied("the requesting agent's capability token has been revoked"),
                 )
             ]
-        return []  # other control events are for other services
+        if pending.expires_at < datetime.now(UTC):
+            return [self._fail_pending(event, pending, _approval_denied("the approval expired"))]
+        if not granted:
+            return [
+                self._fail_pending(
+                    event, pending, _approval_denied(decision.reason or "denied by an approver")
+                )
+            ]
+        # The grant is minted now, not when the call was parked: it must outlive the run.
+        return [
+            self._authorize(
+                event,
+                pending.authorized,
+                pending.authid,
+                pending.capability_jti,
+                pending.tenant_id,
+                traceparent=pending.traceparent,
+            )
+        ]
 
     def _fail_pending(
         self, event: Envelope, pending: PendingApproval, error: ToolfleetError
@@ -502,6 +528,35 @@ class PolicyService:
                 tool_id=ident.tool_id,
             ),
         )
+
+
+def _refused(
+    event: Envelope, control: CancelRequested | ApprovalDecision, error: PermissionDenied
+) -> Emitted:
+    """The audited refusal of a control event; the call it names is left as it was."""
+    actor = control.requested_by if isinstance(control, CancelRequested) else control.approver
+    data = ControlRefused(
+        invocation_id=control.invocation_id,
+        tenant_id=control.tenant_id,
+        control_type=event.type,
+        actor=actor,
+        reason=error.message,
+        refused_event_id=event.id,
+    )
+    # Whatever auth attributes the refused event carried are claims, not identities.
+    parent = event.model_copy(update={"authtype": None, "authid": None})
+    return (
+        TopicName.EVENTS,
+        new_event(
+            event_type=EventType.CONTROL_REFUSED,
+            source=Source.POLICY,
+            data=data,
+            tenant_id=control.tenant_id,
+            invocation_id=str(control.invocation_id),
+            event_id=derived_event_id(event, EventType.CONTROL_REFUSED),
+            parent=parent,
+        ),
+    )
 
 
 def _cancelled(reason: str) -> ToolfleetError:
@@ -566,3 +621,7 @@ def _check_control_tenant(event: Envelope, key: bytes | None, tenant_id: str) ->
         event.tenantid is not None and event.tenantid != tenant_id
     ):
         raise InvalidEvent("control event tenant does not match its key or tenantid attribute")
+
+
+def _json(model: BaseModel | None) -> dict[str, Any] | None:
+    return None if model is None else model.model_dump(mode="json")

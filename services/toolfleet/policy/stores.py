@@ -1,6 +1,9 @@
-"""Redis adapters for policy's ports: approvals, cancellation, rate limits, idempotency.
+"""Redis adapters for policy's ports: approvals, rate limits, idempotency.
 
-Every multi-key step runs as one Lua script (``policy/lua/``), so concurrent policy
+Cancel flags, which the executor reads too, are :mod:`toolfleet.storage.cancel_flags`.
+
+Every multi-key step runs as one Lua script (``storage/scripts/``, run by
+:class:`~toolfleet.storage.lua.LuaScript`), so concurrent policy
 replicas see each step as atomic. ``prefix`` namespaces every key (default: none, the
 contract's names); tests use it to share one Redis safely.
 """
@@ -14,17 +17,14 @@ from datetime import datetime
 from redis.asyncio import Redis
 
 from toolfleet.policy.idempotency import DEFAULT_TTL_S, Claim, ClaimKind, Waiter
-from toolfleet.policy.lua import LuaScript
 from toolfleet.policy.ratelimit import RateDecision, RateLimits
 from toolfleet.policy.service import PendingApproval
-from toolfleet.storage.redis import CoalescedCommands
+from toolfleet.storage.lua import LuaScript
 
 __all__ = [
     "RedisApprovalStore",
-    "RedisCancelFlags",
     "RedisIdempotencyStore",
     "RedisRateLimiter",
-    "cancel_key",
 ]
 
 _APPROVALS_DUE = LuaScript("approvals_due")
@@ -98,28 +98,6 @@ class RedisApprovalStore:
             tx.delete(self._expiring + invocation_id)
             tx.zrem(self._index, invocation_id)
             await tx.execute()
-
-
-CANCEL_TTL_S = 24 * 3600
-
-
-def cancel_key(invocation_id: str) -> str:
-    return f"cancel:requested:{invocation_id}"
-
-
-class RedisCancelFlags:
-    """``cancel:requested:{invocation_id}``: any executor checks it before running."""
-
-    def __init__(self, redis: Redis) -> None:
-        self._redis = redis
-        self._reads = CoalescedCommands(redis)
-
-    async def request(self, invocation_id: str) -> None:
-        await self._redis.set(cancel_key(invocation_id), b"1", ex=CANCEL_TTL_S)
-
-    async def is_requested(self, invocation_id: str) -> bool:
-        key = cancel_key(invocation_id)
-        return bool(await self._reads.run(lambda pipe: pipe.exists(key)))
 
 
 class RedisRateLimiter:

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
+
+import semver
 
 from toolfleet.errors import ToolNotFound
 from toolfleet.registry.manifest import ToolManifest
@@ -12,7 +15,32 @@ from toolfleet.registry.versions import VersionInfo, resolve
 
 
 class ManifestSource(Protocol):
-    async def versions(self, tool_id: str) -> list[ToolManifest]: ...
+    async def versions(self, tool_id: str) -> list[ToolManifest]:
+        """Every registered version of ``tool_id``, newest first; empty if unknown."""
+        ...
+
+
+class InMemoryManifests:
+    """:class:`~toolfleet.registry.store.RegistryStore`'s twin as a :class:`ManifestSource`."""
+
+    def __init__(self, manifests: Iterable[ToolManifest] = ()) -> None:
+        self._versions: dict[str, dict[str, ToolManifest]] = {}
+        for manifest in manifests:
+            self.register(manifest)
+
+    def register(self, manifest: ToolManifest) -> None:
+        """Add ``manifest``, or replace the stored one of the same id and version."""
+        self._versions.setdefault(manifest.tool_id, {})[manifest.version] = manifest
+
+    async def versions(self, tool_id: str) -> list[ToolManifest]:
+        found = self._versions.get(tool_id, {}).values()
+        return sorted(found, key=_newest_first)
+
+
+def _newest_first(manifest: ToolManifest) -> tuple[int, int, int]:
+    """Sort key: by major, minor, patch, descending, as the store orders its rows."""
+    v = semver.Version.parse(manifest.version)
+    return (-v.major, -v.minor, -v.patch)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -9,6 +9,7 @@ import semver
 
 from toolfleet.errors import RegistrationError, ToolNotFound
 from toolfleet.registry.manifest import LifecycleState, ToolManifest
+from toolfleet.storage.pg_text import escape_array, unescape_array
 
 
 class RegistryStore:
@@ -36,7 +37,7 @@ class RegistryStore:
                 manifest.tool_id.split("__", 1)[1],
                 manifest.description,
                 manifest.category,
-                manifest.tags,
+                escape_array(manifest.tags),
             )
             existing = await conn.fetchval(
                 """SELECT schema_hash FROM tool_versions
@@ -67,7 +68,7 @@ class RegistryStore:
                 manifest.effect.value,
                 manifest.input_schema,
                 manifest.output_schema,
-                manifest.redaction_allowlist,
+                escape_array(manifest.redaction_allowlist),
                 manifest.timeout_seconds,
                 manifest.schema_hash,
                 manifest.model_dump(mode="json"),
@@ -135,7 +136,7 @@ class RegistryStore:
                 LIMIT ${len(args) - 1} OFFSET ${len(args)}""",  # noqa: S608 - placeholders only
             *args,
         )
-        return [dict(r) for r in rows], int(total)
+        return [_definition(r) for r in rows], int(total)
 
     async def tool(self, tool_id: str) -> dict[str, Any] | None:
         row = await self._pool.fetchrow(
@@ -145,9 +146,13 @@ class RegistryStore:
         if row is None:
             return None
         return {
-            **dict(row),
+            **_definition(row),
             "versions": [m.model_dump(mode="json") for m in await self.versions(tool_id)],
         }
+
+
+def _definition(row: asyncpg.Record) -> dict[str, Any]:
+    return {**dict(row), "tags": unescape_array(row["tags"])}
 
 
 def _manifest(row: asyncpg.Record) -> ToolManifest:

@@ -1,4 +1,5 @@
-"""What a running tool sees of toolfleet: who called, checkpoints, cancellation, credentials."""
+"""What a running tool sees of toolfleet: who called, checkpoints, cancellation,
+credentials and documents."""
 
 from __future__ import annotations
 
@@ -6,9 +7,10 @@ import asyncio
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from toolfleet.errors import PermissionDenied
+from toolfleet.errors import DocumentAccessDenied, PermissionDenied
 
 if TYPE_CHECKING:
+    from toolfleet.documents.models import Document, DocumentMetadata, SearchHit
     from toolfleet.secrets.store import Secret
 
 
@@ -35,6 +37,42 @@ class CredentialSource(Protocol):
     def get(self, name: str) -> Secret: ...
 
 
+class DocumentReader(Protocol):
+    """``ctx.documents``: the documents of the request's ``document_context``.
+
+    Async throughout, so an isolated tool process can be handed a proxy of it. The
+    executor's one is :class:`toolfleet.documents.reader.CallDocuments`; every method
+    raises the ``document_*`` errors (a tool that lets one escape ends with that code).
+    """
+
+    async def get(self, document_id: str) -> Document:
+        """The content, at the version the call is pinned to (first read, or request)."""
+        ...
+
+    async def metadata(self, document_id: str) -> DocumentMetadata: ...
+    async def search(self, query: str, *, limit: int = 10) -> list[SearchHit]: ...
+    async def overlaps(self, document_id: str, *, limit: int = 10) -> list[SearchHit]: ...
+
+
+class _NoDocuments:
+    """``ctx.documents`` of a context built without documents (tests, direct calls)."""
+
+    def _deny(self) -> DocumentAccessDenied:
+        return DocumentAccessDenied("this call has no document_context")
+
+    async def get(self, document_id: str) -> Document:
+        raise self._deny()
+
+    async def metadata(self, document_id: str) -> DocumentMetadata:
+        raise self._deny()
+
+    async def search(self, query: str, *, limit: int = 10) -> list[SearchHit]:
+        raise self._deny()
+
+    async def overlaps(self, document_id: str, *, limit: int = 10) -> list[SearchHit]:
+        raise self._deny()
+
+
 class ToolContext:
     """Handed to every tool call: identities, checkpoints, cancellation and credentials.
 
@@ -56,6 +94,7 @@ class ToolContext:
         cancel_event: asyncio.Event | None = None,
         credentials: CredentialSource | None = None,
         connection_id: str | None = None,
+        documents: DocumentReader | None = None,
     ) -> None:
         self.tenant_id = tenant_id
         self.agent_did = agent_did
@@ -69,6 +108,11 @@ class ToolContext:
         self._credentials = credentials
         self.connection_id = connection_id
         """The connection whose credentials this call may use (None: no connection)."""
+        self.documents: DocumentReader = documents or _NoDocuments()
+        """The documents the request's ``document_context`` names: ``await
+        ctx.documents.get(id)``, ``.metadata(id)``, ``.search(q)``, ``.overlaps(id)``.
+        Any other document is refused (``document_access_denied``); a document's version
+        is pinned at the call's first read of it, and kept across resumes."""
 
     def resume_state(self) -> dict[str, Any] | None:
         """The state of the last checkpoint of this invocation, or None on a fresh start."""

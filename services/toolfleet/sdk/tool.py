@@ -1,4 +1,9 @@
-"""``@tool``: turn a typed async function into a registered, versioned tool."""
+"""``@tool``: declare a typed async function a registered, versioned tool.
+
+The decorator returns the function itself, still callable as written (tests may await
+it directly); the declaration travels with it as ``fn.__toolfleet_spec__``, read with
+:func:`spec_of`.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,7 @@ import inspect
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, get_type_hints
+from typing import Any, TypeVar, get_type_hints
 
 import semver
 from pydantic import BaseModel
@@ -19,6 +24,10 @@ from toolfleet.sdk.policies import CachePolicy, CircuitPolicy, RetryPolicy
 from toolfleet.secrets.store import check_name
 
 ToolFunction = Callable[[Any, ToolContext], Awaitable[Any]]
+F = TypeVar("F", bound=ToolFunction)
+
+#: The attribute ``@tool`` sets on the function it declares.
+SPEC_ATTRIBUTE = "__toolfleet_spec__"
 
 #: Fields an input schema may not declare: credentials flow through capabilities.
 _RESERVED_INPUT_FIELDS = frozenset({"connection_id", "capability_token"})
@@ -26,12 +35,13 @@ _RESERVED_INPUT_FIELDS = frozenset({"connection_id", "capability_token"})
 
 @dataclass(frozen=True, kw_only=True)
 class ToolSpec:
-    """A tool as the executor runs it and the registry records it."""
+    """A tool as the executor runs it and the registry records it (``spec_of(fn)``)."""
 
     tool_id: str
     version: str
     effect: Effect
     fn: ToolFunction
+    """The decorated function itself."""
     input_model: type[BaseModel]
     output_model: type[BaseModel]
     redaction_allowlist: tuple[str, ...]
@@ -91,8 +101,8 @@ def tool(
     circuit: str | None = None,
     circuit_breaker: CircuitPolicy | None = None,
     cache: CachePolicy | None = None,
-) -> Callable[[ToolFunction], ToolSpec]:
-    """Declare a tool.
+) -> Callable[[F], F]:
+    """Declare a tool; the decorated function is returned unchanged, still callable.
 
     Example::
 
@@ -126,7 +136,8 @@ def tool(
     calls. A tool that declares credentials cannot be cached.
     """
 
-    def decorate(fn: ToolFunction) -> ToolSpec:
+    def decorate(fn: F) -> F:
+        declared = fn  # returned as is (the coroutine check below narrows ``fn``)
         if not inspect.iscoroutinefunction(fn):
             raise RegistrationError(f"{id}: a tool must be an async function")
         if not re.fullmatch(TOOL_ID_PATTERN, id) or len(id) > 128:
@@ -158,7 +169,7 @@ def tool(
             raise RegistrationError(f"{id}: a tool that uses credentials cannot be cached")
         if circuit is not None and not re.fullmatch(r"[A-Za-z0-9._:-]{1,200}", circuit):
             raise RegistrationError(f"{id}: circuit names are letters, digits and '._:-'")
-        return ToolSpec(
+        spec = ToolSpec(
             tool_id=id,
             version=version,
             effect=Effect(effect),
@@ -184,8 +195,30 @@ def tool(
                 **output_schema,
             },
         )
+        setattr(declared, SPEC_ATTRIBUTE, spec)
+        return declared
 
     return decorate
+
+
+def spec_of(tool_fn: ToolFunction | ToolSpec) -> ToolSpec:
+    """The :class:`ToolSpec` ``@tool`` attached to ``tool_fn`` (a spec is returned as is).
+
+    Raises:
+        RegistrationError: ``tool_fn`` was not declared with ``@tool``.
+    """
+    if isinstance(tool_fn, ToolSpec):
+        return tool_fn
+    spec = getattr(tool_fn, SPEC_ATTRIBUTE, None)
+    if not isinstance(spec, ToolSpec):
+        name = getattr(tool_fn, "__qualname__", type(tool_fn).__name__)
+        raise RegistrationError(f"{name} is not a tool: declare it with @tool(...)")
+    return spec
+
+
+def is_tool(value: object) -> bool:
+    """Whether ``value`` is a function declared with ``@tool``."""
+    return callable(value) and isinstance(getattr(value, SPEC_ATTRIBUTE, None), ToolSpec)
 
 
 def _models_of(tool_id: str, fn: ToolFunction) -> tuple[type[BaseModel], type[BaseModel]]:

@@ -24,7 +24,7 @@ from typing import Final
 
 from pydantic import BaseModel
 
-from toolfleet.errors import PermissionDenied
+from toolfleet.errors import PermissionDenied, RedactionFailed
 from toolfleet.secrets.store import Secret, SecretStore
 
 #: Base64 fragments shorter than this would match ordinary text by chance.
@@ -134,3 +134,14 @@ class LeakDetector:
                 if any(needle in text for needle in self._needles):
                     return True
         return False
+
+
+def withheld_output(leaks: LeakDetector, tool_id: str, output: object) -> RedactionFailed | None:
+    """The error that replaces a tool's ``output`` carrying a credential; None if clean.
+
+    The executor and ``toolfleet.sdk.testing`` both call it, so a local run withholds
+    exactly what the fleet withholds.
+    """
+    if leaks and leaks.leaks(output):
+        return RedactionFailed(f"{tool_id} put a credential in its output; the output was withheld")
+    return None

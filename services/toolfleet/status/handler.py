@@ -1,7 +1,9 @@
 """Kafka adapter of status: every lifecycle event in, a ``tool_invocations`` row updated.
 
-Emits nothing. Dedupe happens twice on purpose: the runtime's Redis marker skips
-most redeliveries cheaply, ``projected_events`` makes the write itself exactly-once.
+Emits nothing to Kafka; after each terminal outcome is stored it publishes a Redis
+notice (:mod:`toolfleet.storage.notices`) for synchronous HTTP invokes. Dedupe happens
+twice on purpose: the runtime's Redis marker skips most redeliveries cheaply,
+``projected_events`` makes the write itself exactly-once.
 """
 
 from __future__ import annotations
@@ -9,25 +11,25 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from toolfleet.bus.producer import Outbound
-from toolfleet.bus.runtime import ConsumerSpec, EventConsumer, Inbound
-from toolfleet.events.types import LIFECYCLE_TOPICS, Source
+from toolfleet.bus.runtime import EventConsumer, Inbound
+from toolfleet.events import routing
 from toolfleet.status.service import StatusProjector
 from toolfleet.status.store import PostgresProjection
+from toolfleet.storage.notices import RedisFinishedNotices
 from toolfleet.worker import Resources
 
 
 async def build(res: Resources) -> list[EventConsumer]:
-    projector = StatusProjector(projection=PostgresProjection(res.pool))
+    projector = StatusProjector(
+        projection=PostgresProjection(res.pool), notices=RedisFinishedNotices(res.redis)
+    )
 
     async def handle(event: Inbound) -> Sequence[Outbound]:
         await projector.on_event(event.envelope)
         return []
 
-    spec = ConsumerSpec(
-        service="status",
-        source=Source.STATUS,
-        group_id=res.group("status"),
-        topics=[res.topic(name) for name in LIFECYCLE_TOPICS],
+    spec = res.spec(
+        routing.STATUS_CONSUMER,
         max_in_flight=res.settings.max_in_flight,
         fetch_max_wait_ms=res.settings.observer_fetch_max_wait_ms,
     )

@@ -34,10 +34,10 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any, Final, TypeVar
 
-from toolfleet.audit.records import invocation_id_of, invocation_uuid, tenant_of, trace_id_of
 from toolfleet.audit.sanitize import sanitize_parameters
 from toolfleet.errors import InvalidEvent
 from toolfleet.events.envelope import Envelope
+from toolfleet.events.identity import invocation_id_of, invocation_uuid, tenant_of, trace_id_of
 from toolfleet.events.models import (
     ApprovalDecision,
     ApprovalRequested,
@@ -186,6 +186,8 @@ class InvocationRow:
     current_phase: str = ""
     progress_percent: float = 0.0
     parameters: dict[str, Any] | None = None
+    parameters_hash: str | None = None
+    """The hash an approval binds to, once policy parked the call for one."""
     result: dict[str, Any] | None = None
     error: dict[str, Any] | None = None
     warnings: tuple[str, ...] = ()
@@ -219,6 +221,7 @@ class Fact:
     priority: str | None = None
     idempotency_key: str | None = None
     parameters: dict[str, Any] | None = None
+    parameters_hash: str | None = None
     trace_id: str | None = None
     warnings: tuple[str, ...] | None = None
     status: InvocationStatus | None = None
@@ -328,6 +331,7 @@ def _internal(event: Envelope, kind: Kind, base: dict[str, Any]) -> Fact:
                 tool_id=approval.tool_id,
                 agent_did=approval.agent_did,
                 tool_version=approval.tool_version,
+                parameters_hash=approval.parameters_hash,
             )
         case Kind.INVOKED:
             invoked = event.data_as(ToolInvoked)
@@ -439,6 +443,7 @@ def _merge_identity(row: InvocationRow, fact: Fact) -> InvocationRow:
     return replace(
         row,
         tool_version=_fill(row.tool_version, fact.tool_version),
+        parameters_hash=_fill(row.parameters_hash, fact.parameters_hash),
         created_at=min(row.created_at, fact.occurred_at),
         started_at=_earliest(row.started_at, fact.started_at),
     )

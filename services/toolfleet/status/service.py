@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Protocol
 
@@ -40,11 +40,27 @@ class Projection(Protocol):
         ...
 
 
+class FinishedNotices(Protocol):
+    """Where "the outcome is stored" goes (Redis: :mod:`toolfleet.storage.notices`)."""
+
+    async def publish(self, invocation_id: str) -> None:
+        """Tell waiters (a synchronous HTTP invoke) to read the row now."""
+        ...
+
+
+class _NoNotices:
+    async def publish(self, invocation_id: str) -> None:
+        return None
+
+
 @dataclass(kw_only=True)
 class StatusProjector:
     """Folds lifecycle events into rows, once per event."""
 
     projection: Projection
+    notices: FinishedNotices = field(default_factory=_NoNotices)
+    """Told after every terminal outcome is committed (redeliveries included: a notice
+    lost to a crash between commit and publish is sent again)."""
     clock: Callable[[], datetime] = lambda: datetime.now(UTC)
 
     async def on_event(self, event: Envelope) -> bool:
@@ -62,4 +78,6 @@ class StatusProjector:
         )
         if not projected:
             log.debug("event already projected", extra={"event_type": event.type})
+        if fact.status is not None and fact.status.is_terminal:
+            await self.notices.publish(fact.invocation_id)
         return projected

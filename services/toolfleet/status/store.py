@@ -28,6 +28,7 @@ from toolfleet.events.models import InvocationStatus
 from toolfleet.status.projection import Checkpoint, InvocationRow
 from toolfleet.status.service import ProjectInput
 from toolfleet.storage.errors import POSTGRES_UNAVAILABLE
+from toolfleet.storage.pg_text import escape_array
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,7 @@ _COLUMNS: Final = (
     "current_phase",
     "progress_percent",
     "parameters",
+    "parameters_hash",
     "result",
     "error",
     "warnings",
@@ -129,8 +131,12 @@ class PostgresProjection:
         async with self._pool.acquire() as conn, conn.transaction():
             await conn.execute(_LOCK_MANY, _LOCK_CLASS, keys)
             marked = await conn.fetch(
-                _MARK_MANY, [c.source for c in calls], [c.event_id for c in calls], ids
+                _MARK_MANY,
+                escape_array(c.source for c in calls),
+                escape_array(c.event_id for c in calls),
+                ids,
             )
+            # Scalar text columns come back through the connection's codec: unescaped.
             fresh = {(r["source"], r["event_id"]) for r in marked}
             stored = {
                 str(r["invocation_id"]): _row_of(r) for r in await conn.fetch(_SELECT_MANY, ids)
@@ -175,6 +181,7 @@ def _values(row: InvocationRow) -> list[Any]:
         row.current_phase,
         row.progress_percent,
         row.parameters,
+        row.parameters_hash,
         row.result,
         row.error,
         list(row.warnings),
@@ -204,6 +211,7 @@ def _row_of(record: asyncpg.Record) -> InvocationRow:
         current_phase=record["current_phase"],
         progress_percent=float(record["progress_percent"]),
         parameters=record["parameters"],
+        parameters_hash=record["parameters_hash"],
         result=record["result"],
         error=record["error"],
         warnings=tuple(record["warnings"] or ()),

@@ -8,15 +8,20 @@ a truncated preview; the status API serves it to the invocation's tenant.
 
 Every read names the tenant: a blob of another tenant reads as missing. Expired rows are
 deleted a few hundred at a time by later writes, so the table needs no janitor process.
+
+Services depend on the :class:`ResultBlobs` port; :class:`PostgresBlobStore` implements
+it, and :class:`InMemoryBlobStore` is its twin for unit tests.
 """
 
 from __future__ import annotations
 
 import random
+import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Literal
+from typing import Literal, Protocol
 
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
@@ -34,6 +39,38 @@ class StoredBlob:
     blob_id: str
     content_type: str
     data: bytes
+
+
+class ResultBlobs(Protocol):
+    """Blobs of a tenant's invocation: the executor writes transfer blobs, the validator
+    reads them back and writes attachments, the status API serves attachments."""
+
+    async def put(
+        self,
+        data: bytes,
+        *,
+        tenant_id: str,
+        invocation_id: str,
+        purpose: BlobPurpose,
+        content_type: str = ...,
+        ttl_s: int | None = ...,
+        blob_id: str | None = ...,
+    ) -> str:
+        """Store ``data`` and return its id; writing an existing ``blob_id`` again keeps
+        the first copy."""
+        ...
+
+    async def get(
+        self,
+        blob_id: str,
+        *,
+        purpose: BlobPurpose,
+        tenant_id: str | None,
+        invocation_id: str | None = ...,
+    ) -> StoredBlob | None:
+        """The blob, if it exists with this ``purpose``, has not expired, and belongs to
+        ``tenant_id`` (None: any tenant) and, when given, ``invocation_id``."""
+        ...
 
 
 class PostgresBlobStore:
@@ -123,3 +160,76 @@ class PostgresBlobStore:
             async with self._pool.acquire() as own:
                 status = await own.execute(sql, _PURGE_BATCH)
         return int(status.split()[-1])
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Row:
+    blob: StoredBlob
+    tenant_id: str
+    invocation_id: str
+    purpose: BlobPurpose
+    expires_at: float | None
+
+
+class InMemoryBlobStore:
+    """:class:`PostgresBlobStore`'s twin: same reads, same idempotent writes, expiry on an
+    injected clock (seconds)."""
+
+    def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._rows: dict[str, _Row] = {}
+        self.outage: Exception | None = None
+        """Set to make every call raise it, as a store that does not answer would."""
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    async def put(
+        self,
+        data: bytes,
+        *,
+        tenant_id: str,
+        invocation_id: str,
+        purpose: BlobPurpose,
+        content_type: str = "application/json",
+        ttl_s: int | None = None,
+        blob_id: str | None = None,
+    ) -> str:
+        if self.outage is not None:
+            raise self.outage
+        key = str(uuid.UUID(blob_id) if blob_id is not None else uuid.uuid4())
+        if key not in self._rows:
+            self._rows[key] = _Row(
+                blob=StoredBlob(blob_id=key, content_type=content_type, data=bytes(data)),
+                tenant_id=tenant_id,
+                invocation_id=str(uuid.UUID(invocation_id)),
+                purpose=purpose,
+                expires_at=self._clock() + ttl_s if ttl_s else None,
+            )
+        return key
+
+    async def get(
+        self,
+        blob_id: str,
+        *,
+        purpose: BlobPurpose,
+        tenant_id: str | None,
+        invocation_id: str | None = None,
+    ) -> StoredBlob | None:
+        if self.outage is not None:
+            raise self.outage
+        try:
+            key = str(uuid.UUID(blob_id))
+            invocation = str(uuid.UUID(invocation_id)) if invocation_id is not None else None
+        except ValueError:
+            return None
+        row = self._rows.get(key)
+        if (
+            row is None
+            or row.purpose != purpose
+            or (tenant_id is not None and row.tenant_id != tenant_id)
+            or (invocation is not None and row.invocation_id != invocation)
+            or (row.expires_at is not None and row.expires_at <= self._clock())
+        ):
+            return None
+        return row.blob

@@ -1,14 +1,14 @@
-"""asyncpg pool with JSON codecs, and the migration runner for ``infra/migrations``."""
+"""asyncpg pool with lossless text and JSON codecs, and the migration runner."""
 
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 from importlib import resources
 
 import asyncpg
-import orjson
+
+from toolfleet.storage import pg_text
 
 log = logging.getLogger(__name__)
 
@@ -31,26 +31,12 @@ class PooledConnection(asyncpg.Connection):
         return ""
 
 
-def _dumps(value: object) -> str:
-    try:
-        return orjson.dumps(value).decode()
-    except TypeError:  # what orjson refuses and JSON allows: integers past 64 bits
-        return json.dumps(value)
-
-
-async def _init_connection(conn: asyncpg.Connection) -> None:
-    for type_name in ("json", "jsonb"):
-        await conn.set_type_codec(
-            type_name, encoder=_dumps, decoder=json.loads, schema="pg_catalog"
-        )
-
-
 async def create_pool(dsn: str, *, min_size: int = 1, max_size: int = 10) -> asyncpg.Pool:
     pool: asyncpg.Pool = await asyncpg.create_pool(
         dsn,
         min_size=min_size,
         max_size=max_size,
-        init=_init_connection,
+        init=pg_text.install,
         connection_class=PooledConnection,
     )
     return pool

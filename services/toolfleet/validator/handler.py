@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from toolfleet.bus.producer import Outbound
-from toolfleet.bus.runtime import ConsumerSpec, EventConsumer, Inbound
-from toolfleet.events.types import Source, TopicName
+from toolfleet.bus.runtime import EventConsumer, Inbound
+from toolfleet.events import routing
 from toolfleet.registry.lookup import ToolLookup
 from toolfleet.registry.schemas import CompiledSchemas
 from toolfleet.registry.store import RegistryStore
@@ -29,11 +29,5 @@ async def build(res: Resources) -> list[EventConsumer]:
         emitted = await service.on_executed(event.envelope)
         return [Outbound(envelope=env, topic=res.topic(name)) for name, env in emitted]
 
-    spec = ConsumerSpec(
-        service="validator",
-        source=Source.VALIDATOR,
-        group_id=res.group("validator"),
-        topics=[res.topic(TopicName.EXECUTED)],
-        max_in_flight=settings.max_in_flight,
-    )
+    spec = res.spec(routing.VALIDATOR_CONSUMER, max_in_flight=settings.max_in_flight)
     return [res.consumer(spec, handle)]

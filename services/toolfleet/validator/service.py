@@ -11,9 +11,9 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
-from toolfleet.errors import RedactionFailed, ResultValidationFailed, ToolfleetError
+from toolfleet.errors import ToolfleetError
 from toolfleet.events.envelope import Envelope
 from toolfleet.events.large_results import attachment_url, encode_result, preview
 from toolfleet.events.models import (
@@ -25,40 +25,15 @@ from toolfleet.events.models import (
 )
 from toolfleet.events.outcomes import failure_event, outcome_event
 from toolfleet.events.types import Source, TopicName
+from toolfleet.registry.enforcement import visible_result
 from toolfleet.registry.lookup import ToolLookup
 from toolfleet.registry.schemas import CompiledSchemas
-from toolfleet.storage.blobs import BlobPurpose, StoredBlob
-from toolfleet.validator.redaction import redact
+from toolfleet.storage.blobs import ResultBlobs
 
 Emitted = tuple[TopicName, Envelope]
 
 #: Namespace of attachment ids, derived from the ``executed`` event they come from.
 _ATTACHMENTS = uuid.UUID("6f1d3c52-9a1e-4f57-b1d4-2c8e7a9b0f31")
-
-
-class ResultBlobs(Protocol):
-    """:class:`toolfleet.storage.blobs.PostgresBlobStore`, as the validator uses it."""
-
-    async def get(
-        self,
-        blob_id: str,
-        *,
-        purpose: BlobPurpose,
-        tenant_id: str | None,
-        invocation_id: str | None = ...,
-    ) -> StoredBlob | None: ...
-
-    async def put(
-        self,
-        data: bytes,
-        *,
-        tenant_id: str,
-        invocation_id: str,
-        purpose: BlobPurpose,
-        content_type: str = ...,
-        ttl_s: int | None = ...,
-        blob_id: str | None = ...,
-    ) -> str: ...
 
 
 @dataclass(kw_only=True)
@@ -76,17 +51,7 @@ class ValidatorService:
         try:
             manifest = await self.lookup.exact(executed.tool_id, executed.tool_version)
             full = await self._full_result(executed)
-            errors = self.schemas.errors(manifest.output_schema, full)
-            if errors:
-                raise ResultValidationFailed(
-                    f"{executed.tool_id}@{executed.tool_version} returned a result that does not "
-                    "match its output schema",
-                    details={"errors": errors},
-                )
-            try:
-                result = redact(full, manifest.redaction_allowlist)
-            except RecursionError:
-                raise RedactionFailed("result is nested too deeply to redact") from None
+            result = visible_result(self.schemas, manifest, full)
             result, metadata = await self._fit(event, executed, result)
         except ToolfleetError as exc:
             return [
@@ -103,6 +68,7 @@ class ValidatorService:
                         tool_version=executed.tool_version,
                         warnings=executed.warnings,
                         execution_metadata=executed.execution_metadata,
+                        documents_accessed=executed.documents_accessed,
                     ),
                 )
             ]
@@ -117,6 +83,7 @@ class ValidatorService:
             warnings=executed.warnings,
             execution_metadata=metadata,
             checkpoint_ref=executed.checkpoint_ref,
+            documents_accessed=executed.documents_accessed,
         )
         return [(TopicName.RESULTS, outcome_event(event, Source.VALIDATOR, outcome))]
 

@@ -24,7 +24,6 @@ from toolfleet.errors import ErrorCode
 from toolfleet.events.models import TENANT_ID_PATTERN
 from toolfleet.policy.cache import RedisPolicyCache
 from toolfleet.policy.documents import TenantPolicy, UnknownTools, check_known_tools
-from toolfleet.policy.provider import PolicyProvider
 from toolfleet.policy.store import PolicyStore, PolicyVersionConflict, registered_tool_ids
 
 log = logging.getLogger(__name__)
@@ -56,11 +55,6 @@ class PolicyView(BaseModel):
     """Subject of the token that wrote it (``seed:policy-file`` for the seed file)."""
     policy: TenantPolicy
     warnings: list[str] = []
-
-
-def policy_provider(res: ApiResources) -> PolicyProvider:
-    """A provider for one request: Redis, then Postgres; no local layer to go stale."""
-    return PolicyProvider(PolicyStore(res.pool), shared=RedisPolicyCache(res.redis), local_ttl_s=0)
 
 
 def _require_admin(caller: Caller) -> None:

@@ -10,13 +10,13 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query
 
-from toolfleet.api.auth import Caller, CallerDep
+from toolfleet.api.auth import CallerDep
+from toolfleet.api.catalog import catalog_view
 from toolfleet.api.models import ToolDetail, ToolPage, ToolSummary
 from toolfleet.api.problems import ProblemError, problem_responses
 from toolfleet.api.resources import ApiResources, resources
-from toolfleet.api.routes.policies import policy_provider
 from toolfleet.errors import ErrorCode
-from toolfleet.policy.catalog import CatalogView, visible_page
+from toolfleet.policy.catalog import visible_page
 
 router = APIRouter(prefix="/v1/tools", tags=["tools"], responses=problem_responses(401, 422))
 
@@ -43,7 +43,7 @@ async def list_tools(
         )
 
     rows, total = await visible_page(
-        await _catalog_view(res, caller), fetch, offset=(page - 1) * page_size, limit=page_size
+        await catalog_view(res, caller), fetch, offset=(page - 1) * page_size, limit=page_size
     )
     return ToolPage(
         items=[ToolSummary.model_validate(r) for r in rows],
@@ -56,17 +56,10 @@ async def list_tools(
 @router.get("/{tool_id}", response_model=ToolDetail, responses=problem_responses(404))
 async def get_tool(tool_id: str, res: ResourcesDep, caller: CallerDep) -> ToolDetail:
     """One tool with every version's manifest, newest first."""
-    view = await _catalog_view(res, caller)
+    view = await catalog_view(res, caller)
     found = await res.registry.tool(tool_id) if view.shows(tool_id) else None
     if found is None:
         raise ProblemError(
             404, f"tool {tool_id!r} is not registered", code=ErrorCode.TOOL_NOT_FOUND
         )
     return ToolDetail.model_validate(found)
-
-
-async def _catalog_view(res: ApiResources, caller: Caller) -> CatalogView:
-    if caller.is_admin:
-        return CatalogView(policy=None, everything=True)
-    policy = await policy_provider(res).policy_for(caller.tenant_id)
-    return CatalogView(policy=policy, agent_did=caller.capability.agent_did)

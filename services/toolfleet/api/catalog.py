@@ -1,0 +1,28 @@
+"""Whose catalog a caller sees: the registry as far as its tenant's policy allows.
+
+``GET /v1/tools`` and MCP's ``tools/list`` both list through :func:`catalog_view`, so
+a tool is visible through one door exactly when it is through the other.
+"""
+
+from __future__ import annotations
+
+from toolfleet.api.auth import Caller
+from toolfleet.api.resources import ApiResources
+from toolfleet.policy.cache import RedisPolicyCache
+from toolfleet.policy.catalog import CatalogView
+from toolfleet.policy.provider import PolicyProvider
+from toolfleet.policy.store import PolicyStore
+
+
+def policy_provider(res: ApiResources) -> PolicyProvider:
+    """A provider for one request: Redis, then Postgres; no local layer to go stale."""
+    return PolicyProvider(PolicyStore(res.pool), shared=RedisPolicyCache(res.redis), local_ttl_s=0)
+
+
+async def catalog_view(res: ApiResources, caller: Caller) -> CatalogView:
+    """An admin sees the whole registry; anyone else what its tenant's policy (with its
+    agent's narrowing) allows."""
+    if caller.is_admin:
+        return CatalogView(policy=None, everything=True)
+    policy = await policy_provider(res).policy_for(caller.tenant_id)
+    return CatalogView(policy=policy, agent_did=caller.capability.agent_did)

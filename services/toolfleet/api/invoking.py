@@ -1,0 +1,103 @@
+"""Submitting, reading and cancelling invocations: one code path for every API door.
+
+``POST /v1/invocations`` and MCP's ``tools/call`` publish through :func:`publish`, the
+cancel route and MCP's client cancel go through :func:`cancel`, so validation, tenancy
+and the signed control path are the same whichever door a call came in by. Failures are
+:class:`~toolfleet.api.problems.ProblemError`: each door renders them its own way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from uuid import UUID
+
+from aiokafka.errors import KafkaError
+
+from toolfleet.api.auth import Caller
+from toolfleet.api.models import CancelResult, InvocationView
+from toolfleet.api.problems import ProblemError
+from toolfleet.api.resources import ApiResources
+from toolfleet.errors import ErrorCode
+from toolfleet.events.models import InvokeRequested
+
+
+@asynccontextmanager
+async def publishing() -> AsyncIterator[None]:
+    """Wrap a publish: a broker outage is a 503 the client may retry."""
+    try:
+        yield
+    except (KafkaError, TimeoutError):
+        raise ProblemError(
+            503,
+            "the event broker is unavailable; retry later",
+            code=ErrorCode.INTERNAL_ERROR,
+            headers={"Retry-After": "1"},
+        ) from None
+
+
+def require_signing(res: ApiResources) -> None:
+    """Control events this API cannot sign would be refused by policy: say so now."""
+    if not res.client.signs_control:
+        raise ProblemError(
+            503,
+            "control decisions cannot be signed: TOOLFLEET_GRANT_KEY_FILE is not set",
+            code=ErrorCode.INTERNAL_ERROR,
+        )
+
+
+async def visible(res: ApiResources, caller: Caller, invocation_id: UUID) -> InvocationView:
+    """The invocation if this caller may see it; otherwise 404, as if it did not exist."""
+    view = await res.invocations.get(invocation_id, tenant_id=caller.tenant_scope)
+    if view is None:
+        raise ProblemError(404, "no such invocation", code="not_found")
+    return view
+
+
+async def publish(
+    res: ApiResources, caller: Caller, request: InvokeRequested, *, traceparent: str | None
+) -> str:
+    """Publish ``request`` on the caller's behalf; its invocation id.
+
+    The request's tenant must be the token's (admins may name any); without a
+    ``capability_token`` the bearer token is the capability.
+    """
+    if not caller.may_see(request.agent_context.tenant_id):
+        raise ProblemError(
+            403,
+            "agent_context.tenant_id does not match the token's tenant",
+            code=ErrorCode.PERMISSION_DENIED,
+        )
+    if request.capability_token is None:
+        request = request.model_copy(update={"capability_token": caller.token})
+    async with publishing():
+        handle = await res.client.publish(request, traceparent=traceparent)
+    return handle.invocation_id
+
+
+async def cancel(
+    res: ApiResources, caller: Caller, invocation_id: UUID, *, reason: str = ""
+) -> CancelResult:
+    """Ask for a running or pending invocation of the caller's tenant to be cancelled.
+
+    The cancel is signed, so policy can tell it from one written straight to the
+    control topic; a finished invocation is left alone (``cancelled`` false).
+    """
+    view = await visible(res, caller, invocation_id)
+    if view.status.is_terminal:
+        return CancelResult(
+            invocation_id=str(invocation_id),
+            cancelled=False,
+            message=f"invocation already finished with status {view.status.value}",
+        )
+    require_signing(res)
+    async with publishing():
+        await res.client.cancel(
+            str(invocation_id),
+            tenant_id=view.tenant_id,
+            requested_by=caller.subject,
+            reason=reason,
+        )
+    return CancelResult(
+        invocation_id=str(invocation_id), cancelled=True, message="cancellation requested"
+    )

@@ -1,0 +1,27 @@
+"""JSON responses that survive every string Python can hold.
+
+Starlette's ``JSONResponse`` writes UTF-8 without ASCII escapes, which fails on a lone
+UTF-16 surrogate: a JSON request or event may carry ``"\\ud800"``, the status projection
+stores it losslessly, and reading it back must not be a 500. Such a body is written
+with ASCII escapes instead (``"\\ud800"`` again, as it arrived); any other body is
+written exactly as before.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fastapi.responses import JSONResponse
+
+
+class SafeJSONResponse(JSONResponse):
+    """``JSONResponse`` that escapes lone surrogates rather than failing on them."""
+
+    def render(self, content: Any) -> bytes:
+        try:
+            return super().render(content)
+        except UnicodeEncodeError:
+            return json.dumps(
+                content, ensure_ascii=True, allow_nan=False, indent=None, separators=(",", ":")
+            ).encode("ascii")

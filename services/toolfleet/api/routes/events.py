@@ -1,0 +1,124 @@
+"""``GET /v1/invocations/{id}/events``: one invocation's life as Server-Sent Events.
+
+For UIs that show an agent's tool calls as they run. The stream follows the status
+projection and speaks the agent runner's event names: ``tool_call_start`` (first, with
+the current status), ``approval_pending``, ``progress`` (each new checkpoint of the
+tool, with its progress and phase) and ``tool_call_result`` (the outcome), after
+which it ends. Same visibility as ``GET /v1/invocations/{id}``: another tenant's
+invocation is a 404.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Annotated, Any
+from uuid import UUID
+
+from fastapi import APIRouter, Depends
+from fastapi.responses import StreamingResponse
+
+from toolfleet.agent.progress import view_events
+from toolfleet.agent.records import EventKind
+from toolfleet.api.auth import CallerDep
+from toolfleet.api.models import InvocationView
+from toolfleet.api.problems import ProblemError, problem_responses
+from toolfleet.api.resources import ApiResources, resources
+
+router = APIRouter(
+    prefix="/v1/invocations", tags=["invocations"], responses=problem_responses(401, 422)
+)
+
+ResourcesDep = Annotated[ApiResources, Depends(resources)]
+
+POLL_S = 0.2
+"""How often the projection is read while the invocation runs."""
+KEEPALIVE_S = 15.0
+"""A comment line at least this often, so proxies keep the connection open."""
+
+
+def frames(
+    before: InvocationView | None, now: InvocationView
+) -> list[tuple[EventKind, dict[str, Any]]]:
+    """The events that the change from ``before`` to ``now`` means (pure)."""
+    data = {
+        "invocation_id": str(now.invocation_id),
+        "tool_id": now.tool_id,
+        "tool_version": now.tool_version,
+        "status": now.status.value,
+        "progress_percent": now.progress_percent,
+        "current_phase": now.current_phase,
+    }
+    found: list[tuple[EventKind, dict[str, Any]]] = []
+    for kind in view_events(before, now):
+        if kind is EventKind.TOOL_CALL_RESULT:
+            result = {
+                **data,
+                "result": now.result,
+                "error": now.error,
+                "execution_metadata": now.execution_metadata,
+            }
+            found.append((kind, result))
+        else:
+            found.append((kind, data))
+    return found
+
+
+def _frame(number: int, kind: EventKind, data: dict[str, Any]) -> str:
+    body = json.dumps(data, separators=(",", ":"), default=str)
+    return f"id: {number}\nevent: {kind.value}\ndata: {body}\n\n"
+
+
+async def follow(
+    read: Callable[[], Awaitable[InvocationView | None]],
+    first: InvocationView,
+    *,
+    pause: Callable[[float], Awaitable[None]] = asyncio.sleep,
+) -> AsyncIterator[str]:
+    """SSE frames from ``first`` until the invocation is terminal (or disappears)."""
+    before: InvocationView | None = None
+    now: InvocationView | None = first
+    number = 0
+    idle = 0.0
+    while now is not None:
+        for kind, data in frames(before, now):
+            number += 1
+            idle = 0.0
+            yield _frame(number, kind, data)
+        if now.status.is_terminal:
+            return
+        await pause(POLL_S)
+        idle += POLL_S
+        if idle >= KEEPALIVE_S:
+            idle = 0.0
+            yield ": keep-alive\n\n"
+        before, now = now, await read()
+
+
+@router.get(
+    "/{invocation_id}/events",
+    response_class=StreamingResponse,
+    responses={
+        **problem_responses(404),
+        200: {"description": "Server-Sent Events", "content": {"text/event-stream": {}}},
+    },
+)
+async def invocation_events(
+    invocation_id: UUID, caller: CallerDep, res: ResourcesDep
+) -> StreamingResponse:
+    """Follow one invocation: ``tool_call_start``, ``approval_pending``, ``progress``,
+    then ``tool_call_result`` with the outcome, as Server-Sent Events."""
+    scope = caller.tenant_scope
+
+    async def read() -> InvocationView | None:
+        return await res.invocations.get(invocation_id, tenant_id=scope)
+
+    first = await read()
+    if first is None:
+        raise ProblemError(404, "no such invocation", code="not_found")
+    return StreamingResponse(
+        follow(read, first),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )

@@ -1,0 +1,364 @@
+"""``ToolfleetClient``: the producer side over Kafka. Publishes invokes and control events,
+waits for outcomes (needs the ``fleet`` extra: aiokafka and the bus).
+
+The CLI and the HTTP API publish through it, so there is one way to build an invoke
+CloudEvent (key, extensions, trace context). Waiting reads the results and events
+topics directly, only the partition the tenant's key maps to, positioned before
+publishing so no outcome can be missed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from types import TracebackType
+from typing import Any, Self
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from toolfleet.auth.control import ControlSigner, control_claims
+from toolfleet.bus.connection import connection_kwargs
+from toolfleet.bus.producer import EventProducer, Outbound
+from toolfleet.client.handles import InvocationHandle, Progress, ProgressCallback
+from toolfleet.client.requests import invoke_request
+from toolfleet.errors import InvalidEvent
+from toolfleet.events.codec import decode
+from toolfleet.events.envelope import Envelope, new_event
+from toolfleet.events.models import (
+    ApprovalDecision,
+    CancelRequested,
+    DocumentContext,
+    InvokeRequested,
+    Priority,
+    ToolOutcome,
+)
+from toolfleet.events.types import TERMINAL_TYPES, EventType, Source, TopicName, topic
+from toolfleet.observability.tracing import current_traceparent
+from toolfleet.settings import FleetSettings
+
+
+class ToolfleetClient:
+    """Async producer client. Use as ``async with ToolfleetClient(settings) as client``."""
+
+    def __init__(
+        self, settings: FleetSettings, *, source: Source | str = Source.CLIENT, watch: bool = True
+    ) -> None:
+        self._settings = settings
+        self._source = str(source)
+        self._watch = watch
+        self._producer = EventProducer(settings, client_id="toolfleet-client")
+        self._watcher: AIOKafkaConsumer | None = None
+        self._watch_task: asyncio.Task[None] | None = None
+        self._outcomes: dict[str, asyncio.Future[ToolOutcome]] = {}
+        self._progress: dict[str, ProgressCallback] = {}
+        self._partitions: list[int] = []
+        self._signer = ControlSigner.from_settings(settings)
+
+    @property
+    def signs_control(self) -> bool:
+        """Whether control events are signed (``TOOLFLEET_GRANT_KEY_FILE`` is set).
+
+        Policy refuses unsigned approvals, denials and cancels: only a process trusted
+        with the fleet's grant key (the API, an operator's CLI) can decide calls.
+        """
+        return self._signer is not None
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        await self._producer.start()
+        results = topic(self._settings.topic_prefix, TopicName.RESULTS)
+        self._partitions = sorted(await self._producer.partitions_for(results))
+        if self._watch:
+            await self._start_watcher()
+
+    async def stop(self) -> None:
+        if self._watch_task is not None:
+            self._watch_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watch_task
+        if self._watcher is not None:
+            await self._watcher.stop()
+        await self._producer.stop()
+
+    # --- publishing -----------------------------------------------------------------
+
+    async def invoke(
+        self,
+        tool_id: str,
+        parameters: dict[str, Any] | None = None,
+        *,
+        tenant_id: str,
+        agent_did: str,
+        tool_version: str = "*",
+        capability_token: str | None = None,
+        invocation_id: str | None = None,
+        user_did: str | None = None,
+        session_id: str = "",
+        connection_id: str | None = None,
+        timeout_seconds: float | None = None,
+        idempotency_key: str | None = None,
+        require_approval: bool = False,
+        priority: Priority = Priority.NORMAL,
+        enable_checkpointing: bool = True,
+        document_context: DocumentContext | None = None,
+    ) -> InvocationHandle:
+        """Publish an ``invoke.requested`` event; returns at the broker's ack."""
+        request = invoke_request(
+            tool_id,
+            parameters,
+            tenant_id=tenant_id,
+            agent_did=agent_did,
+            tool_version=tool_version,
+            capability_token=capability_token,
+            invocation_id=invocation_id,
+            user_did=user_did,
+            session_id=session_id,
+            connection_id=connection_id,
+            timeout_seconds=timeout_seconds,
+            idempotency_key=idempotency_key,
+            require_approval=require_approval,
+            priority=priority,
+            enable_checkpointing=enable_checkpointing,
+            document_context=document_context,
+        )
+        return await self.publish(request)
+
+    async def publish(
+        self, request: InvokeRequested, *, traceparent: str | None = None
+    ) -> InvocationHandle:
+        """Publish a prepared request (the HTTP API's path)."""
+        event_id = str(uuid.uuid4())
+        invocation_id = str(request.invocation_id or event_id)
+        tenant = request.agent_context.tenant_id
+        trace = traceparent or current_traceparent()
+        envelope = new_event(
+            event_type=EventType.INVOKE_REQUESTED,
+            source=self._source,
+            data={
+                **request.model_dump(mode="json", exclude_none=False),
+                "invocation_id": invocation_id,
+            },
+            tenant_id=tenant,
+            invocation_id=invocation_id,
+            event_id=event_id,
+            traceparent=trace,
+        )
+        if self._watcher is not None:
+            # Registered before publishing: a fast tool's outcome may beat ``wait``.
+            self._outcomes[invocation_id] = asyncio.get_running_loop().create_future()
+        await self._producer.send(
+            Outbound(envelope=envelope, topic=self._topic(TopicName.REQUESTED))
+        )
+        return InvocationHandle(
+            invocation_id=invocation_id, tenant_id=tenant, event_id=event_id, traceparent=trace
+        )
+
+    async def cancel(
+        self, invocation_id: str, *, tenant_id: str, requested_by: str = "", reason: str = ""
+    ) -> None:
+        data = CancelRequested(
+            invocation_id=uuid.UUID(invocation_id),
+            tenant_id=tenant_id,
+            requested_by=requested_by,
+            reason=reason,
+        )
+        await self._control(EventType.CANCEL_REQUESTED, data, tenant_id, invocation_id)
+
+    async def approve(
+        self,
+        invocation_id: str,
+        *,
+        tenant_id: str,
+        approver: str = "",
+        reason: str = "",
+        parameters_hash: str | None = None,
+    ) -> None:
+        """Approve a call; with ``parameters_hash``, only the exact request that hash names."""
+        await self._decide(
+            EventType.APPROVAL_GRANTED, invocation_id, tenant_id, approver, reason, parameters_hash
+        )
+
+    async def deny(
+        self, invocation_id: str, *, tenant_id: str, approver: str = "", reason: str = ""
+    ) -> None:
+        await self._decide(EventType.APPROVAL_DENIED, invocation_id, tenant_id, approver, reason)
+
+    async def _decide(
+        self,
+        decision: EventType,
+        invocation_id: str,
+        tenant_id: str,
+        approver: str,
+        reason: str,
+        parameters_hash: str | None = None,
+    ) -> None:
+        data = ApprovalDecision(
+            invocation_id=uuid.UUID(invocation_id),
+            tenant_id=tenant_id,
+            approver=approver,
+            reason=reason,
+            parameters_hash=parameters_hash,
+        )
+        await self._control(decision, data, tenant_id, invocation_id)
+
+    async def _control(
+        self,
+        event_type: EventType,
+        data: CancelRequested | ApprovalDecision,
+        tenant_id: str,
+        invocation_id: str,
+    ) -> None:
+        if self._signer is not None:
+            data = data.model_copy(
+                update={"signature": self._signer.sign(control_claims(event_type, data))}
+            )
+        envelope = new_event(
+            event_type=event_type,
+            source=self._source,
+            data=data,
+            tenant_id=tenant_id,
+            invocation_id=invocation_id,
+            traceparent=current_traceparent(),
+        )
+        await self._producer.send(Outbound(envelope=envelope, topic=self._topic(TopicName.CONTROL)))
+
+    # --- waiting --------------------------------------------------------------------
+
+    def expect(self, invocation_id: str, *, tenant_id: str) -> InvocationHandle:
+        """Be ready for the outcome of an invocation published some other way.
+
+        Call it *before* publishing (an outcome that arrives first would be missed), then
+        pass the handle to :meth:`wait`.
+        """
+        if self._watcher is None:
+            raise RuntimeError("this client was started with watch=False")
+        self._outcomes.setdefault(invocation_id, asyncio.get_running_loop().create_future())
+        return InvocationHandle(
+            invocation_id=invocation_id, tenant_id=tenant_id, event_id="", traceparent=""
+        )
+
+    async def wait(
+        self,
+        handle: InvocationHandle,
+        *,
+        timeout: float | None = None,
+        on_progress: ProgressCallback | None = None,
+    ) -> ToolOutcome:
+        """Wait for the invocation's terminal outcome (exactly one is delivered)."""
+        if self._watcher is None:
+            raise RuntimeError("this client was started with watch=False")
+        future = self._outcomes.get(handle.invocation_id)
+        if future is None:
+            future = asyncio.get_running_loop().create_future()
+            self._outcomes[handle.invocation_id] = future
+        if on_progress is not None:
+            self._progress[handle.invocation_id] = on_progress
+        try:
+            return await asyncio.wait_for(asyncio.shield(future), timeout)
+        finally:
+            if future.done():
+                self._outcomes.pop(handle.invocation_id, None)
+            self._progress.pop(handle.invocation_id, None)
+
+    async def call(
+        self,
+        tool_id: str,
+        parameters: dict[str, Any] | None = None,
+        *,
+        timeout: float | None = None,
+        **kwargs: Any,
+    ) -> ToolOutcome:
+        """``invoke`` then ``wait``."""
+        handle = await self.invoke(tool_id, parameters, **kwargs)
+        return await self.wait(handle, timeout=timeout)
+
+    def _topic(self, name: TopicName) -> str:
+        return topic(self._settings.topic_prefix, name)
+
+    async def _start_watcher(self) -> None:
+        # Every partition: a caller may wait for invocations of many tenants at once.
+        consumer = AIOKafkaConsumer(
+            **connection_kwargs(self._settings),
+            group_id=None,
+            enable_auto_commit=False,
+            fetch_max_wait_ms=self._settings.fetch_max_wait_ms,
+            client_id="toolfleet-client-watch",
+        )
+        await consumer.start()
+        parts = [
+            TopicPartition(self._topic(name), p)
+            for name in (TopicName.RESULTS, TopicName.EVENTS)
+            for p in self._partitions
+        ]
+        consumer.assign(parts)
+        await consumer.seek_to_end(*parts)
+        for tp in parts:  # resolve the lazy seek now, before anything is published
+            await consumer.position(tp)
+        self._watcher = consumer
+        self._watch_task = asyncio.create_task(
+            self._watch_loop(consumer), name="toolfleet-client-watch"
+        )
+
+    async def _watch_loop(self, consumer: AIOKafkaConsumer) -> None:
+        while True:
+            batch = await consumer.getmany(timeout_ms=200)
+            for records in batch.values():
+                for record in records:
+                    self._route(record.key, record.value, list(record.headers))
+
+    def _route(
+        self, key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes]]
+    ) -> None:
+        invocation = _header(headers, "ce_invocationid")
+        if (
+            invocation is not None
+            and invocation not in self._outcomes
+            and invocation not in self._progress
+        ):
+            return  # nobody here waits for it: skip without parsing the value
+        try:
+            envelope = decode(key=key, value=value, headers=headers)
+        except InvalidEvent:
+            return
+        if envelope.invocationid is None:
+            return
+        self._deliver(envelope)
+
+    def _deliver(self, envelope: Envelope) -> None:
+        invocation_id = envelope.invocationid or ""
+        if envelope.type in TERMINAL_TYPES:
+            outcome = ToolOutcome.model_validate(envelope.data)
+            future = self._outcomes.get(invocation_id)
+            if future is not None and not future.done():
+                future.set_result(outcome)
+            return
+        callback = self._progress.get(invocation_id)
+        if callback is not None:
+            progress = envelope.data.get("progress_percent")
+            callback(
+                Progress(
+                    invocation_id=invocation_id,
+                    event_type=envelope.type,
+                    progress_percent=float(progress) if progress is not None else None,
+                    current_phase=str(envelope.data.get("current_phase", "")),
+                )
+            )
+
+
+def _header(headers: list[tuple[str, bytes]], name: str) -> str | None:
+    for key, value in headers:
+        if key == name:
+            return value.decode("utf-8", "replace")
+    return None

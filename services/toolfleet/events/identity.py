@@ -1,0 +1,137 @@
+"""Which call an event belongs to and which trace: read the same way by every service.
+
+Pure functions of an :class:`~toolfleet.events.envelope.Envelope`:
+
+- the W3C ``traceparent`` parser (one for the API, the bus runtime, audit and status);
+- :func:`with_trace`: the trace of a request that arrived without one. Its id is derived
+  from the event's ``source`` + ``id``, so every service that reads the event (policy,
+  audit, status), and any of them after a redelivery, names the same trace, and every
+  event derived from it inherits that ``traceparent``;
+- the invocation id and tenant an event is about, as policy names them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import secrets
+import uuid
+from dataclasses import dataclass
+from typing import Any, Final
+
+from toolfleet.events.envelope import Envelope
+from toolfleet.events.types import EventType
+
+#: ``version-traceid-parentid-flags``; a version above ``00`` may append fields.
+_TRACEPARENT: Final = re.compile(
+    r"^(?P<version>[0-9a-f]{2})-(?P<trace_id>[0-9a-f]{32})-(?P<parent_id>[0-9a-f]{16})"
+    r"-(?P<flags>[0-9a-f]{2})(?P<rest>-.*)?$"
+)
+_SAMPLED: Final = "01"
+_MAX_TEXT: Final = 512
+_TRACE_NAMESPACE: Final = b"toolfleet:trace\x1f"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TraceParent:
+    """A well-formed W3C trace context ``traceparent`` (Trace Context Level 1)."""
+
+    trace_id: str
+    """32 lowercase hex digits, not all zero."""
+    parent_id: str
+    """16 lowercase hex digits, not all zero: the span the receiver's spans are children of."""
+    flags: str = _SAMPLED
+    """Trace flags as two hex digits (``01``: sampled)."""
+
+    def __str__(self) -> str:
+        return f"00-{self.trace_id}-{self.parent_id}-{self.flags}"
+
+
+def parse_traceparent(value: str | None) -> TraceParent | None:
+    """``value`` as a :class:`TraceParent`; ``None`` if absent or not valid W3C.
+
+    Invalid per the spec: version ``ff``, a version ``00`` value with anything appended,
+    an all-zero trace or parent id, upper-case hex.
+    """
+    match = _TRACEPARENT.match(value or "")
+    if match is None:
+        return None
+    version, trace_id, parent_id = match["version"], match["trace_id"], match["parent_id"]
+    if version == "ff" or (version == "00" and match["rest"] is not None):
+        return None
+    if trace_id == "0" * 32 or parent_id == "0" * 16:
+        return None
+    return TraceParent(trace_id=trace_id, parent_id=parent_id, flags=match["flags"])
+
+
+def valid_traceparent(value: str | None) -> str | None:
+    """``value`` in version ``00`` form when it is a valid ``traceparent``, else ``None``."""
+    parsed = parse_traceparent(value)
+    return str(parsed) if parsed is not None else None
+
+
+def trace_id_of(traceparent: str | None) -> str | None:
+    """The trace id of a ``traceparent``, if it is valid."""
+    parsed = parse_traceparent(traceparent)
+    return parsed.trace_id if parsed is not None else None
+
+
+def new_traceparent() -> str:
+    """A fresh, random ``traceparent``: a new trace, sampled."""
+    return str(TraceParent(trace_id=secrets.token_hex(16), parent_id=secrets.token_hex(8)))
+
+
+def derived_traceparent(source: str, event_id: str) -> str:
+    """The ``traceparent`` of the trace an event without one starts.
+
+    A function of ``source`` + ``id`` (the event's dedupe key): every reader of the
+    event, and a redelivery of it, derive the same trace.
+    """
+    digest = hashlib.sha256(_TRACE_NAMESPACE + f"{source}\x1f{event_id}".encode()).hexdigest()
+    # An all-zero id is invalid; a digest of 128 zero bits is as likely as a collision.
+    trace_id = digest[:32] if digest[:32] != "0" * 32 else "0" * 31 + "1"
+    parent_id = digest[32:48] if digest[32:48] != "0" * 16 else "0" * 15 + "1"
+    return str(TraceParent(trace_id=trace_id, parent_id=parent_id))
+
+
+def with_trace(envelope: Envelope) -> Envelope:
+    """``envelope`` with a valid ``traceparent``: its own, or the one it starts.
+
+    An invalid ``traceparent`` is replaced as a missing one is (W3C: a receiver that
+    cannot parse it starts a new trace); ``tracestate`` then goes with it.
+    """
+    if parse_traceparent(envelope.traceparent) is not None:
+        return envelope
+    return envelope.model_copy(
+        update={
+            "traceparent": derived_traceparent(envelope.source, envelope.id),
+            "tracestate": None,
+        }
+    )
+
+
+def invocation_uuid(text: str) -> str:
+    """The invocation id as a UUID string; a non-UUID id maps stably to one."""
+    try:
+        return str(uuid.UUID(text))
+    except ValueError:
+        return str(uuid.uuid5(uuid.NAMESPACE_URL, f"toolfleet:invocation:{text}"))
+
+
+def invocation_id_of(event: Envelope) -> str | None:
+    """The invocation an event is about, as policy names it; ``None`` for fleet events."""
+    raw = _text(event.data.get("invocation_id")) or event.invocationid
+    if raw is None and event.type == EventType.INVOKE_REQUESTED:
+        raw = event.id  # the contract: invocation_id defaults to the event id
+    return invocation_uuid(raw[:256]) if raw else None
+
+
+def tenant_of(event: Envelope) -> str | None:
+    """The tenant an event names: its attribute, else its data's (read leniently)."""
+    agent = event.data.get("agent_context")
+    agent_tenant = _text(agent.get("tenant_id")) if isinstance(agent, dict) else None
+    return event.tenantid or _text(event.data.get("tenant_id")) or agent_tenant
+
+
+def _text(value: Any) -> str | None:
+    return value[:_MAX_TEXT] if isinstance(value, str) and value else None

@@ -1,0 +1,335 @@
+"""Admission: the gates an ``invoke.authorized`` call passes before its tool starts.
+
+In order: **grant** (policy signed this very call, and the capability token behind it
+is not revoked; checked before the lease), the **lease**
+(:meth:`~toolfleet.executor.leasing.guard.LeaseGuard.hold`, entered by the service),
+then **cancel** (a cancel flag is up), **tool** (this executor has the tool version
+loaded), **cache** (a cached result answers the call), **circuit** (the tool's circuit
+is open), **credentials** (resolved now, at execution time), **slot** (the agent's
+concurrency bound; waits, never fails) and **resume** (the checkpoint a run
+starts from). Each gate reads one frozen :class:`RunInput`, may add what it found to
+:class:`Admitted`, and either lets the call go on (``None``) or ends it with a typed
+:data:`Stop`. Whatever a gate acquires it hands to the run's ``AsyncExitStack`` at once
+(credentials revoked, slot released), so no exit path can skip a release.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from typing import Any
+
+from toolfleet.auth.grants import GrantVerifier
+from toolfleet.auth.revocation import RevocationList, ensure_grant_not_revoked
+from toolfleet.errors import (
+    Cancelled,
+    CircuitBreakerOpen,
+    PermissionDenied,
+    ResumeFailed,
+    ToolfleetError,
+    ToolNotFound,
+)
+from toolfleet.events.envelope import Envelope
+from toolfleet.events.models import InvokeAuthorized
+from toolfleet.executor.cache import ResultCache, call_id
+from toolfleet.executor.checkpoints.store import Checkpoint, CheckpointStore
+from toolfleet.executor.circuits.breaker import CircuitBreaker
+from toolfleet.executor.concurrency import AgentSlots, agent_key, wait_for_slot
+from toolfleet.executor.leasing.fencing import Fence
+from toolfleet.registry.catalog import ToolCatalog
+from toolfleet.sdk.tool import ToolSpec
+from toolfleet.secrets.capability import CredentialCapability, resolve_credentials
+from toolfleet.secrets.store import SecretStore
+from toolfleet.storage.cancel_flags import CancelFlags
+
+__all__ = [
+    "Admission",
+    "Admitted",
+    "Cached",
+    "HandedOver",
+    "Refused",
+    "RunInput",
+    "Stop",
+    "check_grant",
+    "resume_point",
+]
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunInput:
+    """One run of one call: what every gate and the run itself read."""
+
+    event: Envelope
+    """The ``invoke.authorized`` event (the parent of everything the run emits)."""
+    call: InvokeAuthorized
+    fence: Fence | None = None
+    """The lease epoch the run writes under (None: run without leases)."""
+
+    @property
+    def invocation_id(self) -> str:
+        return str(self.call.invocation_id)
+
+    @property
+    def prior_runs(self) -> int:
+        """Runs of this invocation before this one (takeovers after a worker died)."""
+        return self.fence.run - 1 if self.fence is not None else 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Refused:
+    """The call fails before its tool starts."""
+
+    error: ToolfleetError
+    attempts: int | None = None
+    """``execution_metadata.attempts`` to report (None: the default)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Cached:
+    """A cached result of the same call answers it; the tool does not run."""
+
+    result: dict[str, Any]
+
+
+@dataclass(frozen=True, kw_only=True)
+class HandedOver:
+    """Not started, and the call is being handed over: the next owner runs it."""
+
+
+Stop = Refused | Cached | HandedOver
+"""What ends a call at a gate."""
+
+
+@dataclass(kw_only=True)
+class Admitted:
+    """What the gates found, for the run: filled in as they pass."""
+
+    spec: ToolSpec | None = None
+    cache_id: str | None = None
+    """The call's result-cache key (None: not cacheable, or no cache)."""
+    capability: CredentialCapability | None = None
+    resume: Checkpoint | None = None
+
+    @property
+    def tool(self) -> ToolSpec:
+        assert self.spec is not None, "the tool gate runs first"
+        return self.spec
+
+
+Gate = Callable[[RunInput, Admitted, AsyncExitStack], Awaitable[Stop | None]]
+
+
+async def check_grant(
+    grants: GrantVerifier | None, revocations: RevocationList | None, call: InvokeAuthorized
+) -> Stop | None:
+    """Run only what policy granted: a forged or altered authorized event runs nothing,
+    nor a grant whose capability token was revoked since policy authorized the call.
+
+    Raises:
+        RedisError: the revocation list is unreachable (retried; never run unchecked).
+    """
+    if grants is None:
+        return None
+    if not call.grant:
+        return Refused(error=PermissionDenied("the call carries no execution grant from policy"))
+    try:
+        grant = grants.decode(
+            call.grant,
+            invocation_id=str(call.invocation_id),
+            tenant_id=call.agent_context.tenant_id,
+            agent_did=call.agent_context.agent_did,
+            tool_id=call.tool_id,
+            tool_version=call.tool_version,
+            parameters=call.parameters,
+            document_context=(
+                None
+                if call.document_context is None
+                else call.document_context.model_dump(mode="json")
+            ),
+        )
+        if revocations is not None:
+            await ensure_grant_not_revoked(revocations, grant)
+    except ToolfleetError as exc:
+        return Refused(error=exc)
+    return None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Admission:
+    """The gates after the lease, over the executor's ports (None: that gate is off)."""
+
+    catalog: ToolCatalog
+    cancels: CancelFlags
+    checkpoints: CheckpointStore
+    is_suspended: Callable[[str], bool]
+    secrets: SecretStore | None = None
+    slots: AgentSlots | None = None
+    breaker: CircuitBreaker | None = None
+    cache: ResultCache | None = None
+
+    async def admit(self, run: RunInput, stack: AsyncExitStack) -> Admitted | Stop:
+        """Pass every gate in order; the first :data:`Stop` ends the call."""
+        admitted = Admitted()
+        gates: tuple[Gate, ...] = (
+            self.cancel,
+            self.tool,
+            self.cached,
+            self.circuit,
+            self.credentials,
+            self.slot,
+            self.resume,
+        )
+        for gate in gates:
+            stop = await gate(run, admitted, stack)
+            if stop is not None:
+                return stop
+        return admitted
+
+    async def cancel(self, run: RunInput, admitted: Admitted, stack: AsyncExitStack) -> Stop | None:
+        if await self.cancels.is_requested(run.invocation_id):
+            return Refused(error=Cancelled("cancelled before it ran"))
+        return None
+
+    async def tool(self, run: RunInput, admitted: Admitted, stack: AsyncExitStack) -> Stop | None:
+        call = run.call
+        admitted.spec = self.catalog.get(call.tool_id, call.tool_version)
+        if admitted.spec is None:
+            error = ToolNotFound(f"no executor has {call.tool_id}@{call.tool_version} loaded")
+            return Refused(error=error)
+        return None
+
+    async def cached(self, run: RunInput, admitted: Admitted, stack: AsyncExitStack) -> Stop | None:
+        spec, call = admitted.tool, run.call
+        if self.cache is None or spec.cache is None or spec.credentials:
+            return None
+        if call.document_context is not None:
+            return None  # its result depends on documents, which the cache key does not name
+        admitted.cache_id = call_id(
+            tool_id=call.tool_id,
+            tool_version=call.tool_version,
+            parameters=call.parameters,
+            tenant_id=call.agent_context.tenant_id,
+        )
+        hit = await self.cache.get(admitted.cache_id)
+        return None if hit is None else Cached(result=hit)
+
+    async def circuit(
+        self, run: RunInput, admitted: Admitted, stack: AsyncExitStack
+    ) -> Stop | None:
+        spec = admitted.tool
+        if self.breaker is None:
+            return None
+        gate = await self.breaker.peek(spec.circuit_name, spec.circuit_breaker)
+        if gate.allowed:
+            return None
+        refused = CircuitBreakerOpen(
+            f"the circuit {spec.circuit_name} is open; calls fail fast until it recovers",
+            details={"circuit": spec.circuit_name},
+            retry_after_s=round(gate.retry_after_s, 3),
+        )
+        return Refused(error=refused, attempts=0)
+
+    async def credentials(
+        self, run: RunInput, admitted: Admitted, stack: AsyncExitStack
+    ) -> Stop | None:
+        """Resolve the tool's declared credentials for this call, now (execution time)."""
+        spec, call = admitted.tool, run.call
+        if not spec.credentials:
+            return None
+        if not call.connection_id:
+            return Refused(
+                error=PermissionDenied(
+                    f"tool needs a connection: {spec.tool_id} uses credentials "
+                    f"{list(spec.credentials)}; pass connection_id"
+                )
+            )
+        if self.secrets is None:
+            return Refused(error=PermissionDenied("no secret store is configured on this executor"))
+        try:
+            capability = await resolve_credentials(
+                self.secrets,
+                tenant_id=call.agent_context.tenant_id,
+                connection_id=call.connection_id,
+                names=spec.credentials,
+                tool_id=spec.tool_id,
+            )
+        except ToolfleetError as exc:
+            return Refused(error=exc)
+        stack.callback(capability.revoke)  # on every exit: outcome, error, cancel
+        admitted.capability = capability
+        return None
+
+    async def slot(self, run: RunInput, admitted: Admitted, stack: AsyncExitStack) -> Stop | None:
+        """Wait for one of the agent's slots (a cancel or a hand-over stops the wait)."""
+        if self.slots is None:
+            return None
+        call, holder = run.call, run.invocation_id
+        key = agent_key(call.agent_context.tenant_id, call.agent_context.agent_did)
+
+        async def give_up() -> bool:
+            return self.is_suspended(holder) or await self.cancels.is_requested(holder)
+
+        taken = await wait_for_slot(
+            self.slots,
+            key,
+            holder,
+            limit=call.max_concurrent_per_agent,
+            lease_s=call.timeout_seconds + 30,
+            give_up=give_up,
+        )
+        if not taken:
+            if self.is_suspended(holder):
+                return HandedOver()
+            return Refused(error=Cancelled("cancelled before it ran"))
+        stack.push_async_callback(self.slots.release, key, holder)
+        return None
+
+    async def resume(self, run: RunInput, admitted: Admitted, stack: AsyncExitStack) -> Stop | None:
+        try:
+            admitted.resume = await resume_point(self.checkpoints, run)
+        except ResumeFailed as exc:
+            return Refused(error=exc)
+        return None
+
+
+async def resume_point(checkpoints: CheckpointStore, run: RunInput) -> Checkpoint | None:
+    """The checkpoint a run of the call starts from (None: from scratch).
+
+    The latest one (hot, else durable), unless the request names one in
+    ``resume_from_checkpoint_id``: then that one, as long as this request's own runs
+    have not checkpointed since it was authorized (a takeover carries on from there).
+
+    Raises:
+        ResumeFailed: the named checkpoint is not one of this invocation's.
+    """
+    call = run.call
+    config = call.checkpoint_config
+    if not config.enable_checkpointing:
+        return None
+    invocation_id, tenant_id = run.invocation_id, call.agent_context.tenant_id
+    latest = await checkpoints.latest(invocation_id)
+    if latest is not None and not _belongs(latest, invocation_id, tenant_id):
+        latest = None
+    wanted = config.resume_from_checkpoint_id
+    if wanted is None:
+        return latest
+    authorized_at = run.event.time or call.requested_at
+    if latest is not None and (latest.checkpoint_id == wanted or latest.timestamp > authorized_at):
+        return latest
+    named = await checkpoints.get(wanted)
+    if named is None or not _belongs(named, invocation_id, tenant_id):
+        # One answer for unknown and foreign ids: nothing about others' checkpoints leaks.
+        raise ResumeFailed(
+            "resume_from_checkpoint_id names no durable checkpoint of this invocation",
+            details={"checkpoint_id": wanted},
+        )
+    return named
+
+
+def _belongs(checkpoint: Checkpoint, invocation_id: str, tenant_id: str) -> bool:
+    """A checkpoint is only ever handed to its own invocation of its own tenant."""
+    return checkpoint.invocation_id == invocation_id and checkpoint.tenant_id in (
+        None,  # a hot copy written before checkpoints carried their tenant
+        tenant_id,
+    )

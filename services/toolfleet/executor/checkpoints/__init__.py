@@ -1,0 +1,1 @@
+"""Checkpoints: hot and durable stores, codec, schedule, and the sink a tool writes to."""

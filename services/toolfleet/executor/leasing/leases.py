@@ -1,0 +1,280 @@
+"""Execution leases with fencing epochs, and the outcome record they guard.
+
+The executor running an invocation holds ``lease:tool:{invocation_id}`` (owner, epoch)
+with a TTL it renews by heartbeat. Taking the lease increments the invocation's epoch
+(:mod:`toolfleet.executor.leasing.fencing`), so every owner writes under a larger number than
+the one before, and its run number (``lease:tool:{invocation_id}:runs``), which
+``execution_metadata.attempts`` and the ``invoked`` event's ``attempt`` report. A worker
+paused past its lease (SIGSTOP, a long GC, a partition) wakes up with a stale epoch: its
+heartbeat, its checkpoints and its outcome are all refused by the store, atomically, and
+the worker that took over carries on from the last checkpoint.
+
+The outcome itself is claimed here before it is published: ``finish`` stores the
+outgoing events under ``lease:tool:{invocation_id}:done`` only if the epoch is still the
+newest, and drops the lease. A redelivery of a finished invocation (the worker died
+between the claim and the broker's ack, or after the ack but before its offset commit)
+finds that record and publishes the very same events again (same ids, so every consumer
+treats them as duplicates) instead of running the tool a second time.
+
+Every script touches the keys of one invocation only and times leases on Redis' clock
+(a new epoch counter starts at the worker's clock); like the rest of toolfleet's scripts
+they need a single Redis node (or a cluster-aware key layout).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from pydantic import BaseModel, ConfigDict
+from redis.asyncio import Redis
+
+from toolfleet.events.envelope import Envelope
+from toolfleet.events.types import TopicName
+from toolfleet.executor.leasing.fencing import (
+    FENCE_CHECK_LUA,
+    Fence,
+    epoch_key,
+    lease_key,
+    runs_key,
+)
+from toolfleet.storage.lua import LuaScript
+
+#: How long the epoch counter and the outcome record outlive the last write: long
+#: enough for any redelivery of the invocation's events to find them.
+RECORD_TTL_S = 24 * 3600
+
+
+def done_key(invocation_id: str) -> str:
+    """The finished invocation's outgoing events (JSON), written by ``finish``."""
+    return f"lease:tool:{invocation_id}:done"
+
+
+# KEYS: lease, epoch, done, runs. ARGV: owner, ttl_ms, record_ttl_s, now_ms.
+# -> {1, epoch, run} taken | {0, pttl_ms, owner} held by someone else | {2, done} finished
+_ACQUIRE = LuaScript(
+    "lease_acquire",
+    source="""
+local done = redis.call('GET', KEYS[3])
+if done then
+  return {2, done}
+end
+local owner = redis.call('HGET', KEYS[1], 'owner')
+if owner and owner ~= ARGV[1] then
+  return {0, redis.call('PTTL', KEYS[1]), owner}
+end
+local epoch = redis.call('INCR', KEYS[2])
+if epoch == 1 then
+  -- A new counter (first run, or Redis lost the old one): start above every epoch
+  -- issued before it, which Postgres may still hold on durable checkpoints.
+  redis.call('SET', KEYS[2], ARGV[4])
+  epoch = tonumber(ARGV[4])
+end
+redis.call('EXPIRE', KEYS[2], tonumber(ARGV[3]))
+local run = redis.call('INCR', KEYS[4])
+redis.call('EXPIRE', KEYS[4], tonumber(ARGV[3]))
+redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'epoch', redis.call('GET', KEYS[2]))
+redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[2]))
+return {1, epoch, run}
+""",
+)
+
+# KEYS: epoch, lease. ARGV: epoch, owner, ttl_ms. -> 1 renewed | 0 stale
+_RENEW = LuaScript(
+    "lease_renew",
+    source=FENCE_CHECK_LUA
+    + """
+redis.call('HSET', KEYS[2], 'owner', ARGV[2], 'epoch', ARGV[1])
+redis.call('PEXPIRE', KEYS[2], tonumber(ARGV[3]))
+return 1
+""",
+)
+
+# KEYS: epoch, lease. ARGV: epoch. -> 1 released | 0 stale
+_RELEASE = LuaScript(
+    "lease_release",
+    source=FENCE_CHECK_LUA
+    + """
+redis.call('DEL', KEYS[2])
+return 1
+""",
+)
+
+# KEYS: epoch, lease, done. ARGV: epoch, record, record_ttl_s. -> 1 finished | 0 stale
+_FINISH = LuaScript(
+    "lease_finish",
+    source=FENCE_CHECK_LUA
+    + """
+redis.call('SET', KEYS[3], ARGV[2], 'EX', tonumber(ARGV[3]))
+redis.call('EXPIRE', KEYS[1], tonumber(ARGV[3]))
+redis.call('DEL', KEYS[2])
+return 1
+""",
+)
+
+
+class OutgoingEvent(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    topic: TopicName
+    envelope: Envelope
+
+
+class FinishedRecord(BaseModel):
+    """What a finished invocation published: replayed as is on a redelivery."""
+
+    model_config = ConfigDict(frozen=True)
+
+    epoch: int
+    events: list[OutgoingEvent]
+
+
+@dataclass(frozen=True, slots=True)
+class Taken:
+    fence: Fence
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    owner: str
+    expires_in_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    record: FinishedRecord
+
+
+LeaseState = Taken | Held | Finished
+
+
+class Leases(Protocol):
+    """Execution leases with fencing epochs (:class:`RedisLeases`, :class:`MemoryLeases`)."""
+
+    ttl_s: float
+
+    async def acquire(self, invocation_id: str, owner: str) -> LeaseState: ...
+    async def renew(self, fence: Fence, owner: str) -> bool: ...
+    async def release(self, fence: Fence) -> None: ...
+    async def finish(self, fence: Fence, events: list[OutgoingEvent]) -> bool: ...
+
+
+class RedisLeases:
+    def __init__(self, redis: Redis, *, ttl_s: float, record_ttl_s: int = RECORD_TTL_S) -> None:
+        self._redis = redis
+        self.ttl_s = ttl_s
+        self._ttl_ms = max(1, int(ttl_s * 1000))
+        self._record_ttl_s = record_ttl_s
+
+    async def acquire(self, invocation_id: str, owner: str) -> LeaseState:
+        """Take the lease (a new epoch), or say who holds it, or that the call is done."""
+        reply = await _ACQUIRE(
+            self._redis,
+            keys=[
+                lease_key(invocation_id),
+                epoch_key(invocation_id),
+                done_key(invocation_id),
+                runs_key(invocation_id),
+            ],
+            args=[owner, self._ttl_ms, self._record_ttl_s, time.time_ns() // 1_000_000],
+        )
+        status = int(reply[0])
+        if status == 1:
+            return Taken(Fence(invocation_id, int(reply[1]), run=int(reply[2])))
+        if status == 2:
+            return Finished(FinishedRecord.model_validate_json(reply[1]))
+        owner_of = reply[2].decode() if isinstance(reply[2], bytes) else str(reply[2])
+        return Held(owner=owner_of, expires_in_s=max(0, int(reply[1])) / 1000)
+
+    async def renew(self, fence: Fence, owner: str) -> bool:
+        """Extend the lease; False once a newer epoch exists (this worker lost the call)."""
+        renewed = await _RENEW(
+            self._redis,
+            keys=[epoch_key(fence.invocation_id), lease_key(fence.invocation_id)],
+            args=[fence.epoch, owner, self._ttl_ms],
+        )
+        return bool(renewed)
+
+    async def release(self, fence: Fence) -> None:
+        """Give the lease up early (a clean hand-over), if it is still this epoch's."""
+        await _RELEASE(
+            self._redis,
+            keys=[epoch_key(fence.invocation_id), lease_key(fence.invocation_id)],
+            args=[fence.epoch],
+        )
+
+    async def finish(self, fence: Fence, events: list[OutgoingEvent]) -> bool:
+        """Claim the outcome for this epoch; False if another worker owns the call now."""
+        record = FinishedRecord(epoch=fence.epoch, events=events)
+        finished = await _FINISH(
+            self._redis,
+            keys=[
+                epoch_key(fence.invocation_id),
+                lease_key(fence.invocation_id),
+                done_key(fence.invocation_id),
+            ],
+            args=[fence.epoch, record.model_dump_json(), self._record_ttl_s],
+        )
+        return bool(finished)
+
+
+@dataclass(frozen=True, slots=True)
+class _Lease:
+    owner: str
+    epoch: int
+    expires_at: float
+
+
+class MemoryLeases:
+    """In-process :class:`Leases` for tests: the Redis scripts' rules over dicts.
+
+    Leases expire on ``clock`` (seconds); outcome records never do. ``take_over``
+    plays another worker that took the call with a newer epoch.
+    """
+
+    def __init__(self, *, ttl_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.ttl_s = ttl_s
+        self._clock = clock
+        self.leases: dict[str, _Lease] = {}
+        self.epochs: dict[str, int] = {}
+        self.runs: dict[str, int] = {}
+        self.done: dict[str, FinishedRecord] = {}
+
+    async def acquire(self, invocation_id: str, owner: str) -> LeaseState:
+        if invocation_id in self.done:
+            return Finished(self.done[invocation_id])
+        now = self._clock()
+        lease = self.leases.get(invocation_id)
+        if lease is not None and lease.expires_at > now and lease.owner != owner:
+            return Held(owner=lease.owner, expires_in_s=lease.expires_at - now)
+        epoch = self.take_over(invocation_id)
+        self.leases[invocation_id] = _Lease(owner, epoch, now + self.ttl_s)
+        self.runs[invocation_id] = run = self.runs.get(invocation_id, 0) + 1
+        return Taken(Fence(invocation_id, epoch, run=run))
+
+    def take_over(self, invocation_id: str) -> int:
+        """Issue the invocation's next epoch (what another worker's acquire does)."""
+        self.epochs[invocation_id] = epoch = self.epochs.get(invocation_id, 0) + 1
+        return epoch
+
+    def _current(self, fence: Fence) -> bool:
+        return self.epochs.get(fence.invocation_id) == fence.epoch
+
+    async def renew(self, fence: Fence, owner: str) -> bool:
+        if not self._current(fence):
+            return False
+        self.leases[fence.invocation_id] = _Lease(owner, fence.epoch, self._clock() + self.ttl_s)
+        return True
+
+    async def release(self, fence: Fence) -> None:
+        if self._current(fence):
+            self.leases.pop(fence.invocation_id, None)
+
+    async def finish(self, fence: Fence, events: list[OutgoingEvent]) -> bool:
+        if not self._current(fence):
+            return False
+        self.done[fence.invocation_id] = FinishedRecord(epoch=fence.epoch, events=events)
+        self.leases.pop(fence.invocation_id, None)
+        return True

@@ -1,0 +1,77 @@
+"""The tools one executor can run: built-ins, entry points and configured modules."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from collections.abc import Iterable, Iterator
+from importlib.metadata import entry_points
+from types import ModuleType
+
+from toolfleet.errors import RegistrationError
+from toolfleet.sdk.tool import ToolFunction, ToolSpec, is_tool, spec_of
+
+log = logging.getLogger(__name__)
+
+ENTRY_POINT_GROUP = "toolfleet.tools"
+
+
+class ToolCatalog:
+    """In-process tools by ``(tool_id, version)``; a collision fails at registration."""
+
+    def __init__(self, tools: Iterable[ToolFunction | ToolSpec] = ()) -> None:
+        self._specs: dict[tuple[str, str], ToolSpec] = {}
+        for declared in tools:
+            self.add(declared)
+
+    def add(self, declared: ToolFunction | ToolSpec) -> None:
+        """Add a ``@tool`` function (or its spec)."""
+        spec = spec_of(declared)
+        existing = self._specs.get(spec.key)
+        if existing is not None and existing.fn is not spec.fn:
+            raise RegistrationError(
+                f"{spec.tool_id}@{spec.version} is defined twice "
+                f"({_where(existing)} and {_where(spec)})"
+            )
+        self._specs[spec.key] = spec
+
+    def get(self, tool_id: str, version: str) -> ToolSpec | None:
+        return self._specs.get((tool_id, version))
+
+    def __iter__(self) -> Iterator[ToolSpec]:
+        return iter(sorted(self._specs.values(), key=lambda s: s.key))
+
+    def __len__(self) -> int:
+        return len(self._specs)
+
+
+def _where(spec: ToolSpec) -> str:
+    return f"{spec.fn.__module__}.{spec.fn.__qualname__}"
+
+
+def specs_in(module: ModuleType) -> list[ToolSpec]:
+    """The tools a module lists in ``TOOLS``, else every ``@tool`` function at its top level."""
+    found = getattr(module, "TOOLS", None)
+    if found is not None:
+        return [spec_of(declared) for declared in found]
+    return [spec_of(value) for value in vars(module).values() if is_tool(value)]
+
+
+def discover(tool_modules: Iterable[str] = ()) -> ToolCatalog:
+    """Built-ins, then the ``toolfleet.tools`` entry-point group, then ``tool_modules``."""
+    catalog = ToolCatalog()
+    modules: list[ModuleType] = [importlib.import_module("toolfleet.sdk.builtin")]
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        loaded = ep.load()
+        if isinstance(loaded, ModuleType):
+            modules.append(loaded)
+        elif is_tool(loaded):
+            catalog.add(loaded)
+        else:
+            raise RegistrationError(f"entry point {ep.name!r} is neither a module nor a tool")
+    modules.extend(importlib.import_module(name) for name in tool_modules)
+    for module in modules:
+        for spec in specs_in(module):
+            catalog.add(spec)
+    log.info("tools discovered", extra={"tools": [f"{s.tool_id}@{s.version}" for s in catalog]})
+    return catalog

@@ -1,0 +1,723 @@
+"""The sandbox egress proxy over real sockets: local upstreams granted by address.
+
+Each test runs its own upstream (a TCP echo server or a small HTTP server that reports
+what it received), opens an egress session for a grant and talks to it the way a
+sandboxed tool does: ``CONNECT`` or an absolute ``http://`` request, over the loopback
+listener or the unix socket meant to be bind-mounted into a sandbox.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import json
+import logging
+import socket
+import stat
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.support.eventually import eventually
+from toolfleet.isolation.egress import (
+    EgressDecision,
+    EgressGrant,
+    EgressLimits,
+    EgressProxy,
+    EgressReason,
+    EgressRecord,
+    EgressSession,
+    InMemoryEgressAudit,
+    IPAddress,
+    Resolver,
+    StaticResolver,
+    SystemResolver,
+)
+
+pytestmark = pytest.mark.integration
+
+SECRET = "c2VjcmV0LXByb3h5LXBhc3N3b3Jk"
+
+
+# --- upstreams ---------------------------------------------------------------------------
+
+
+@dataclass
+class Upstream:
+    server: asyncio.Server
+    requests: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def port(self) -> int:
+        return int(self.server.sockets[0].getsockname()[1])
+
+
+async def _echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        while data := await reader.read(65536):
+            writer.write(data)
+            await writer.drain()
+    finally:
+        writer.close()
+
+
+async def _read_body(reader: asyncio.StreamReader, headers: dict[str, str]) -> bytes:
+    if headers.get("transfer-encoding", "").lower() == "chunked":
+        body = b""
+        while size := int((await reader.readuntil(b"\r\n")).split(b";")[0], 16):
+            body += await reader.readexactly(size)
+            await reader.readexactly(2)
+        while await reader.readuntil(b"\r\n") != b"\r\n":
+            pass
+        return body
+    return await reader.readexactly(int(headers.get("content-length", "0")))
+
+
+def _parse(head: bytes) -> tuple[str, dict[str, str]]:
+    first, *lines = head.decode("latin-1").split("\r\n")[:-2]
+    fields: dict[str, str] = {}
+    for line in lines:
+        name, _, value = line.partition(":")
+        fields[name.strip().lower()] = value.strip()
+    return first, fields
+
+
+@asynccontextmanager
+async def echo_server() -> AsyncIterator[Upstream]:
+    server = await asyncio.start_server(_echo, "127.0.0.1", 0)
+    async with server:
+        yield Upstream(server)
+
+
+@asynccontextmanager
+async def http_server() -> AsyncIterator[Upstream]:
+    """Answers every request with JSON naming what it received (a chunked response for
+    ``/chunked``)."""
+    seen: list[dict[str, Any]] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            line, headers = _parse(await reader.readuntil(b"\r\n\r\n"))
+            method, target, _ = line.split(" ")
+            body = await _read_body(reader, headers)
+            seen.append({"method": method, "target": target, "headers": headers, "body": body})
+            payload = json.dumps({"method": method, "target": target, "size": len(body)}).encode()
+            if target == "/chunked":
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nKeep-Alive: timeout=9\r\n"
+                    b"Connection: keep-alive\r\n\r\n"
+                    b"%x\r\n%s\r\n0\r\n\r\n" % (len(payload), payload)
+                )
+            else:
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                    b"Content-Length: %d\r\n\r\n%s" % (len(payload), payload)
+                )
+            await writer.drain()
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    async with server:
+        yield Upstream(server, seen)
+
+
+# --- clients -----------------------------------------------------------------------------
+
+
+async def open_client(session: EgressSession) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    if session.tcp_address is not None:
+        return await asyncio.open_connection(*session.tcp_address)
+    assert session.unix_path is not None
+    return await asyncio.open_unix_connection(str(session.unix_path))
+
+
+async def response_head(reader: asyncio.StreamReader) -> tuple[int, dict[str, str]]:
+    line, headers = _parse(await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10))
+    return int(line.split(" ")[1]), headers
+
+
+async def request(session: EgressSession, raw: bytes) -> tuple[int, dict[str, str], bytes]:
+    """Send ``raw`` on a fresh connection; the status, headers and body of the answer."""
+    reader, writer = await open_client(session)
+    try:
+        writer.write(raw)
+        await writer.drain()
+        status, headers = await response_head(reader)
+        body = await asyncio.wait_for(reader.read(), 10)
+        return status, headers, body
+    finally:
+        writer.close()
+
+
+@asynccontextmanager
+async def tunnel(
+    session: EgressSession, target: str
+) -> AsyncIterator[tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
+    reader, writer = await open_client(session)
+    try:
+        writer.write(f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n".encode())
+        status, _ = await response_head(reader)
+        assert status == 200
+        yield reader, writer
+    finally:
+        writer.close()
+
+
+async def connect_status(session: EgressSession, target: str) -> tuple[int, dict[str, str]]:
+    status, headers, _ = await request(session, f"CONNECT {target} HTTP/1.1\r\n\r\n".encode())
+    return status, headers
+
+
+async def echo_through(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    writer.write(b"ping\n")
+    await writer.drain()
+    assert await asyncio.wait_for(reader.readline(), 10) == b"ping\n"
+
+
+# --- fixtures ------------------------------------------------------------------------------
+
+
+@dataclass
+class RecordingResolver:
+    """The system resolver, remembering every name it was asked for."""
+
+    inner: Resolver = field(default_factory=SystemResolver)
+    asked: list[str] = field(default_factory=list)
+
+    async def resolve(self, name: str) -> tuple[IPAddress, ...]:
+        self.asked.append(name)
+        return await self.inner.resolve(name)
+
+
+@pytest.fixture
+def audit() -> InMemoryEgressAudit:
+    return InMemoryEgressAudit()
+
+
+@pytest.fixture
+async def echo() -> AsyncIterator[Upstream]:
+    async with echo_server() as upstream:
+        yield upstream
+
+
+@pytest.fixture
+async def web() -> AsyncIterator[Upstream]:
+    async with http_server() as upstream:
+        yield upstream
+
+
+@pytest.fixture
+def socket_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    # A short path: unix socket paths are limited to 107 bytes.
+    path = tmp_path_factory.mktemp("egress")
+    path.chmod(0o700)
+    return path
+
+
+def make_grant(*entries: str, invocation_id: str = "inv-egress") -> EgressGrant:
+    return EgressGrant.from_permissions(
+        invocation_id=invocation_id, tenant_id="t1", network_permissions=entries
+    )
+
+
+@asynccontextmanager
+async def proxy_session(
+    audit: InMemoryEgressAudit,
+    *entries: str,
+    limits: EgressLimits | None = None,
+    resolver: Resolver | None = None,
+    unix_path: Path | None = None,
+) -> AsyncIterator[EgressSession]:
+    async with EgressProxy(audit=audit, limits=limits, resolver=resolver) as proxy:
+        grant = make_grant(*entries)
+        async with proxy.session(grant, unix_path=unix_path, tcp=unix_path is None) as session:
+            yield session
+
+
+def refusals(audit: InMemoryEgressAudit) -> list[EgressRecord]:
+    return [r for r in audit.records if r.decision is not EgressDecision.ALLOWED]
+
+
+# --- allowed -------------------------------------------------------------------------------
+
+
+async def test_a_granted_address_is_reachable_through_connect(
+    audit: InMemoryEgressAudit, echo: Upstream
+) -> None:
+    async with proxy_session(audit, f"127.0.0.1:{echo.port}") as session:
+        payload = b"x" * 200_000
+        async with tunnel(session, f"127.0.0.1:{echo.port}") as (reader, writer):
+            writer.write(payload)
+            writer.write_eof()
+            received = await asyncio.wait_for(reader.read(), 10)
+        assert received == payload
+        usage = await eventually(
+            lambda: _if(session.usage(), lambda u: u.bytes_received == len(payload))
+        )
+        assert usage.bytes_sent == len(payload)
+        assert usage.connections == 1
+        assert usage.refused == 0
+        await eventually(lambda: _if(session, lambda s: s.active_tunnels == 0))
+    [record] = audit.records
+    assert (record.invocation_id, record.tenant_id, record.host, record.port) == (
+        "inv-egress",
+        "t1",
+        "127.0.0.1",
+        echo.port,
+    )
+    assert (record.method, record.decision, record.reason, record.address) == (
+        "CONNECT",
+        EgressDecision.ALLOWED,
+        EgressReason.GRANTED,
+        "127.0.0.1",
+    )
+
+
+async def test_plain_http_is_forwarded_by_a_real_client(
+    audit: InMemoryEgressAudit, web: Upstream
+) -> None:
+    async with proxy_session(audit, f"127.0.0.1:{web.port}") as session:
+        assert session.proxy_url is not None
+        async with httpx.AsyncClient(proxy=session.proxy_url, timeout=10) as client:
+            got = await client.get(f"http://127.0.0.1:{web.port}/v1/items?page=2")
+            posted = await client.post(f"http://127.0.0.1:{web.port}/v1/items", content=b"abc")
+            chunked = await client.get(f"http://127.0.0.1:{web.port}/chunked")
+    assert got.status_code == 200
+    assert got.json() == {"method": "GET", "target": "/v1/items?page=2", "size": 0}
+    assert posted.json() == {"method": "POST", "target": "/v1/items", "size": 3}
+    assert chunked.json() == {"method": "GET", "target": "/chunked", "size": 0}
+    assert chunked.headers["connection"] == "close"
+    assert "keep-alive" not in chunked.headers
+    assert [r["headers"]["host"] for r in web.requests] == [f"127.0.0.1:{web.port}"] * 3
+    assert [r.method for r in audit.records] == ["GET", "POST", "GET"]
+    assert {r.decision for r in audit.records} == {EgressDecision.ALLOWED}
+
+
+async def test_hop_by_hop_headers_and_proxy_credentials_never_reach_upstream(
+    audit: InMemoryEgressAudit, web: Upstream, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="toolfleet")
+    body = b"0123456789" * 1000
+    chunks = b"".join(b"%x\r\n%s\r\n" % (len(c), c) for c in (body[:3000], body[3000:])) + (
+        b"0\r\nX-Trailer: t\r\n\r\n"
+    )
+    raw = (
+        f"POST http://127.0.0.1:{web.port}/upload HTTP/1.1\r\n"
+        "Host: metadata.internal\r\n"
+        f"Proxy-Authorization: Basic {SECRET}\r\n"
+        "Proxy-Connection: keep-alive\r\n"
+        "Connection: keep-alive, X-Private\r\n"
+        "X-Private: hop\r\n"
+        "Keep-Alive: timeout=5\r\n"
+        "Upgrade: websocket\r\n"
+        "Expect: 100-continue\r\n"
+        "Authorization: Bearer end-to-end\r\n"
+        "Transfer-Encoding: chunked\r\n\r\n"
+    ).encode() + chunks
+    async with proxy_session(audit, f"127.0.0.1:{web.port}") as session:
+        reader, writer = await open_client(session)
+        writer.write(raw)
+        status, _ = await response_head(reader)
+        assert status == 100
+        status, headers = await response_head(reader)
+        answer = json.loads(await asyncio.wait_for(reader.read(), 10))
+        writer.close()
+        usage = session.usage()
+    assert status == 200
+    assert headers["connection"] == "close"
+    assert answer == {"method": "POST", "target": "/upload", "size": len(body)}
+    [seen] = web.requests
+    assert seen["body"] == body
+    assert seen["headers"] == {
+        "host": f"127.0.0.1:{web.port}",
+        "authorization": "Bearer end-to-end",
+        "transfer-encoding": "chunked",
+        "connection": "close",
+    }
+    assert usage.bytes_sent > len(body)
+    assert SECRET not in repr(audit.records)
+    assert SECRET not in caplog.text
+    assert "/upload" not in caplog.text  # paths may carry secrets: never logged
+
+
+async def test_an_early_answer_reaches_the_client_of_an_unread_body(
+    audit: InMemoryEgressAudit,
+) -> None:
+    async def refuse_upload(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 413 Content Too Large\r\nContent-Length: 4\r\n\r\nbig!")
+        await writer.drain()
+        await done.wait()  # never reads the body, keeps the connection open
+        writer.close()
+
+    done = asyncio.Event()
+    server = await asyncio.start_server(refuse_upload, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    body = b"z" * 4_000_000
+    head = f"PUT http://127.0.0.1:{port}/big HTTP/1.1\r\nContent-Length: {len(body)}\r\n\r\n"
+    async with server, proxy_session(audit, f"127.0.0.1:{port}") as session:
+        reader, writer = await open_client(session)
+        writer.write(head.encode() + body)
+        status, headers = await response_head(reader)
+        assert (status, await reader.readexactly(4)) == (413, b"big!")
+        writer.close()
+        done.set()
+    assert headers["connection"] == "close"
+
+
+# --- refused -------------------------------------------------------------------------------
+
+
+async def test_a_host_not_granted_is_refused_unresolved_and_audited(
+    audit: InMemoryEgressAudit, echo: Upstream, web: Upstream
+) -> None:
+    resolver = RecordingResolver()
+    async with proxy_session(audit, f"127.0.0.1:{echo.port}", resolver=resolver) as session:
+        status, headers = await connect_status(session, "exfil.example.net:443")
+        assert (status, headers["x-toolfleet-egress"]) == (403, "not_granted")
+        other_port = await request(
+            session, f"GET http://127.0.0.1:{web.port}/ HTTP/1.1\r\n\r\n".encode()
+        )
+        assert other_port[0] == 403
+        assert b"not granted" in other_port[2]
+        # The session keeps serving what is granted.
+        async with tunnel(session, f"127.0.0.1:{echo.port}") as (reader, writer):
+            await echo_through(reader, writer)
+        assert session.usage().refused == 2
+    assert resolver.asked == []  # a name not granted is not even looked up
+    assert web.requests == []
+    first, second = refusals(audit)
+    assert (first.host, first.port, first.method, first.reason) == (
+        "exfil.example.net",
+        443,
+        "CONNECT",
+        EgressReason.NOT_GRANTED,
+    )
+    assert (second.host, second.port, second.method, second.reason) == (
+        "127.0.0.1",
+        web.port,
+        "GET",
+        EgressReason.NOT_GRANTED,
+    )
+    assert {(r.invocation_id, r.tenant_id, r.decision) for r in (first, second)} == {
+        ("inv-egress", "t1", EgressDecision.REFUSED)
+    }
+
+
+async def test_a_granted_name_resolving_to_loopback_is_refused_unless_loopback_is_granted(
+    audit: InMemoryEgressAudit, echo: Upstream
+) -> None:
+    target = f"localhost:{echo.port}"
+    async with proxy_session(audit, target) as session:
+        status, headers = await connect_status(session, target)
+    assert (status, headers["x-toolfleet-egress"]) == (403, "private_address")
+    [record] = audit.records
+    assert (record.host, record.reason, record.decision) == (
+        "localhost",
+        EgressReason.PRIVATE_ADDRESS,
+        EgressDecision.REFUSED,
+    )
+    assert record.address in {"127.0.0.1", "::1"}
+
+    granted = proxy_session(audit, target, f"127.0.0.1:{echo.port}")
+    async with granted as session, tunnel(session, target) as (reader, writer):
+        await echo_through(reader, writer)
+    assert audit.records[-1].address == "127.0.0.1"  # the address checked is the one used
+
+
+async def test_metadata_and_private_addresses_are_refused_to_wildcard_grants(
+    audit: InMemoryEgressAudit,
+) -> None:
+    resolver = StaticResolver(
+        table={
+            "metadata.svc.test": ["169.254.169.254"],
+            "rebind.svc.test": ["10.0.0.7", "fd00:ec2::254"],
+        }
+    )
+    async with proxy_session(audit, "*", "*.svc.test:*", resolver=resolver) as session:
+        for target in ("metadata.svc.test:80", "rebind.svc.test:443", "169.254.169.254:80"):
+            status, headers = await connect_status(session, target)
+            assert (status, headers["x-toolfleet-egress"]) == (403, "private_address"), target
+        status, _, _ = await request(
+            session, b"GET http://169.254.169.254/latest/meta-data/ HTTP/1.1\r\n\r\n"
+        )
+        assert status == 403
+    assert [(r.host, r.address) for r in audit.records] == [
+        ("metadata.svc.test", "169.254.169.254"),
+        ("rebind.svc.test", "10.0.0.7"),
+        ("169.254.169.254", "169.254.169.254"),
+        ("169.254.169.254", "169.254.169.254"),
+    ]
+
+
+async def test_wildcard_grants(audit: InMemoryEgressAudit, echo: Upstream) -> None:
+    resolver = StaticResolver(
+        table={
+            name: ["127.0.0.1"]
+            for name in ("api.svc.test", "a.b.svc.test", "svc.test", "api.svc.test.evil.net")
+        }
+    )
+    entries = (f"*.svc.test:{echo.port}", f"127.0.0.1:{echo.port}")
+    async with proxy_session(audit, *entries, resolver=resolver) as session:
+        for name in ("api.svc.test", "A.B.SVC.TEST."):
+            async with tunnel(session, f"{name}:{echo.port}") as (reader, writer):
+                await echo_through(reader, writer)
+        for target in (
+            f"svc.test:{echo.port}",
+            f"api.svc.test.evil.net:{echo.port}",
+            "api.svc.test:443",
+        ):
+            status, headers = await connect_status(session, target)
+            assert (status, headers["x-toolfleet-egress"]) == (403, "not_granted"), target
+    assert [(r.host, r.decision) for r in audit.records] == [
+        ("api.svc.test", EgressDecision.ALLOWED),
+        ("a.b.svc.test", EgressDecision.ALLOWED),
+        ("svc.test", EgressDecision.REFUSED),
+        ("api.svc.test.evil.net", EgressDecision.REFUSED),
+        ("api.svc.test", EgressDecision.REFUSED),
+    ]
+
+
+async def test_malformed_requests_get_400_and_the_proxy_keeps_serving(
+    audit: InMemoryEgressAudit, echo: Upstream
+) -> None:
+    limits = EgressLimits(max_head_bytes=4096)
+    bad = [
+        b"HELLO\r\n\r\n",
+        b"GET /relative HTTP/1.1\r\n\r\n",
+        b"GET https://example.com/ HTTP/1.1\r\n\r\n",
+        b"CONNECT 127.0.0.1 HTTP/1.1\r\n\r\n",
+        b"GET http://127.0.0.1/ HTTP/1.1\r\nX: a\r\n folded\r\n\r\n",
+        b"POST http://127.0.0.1/ HTTP/1.1\r\nContent-Length: 1\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n",
+        b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03\r\n\r\n",  # TLS sent to the proxy
+    ]
+    async with proxy_session(audit, f"127.0.0.1:{echo.port}", limits=limits) as session:
+        for raw in bad:
+            status, headers, _ = await request(session, raw)
+            assert (status, headers["x-toolfleet-egress"]) == (400, "malformed_request"), raw
+        status, _, _ = await request(session, b"GET http://x/ HTTP/1.1\r\nX: " + b"a" * 5000)
+        assert status == 431
+        # A client that hangs up mid-head is no refusal, and no crash.
+        _, writer = await open_client(session)
+        writer.write(b"CONNECT 127.0.0.1:")
+        writer.close()
+        async with tunnel(session, f"127.0.0.1:{echo.port}") as (reader, writer):
+            await echo_through(reader, writer)
+    assert [(r.host, r.port, r.method, r.reason) for r in refusals(audit)] == [
+        ("", 0, "", EgressReason.MALFORMED_REQUEST)
+    ] * (len(bad) + 1)
+    assert audit.records[-1].decision is EgressDecision.ALLOWED
+
+
+async def test_the_concurrent_tunnel_limit(audit: InMemoryEgressAudit, echo: Upstream) -> None:
+    limits = EgressLimits(max_tunnels=2)
+    target = f"127.0.0.1:{echo.port}"
+    async with proxy_session(audit, target, limits=limits) as session:
+        async with tunnel(session, target) as first, tunnel(session, target) as second:
+            status, headers = await connect_status(session, target)
+            assert (status, headers["x-toolfleet-egress"]) == (429, "too_many_connections")
+            for reader, writer in (first, second):
+                await echo_through(reader, writer)  # the open tunnels are untouched
+        await eventually(lambda: _if(session, lambda s: s.active_tunnels == 0))
+        async with tunnel(session, target) as (reader, writer):
+            await echo_through(reader, writer)
+    [refused] = refusals(audit)
+    assert (refused.reason, refused.port) == (EgressReason.TOO_MANY_CONNECTIONS, echo.port)
+
+
+async def test_an_unreachable_granted_port_is_a_502(audit: InMemoryEgressAudit) -> None:
+    async with echo_server() as gone:
+        port = gone.port
+    async with proxy_session(audit, f"127.0.0.1:{port}") as session:
+        status, headers = await connect_status(session, f"127.0.0.1:{port}")
+    assert (status, headers["x-toolfleet-egress"]) == (502, "connect_failed")
+    [record] = audit.records
+    assert (record.decision, record.reason) == (EgressDecision.FAILED, EgressReason.CONNECT_FAILED)
+
+
+async def test_a_slow_resolution_is_a_504_within_the_connect_timeout(
+    audit: InMemoryEgressAudit,
+) -> None:
+    class HangingResolver:
+        async def resolve(self, name: str) -> tuple[IPAddress, ...]:
+            await asyncio.Event().wait()
+            return ()
+
+    limits = EgressLimits(connect_timeout_s=0.2)
+    async with proxy_session(
+        audit, "slow.example.com", limits=limits, resolver=HangingResolver()
+    ) as session:
+        status, headers = await connect_status(session, "slow.example.com:443")
+        assert session.active_tunnels == 0
+    assert (status, headers["x-toolfleet-egress"]) == (504, "connect_timeout")
+    [record] = audit.records
+    assert (record.decision, record.reason) == (EgressDecision.FAILED, EgressReason.CONNECT_TIMEOUT)
+
+
+async def test_slow_and_surplus_clients_are_answered(audit: InMemoryEgressAudit) -> None:
+    limits = EgressLimits(head_timeout_s=0.3, max_clients=2)
+    async with proxy_session(audit, "example.com", limits=limits) as session:
+        idle = [await open_client(session) for _ in range(2)]
+        await eventually(lambda: _if(session, lambda s: s.active_clients == 2))
+        status, headers = await connect_status(session, "example.com:443")
+        assert (status, headers["x-toolfleet-egress"]) == (429, "too_many_connections")
+        for reader, writer in idle:
+            writer.write(b"CONNECT example.com:443 HTTP/1.1\r\n")  # and never the end
+            assert (await response_head(reader))[0] == 408
+            writer.close()
+    assert [r.reason for r in audit.records] == [
+        EgressReason.TOO_MANY_CONNECTIONS,
+        EgressReason.MALFORMED_REQUEST,
+        EgressReason.MALFORMED_REQUEST,
+    ]
+
+
+async def test_an_idle_tunnel_is_closed(audit: InMemoryEgressAudit, echo: Upstream) -> None:
+    limits = EgressLimits(idle_timeout_s=0.3)
+    target = f"127.0.0.1:{echo.port}"
+    async with proxy_session(audit, target, limits=limits) as session:
+        async with tunnel(session, target) as (reader, writer):
+            await echo_through(reader, writer)
+            assert await asyncio.wait_for(reader.read(), 10) == b""  # closed by the proxy
+        assert session.active_tunnels == 0
+
+
+async def test_closing_the_session_cuts_its_tunnels(
+    audit: InMemoryEgressAudit, echo: Upstream, socket_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    target = f"127.0.0.1:{echo.port}"
+    path = socket_dir / "cut.sock"
+    async with EgressProxy(audit=audit) as proxy:
+        async with proxy.session(make_grant(target), unix_path=path) as session:
+            reader, writer = await open_client(session)
+            writer.write(f"CONNECT {target} HTTP/1.1\r\n\r\n".encode())
+            assert (await response_head(reader))[0] == 200
+        assert await asyncio.wait_for(reader.read(), 10) == b""
+        writer.close()
+    assert not path.exists()
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+
+
+async def test_the_unix_socket_listener(
+    audit: InMemoryEgressAudit, echo: Upstream, web: Upstream, socket_dir: Path
+) -> None:
+    path = socket_dir / "egress.sock"
+    entries = (f"127.0.0.1:{echo.port}", f"127.0.0.1:{web.port}")
+    async with proxy_session(audit, *entries, unix_path=path) as session:
+        assert session.unix_path == path
+        assert session.tcp_address is None
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+        async with tunnel(session, f"127.0.0.1:{echo.port}") as (reader, writer):
+            await echo_through(reader, writer)
+        status, _, body = await request(
+            session, f"GET http://127.0.0.1:{web.port}/via-unix HTTP/1.1\r\n\r\n".encode()
+        )
+        assert (status, json.loads(body)["target"]) == (200, "/via-unix")
+        status, _ = await connect_status(session, "example.com:443")
+        assert status == 403
+    assert not path.exists()
+    assert [r.decision for r in audit.records] == [
+        EgressDecision.ALLOWED,
+        EgressDecision.ALLOWED,
+        EgressDecision.REFUSED,
+    ]
+
+
+class UnixHTTPConnection(http.client.HTTPConnection):
+    """``http.client`` talking to a proxy on a unix socket, as a sandboxed tool would."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__("egress-proxy", timeout=10)
+        self.path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        sock.connect(str(self.path))
+        self.sock = sock
+        if self._tunnel_host:  # type: ignore[attr-defined]
+            self._tunnel()  # type: ignore[attr-defined]
+
+
+def fetch_via_unix(path: Path, port: int, *, tunnel: bool) -> tuple[int, dict[str, Any]]:
+    conn = UnixHTTPConnection(path)
+    try:
+        if tunnel:
+            conn.set_tunnel("127.0.0.1", port)
+            conn.request("GET", "/through-connect")
+        else:
+            conn.request("GET", f"http://127.0.0.1:{port}/absolute")
+        response = conn.getresponse()
+        return response.status, json.loads(response.read())
+    finally:
+        conn.close()
+
+
+async def test_a_stock_http_client_through_the_unix_socket(
+    audit: InMemoryEgressAudit, web: Upstream, socket_dir: Path
+) -> None:
+    path = socket_dir / "client.sock"
+    async with proxy_session(audit, f"127.0.0.1:{web.port}", unix_path=path):
+        tunnelled = await asyncio.to_thread(fetch_via_unix, path, web.port, tunnel=True)
+        forwarded = await asyncio.to_thread(fetch_via_unix, path, web.port, tunnel=False)
+    assert tunnelled == (200, {"method": "GET", "target": "/through-connect", "size": 0})
+    assert forwarded == (200, {"method": "GET", "target": "/absolute", "size": 0})
+    assert [r.method for r in audit.records] == ["CONNECT", "GET"]
+
+
+async def test_one_proxy_serves_sessions_with_their_own_grants(
+    audit: InMemoryEgressAudit, echo: Upstream, web: Upstream, socket_dir: Path
+) -> None:
+    async with EgressProxy(audit=audit) as proxy:
+        grant_a = make_grant(f"127.0.0.1:{echo.port}", invocation_id="inv-a")
+        grant_b = make_grant(f"127.0.0.1:{web.port}", invocation_id="inv-b")
+        async with (
+            proxy.session(grant_a, unix_path=socket_dir / "a.sock") as a,
+            proxy.session(grant_b, unix_path=socket_dir / "b.sock") as b,
+        ):
+            async with tunnel(a, f"127.0.0.1:{echo.port}") as (reader, writer):
+                await echo_through(reader, writer)
+            assert (await connect_status(b, f"127.0.0.1:{echo.port}"))[0] == 403
+            assert (await connect_status(a, f"127.0.0.1:{web.port}"))[0] == 403
+    assert [(r.invocation_id, r.port, r.decision) for r in audit.records] == [
+        ("inv-a", echo.port, EgressDecision.ALLOWED),
+        ("inv-b", echo.port, EgressDecision.REFUSED),
+        ("inv-a", web.port, EgressDecision.REFUSED),
+    ]
+
+
+async def test_refusal_audits_are_capped_per_session_and_counted(
+    audit: InMemoryEgressAudit,
+) -> None:
+    limits = EgressLimits(max_audited_refusals=2, audit_allowed=False)
+    async with proxy_session(audit, limits=limits) as session:
+        for _ in range(5):
+            assert (await connect_status(session, "example.com:443"))[0] == 403
+        assert session.usage().refused == 5
+    assert len(audit.records) == 2
+
+
+async def test_a_failing_audit_port_breaks_nothing(echo: Upstream) -> None:
+    class BrokenAudit:
+        async def record(self, entry: EgressRecord) -> None:
+            raise ConnectionError("audit topic down")
+
+    target = f"127.0.0.1:{echo.port}"
+    async with (
+        EgressProxy(audit=BrokenAudit()) as proxy,
+        proxy.session(make_grant(target), tcp=True) as session,
+    ):
+        assert (await connect_status(session, "example.com:443"))[0] == 403
+        async with tunnel(session, target) as (reader, writer):
+            await echo_through(reader, writer)
+
+
+async def _if(value: Any, predicate: Any) -> Any:
+    return value if predicate(value) else None

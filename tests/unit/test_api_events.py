@@ -1,0 +1,80 @@
+"""The SSE stream of one invocation, from a scripted sequence of projection reads."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from toolfleet.api.models import InvocationView
+from toolfleet.api.routes.events import follow
+
+pytestmark = pytest.mark.unit
+
+ID = uuid.uuid4()
+NOW = datetime(2026, 11, 24, tzinfo=UTC)
+
+
+def _view(status: str, progress: float = 0, phase: str = "", **kw: Any) -> InvocationView:
+    if progress and status not in {"success", "error"}:
+        kw.setdefault("latest_checkpoint", {"checkpoint_id": f"cp-{progress}"})
+    return InvocationView(
+        invocation_id=ID,
+        tenant_id="t1",
+        tool_id="core__long_running",
+        status=status,  # type: ignore[arg-type]
+        progress_percent=progress,
+        current_phase=phase,
+        created_at=NOW,
+        updated_at=NOW,
+        **kw,
+    )
+
+
+async def _events(views: list[InvocationView]) -> list[tuple[str, dict[str, Any]]]:
+    reads = iter(views[1:])
+    pauses: list[float] = []
+
+    async def read() -> InvocationView | None:
+        return next(reads, None)
+
+    async def pause(seconds: float) -> None:
+        pauses.append(seconds)
+
+    found = []
+    async for frame in follow(read, views[0], pause=pause):
+        lines = dict(line.split(": ", 1) for line in frame.strip().splitlines())
+        found.append((lines["event"], json.loads(lines["data"])))
+    assert len(pauses) == len(views) - 1  # one read per pause, nothing after the end
+    return found
+
+
+async def test_a_call_from_approval_to_its_result() -> None:
+    events = await _events(
+        [
+            _view("pending_approval", phase="awaiting_approval"),
+            _view("pending_approval", phase="awaiting_approval"),
+            _view("running", phase="authorized"),
+            _view("running", 50, "step 5"),
+            _view("running", 50, "step 5"),
+            _view("success", 100, "done", result={"steps": 10}),
+        ]
+    )
+    assert [kind for kind, _ in events] == [
+        "tool_call_start",
+        "approval_pending",
+        "progress",
+        "tool_call_result",
+    ]
+    assert events[2][1]["progress_percent"] == 50
+    assert events[3][1]["result"] == {"steps": 10}
+    assert events[3][1]["status"] == "success"
+
+
+async def test_a_finished_call_is_one_start_and_its_result() -> None:
+    events = await _events([_view("error", error={"code": "timeout", "message": "slow"})])
+    assert [kind for kind, _ in events] == ["tool_call_start", "tool_call_result"]
+    assert events[1][1]["error"]["code"] == "timeout"

@@ -1,0 +1,367 @@
+"""The egress allowlist, the SSRF address checks and the proxy's request parser: pure."""
+
+from __future__ import annotations
+
+import ipaddress
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from toolfleet.errors import ErrorCode, PermissionDenied
+from toolfleet.isolation.egress import (
+    EgressGrant,
+    InvalidNetworkPermission,
+    MalformedRequest,
+    ProxyRequest,
+    is_public_address,
+    parse_host,
+    parse_permission,
+    parse_request_head,
+)
+
+pytestmark = pytest.mark.unit
+
+
+def grant(*entries: str) -> EgressGrant:
+    return EgressGrant.from_permissions(
+        invocation_id="inv-1", tenant_id="t1", network_permissions=entries
+    )
+
+
+def ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    return ipaddress.ip_address(text)
+
+
+# --- grant entries ---------------------------------------------------------------------
+
+
+def test_an_empty_grant_admits_nothing() -> None:
+    g = grant()
+    assert not g.allows_network
+    assert grant("example.com").allows_network
+    assert not g.admits("example.com", 443)
+    assert not g.admits(ip("93.184.216.34"), 443)
+
+
+@pytest.mark.parametrize(
+    ("entry", "host", "port", "admitted"),
+    [
+        ("api.example.com", "api.example.com", 443, True),
+        ("api.example.com", "api.example.com", 80, True),
+        ("api.example.com", "api.example.com", 8443, False),
+        ("API.Example.COM.", "api.example.com", 443, True),
+        ("api.example.com", "example.com", 443, False),
+        ("api.example.com", "x.api.example.com", 443, False),
+        ("api.example.com:8443", "api.example.com", 8443, True),
+        ("api.example.com:8443", "api.example.com", 443, False),
+        ("api.example.com:*", "api.example.com", 22, True),
+        ("*.example.com", "a.example.com", 443, True),
+        ("*.example.com", "a.b.example.com", 443, True),
+        ("*.example.com", "example.com", 443, False),
+        ("*.example.com", "badexample.com", 443, False),
+        ("*.example.com", "a.example.com.evil.net", 443, False),
+        ("*.example.com", "a.example.com", 22, False),
+        ("*.example.com:*", "a.example.com", 22, True),
+        ("*", "anything.net", 443, True),
+        ("*", "anything.net", 22, False),
+        ("*:*", "anything.net", 22, True),
+    ],
+)
+def test_name_entries(entry: str, host: str, port: int, admitted: bool) -> None:
+    assert grant(entry).admits(parse_host(host), port) is admitted
+
+
+@pytest.mark.parametrize(
+    ("entry", "host", "port", "admitted"),
+    [
+        ("93.184.216.34", "93.184.216.34", 443, True),
+        ("93.184.216.34", "93.184.216.35", 443, False),
+        ("127.0.0.1:8080", "127.0.0.1", 8080, True),
+        ("127.0.0.1:8080", "127.0.0.1", 8081, False),
+        ("10.0.0.0/8:5432", "10.20.30.40", 5432, True),
+        ("10.0.0.0/8:5432", "11.0.0.1", 5432, False),
+        ("[2001:db8::1]:443", "[2001:db8::1]", 443, True),
+        ("2001:db8::1", "[2001:db8::1]", 80, True),
+        ("[::1]:*", "[::1]", 9, True),
+    ],
+)
+def test_address_entries(entry: str, host: str, port: int, admitted: bool) -> None:
+    assert grant(entry).admits(parse_host(host), port) is admitted
+
+
+def test_an_address_entry_admits_no_name_and_a_name_entry_no_address() -> None:
+    assert not grant("127.0.0.1:8080").admits("localhost", 8080)
+    assert not grant("127.0.0.1").admits("example.com", 443)
+    assert not grant("localhost:8080").admits(ip("127.0.0.1"), 8080)
+    assert not grant("*.example.com").admits(ip("93.184.216.34"), 443)
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        "",
+        ":443",
+        "example.com:0",
+        "example.com:65536",
+        "example.com:+80",
+        "example.com:http",
+        "ex ample.com",
+        "exa_mple..com",
+        "*.*.example.com",
+        "a.*.example.com",
+        "*example.com",
+        "bücher.de",
+        "10.0.0.1/8",
+        "[example.com]:443",
+        "[::1",
+        "[::1]x",
+        "127.1",
+        "2130706433",
+        "0x7f.0.0.1",
+        "http://example.com",
+        "example.com/path",
+    ],
+)
+def test_malformed_entries_are_refused(entry: str) -> None:
+    with pytest.raises(ValueError):  # noqa: PT011 - the parser says only "malformed"
+        parse_permission(entry)
+
+
+def test_one_malformed_entry_refuses_the_grant_without_quoting_it() -> None:
+    with pytest.raises(InvalidNetworkPermission) as info:
+        grant("api.example.com", "sk-live-not-a-host!")
+    assert isinstance(info.value, PermissionDenied)
+    assert info.value.code is ErrorCode.PERMISSION_DENIED
+    assert "entry 1" in str(info.value)
+    assert "sk-live" not in str(info.value)
+
+
+@given(st.text(max_size=80))
+def test_any_entry_parses_or_raises_value_error(entry: str) -> None:
+    try:
+        rule = parse_permission(entry)
+    except ValueError:
+        return
+    assert rule.kind in {"name", "suffix", "any", "address"}
+
+
+# --- SSRF: which addresses are public ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "address",
+    [
+        "127.0.0.1",
+        "127.8.9.10",
+        "0.0.0.0",
+        "10.1.2.3",
+        "172.16.0.1",
+        "192.168.1.1",
+        "100.64.0.1",
+        "169.254.169.254",  # cloud metadata
+        "100.100.100.200",  # Alibaba metadata
+        "169.254.1.1",
+        "224.0.0.1",
+        "239.255.255.250",
+        "255.255.255.255",
+        "240.0.0.1",
+        "::",
+        "::1",
+        "fe80::1",
+        "fc00::1",
+        "fd00:ec2::254",  # AWS metadata over IPv6
+        "ff02::1",
+        "ff0e::1",
+        "::ffff:127.0.0.1",
+        "::ffff:169.254.169.254",
+        "2002:7f00:1::",  # 6to4 of 127.0.0.1
+        "2002:a9fe:a9fe::",  # 6to4 of 169.254.169.254
+        "64:ff9b::7f00:1",  # NAT64 of 127.0.0.1
+        "64:ff9b::a00:1",  # NAT64 of 10.0.0.1
+    ],
+)
+def test_non_public_addresses(address: str) -> None:
+    assert not is_public_address(ip(address))
+
+
+@pytest.mark.parametrize(
+    "address", ["93.184.216.34", "8.8.8.8", "1.1.1.1", "2606:4700:4700::1111", "64:ff9b::808:808"]
+)
+def test_public_addresses(address: str) -> None:
+    assert is_public_address(ip(address))
+
+
+def test_a_name_grant_never_reaches_loopback_or_metadata() -> None:
+    g = grant("api.example.com", "*.example.com", "*")
+    assert g.reachable([ip("127.0.0.1")], 443) == ()
+    assert g.reachable([ip("169.254.169.254")], 80) == ()
+    assert g.reachable([ip("::1"), ip("10.0.0.1")], 443) == ()
+
+
+def test_a_non_public_address_is_reachable_when_the_grant_names_it() -> None:
+    g = grant("svc.internal:8080", "127.0.0.1:8080", "10.0.0.0/8:5432")
+    assert g.reachable([ip("127.0.0.1")], 8080) == (ip("127.0.0.1"),)
+    assert g.reachable([ip("127.0.0.1")], 8081) == ()
+    assert g.reachable([ip("10.9.9.9")], 5432) == (ip("10.9.9.9"),)
+    assert g.reachable([ip("::1")], 8080) == ()
+
+
+def test_only_checked_addresses_are_kept_in_order() -> None:
+    g = grant("api.example.com")
+    found = [ip("127.0.0.1"), ip("93.184.216.34"), ip("169.254.169.254"), ip("8.8.8.8")]
+    assert g.reachable(found, 443) == (ip("93.184.216.34"), ip("8.8.8.8"))
+
+
+# --- targets ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("Example.COM", "example.com"),
+        ("example.com.", "example.com"),
+        ("xn--bcher-kva.de", "xn--bcher-kva.de"),
+        ("127.0.0.1", ip("127.0.0.1")),
+        ("[::1]", ip("::1")),
+        ("::1", ip("::1")),
+    ],
+)
+def test_hosts_are_normalized(text: str, expected: object) -> None:
+    assert parse_host(text) == expected
+
+
+@pytest.mark.parametrize(
+    "text", ["127.1", "2130706433", "0x7f000001", "0177.0.0.1", "[127.0.0.1]", "a..b", "", "a b"]
+)
+def test_ambiguous_hosts_are_refused(text: str) -> None:
+    with pytest.raises(ValueError):  # noqa: PT011
+        parse_host(text)
+
+
+# --- request heads ------------------------------------------------------------------------
+
+
+def head(*lines: str) -> bytes:
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+
+def test_connect_head() -> None:
+    request = parse_request_head(head("CONNECT API.example.com:443 HTTP/1.1", "Host: x"))
+    assert request == ProxyRequest(
+        method="CONNECT", host="api.example.com", port=443, headers=(("host", "x"),)
+    )
+    v6 = parse_request_head(head("CONNECT [2001:db8::1]:8443 HTTP/1.1"))
+    assert (v6.host, v6.port) == (ip("2001:db8::1"), 8443)
+
+
+def test_absolute_uri_head() -> None:
+    request = parse_request_head(head("GET http://example.com/a/b?c=d#frag HTTP/1.1"))
+    assert (request.method, request.host, request.port, request.target) == (
+        "GET",
+        "example.com",
+        80,
+        "/a/b?c=d",
+    )
+    assert parse_request_head(head("GET http://example.com HTTP/1.0")).target == "/"
+    assert parse_request_head(head("GET http://example.com?x=1 HTTP/1.1")).target == "/?x=1"
+    other = parse_request_head(head("POST HTTP://[::1]:8080/x HTTP/1.1"))
+    assert (other.host, other.port, other.authority) == (ip("::1"), 8080, "[::1]:8080")
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        head("GET /relative HTTP/1.1"),
+        head("GET https://example.com/ HTTP/1.1"),
+        head("GET ftp://example.com/ HTTP/1.1"),
+        head("GET http://user:pw@example.com/ HTTP/1.1"),
+        head("GET http://example.com/ HTTP/2.0"),
+        head("GET http://example.com/ http/1.1"),
+        head("GET  http://example.com/ HTTP/1.1"),
+        head("GET http://example.com/"),
+        head("CONNECT example.com HTTP/1.1"),
+        head("CONNECT example.com:99999 HTTP/1.1"),
+        head("CONNECT 127.1:80 HTTP/1.1"),
+        head("CONNECT [::1:80 HTTP/1.1"),
+        head("G(ET http://example.com/ HTTP/1.1"),
+        head("GET http://exa\x01mple.com/ HTTP/1.1"),
+        head("GET http://example.com/ HTTP/1.1", "Bad Name: x"),
+        head("GET http://example.com/ HTTP/1.1", "NoColon"),
+        head("GET http://example.com/ HTTP/1.1", "X: a", " folded"),
+        head("GET http://example.com/ HTTP/1.1", "X: a\x00b"),
+        head("GET http://example.com/ HTTP/1.1", "X: a\nInjected: b"),
+        head("GET http://example.com/ HTTP/1.1", *[f"X{i}: y" for i in range(101)]),
+        b"GET http://example.com/ HTTP/1.1\n\n",
+        b"\r\n\r\n",
+        b"\xff\xfe\r\n\r\n",
+    ],
+)
+def test_malformed_heads(raw: bytes) -> None:
+    with pytest.raises(MalformedRequest):
+        parse_request_head(raw)
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        ("Content-Length: 5", "Transfer-Encoding: chunked"),
+        ("Content-Length: 5", "Content-Length: 6"),
+        ("Content-Length: -1",),
+        ("Content-Length: 0x10",),
+        ("Transfer-Encoding: gzip",),
+        ("Transfer-Encoding: gzip, chunked",),
+        ("Transfer-Encoding: chunked", "Transfer-Encoding: chunked"),
+    ],
+)
+def test_ambiguous_body_framing_is_malformed(fields: tuple[str, ...]) -> None:
+    request = parse_request_head(head("POST http://example.com/ HTTP/1.1", *fields))
+    with pytest.raises(MalformedRequest):
+        request.framing()
+
+
+def test_body_framing() -> None:
+    def framing(*fields: str) -> object:
+        return parse_request_head(head("POST http://example.com/ HTTP/1.1", *fields)).framing()
+
+    assert framing() == 0
+    assert framing("Content-Length: 12") == 12
+    assert framing("Content-Length: 12", "Content-Length: 12") == 12
+    assert framing("Transfer-Encoding: Chunked") == "chunked"
+
+
+def test_upstream_head_strips_hop_by_hop_and_proxy_credentials() -> None:
+    request = parse_request_head(
+        head(
+            "POST http://api.example.com:8080/v1?q=1 HTTP/1.1",
+            "Host: evil.internal",
+            "Proxy-Authorization: Basic c2VjcmV0",
+            "Proxy-Connection: keep-alive",
+            "Connection: keep-alive, X-Hop",
+            "Keep-Alive: timeout=5",
+            "X-Hop: dropped",
+            "TE: trailers",
+            "Upgrade: websocket",
+            "Expect: 100-continue",
+            "Authorization: Bearer end-to-end",
+            "Content-Length: 3",
+        )
+    )
+    assert request.expects_continue
+    assert request.upstream_head() == head(
+        "POST /v1?q=1 HTTP/1.1",
+        "Host: api.example.com:8080",
+        "authorization: Bearer end-to-end",
+        "content-length: 3",
+        "Connection: close",
+    )
+
+
+@given(st.binary(max_size=300))
+def test_any_bytes_parse_or_are_malformed(raw: bytes) -> None:
+    try:
+        request = parse_request_head(raw + b"\r\n\r\n")
+        request.framing()
+        request.upstream_head()
+    except MalformedRequest:
+        pass

@@ -1,0 +1,133 @@
+"""Call identity read from events: W3C trace context, the trace a request starts, ids."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from toolfleet.events.envelope import Envelope, new_event
+from toolfleet.events.identity import (
+    derived_traceparent,
+    invocation_id_of,
+    invocation_uuid,
+    parse_traceparent,
+    tenant_of,
+    trace_id_of,
+    valid_traceparent,
+    with_trace,
+)
+from toolfleet.events.types import EventType, Source
+
+pytestmark = pytest.mark.unit
+
+TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
+REQUEST = f"00-{TRACE_ID}-00f067aa0ba902b7-01"
+
+
+def _request(**attrs: str | None) -> Envelope:
+    return Envelope.model_validate(
+        {
+            "id": "evt-1",
+            "source": "/agents/a1",
+            "type": EventType.INVOKE_REQUESTED,
+            "tenantid": "t1",
+            "data": {"tool_id": "core__echo"},
+            **attrs,
+        }
+    )
+
+
+def test_a_valid_traceparent_is_parsed() -> None:
+    parsed = parse_traceparent(REQUEST)
+    assert parsed is not None
+    assert (parsed.trace_id, parsed.parent_id, parsed.flags) == (TRACE_ID, "00f067aa0ba902b7", "01")
+    assert str(parsed) == REQUEST
+    assert trace_id_of(REQUEST) == TRACE_ID
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        None,
+        "",
+        "garbage",
+        f"00-{TRACE_ID}-00f067aa0ba902b7",  # no flags
+        f"00-{TRACE_ID.upper()}-00f067aa0ba902b7-01",  # upper-case hex
+        f"00-{'0' * 32}-00f067aa0ba902b7-01",  # all-zero trace id
+        f"00-{TRACE_ID}-{'0' * 16}-01",  # all-zero parent id
+        f"ff-{TRACE_ID}-00f067aa0ba902b7-01",  # forbidden version
+        f"{REQUEST}-extra",  # version 00 takes nothing more
+    ],
+)
+def test_an_invalid_traceparent_is_none(value: str | None) -> None:
+    assert parse_traceparent(value) is None
+    assert trace_id_of(value) is None
+    assert valid_traceparent(value) is None
+
+
+def test_a_later_version_is_read_as_version_00() -> None:
+    assert valid_traceparent(f"01-{TRACE_ID}-00f067aa0ba902b7-01-more") == REQUEST
+
+
+def test_a_request_without_traceparent_starts_a_trace_of_its_own() -> None:
+    traced = with_trace(_request())
+    assert traced.traceparent == derived_traceparent("/agents/a1", "evt-1")
+    assert trace_id_of(traced.traceparent) is not None
+    # Every reader of it, a redelivery included, names the same trace.
+    assert with_trace(_request()).traceparent == traced.traceparent
+    # Another event, another trace.
+    assert trace_id_of(with_trace(_request(id="evt-2")).traceparent) != trace_id_of(
+        traced.traceparent
+    )
+
+
+def test_an_invalid_traceparent_is_replaced_with_its_tracestate() -> None:
+    traced = with_trace(_request(traceparent="00-nope", tracestate="vendor=1"))
+    assert traced.traceparent == derived_traceparent("/agents/a1", "evt-1")
+    assert traced.tracestate is None
+
+
+def test_a_request_with_a_trace_keeps_it() -> None:
+    event = _request(traceparent=REQUEST, tracestate="vendor=1")
+    assert with_trace(event) is event
+
+
+def test_events_derived_from_a_traced_request_carry_its_trace() -> None:
+    traced = with_trace(_request())
+    child = new_event(
+        event_type=EventType.INVOKE_AUTHORIZED,
+        source=Source.POLICY,
+        data={},
+        tenant_id="t1",
+        invocation_id="i1",
+        parent=traced,
+    )
+    assert child.traceparent == traced.traceparent
+
+
+@given(source=st.text(min_size=1, max_size=80), event_id=st.text(min_size=1, max_size=80))
+def test_every_derived_traceparent_is_valid_w3c(source: str, event_id: str) -> None:
+    derived = derived_traceparent(source, event_id)
+    assert valid_traceparent(derived) == derived
+
+
+def test_invocation_ids_are_uuids_and_non_uuids_map_stably() -> None:
+    uid = "6a1f3c1e-0000-4000-8000-000000000001"
+    assert invocation_uuid(uid.upper()) == uid
+    assert invocation_uuid("not-a-uuid") == invocation_uuid("not-a-uuid")
+    assert invocation_uuid("not-a-uuid") != invocation_uuid("not-a-uuid-2")
+
+
+def test_a_request_without_invocation_id_is_named_by_its_event_id() -> None:
+    assert invocation_id_of(_request()) == invocation_uuid("evt-1")
+    named = _request(invocationid="x" * 300)
+    assert invocation_id_of(named) == invocation_uuid("x" * 256)
+
+
+def test_the_tenant_is_read_from_the_attribute_then_the_data() -> None:
+    assert tenant_of(_request()) == "t1"
+    bare = _request(tenantid=None).model_copy(
+        update={"data": {"agent_context": {"tenant_id": "t2"}}}
+    )
+    assert tenant_of(bare) == "t2"

@@ -1,0 +1,178 @@
+"""Policy's control path over in-memory ports: only signed decisions change a parked call."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any, cast
+
+import pytest
+
+from toolfleet.auth.control import ControlSigner, ControlVerifier, control_claims
+from toolfleet.auth.revocation import MemoryRevocationList
+from toolfleet.events.envelope import Envelope, new_event
+from toolfleet.events.models import (
+    AgentContext,
+    ApprovalDecision,
+    CancelRequested,
+    Effect,
+    InvokeAuthorized,
+)
+from toolfleet.events.types import EventType, Source, TopicName
+from toolfleet.policy.service import PendingApproval, PolicyService
+
+pytestmark = pytest.mark.unit
+
+KEY = b"g" * 32
+TENANT = "t_acme"
+DIGEST = "e" * 64
+
+
+@dataclass
+class Approvals:
+    waiting: dict[str, PendingApproval] = field(default_factory=dict)
+
+    async def put(self, invocation_id: str, pending: PendingApproval, ttl_s: int) -> None:
+        self.waiting[invocation_id] = pending
+
+    async def peek(self, invocation_id: str) -> PendingApproval | None:
+        return self.waiting.get(invocation_id)
+
+    async def take(self, invocation_id: str) -> PendingApproval | None:
+        return self.waiting.pop(invocation_id, None)
+
+
+@dataclass
+class Cancels:
+    requested: set[str] = field(default_factory=set)
+
+    async def request(self, invocation_id: str) -> None:
+        self.requested.add(invocation_id)
+
+    async def is_requested(self, invocation_id: str) -> bool:
+        return invocation_id in self.requested
+
+
+def _service(
+    approvals: Approvals, cancels: Cancels, revocations: MemoryRevocationList
+) -> PolicyService:
+    unused = cast(Any, None)  # the control path never resolves tools or verifies tokens
+    return PolicyService(
+        lookup=unused,
+        verifier=None,
+        policies=unused,
+        schemas=unused,
+        approvals=approvals,
+        cancels=cancels,
+        limiter=unused,
+        idempotency=unused,
+        revocations=revocations,
+        control=ControlVerifier([KEY]),
+    )
+
+
+def _parked(approvals: Approvals) -> str:
+    invocation_id = uuid.uuid4()
+    approvals.waiting[str(invocation_id)] = PendingApproval(
+        authorized=InvokeAuthorized(
+            invocation_id=invocation_id,
+            tool_id="core__echo",
+            tool_version="1.0.0",
+            requested_version="*",
+            agent_context=AgentContext(agent_did="did:agent:a", tenant_id=TENANT),
+            parameters={"message": "hi"},
+            effect=Effect.EXTERNAL_SIDE_EFFECT,
+            timeout_seconds=30,
+            requested_at=datetime.now(UTC),
+        ),
+        parameters_hash=DIGEST,
+        expires_at=datetime.now(UTC) + timedelta(hours=1),
+        tenant_id=TENANT,
+        traceparent=None,
+        authid="did:agent:a",
+        capability_jti="cap-1",
+    )
+    return str(invocation_id)
+
+
+def _control(
+    event_type: EventType, data: ApprovalDecision | CancelRequested, *, key: bytes | None = KEY
+) -> Envelope:
+    if key is not None:
+        signature = ControlSigner(key).sign(control_claims(event_type, data))
+        data = data.model_copy(update={"signature": signature})
+    return new_event(
+        event_type=event_type,
+        source=Source.API,
+        data=data,
+        tenant_id=data.tenant_id,
+        invocation_id=str(data.invocation_id),
+    )
+
+
+def _approval(invocation_id: str, **over: Any) -> ApprovalDecision:
+    fields: dict[str, Any] = {
+        "invocation_id": uuid.UUID(invocation_id),
+        "tenant_id": TENANT,
+        "approver": "did:user:alice",
+        "parameters_hash": DIGEST,
+        **over,
+    }
+    return ApprovalDecision(**fields)
+
+
+async def test_unsigned_forged_and_tampered_decisions_are_refused_and_change_nothing() -> None:
+    approvals, cancels = Approvals(), Cancels()
+    service = _service(approvals, cancels, MemoryRevocationList())
+    invocation_id = _parked(approvals)
+    signed = _control(EventType.APPROVAL_GRANTED, _approval(invocation_id))
+    tampered = signed.model_copy(update={"data": {**signed.data, "approver": "did:user:eve"}})
+    attempts = [
+        _control(EventType.APPROVAL_GRANTED, _approval(invocation_id), key=None),
+        _control(EventType.APPROVAL_GRANTED, _approval(invocation_id), key=b"x" * 32),
+        tampered,
+        _control(
+            EventType.CANCEL_REQUESTED,
+            CancelRequested(invocation_id=uuid.UUID(invocation_id), tenant_id=TENANT),
+            key=None,
+        ),
+    ]
+    for attempt in attempts:
+        ((topic, refusal),) = await service.on_control(attempt, TENANT.encode())
+        assert (topic, refusal.type) == (TopicName.EVENTS, EventType.CONTROL_REFUSED)
+        assert refusal.data["refused_event_id"] == attempt.id
+        assert refusal.authtype is None
+    assert invocation_id in approvals.waiting
+    assert not cancels.requested  # an unsigned cancel does not even flag the call
+
+    ((topic, authorized),) = await service.on_control(signed, TENANT.encode())
+    assert (topic, authorized.type) == (TopicName.AUTHORIZED, EventType.INVOKE_AUTHORIZED)
+    assert invocation_id not in approvals.waiting
+
+
+async def test_an_approval_of_a_revoked_requester_is_permission_denied() -> None:
+    approvals, revocations = Approvals(), MemoryRevocationList()
+    service = _service(approvals, Cancels(), revocations)
+    invocation_id = _parked(approvals)
+    await revocations.revoke("cap-1", ttl_s=60)
+    ((topic, outcome),) = await service.on_control(
+        _control(EventType.APPROVAL_GRANTED, _approval(invocation_id)), TENANT.encode()
+    )
+    assert (topic, outcome.type) == (TopicName.RESULTS, EventType.FAILED)
+    assert outcome.data["status"] == "permission_denied"
+    assert outcome.data["error"]["code"] == "permission_denied"
+    assert invocation_id not in approvals.waiting
+
+
+async def test_without_a_key_every_control_event_is_refused() -> None:
+    approvals = Approvals()
+    service = _service(approvals, Cancels(), MemoryRevocationList())
+    service.control = None
+    invocation_id = _parked(approvals)
+    ((_, refusal),) = await service.on_control(
+        _control(EventType.APPROVAL_GRANTED, _approval(invocation_id)), TENANT.encode()
+    )
+    assert refusal.type == EventType.CONTROL_REFUSED
+    assert "no control signing key" in refusal.data["reason"]
+    assert invocation_id in approvals.waiting

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -70,9 +71,9 @@ def own_redis_url(redis_server_url: str) -> Iterator[str]:
         yield url
 
 
-@pytest.fixture(scope="session")
-async def database_url(postgres_admin_url: str) -> AsyncIterator[str]:
-    """A fresh, migrated database for this test session, dropped at the end."""
+@contextlib.asynccontextmanager
+async def fresh_database(postgres_admin_url: str) -> AsyncIterator[str]:
+    """A new, migrated database, dropped on exit."""
     name = f"toolfleet_test_{uuid.uuid4().hex[:12]}"
     admin = await asyncpg.connect(postgres_admin_url)
     try:
@@ -83,12 +84,36 @@ async def database_url(postgres_admin_url: str) -> AsyncIterator[str]:
     pool = await create_pool(url)
     await migrate(pool)
     await pool.close()
-    yield url
-    admin = await asyncpg.connect(postgres_admin_url)
     try:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        yield url
     finally:
-        await admin.close()
+        admin = await asyncpg.connect(postgres_admin_url)
+        try:
+            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        finally:
+            await admin.close()
+
+
+@pytest.fixture(scope="module")
+def module_redis_url(redis_server_url: str) -> Iterator[str]:
+    """A Redis database of this module's own, paired with :func:`module_database_url`."""
+    with claimed_redis_database(redis_server_url) as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+async def database_url(postgres_admin_url: str) -> AsyncIterator[str]:
+    """A fresh, migrated database for this test session, dropped at the end."""
+    async with fresh_database(postgres_admin_url) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+async def module_database_url(postgres_admin_url: str) -> AsyncIterator[str]:
+    """A database of this module's own, for tests whose assertions cover a whole table
+    (a catalog with no wildcard policy in it, say) and so must not see other modules' rows."""
+    async with fresh_database(postgres_admin_url) as url:
+        yield url
 
 
 @pytest.fixture

@@ -35,9 +35,21 @@ def keys(tmp_path_factory: pytest.TempPathFactory) -> tuple[bytes, bytes, Path, 
 
 
 @pytest.fixture(scope="module")
-def api_settings(settings: FleetSettings, keys: tuple[bytes, bytes, Path, Path]) -> ApiSettings:
+def api_settings(
+    settings: FleetSettings,
+    module_database_url: str,
+    module_redis_url: str,
+    keys: tuple[bytes, bytes, Path, Path],
+) -> ApiSettings:
+    # A fleet of its own (database and Redis): the catalog assertions cover every policy,
+    # and the pipeline tests seed a wildcard tenant policy into the session's fleet.
     fleet = settings.model_copy(
-        update={"jwt_private_key_file": keys[2], "jwt_public_key_file": keys[3]}
+        update={
+            "database_url": module_database_url,
+            "redis_url": module_redis_url,
+            "jwt_private_key_file": keys[2],
+            "jwt_public_key_file": keys[3],
+        }
     )
     return ApiSettings(**fleet.model_dump())
 

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Protocol
 
 import semver
@@ -52,9 +53,16 @@ class ResolvedTool:
 class ToolLookup:
     """Version resolution over the registry; versions are cached for ``ttl_s`` seconds."""
 
-    def __init__(self, source: ManifestSource, *, ttl_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        source: ManifestSource,
+        *,
+        ttl_s: float = 5.0,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
         self._source = source
         self._ttl_s = ttl_s
+        self._clock = clock
         self._cache: dict[str, tuple[float, list[ToolManifest]]] = {}
 
     async def versions(self, tool_id: str) -> list[ToolManifest]:
@@ -67,7 +75,11 @@ class ToolLookup:
             self._cache[tool_id] = (now, found)
         return found
 
-    async def resolve(self, tool_id: str, spec: str) -> ResolvedTool:
+    async def resolve(
+        self, tool_id: str, spec: str, *, pinned: frozenset[str] = frozenset()
+    ) -> ResolvedTool:
+        """The version ``spec`` names; sunset versions only if in ``pinned`` (see
+        :func:`~toolfleet.registry.versions.resolve`)."""
         manifests = await self.versions(tool_id)
         if not manifests:
             raise ToolNotFound(
@@ -81,9 +93,13 @@ class ToolLookup:
                     version=m.version,
                     state=m.lifecycle_state,
                     deprecation_message=m.deprecation_message,
+                    sunset_date=m.sunset_date,
+                    deprecated_in_favor_of=m.deprecated_in_favor_of,
                 )
                 for m in manifests
             ],
+            now=self._clock(),
+            pinned=pinned,
         )
         manifest = next(m for m in manifests if m.version == resolution.version)
         return ResolvedTool(manifest=manifest, warnings=resolution.warnings)

@@ -1,21 +1,120 @@
-"""What the registry stores about one tool version (no I/O)."""
+"""What the registry stores about one tool version (no I/O).
+
+A manifest is what an executor registers (id, version, schemas, effect, what the tool
+needs and how it is run) plus the lifecycle operators change later (state, dates,
+successor). ``schemas/manifest.json`` is generated from :class:`ToolManifest`.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
+from datetime import datetime
 from enum import StrEnum
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from toolfleet.events.models import TOOL_ID_PATTERN, Effect
 
 
 class LifecycleState(StrEnum):
+    """Where a version is in its life: ``active → deprecated → sunset → removed``."""
+
     ACTIVE = "active"
+    """Resolved normally."""
     DEPRECATED = "deprecated"
+    """Still runs; every call's outcome carries a warning naming the successor and date."""
+    SUNSET = "sunset"
+    """Runs only for tenants whose policy pins this exact version; else ``tool_removed``."""
     REMOVED = "removed"
+    """Never runs and is hidden from lists."""
+
+
+#: The order of the states: a version only ever moves forward.
+LIFECYCLE_ORDER: tuple[LifecycleState, ...] = tuple(LifecycleState)
+
+
+class SourceType(StrEnum):
+    """Where a tool's code lives."""
+
+    NATIVE = "native"
+    """A ``@tool`` function in the executor's process."""
+    MCP = "mcp"
+    """A tool of a registered MCP server."""
+    HTTP = "http"
+    """An HTTP endpoint described by a manifest."""
+    COMMAND = "command"
+    """A command line run in the sandbox."""
+
+
+class ToolCategory(StrEnum):
+    """The fixed set of categories; free-form grouping goes in ``tags``."""
+
+    CORE = "core"
+    GENERAL = "general"
+    DATA = "data"
+    SEARCH = "search"
+    WEB = "web"
+    FILES = "files"
+    COMMUNICATION = "communication"
+    COMPUTE = "compute"
+    DEVELOPER = "developer"
+    FINANCE = "finance"
+    KNOWLEDGE = "knowledge"
+    MEDIA = "media"
+    PRODUCTIVITY = "productivity"
+    SECURITY = "security"
+    TEST = "test"
+
+
+class _Part(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class FilesystemAccess(_Part):
+    path: str = Field(min_length=1, max_length=1024)
+    """A path or glob inside the tool's sandbox."""
+    access: Literal["read", "write"] = "read"
+
+
+class ToolPermissions(_Part):
+    """What the tool reaches outside its own process."""
+
+    filesystem: list[FilesystemAccess] = Field(default_factory=list)
+    network: list[str] = Field(default_factory=list)
+    """Hosts (``api.example.com``, ``*.example.com``) the tool connects to; empty: none."""
+    credentials: list[str] = Field(default_factory=list)
+    """Named credentials; a call must then carry a ``connection_id``."""
+
+
+class RetrySettings(_Part):
+    """Retries of retryable errors, with exponential backoff and full jitter."""
+
+    max_attempts: int = Field(default=1, ge=1)
+    """Attempts in all (1: no retries)."""
+    initial_backoff_s: float = Field(default=0.2, ge=0)
+    max_backoff_s: float = Field(default=5.0, ge=0)
+
+
+class CircuitSettings(_Part):
+    """The circuit breaker the tool's calls go through."""
+
+    name: str = ""
+    """Circuit name (empty: the tool id); tools calling one upstream may share it."""
+    failure_rate: float = Field(default=0.5, gt=0, le=1)
+    minimum_calls: int = Field(default=5, ge=1)
+    window_size: int = Field(default=20, ge=1)
+    slow_call_s: float = Field(default=10.0, gt=0)
+    open_s: float = Field(default=30.0, gt=0)
+    half_open_calls: int = Field(default=3, ge=1)
+
+
+class ResourceDefaults(_Part):
+    """Limits a call runs under unless its request asks for less."""
+
+    cpu_millicore_limit: int | None = Field(default=None, ge=1)
+    memory_mb_limit: int | None = Field(default=None, ge=1)
 
 
 class ToolManifest(BaseModel):
@@ -27,16 +126,41 @@ class ToolManifest(BaseModel):
     version: str
     effect: Effect
     description: str = ""
-    category: str = "general"
+    category: ToolCategory = ToolCategory.GENERAL
     tags: list[str] = Field(default_factory=list)
+    source_type: SourceType = SourceType.NATIVE
     input_schema: dict[str, Any]
     output_schema: dict[str, Any]
     redaction_allowlist: list[str]
     timeout_seconds: float = Field(gt=0)
     credentials: list[str] = Field(default_factory=list)
-    """Named credentials the tool needs; a call must then carry a ``connection_id``."""
+    """Named credentials the tool needs (the same list as ``permissions.credentials``)."""
+    permissions: ToolPermissions = Field(default_factory=ToolPermissions)
+    retry_policy: RetrySettings = Field(default_factory=RetrySettings)
+    circuit: CircuitSettings = Field(default_factory=CircuitSettings)
+    requires_approval: bool = False
+    """Every call waits for an approver, whatever the tenant's policy says."""
+    resource_defaults: ResourceDefaults = Field(default_factory=ResourceDefaults)
     lifecycle_state: LifecycleState = LifecycleState.ACTIVE
     deprecation_message: str | None = None
+    deprecation_date: datetime | None = None
+    """When the version was deprecated."""
+    sunset_date: datetime | None = None
+    """From when only tenants pinning it may call it (past it, a deprecated version is
+    sunset)."""
+    deprecated_in_favor_of: str | None = None
+    """The successor: a version of this tool (``2.0.0``) or another tool (``acme__x@1.0.0``)."""
+
+    @model_validator(mode="after")
+    def _one_credentials_list(self) -> ToolManifest:
+        # ``credentials`` predates ``permissions``: either spelling declares the same list.
+        merged = sorted(set(self.credentials) | set(self.permissions.credentials))
+        if merged != sorted(self.credentials) or merged != sorted(self.permissions.credentials):
+            object.__setattr__(self, "credentials", merged)
+            object.__setattr__(
+                self, "permissions", self.permissions.model_copy(update={"credentials": merged})
+            )
+        return self
 
     @property
     def namespace(self) -> str:
@@ -46,6 +170,19 @@ class ToolManifest(BaseModel):
     def schema_hash(self) -> str:
         """Identity of the contract of this version: same id+version must keep it."""
         return schema_hash(self.input_schema, self.output_schema, self.effect)
+
+    def state_at(self, now: datetime) -> LifecycleState:
+        """The lifecycle state in force at ``now`` (a passed sunset date sunsets)."""
+        return effective_state(self.lifecycle_state, self.sunset_date, now)
+
+
+def effective_state(
+    state: LifecycleState, sunset_date: datetime | None, now: datetime
+) -> LifecycleState:
+    """``state`` as of ``now``: deprecated and sunset versions follow their sunset date."""
+    if state in {LifecycleState.DEPRECATED, LifecycleState.SUNSET} and sunset_date is not None:
+        return LifecycleState.SUNSET if sunset_date <= now else LifecycleState.DEPRECATED
+    return state
 
 
 def schema_hash(input_schema: dict[str, Any], output_schema: dict[str, Any], effect: str) -> str:

@@ -1,18 +1,21 @@
 """Semver resolution of a requested version (``1.2.3``, ``^1.2``, ``~1.2``, ``*``).
 
 Pure logic. The newest active version in range wins; a deprecated one is used only
-when no active one matches, with a warning; a removed one is never used.
+when no active one matches, with a warning naming its successor and sunset date; a
+sunset one only when the tenant's policy pins that exact version (with a warning); a
+removed one never.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 
 import semver
 
 from toolfleet.errors import ToolRemoved, ToolVersionNotFound
-from toolfleet.registry.manifest import LifecycleState
+from toolfleet.registry.manifest import LifecycleState, effective_state
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -20,6 +23,11 @@ class VersionInfo:
     version: str
     state: LifecycleState
     deprecation_message: str | None = None
+    sunset_date: datetime | None = None
+    deprecated_in_favor_of: str | None = None
+
+    def state_at(self, now: datetime | None) -> LifecycleState:
+        return self.state if now is None else effective_state(self.state, self.sunset_date, now)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -103,8 +111,28 @@ def is_valid_spec(spec: str) -> bool:
     return True
 
 
-def resolve(tool_id: str, spec: str, available: Sequence[VersionInfo]) -> Resolution:
-    """Pick the version ``spec`` names among ``available``."""
+def exact_version(spec: str) -> str | None:
+    """The one version ``spec`` names exactly (``1.2.3``, ``=1.2.3``, ``==1.2.3``), else None."""
+    text = spec.strip().lstrip("=").strip()
+    try:
+        return str(_parse(text))
+    except ValueError:
+        return None
+
+
+def resolve(
+    tool_id: str,
+    spec: str,
+    available: Sequence[VersionInfo],
+    *,
+    now: datetime | None = None,
+    pinned: frozenset[str] = frozenset(),
+) -> Resolution:
+    """Pick the version ``spec`` names among ``available``.
+
+    ``now`` applies sunset dates (``None``: states as stored); ``pinned`` holds the exact
+    versions the tenant's policy pins, the only sunset versions that may still run.
+    """
     if not is_valid_spec(spec):
         raise ToolVersionNotFound(
             f"{spec!r} is not a version or range", details={"tool_id": tool_id}
@@ -125,28 +153,66 @@ def resolve(tool_id: str, spec: str, available: Sequence[VersionInfo]) -> Resolu
                 ],
             },
         )
-    for state in (LifecycleState.ACTIVE, LifecycleState.DEPRECATED):
+    for state in (LifecycleState.ACTIVE, LifecycleState.DEPRECATED, LifecycleState.SUNSET):
         for info in candidates:
-            if info.state is state:
-                return Resolution(
-                    version=info.version, warnings=_warnings(tool_id, info, available)
-                )
+            if info.state_at(now) is not state:
+                continue
+            if state is LifecycleState.SUNSET and info.version not in pinned:
+                continue
+            return Resolution(
+                version=info.version, warnings=_warnings(tool_id, info, available, now)
+            )
+    newest = candidates[0]
+    gone = "has been removed"
+    if newest.state_at(now) is LifecycleState.SUNSET:
+        gone = "is past its sunset date" + _on(newest.sunset_date)
     raise ToolRemoved(
-        f"{tool_id}@{candidates[0].version} has been removed",
+        f"{tool_id}@{newest.version} {gone}{_successor_hint(newest, available, now)}",
         details={"tool_id": tool_id, "requested": spec},
     )
 
 
-def _warnings(tool_id: str, chosen: VersionInfo, available: Sequence[VersionInfo]) -> list[str]:
-    if chosen.state is not LifecycleState.DEPRECATED:
-        return []
+def _on(when: datetime | None) -> str:
+    return f" ({when.date().isoformat()})" if when is not None else ""
+
+
+def _successor(
+    chosen: VersionInfo, available: Sequence[VersionInfo], now: datetime | None
+) -> str | None:
+    if chosen.deprecated_in_favor_of:
+        return chosen.deprecated_in_favor_of
     newest = max(
-        (i for i in available if i.state is LifecycleState.ACTIVE),
+        (i for i in available if i.state_at(now) is LifecycleState.ACTIVE),
         key=lambda i: _parse(i.version),
         default=None,
     )
-    hint = f"; use {newest.version}" if newest else ""
-    text = f"tool {tool_id}@{chosen.version} is deprecated{hint}"
+    return newest.version if newest is not None else None
+
+
+def _successor_hint(
+    chosen: VersionInfo, available: Sequence[VersionInfo], now: datetime | None
+) -> str:
+    successor = _successor(chosen, available, now)
+    return f"; use {successor}" if successor else ""
+
+
+def _warnings(
+    tool_id: str, chosen: VersionInfo, available: Sequence[VersionInfo], now: datetime | None
+) -> list[str]:
+    state = chosen.state_at(now)
+    if state is LifecycleState.DEPRECATED:
+        text = f"tool {tool_id}@{chosen.version} is deprecated"
+        text += _successor_hint(chosen, available, now)
+        if chosen.sunset_date is not None:
+            text += f"; sunset on {chosen.sunset_date.date().isoformat()}"
+    elif state is LifecycleState.SUNSET:
+        text = (
+            f"tool {tool_id}@{chosen.version} is past its sunset date{_on(chosen.sunset_date)} "
+            "and runs only because this tenant's policy pins it"
+        )
+        text += _successor_hint(chosen, available, now)
+    else:
+        return []
     if chosen.deprecation_message:
         text += f" ({chosen.deprecation_message})"
     return [text]

@@ -37,6 +37,7 @@ from toolfleet.events.models import (
     InvokeRequested,
     SourceEventRef,
     ToolInvoked,
+    ToolLifecycleChanged,
     ToolOutcome,
 )
 from toolfleet.events.types import EventType
@@ -152,6 +153,17 @@ def sample(event_type: EventType) -> BaseModel:
             )
         case EventType.CIRCUIT_OPENED | EventType.CIRCUIT_CLOSED:
             return CircuitChanged(circuit_name="api.example", state="open", at=NOW)
+        case EventType.TOOL_LIFECYCLE_CHANGED:
+            return ToolLifecycleChanged(
+                tool_id="core__echo",
+                tool_version="1.0.0",
+                previous_state="active",
+                lifecycle_state="deprecated",
+                operator="ops@example.com",
+                sunset_date=NOW,
+                deprecated_in_favor_of="2.0.0",
+                at=NOW,
+            )
         case EventType.CANCEL_REQUESTED:
             return CancelRequested(invocation_id=INVOCATION, tenant_id="tenant_acme")
         case EventType.APPROVAL_GRANTED | EventType.APPROVAL_DENIED:
@@ -201,7 +213,7 @@ def test_render_is_deterministic() -> None:
 
 def test_every_event_type_has_a_schema() -> None:
     expected = {f"events/{t.value}.json" for t in EventType}
-    expected |= {"events/audit.json", "envelope.json", "asyncapi.yaml"}
+    expected |= {"events/audit.json", "envelope.json", "asyncapi.yaml", "manifest.json"}
     assert set(RENDERED) == expected
 
 
@@ -321,3 +333,13 @@ def test_the_schemas_command_writes_checks_and_removes_stale_files(
     assert schema_files.main([str(tmp_path)]) == 0
     assert not stale.exists()
     assert (tmp_path / "asyncapi.yaml").read_text(encoding="utf-8") == RENDERED["asyncapi.yaml"]
+
+
+def test_a_tool_manifest_validates_against_the_published_manifest_schema() -> None:
+    from toolfleet.sdk.builtin import echo
+    from toolfleet.sdk.tool import spec_of
+
+    data = spec_of(echo).manifest().model_dump(mode="json")
+    validator = _validator("manifest.json")
+    assert validator.is_valid(data), [e.message for e in validator.iter_errors(data)]
+    assert not validator.is_valid({**data, "category": "not-a-category"})

@@ -9,7 +9,7 @@ from uuid import UUID
 from pydantic import BaseModel, ConfigDict, Field
 
 from toolfleet.events.models import InvocationStatus
-from toolfleet.registry.manifest import ToolManifest
+from toolfleet.registry.manifest import LifecycleState, ToolManifest
 
 
 class _Body(BaseModel):
@@ -111,18 +111,30 @@ class DecisionResult(_Body):
 
 class VersionSummary(_Body):
     version: str
-    lifecycle_state: str
-    """``active``, ``deprecated`` or ``removed``."""
+    lifecycle_state: LifecycleState
+    """As of now: a deprecated version past its sunset date shows ``sunset``."""
+    deprecated: bool
+    """``true`` for deprecated and sunset versions (removed ones are not listed)."""
     effect: str
+    requires_approval: bool = False
+    deprecation_date: datetime | None = None
+    sunset_date: datetime | None = None
+    deprecated_in_favor_of: str | None = None
 
 
 class ToolSummary(_Body):
     tool_id: str
+    tool_name: str
+    """The id without its namespace (``get_current_time`` of ``core__get_current_time``)."""
     description: str
     category: str
     tags: list[str]
+    latest_version: str | None
+    """The newest version that is not deprecated (else the newest listed)."""
+    requires_approval: bool
+    """Whether calls of ``latest_version`` always wait for an approver."""
     versions: list[VersionSummary]
-    """Newest first."""
+    """Newest first; removed versions are left out."""
 
 
 class ToolPage(_Body):
@@ -133,13 +145,42 @@ class ToolPage(_Body):
 
 
 class ToolDetail(_Body):
-    """A tool with the full manifest of every version, newest first."""
+    """A tool with the full manifest of every version but the removed ones, newest first."""
 
     tool_id: str
+    tool_name: str
     description: str
     category: str
     tags: list[str]
+    latest_version: str | None
+    requires_approval: bool
     versions: list[ToolManifest]
+
+
+class LifecyclePatch(_Body):
+    """``PATCH /v1/tools/{id}/versions/{v}``: move a version along its lifecycle."""
+
+    lifecycle_state: LifecycleState
+    """``deprecated``, ``sunset`` or ``removed`` (never backwards)."""
+    sunset_date: datetime | None = None
+    """``deprecated``: the sunset date the warnings announce; ``sunset``: when it takes
+    effect (default: now). Timezone-aware ISO 8601."""
+    deprecated_in_favor_of: str | None = Field(default=None, max_length=200)
+    """The successor: a version of this tool (``2.0.0``) or a tool (``acme__x@1.0.0``)."""
+    message: str | None = Field(default=None, max_length=500)
+    """Free text added to the warnings (no secrets: it is shown to every caller)."""
+
+
+class LifecycleResult(_Body):
+    tool_id: str
+    version: str
+    previous_state: LifecycleState
+    lifecycle_state: LifecycleState
+    """As of now (a ``sunset`` with a future date reads ``deprecated`` until then)."""
+    deprecation_date: datetime | None
+    sunset_date: datetime | None
+    deprecated_in_favor_of: str | None
+    changed_by: str
 
 
 # --- health --------------------------------------------------------------------------

@@ -132,6 +132,8 @@ def _actor(event: Envelope, agent_did: str | None) -> str | None:
         return _text(event.data.get("requested_by")) or None
     if event.type == EventType.CONTROL_REFUSED:
         return _text(event.data.get("actor")) or None
+    if event.type == EventType.TOOL_LIFECYCLE_CHANGED:
+        return _text(event.data.get("operator")) or None
     return agent_did
 
 
@@ -180,6 +182,10 @@ def _details(event: Envelope) -> dict[str, Any]:
         "refused_event_id": data.get("refused_event_id"),
         "circuit_name": data.get("circuit_name"),
         "circuit_state": data.get("state"),
+        "lifecycle_state": data.get("lifecycle_state"),
+        "previous_state": data.get("previous_state"),
+        "sunset_date": data.get("sunset_date"),
+        "deprecated_in_favor_of": data.get("deprecated_in_favor_of"),
         "retry_after_s": data.get("retry_after_s"),
         "expires_at": data.get("expires_at"),
         "retryable": _dict(data.get("error")).get("retryable"),

@@ -234,6 +234,10 @@ class ToolfleetClient:
         )
         await self._producer.send(Outbound(envelope=envelope, topic=self._topic(TopicName.CONTROL)))
 
+    async def emit(self, envelope: Envelope, topic: TopicName) -> None:
+        """Publish an event built elsewhere (the API's registry notices)."""
+        await self._producer.send(Outbound(envelope=envelope, topic=self._topic(topic)))
+
     # --- waiting --------------------------------------------------------------------
 
     def expect(self, invocation_id: str, *, tenant_id: str) -> InvocationHandle:

@@ -349,6 +349,22 @@ class CircuitChanged(_Internal):
     at: datetime
 
 
+class ToolLifecycleChanged(_Internal):
+    """``ai.agent.tool.lifecycle.changed``: an operator moved a tool version along its
+    lifecycle (``active → deprecated → sunset → removed``)."""
+
+    tool_id: str
+    tool_version: str
+    previous_state: str
+    lifecycle_state: str
+    operator: str
+    """Subject of the operator's token (also in ``authid``)."""
+    deprecation_date: datetime | None = None
+    sunset_date: datetime | None = None
+    deprecated_in_favor_of: str | None = None
+    at: datetime
+
+
 # --- control (toolfleet.invoke.control) ---------------------------------------------
 
 

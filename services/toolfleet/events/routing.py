@@ -176,6 +176,11 @@ PRODUCER = Party(
             types=CONTROL,
             summary="Producers cancel invocations and approve or deny them.",
         ),
+        Route(
+            topic=TopicName.EVENTS,
+            types=(EventType.TOOL_LIFECYCLE_CHANGED,),
+            summary="The HTTP API announces an operator's registry lifecycle change.",
+        ),
     ),
 )
 POLICY = Party(

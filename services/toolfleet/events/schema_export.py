@@ -41,6 +41,7 @@ from toolfleet.events.models import (
     InvokeExecuted,
     InvokeRequested,
     ToolInvoked,
+    ToolLifecycleChanged,
     ToolOutcome,
 )
 from toolfleet.events.outcomes import _TYPE_OF_STATUS
@@ -57,6 +58,7 @@ DEFAULT_TOPIC_PREFIX = "toolfleet."
 DEFAULT_PARTITIONS = 12
 KAFKA_BINDING_VERSION = "0.5.0"
 AUDIT_SCHEMA_PATH = "events/audit.json"
+MANIFEST_SCHEMA_PATH = "manifest.json"
 ENVELOPE_SCHEMA_PATH = "envelope.json"
 ASYNCAPI_PATH = "asyncapi.yaml"
 #: The command that writes the files, named in their headers.
@@ -132,6 +134,11 @@ EVENTS: dict[EventType, EventDoc] = {
     EventType.CIRCUIT_CLOSED: EventDoc(
         model=CircuitChanged,
         description="A circuit breaker closed again.",
+    ),
+    EventType.TOOL_LIFECYCLE_CHANGED: EventDoc(
+        model=ToolLifecycleChanged,
+        description="An operator moved a tool version along its lifecycle (deprecated, "
+        "sunset, removed). Written by the API; audit records the operator.",
     ),
     EventType.CANCEL_REQUESTED: EventDoc(
         model=CancelRequested,
@@ -313,6 +320,20 @@ def event_schema(event_type: EventType) -> dict[str, Any]:
 def audit_schema() -> dict[str, Any]:
     body = _model_schema(AUDIT_DOC.model)
     return _schema_file(AUDIT_SCHEMA_PATH, "toolfleet audit record", AUDIT_DOC.description, body)
+
+
+def manifest_schema() -> dict[str, Any]:
+    """A tool version's manifest, as ``GET /v1/tools/{id}`` serves it."""
+    # Imported here: the registry builds on the event models, not the other way round.
+    from toolfleet.registry.manifest import ToolManifest
+
+    return _schema_file(
+        MANIFEST_SCHEMA_PATH,
+        "toolfleet tool manifest",
+        "One version of one tool: schemas, effect, permissions, retry and circuit settings, "
+        "approval, resource defaults, source type, category and tags, and its lifecycle.",
+        _model_schema(ToolManifest),
+    )
 
 
 def envelope_schema() -> dict[str, Any]:
@@ -630,5 +651,6 @@ def render() -> dict[str, str]:
     files = {event_schema_path(t): _json_text(event_schema(t)) for t in EventType}
     files[AUDIT_SCHEMA_PATH] = _json_text(audit_schema())
     files[ENVELOPE_SCHEMA_PATH] = _json_text(envelope_schema())
+    files[MANIFEST_SCHEMA_PATH] = _json_text(manifest_schema())
     files[ASYNCAPI_PATH] = _yaml_text(asyncapi_document())
     return dict(sorted(files.items()))

@@ -21,6 +21,7 @@ class EventType(StrEnum):
     CONTROL_REFUSED = "ai.agent.tool.control.refused"
     CIRCUIT_OPENED = "ai.agent.circuit.opened"
     CIRCUIT_CLOSED = "ai.agent.circuit.closed"
+    TOOL_LIFECYCLE_CHANGED = "ai.agent.tool.lifecycle.changed"
     CANCEL_REQUESTED = "ai.agent.tool.cancel.requested"
     APPROVAL_GRANTED = "ai.agent.tool.approval.granted"
     APPROVAL_DENIED = "ai.agent.tool.approval.denied"
@@ -59,6 +60,7 @@ TOPIC_OF_TYPE: dict[EventType, TopicName] = {
     EventType.CONTROL_REFUSED: TopicName.EVENTS,
     EventType.CIRCUIT_OPENED: TopicName.EVENTS,
     EventType.CIRCUIT_CLOSED: TopicName.EVENTS,
+    EventType.TOOL_LIFECYCLE_CHANGED: TopicName.EVENTS,
     EventType.CANCEL_REQUESTED: TopicName.CONTROL,
     EventType.APPROVAL_GRANTED: TopicName.CONTROL,
     EventType.APPROVAL_DENIED: TopicName.CONTROL,

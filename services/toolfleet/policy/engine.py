@@ -15,7 +15,7 @@ from toolfleet.policy.documents import (
     is_glob,
     matches_any,
 )
-from toolfleet.registry.versions import matches
+from toolfleet.registry.versions import exact_version, matches
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -85,6 +85,21 @@ def decide_tenant(tenant: TenantPolicy | None, query: PolicyQuery) -> PolicyDeci
         max_concurrent_per_agent=tenant.max_concurrent_per_agent,
         approval_ttl_s=tenant.approval_ttl_s,
     )
+
+
+def pinned_versions(tenant: TenantPolicy | None, tool_id: str) -> frozenset[str]:
+    """The exact versions of ``tool_id`` the tenant pins in ``tool_versions`` (``"1.0.0"``).
+
+    Only a pin lets a sunset version run: a range (``^1.0``) does not.
+    """
+    if tenant is None:
+        return frozenset()
+    pins = (
+        exact_version(allowed)
+        for pattern, allowed in tenant.tool_versions.items()
+        if matches_any(tool_id, [pattern])
+    )
+    return frozenset(p for p in pins if p is not None)
 
 
 def allows_tool(tenant: TenantPolicy | None, tool_id: str, *, agent_did: str | None = None) -> bool:

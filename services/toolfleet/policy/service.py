@@ -37,7 +37,7 @@ from toolfleet.events.models import (
 from toolfleet.events.outcomes import failure_event, outcome_event
 from toolfleet.events.types import TERMINAL_TYPES, EventType, Source, TopicName
 from toolfleet.policy.documents import TenantPolicy
-from toolfleet.policy.engine import PolicyDecision, PolicyQuery, decide_tenant
+from toolfleet.policy.engine import PolicyDecision, PolicyQuery, decide_tenant, pinned_versions
 from toolfleet.policy.idempotency import (
     ClaimKind,
     IdempotencyStore,
@@ -133,7 +133,13 @@ class PolicyService:
             request = event.data_as(InvokeRequested)
             invocation_id = _check_identity(event, key, request)
             capability = await self._verify(request)
-            resolved = await self.lookup.resolve(request.tool_id, request.tool_version)
+            tenant = request.agent_context.tenant_id
+            tenant_policy = await self.policies.policy_for(tenant)
+            resolved = await self.lookup.resolve(
+                request.tool_id,
+                request.tool_version,
+                pinned=pinned_versions(tenant_policy, request.tool_id),
+            )
             manifest = resolved.manifest
             if capability.tool_version not in {"", "*"} and not matches(
                 capability.tool_version, manifest.version
@@ -141,8 +147,6 @@ class PolicyService:
                 raise PermissionDenied(
                     f"capability token does not grant {manifest.tool_id}@{manifest.version}"
                 )
-            tenant = request.agent_context.tenant_id
-            tenant_policy = await self.policies.policy_for(tenant)
             decision = decide_tenant(
                 tenant_policy,
                 PolicyQuery(
@@ -151,7 +155,8 @@ class PolicyService:
                     tool_id=manifest.tool_id,
                     version=manifest.version,
                     effect=manifest.effect,
-                    approval_requested=request.execution_options.require_approval,
+                    approval_requested=request.execution_options.require_approval
+                    or manifest.requires_approval,
                 ),
             )
             check_parameters(self.schemas, manifest, request.parameters)

@@ -2,42 +2,110 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import asyncpg
 import semver
+from asyncpg.pool import PoolConnectionProxy
 
-from toolfleet.errors import RegistrationError, ToolNotFound
-from toolfleet.registry.manifest import LifecycleState, ToolManifest
+from toolfleet.errors import InvalidParameters, RegistrationError, StateConflict, ToolNotFound
+from toolfleet.registry.manifest import (
+    LIFECYCLE_ORDER,
+    LifecycleState,
+    ToolManifest,
+    effective_state,
+)
+from toolfleet.registry.search import TextEmbedder, rank, shared_embedder, tool_text
 from toolfleet.storage.pg_text import escape_array, unescape_array
+
+log = logging.getLogger(__name__)
+
+#: Rows hidden from every list: a removed version is gone for clients.
+_VISIBLE = "v.lifecycle_state <> 'removed'"
+_LISTED = f"EXISTS (SELECT 1 FROM tool_versions v WHERE v.tool_id = d.tool_id AND {_VISIBLE})"  # noqa: S608 - constant
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LifecycleChange:
+    """One operator's move of one version along ``active → deprecated → sunset → removed``."""
+
+    tool_id: str
+    version: str
+    state: LifecycleState
+    operator: str
+    """Subject of the operator's token; stored and audited."""
+    sunset_date: datetime | None = None
+    """``deprecated``: the announced sunset; ``sunset``: when it takes effect (default now)."""
+    deprecated_in_favor_of: str | None = None
+    message: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LifecycleChanged:
+    """What a change did: the version's manifest after it, and the state before."""
+
+    manifest: ToolManifest
+    previous_state: LifecycleState
 
 
 class RegistryStore:
     """Registers manifests and reads them back. The only registry code touching SQL."""
 
-    def __init__(self, pool: asyncpg.Pool) -> None:
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        *,
+        embedder: TextEmbedder | None = None,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
         self._pool = pool
+        self._embedder = embedder
+        self._clock = clock
+        self._pgvector: bool | None = None
+
+    @property
+    def embedder(self) -> TextEmbedder:
+        if self._embedder is None:
+            self._embedder = shared_embedder()
+        return self._embedder
+
+    async def _embed(self, texts: list[str]) -> list[list[float]]:
+        # Tokenizing and pooling are CPU work; keep the event loop free.
+        return await asyncio.to_thread(self.embedder.embed, texts)
 
     async def register(self, manifest: ToolManifest) -> bool:
         """Register one version; return True if it was new.
 
         Re-registering the same id and version with the same schemas is a no-op (every
-        executor does it at start); with different schemas it is refused.
+        executor does it at start); with different schemas it is refused. The tool's
+        search embedding is written with its definition.
         """
         v = semver.Version.parse(manifest.version)
+        text = tool_text(manifest.tool_id, manifest.description, manifest.category, manifest.tags)
+        (embedding,) = await self._embed([text])
         async with self._pool.acquire() as conn, conn.transaction():
             await conn.execute(
                 """INSERT INTO tool_definitions
-                       (tool_id, namespace, name, description, category, tags)
-                   VALUES ($1, $2, $3, $4, $5, $6)
+                       (tool_id, namespace, name, description, category, tags,
+                        embedding, embedding_model)
+                   VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
                    ON CONFLICT (tool_id) DO UPDATE SET description = EXCLUDED.description,
-                       category = EXCLUDED.category, tags = EXCLUDED.tags, updated_at = now()""",
+                       category = EXCLUDED.category, tags = EXCLUDED.tags,
+                       embedding = EXCLUDED.embedding,
+                       embedding_model = EXCLUDED.embedding_model, updated_at = now()""",
                 manifest.tool_id,
                 manifest.namespace,
                 manifest.tool_id.split("__", 1)[1],
                 manifest.description,
-                manifest.category,
+                manifest.category.value,
                 escape_array(manifest.tags),
+                embedding,
+                self.embedder.model_name,
             )
             existing = await conn.fetchval(
                 """SELECT schema_hash FROM tool_versions
@@ -55,8 +123,9 @@ class RegistryStore:
             await conn.execute(
                 """INSERT INTO tool_versions (tool_id, version, major, minor, patch, prerelease,
                        lifecycle_state, deprecation_message, effect, input_schema, output_schema,
-                       redaction_allowlist, timeout_seconds, schema_hash, manifest)
-                   VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15)""",
+                       redaction_allowlist, timeout_seconds, schema_hash, manifest,
+                       requires_approval)
+                   VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16)""",
                 manifest.tool_id,
                 manifest.version,
                 v.major,
@@ -72,12 +141,75 @@ class RegistryStore:
                 manifest.timeout_seconds,
                 manifest.schema_hash,
                 manifest.model_dump(mode="json"),
+                manifest.requires_approval,
             )
             return True
+
+    async def change_lifecycle(self, change: LifecycleChange) -> LifecycleChanged:
+        """Move one version forward in its lifecycle (or restate its dates in place).
+
+        Raises:
+            ToolNotFound: no such tool version.
+            StateConflict: the move goes backwards, or the version is removed.
+            InvalidParameters: the successor is not a registered, callable version/tool.
+        """
+        now = self._clock()
+        async with self._pool.acquire() as conn, conn.transaction():
+            row = await conn.fetchrow(
+                """SELECT lifecycle_state, deprecation_date, sunset_date FROM tool_versions
+                   WHERE tool_id = $1 AND version = $2 FOR UPDATE""",
+                change.tool_id,
+                change.version,
+            )
+            if row is None:
+                raise ToolNotFound(
+                    f"{change.tool_id}@{change.version} is not registered",
+                    details={"tool_id": change.tool_id},
+                )
+            previous = LifecycleState(row["lifecycle_state"])
+            if previous is LifecycleState.REMOVED or LIFECYCLE_ORDER.index(
+                change.state
+            ) < LIFECYCLE_ORDER.index(previous):
+                raise StateConflict(
+                    f"{change.tool_id}@{change.version} is {previous.value}; a version only "
+                    "moves forward (active → deprecated → sunset → removed)",
+                    details={"tool_id": change.tool_id, "lifecycle_state": previous.value},
+                )
+            successor = change.deprecated_in_favor_of
+            if successor is not None:
+                await _check_successor(conn, change.tool_id, change.version, successor)
+            deprecation_date = row["deprecation_date"]
+            if change.state is not LifecycleState.ACTIVE and deprecation_date is None:
+                deprecation_date = now
+            sunset_date = change.sunset_date or row["sunset_date"]
+            if change.state is LifecycleState.SUNSET and change.sunset_date is None:
+                sunset_date = min(sunset_date, now) if sunset_date is not None else now
+            await conn.execute(
+                """UPDATE tool_versions SET lifecycle_state = $3,
+                       deprecation_message = coalesce($4, deprecation_message),
+                       deprecation_date = $5, sunset_date = $6,
+                       deprecated_in_favor_of = coalesce($7, deprecated_in_favor_of),
+                       lifecycle_changed_by = $8, lifecycle_changed_at = $9, updated_at = now()
+                   WHERE tool_id = $1 AND version = $2""",
+                change.tool_id,
+                change.version,
+                change.state.value,
+                change.message,
+                deprecation_date,
+                sunset_date,
+                successor,
+                change.operator,
+                now,
+            )
+        manifest = next(
+            m for m in await self.versions(change.tool_id) if m.version == change.version
+        )
+        return LifecycleChanged(manifest=manifest, previous_state=previous)
 
     async def set_lifecycle(
         self, tool_id: str, version: str, state: LifecycleState, message: str | None = None
     ) -> None:
+        """Set the state as stored, with no checks (test fixtures and migrations)."""
         updated = await self._pool.execute(
             """UPDATE tool_versions SET lifecycle_state = $3, deprecation_message = $4,
                    updated_at = now() WHERE tool_id = $1 AND version = $2""",
@@ -91,7 +223,8 @@ class RegistryStore:
 
     async def versions(self, tool_id: str) -> list[ToolManifest]:
         rows = await self._pool.fetch(
-            """SELECT manifest, lifecycle_state, deprecation_message FROM tool_versions
+            """SELECT manifest, lifecycle_state, deprecation_message, deprecation_date,
+                      sunset_date, deprecated_in_favor_of FROM tool_versions
                WHERE tool_id = $1 ORDER BY major DESC, minor DESC, patch DESC""",
             tool_id,
         )
@@ -106,8 +239,12 @@ class RegistryStore:
         limit: int = 50,
         offset: int = 0,
     ) -> tuple[list[dict[str, Any]], int]:
-        """Tool summaries matching the filters, and the total count."""
-        where: list[str] = ["TRUE"]
+        """Tool summaries matching the filters, and the total count.
+
+        Without ``q`` by tool id; with it, most similar in meaning first. Removed
+        versions, and tools with nothing else, are left out.
+        """
+        where: list[str] = [_LISTED]
         args: list[object] = []
         if category:
             args.append(category)
@@ -115,44 +252,158 @@ class RegistryStore:
         if tag:
             args.append(tag)
             where.append(f"${len(args)} = ANY(d.tags)")
-        if q:
-            args.append(f"%{q.lower()}%")
-            where.append(
-                f"(lower(d.tool_id) LIKE ${len(args)} OR lower(d.description) LIKE ${len(args)})"
-            )
         clause = " AND ".join(where)
+        if q:
+            ranked = await self._ranked(q, clause, args)
+            page = ranked[offset : offset + limit]
+            return await self._summaries(page), len(ranked)
         # Only placeholders ($n) are interpolated into the SQL; values travel as arguments.
         count_sql = f"SELECT count(*) FROM tool_definitions d WHERE {clause}"  # noqa: S608
         total = await self._pool.fetchval(count_sql, *args)
         args += [limit, offset]
-        rows = await self._pool.fetch(
-            f"""SELECT d.tool_id, d.description, d.category, d.tags,
-                       coalesce(json_agg(json_build_object('version', v.version,
-                           'lifecycle_state', v.lifecycle_state, 'effect', v.effect)
-                           ORDER BY v.major DESC, v.minor DESC, v.patch DESC)
-                           FILTER (WHERE v.version IS NOT NULL), '[]') AS versions
-                FROM tool_definitions d LEFT JOIN tool_versions v USING (tool_id)
-                WHERE {clause} GROUP BY d.tool_id ORDER BY d.tool_id
+        ids = await self._pool.fetch(
+            f"""SELECT d.tool_id FROM tool_definitions d WHERE {clause} ORDER BY d.tool_id
                 LIMIT ${len(args) - 1} OFFSET ${len(args)}""",  # noqa: S608 - placeholders only
             *args,
         )
-        return [_definition(r) for r in rows], int(total)
+        return await self._summaries([r["tool_id"] for r in ids]), int(total)
+
+    async def _ranked(self, q: str, clause: str, args: list[object]) -> list[str]:
+        """Every tool id matching ``clause``, most similar to ``q`` first."""
+        await self._backfill_embeddings()
+        (query,) = await self._embed([q])
+        if await self._has_pgvector():
+            n = len(args) + 1
+            rows = await self._pool.fetch(
+                f"""SELECT d.tool_id FROM tool_definitions d WHERE {clause}
+                    ORDER BY d.embedding::vector <=> ${n}::real[]::vector, d.tool_id""",  # noqa: S608
+                *args,
+                query,
+            )
+            return [r["tool_id"] for r in rows]
+        rows = await self._pool.fetch(
+            f"SELECT d.tool_id, d.embedding FROM tool_definitions d WHERE {clause}",  # noqa: S608
+            *args,
+        )
+        return rank(query, ((r["tool_id"], r["embedding"]) for r in rows))
+
+    async def _backfill_embeddings(self) -> None:
+        """Embed tools registered before search existed, or with another model."""
+        model = self.embedder.model_name
+        rows = await self._pool.fetch(
+            """SELECT tool_id, description, category, tags FROM tool_definitions
+               WHERE embedding IS NULL OR embedding_model IS DISTINCT FROM $1""",
+            model,
+        )
+        if not rows:
+            return
+        texts = [
+            tool_text(r["tool_id"], r["description"], r["category"], _tags(r["tags"])) for r in rows
+        ]
+        vectors = await self._embed(texts)
+        await self._pool.executemany(
+            "UPDATE tool_definitions SET embedding = $2, embedding_model = $3 WHERE tool_id = $1",
+            [(r["tool_id"], v, model) for r, v in zip(rows, vectors, strict=True)],
+        )
+        log.info("tool embeddings backfilled", extra={"tools": len(rows)})
+
+    async def _has_pgvector(self) -> bool:
+        if self._pgvector is None:
+            self._pgvector = bool(
+                await self._pool.fetchval("SELECT 1 FROM pg_extension WHERE extname = 'vector'")
+            )
+        return self._pgvector
+
+    async def _summaries(self, tool_ids: list[str]) -> list[dict[str, Any]]:
+        """Summaries of ``tool_ids``, in that order."""
+        if not tool_ids:
+            return []
+        rows = await self._pool.fetch(
+            f"""SELECT d.tool_id, d.name, d.description, d.category, d.tags,
+                       coalesce(json_agg(json_build_object('version', v.version,
+                           'lifecycle_state', v.lifecycle_state, 'effect', v.effect,
+                           'requires_approval', v.requires_approval,
+                           'deprecation_date', v.deprecation_date,
+                           'sunset_date', v.sunset_date,
+                           'deprecated_in_favor_of', v.deprecated_in_favor_of)
+                           ORDER BY v.major DESC, v.minor DESC, v.patch DESC)
+                           FILTER (WHERE v.version IS NOT NULL AND {_VISIBLE}), '[]') AS versions
+                FROM tool_definitions d LEFT JOIN tool_versions v USING (tool_id)
+                WHERE d.tool_id = ANY($1::text[]) GROUP BY d.tool_id""",  # noqa: S608 - constant
+            tool_ids,
+        )
+        now = self._clock()
+        by_id = {r["tool_id"]: _summary(r, now) for r in rows}
+        return [by_id[t] for t in tool_ids if t in by_id]
 
     async def tool(self, tool_id: str) -> dict[str, Any] | None:
-        row = await self._pool.fetchrow(
-            "SELECT tool_id, description, category, tags FROM tool_definitions WHERE tool_id = $1",
-            tool_id,
-        )
-        if row is None:
+        """One tool with every version's manifest but the removed ones, newest first."""
+        found = await self._summaries([tool_id])
+        if not found:
             return None
+        summary = found[0]
+        now = self._clock()
         return {
-            **_definition(row),
-            "versions": [m.model_dump(mode="json") for m in await self.versions(tool_id)],
+            **summary,
+            "versions": [
+                m.model_copy(update={"lifecycle_state": m.state_at(now)}).model_dump(mode="json")
+                for m in await self.versions(tool_id)
+                if m.lifecycle_state is not LifecycleState.REMOVED
+            ],
         }
 
 
-def _definition(row: asyncpg.Record) -> dict[str, Any]:
-    return {**dict(row), "tags": unescape_array(row["tags"])}
+async def _check_successor(
+    conn: asyncpg.Connection | PoolConnectionProxy, tool_id: str, version: str, successor: str
+) -> None:
+    """A successor is a version of this tool (``2.0.0``) or a tool (``acme__x[@1.0.0]``)."""
+    other, _, other_version = successor.partition("@")
+    if "__" not in other:
+        other, other_version = tool_id, successor
+    if other == tool_id and other_version == version:
+        raise InvalidParameters("a version cannot be deprecated in favour of itself")
+    if other_version:
+        found = await conn.fetchval(
+            """SELECT lifecycle_state FROM tool_versions WHERE tool_id = $1 AND version = $2""",
+            other,
+            other_version,
+        )
+    else:
+        found = await conn.fetchval(
+            """SELECT min(lifecycle_state) FROM tool_versions
+               WHERE tool_id = $1 AND lifecycle_state <> 'removed'""",
+            other,
+        )
+    if found is None or found == LifecycleState.REMOVED.value:
+        raise InvalidParameters(
+            f"successor {successor!r} is not a registered tool version that can run",
+            details={"tool_id": tool_id},
+        )
+
+
+def _summary(row: asyncpg.Record, now: datetime) -> dict[str, Any]:
+    versions: list[dict[str, Any]] = []
+    for v in row["versions"]:
+        sunset = datetime.fromisoformat(v["sunset_date"]) if v["sunset_date"] else None
+        state = effective_state(LifecycleState(v["lifecycle_state"]), sunset, now)
+        versions.append(
+            {**v, "lifecycle_state": state.value, "deprecated": state is not LifecycleState.ACTIVE}
+        )
+    latest = next((v for v in versions if not v["deprecated"]), versions[0] if versions else None)
+    return {
+        "tool_id": row["tool_id"],
+        "tool_name": row["name"],
+        "description": row["description"],
+        "category": row["category"],
+        "tags": _tags(row["tags"]),
+        "latest_version": latest["version"] if latest else None,
+        "requires_approval": bool(latest and latest["requires_approval"]),
+        "versions": versions,
+    }
+
+
+def _tags(column: list[str | None] | None) -> list[str]:
+    return [t for t in unescape_array(column) or [] if t is not None]
 
 
 def _manifest(row: asyncpg.Record) -> ToolManifest:
@@ -162,5 +413,8 @@ def _manifest(row: asyncpg.Record) -> ToolManifest:
             **row["manifest"],
             "lifecycle_state": row["lifecycle_state"],
             "deprecation_message": row["deprecation_message"],
+            "deprecation_date": row["deprecation_date"],
+            "sunset_date": row["sunset_date"],
+            "deprecated_in_favor_of": row["deprecated_in_favor_of"],
         }
     )

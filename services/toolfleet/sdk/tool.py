@@ -18,7 +18,12 @@ from pydantic import BaseModel
 
 from toolfleet.errors import RegistrationError
 from toolfleet.events.models import TOOL_ID_PATTERN, Effect
-from toolfleet.registry.manifest import ToolManifest
+from toolfleet.registry.manifest import (
+    CircuitSettings,
+    RetrySettings,
+    ToolCategory,
+    ToolManifest,
+)
 from toolfleet.sdk.context import ToolContext
 from toolfleet.sdk.policies import CachePolicy, CircuitPolicy, RetryPolicy
 from toolfleet.secrets.store import check_name
@@ -83,6 +88,20 @@ class ToolSpec:
             redaction_allowlist=list(self.redaction_allowlist),
             timeout_seconds=self.timeout_seconds,
             credentials=list(self.credentials),
+            retry_policy=RetrySettings(
+                max_attempts=self.retry.max_attempts,
+                initial_backoff_s=self.retry.initial_backoff_s,
+                max_backoff_s=self.retry.max_backoff_s,
+            ),
+            circuit=CircuitSettings(
+                name=self.circuit_name,
+                failure_rate=self.circuit_breaker.failure_rate,
+                minimum_calls=self.circuit_breaker.minimum_calls,
+                window_size=self.circuit_breaker.window_size,
+                slow_call_s=self.circuit_breaker.slow_call_s,
+                open_s=self.circuit_breaker.open_s,
+                half_open_calls=self.circuit_breaker.half_open_calls,
+            ),
         )
 
 
@@ -154,6 +173,11 @@ def tool(
             )
         if timeout_seconds <= 0:
             raise RegistrationError(f"{id}: timeout_seconds must be positive")
+        if category not in set(ToolCategory):
+            raise RegistrationError(
+                f"{id}: category {category!r} is not one of {sorted(ToolCategory)}; "
+                "use tags for free-form grouping"
+            )
         input_model, output_model = _models_of(id, fn)
         input_schema = input_model.model_json_schema()
         output_schema = output_model.model_json_schema()

@@ -1,22 +1,38 @@
-"""``/v1/tools``: the registry, read-only, as far as the caller's tenant policy allows.
+"""``/v1/tools``: the registry as far as the caller's tenant policy allows, and its lifecycle.
 
 An admin sees every tool; any other caller only the tools its tenant's policy (with its
 agent's narrowing) allows, and a disallowed tool answers 404 like an unknown one.
+``q`` ranks by meaning (embeddings, see :mod:`toolfleet.registry.search`). Only an admin
+moves a version along its lifecycle; each move is announced as
+``ai.agent.tool.lifecycle.changed``, which audit records with the operator.
 """
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Depends, Path, Query
 
 from toolfleet.api.auth import CallerDep
 from toolfleet.api.catalog import catalog_view
-from toolfleet.api.models import ToolDetail, ToolPage, ToolSummary
+from toolfleet.api.invoking import publishing
+from toolfleet.api.models import (
+    LifecyclePatch,
+    LifecycleResult,
+    ToolDetail,
+    ToolPage,
+    ToolSummary,
+)
 from toolfleet.api.problems import ProblemError, problem_responses
 from toolfleet.api.resources import ApiResources, resources
-from toolfleet.errors import ErrorCode
+from toolfleet.errors import ErrorCode, InvalidParameters, StateConflict, ToolNotFound
+from toolfleet.events.envelope import new_event
+from toolfleet.events.models import ToolLifecycleChanged
+from toolfleet.events.types import EventType, Source, TopicName
 from toolfleet.policy.catalog import visible_page
+from toolfleet.registry.manifest import LifecycleState
+from toolfleet.registry.store import LifecycleChange
 
 router = APIRouter(prefix="/v1/tools", tags=["tools"], responses=problem_responses(401, 422))
 
@@ -30,16 +46,18 @@ async def list_tools(
     category: Annotated[str | None, Query(max_length=128)] = None,
     tag: Annotated[str | None, Query(max_length=128)] = None,
     q: Annotated[
-        str | None, Query(max_length=256, description="Substring of id or description")
+        str | None,
+        Query(max_length=256, description="What the tool should do; results rank by meaning."),
     ] = None,
     page: Annotated[int, Query(ge=1, le=100_000)] = 1,
     page_size: Annotated[int, Query(ge=1, le=200)] = 50,
 ) -> ToolPage:
-    """Registered tools with their versions and lifecycle states, by tool id."""
+    """Registered tools with their versions and lifecycle states: by tool id, or with
+    ``q`` most relevant first. Removed versions are left out."""
 
     async def fetch(limit: int, offset: int) -> tuple[list[dict[str, Any]], int]:
         return await res.registry.list_tools(
-            category=category, tag=tag, q=q, limit=limit, offset=offset
+            category=category, tag=tag, q=q or None, limit=limit, offset=offset
         )
 
     rows, total = await visible_page(
@@ -63,3 +81,92 @@ async def get_tool(tool_id: str, res: ResourcesDep, caller: CallerDep) -> ToolDe
             404, f"tool {tool_id!r} is not registered", code=ErrorCode.TOOL_NOT_FOUND
         )
     return ToolDetail.model_validate(found)
+
+
+@router.patch(
+    "/{tool_id}/versions/{version}",
+    response_model=LifecycleResult,
+    responses=problem_responses(403, 404, 409, 503),
+)
+async def change_lifecycle(
+    tool_id: str,
+    version: Annotated[str, Path(max_length=64)],
+    patch: LifecyclePatch,
+    res: ResourcesDep,
+    caller: CallerDep,
+) -> LifecycleResult:
+    """Deprecate, sunset or remove one version (admin scope); audited with the operator.
+
+    Versions only move forward; restating the current state updates its dates and
+    announces it again (so a retry after a broker outage is safe).
+    """
+    if not caller.is_admin:
+        raise ProblemError(
+            403,
+            "changing a tool's lifecycle needs the admin scope",
+            code=ErrorCode.PERMISSION_DENIED,
+        )
+    if patch.lifecycle_state is LifecycleState.ACTIVE:
+        raise ProblemError(
+            409, "a version cannot be made active again", code=ErrorCode.STATE_CONFLICT
+        )
+    if patch.sunset_date is not None and patch.sunset_date.tzinfo is None:
+        raise ProblemError(
+            422,
+            "sunset_date needs a timezone (e.g. 2027-01-31T00:00:00Z)",
+            code=ErrorCode.INVALID_PARAMETERS,
+        )
+    try:
+        changed = await res.registry.change_lifecycle(
+            LifecycleChange(
+                tool_id=tool_id,
+                version=version,
+                state=patch.lifecycle_state,
+                operator=caller.subject,
+                sunset_date=patch.sunset_date,
+                deprecated_in_favor_of=patch.deprecated_in_favor_of,
+                message=patch.message,
+            )
+        )
+    except ToolNotFound as exc:
+        raise ProblemError(404, exc.message, code=exc.code) from None
+    except StateConflict as exc:
+        raise ProblemError(409, exc.message, code=exc.code, extensions=exc.details) from None
+    except InvalidParameters as exc:
+        raise ProblemError(422, exc.message, code=exc.code) from None
+    manifest = changed.manifest
+    now = datetime.now(UTC)
+    notice = ToolLifecycleChanged(
+        tool_id=tool_id,
+        tool_version=version,
+        previous_state=changed.previous_state.value,
+        lifecycle_state=manifest.lifecycle_state.value,
+        operator=caller.subject,
+        deprecation_date=manifest.deprecation_date,
+        sunset_date=manifest.sunset_date,
+        deprecated_in_favor_of=manifest.deprecated_in_favor_of,
+        at=now,
+    )
+    async with publishing():
+        await res.client.emit(
+            new_event(
+                event_type=EventType.TOOL_LIFECYCLE_CHANGED,
+                source=Source.API,
+                data=notice,
+                tenant_id=caller.tenant_id,
+                invocation_id=None,
+                authtype="app_user",
+                authid=caller.subject,
+            ),
+            TopicName.EVENTS,
+        )
+    return LifecycleResult(
+        tool_id=tool_id,
+        version=version,
+        previous_state=changed.previous_state,
+        lifecycle_state=manifest.state_at(now),
+        deprecation_date=manifest.deprecation_date,
+        sunset_date=manifest.sunset_date,
+        deprecated_in_favor_of=manifest.deprecated_in_favor_of,
+        changed_by=caller.subject,
+    )

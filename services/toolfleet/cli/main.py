@@ -13,7 +13,7 @@ import sys
 import typer
 from rich.markup import escape
 
-from toolfleet.cli import agent, audit, fleet, invoke, keys, policy, remote, tokens
+from toolfleet.cli import agent, audit, fleet, invoke, keys, policy, remote, tokens, tools
 from toolfleet.cli.errors import friendly
 from toolfleet.cli.extras import missing_extra_message
 from toolfleet.cli.output import err_console
@@ -45,7 +45,7 @@ def _quiet_libraries() -> None:
         logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
-app.add_typer(remote.tools_app, name="tools")
+app.add_typer(tools.app, name="tools")
 app.add_typer(tokens.app, name="token")
 app.add_typer(keys.app, name="keys")
 app.add_typer(audit.app, name="audit")

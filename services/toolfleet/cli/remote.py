@@ -1,4 +1,4 @@
-"""Commands that go through the HTTP API: ``status``, ``cancel``, ``approve``, ``deny``, ``tools``.
+"""Commands that go through the HTTP API: ``status``, ``cancel``, ``approve``, ``deny``.
 
 They authenticate with ``--token`` (or ``TOOLFLEET_TOKEN``), else with a short-lived admin
 token minted from the configured private key.
@@ -10,11 +10,9 @@ from typing import Annotated, Any
 
 import httpx
 import typer
-from rich.table import Column, Table
-from rich.text import Text
 
 from toolfleet.cli.config import admin_token, load_settings
-from toolfleet.cli.errors import CliError, friendly
+from toolfleet.cli.errors import CliError
 from toolfleet.cli.output import console, print_invocation, print_json
 from toolfleet.settings import FleetSettings
 
@@ -147,53 +145,3 @@ def deny(
 ) -> None:
     """Deny an invocation waiting for approval."""
     _decide(invocation_id, "deny", reason, json_, token)
-
-
-tools_app = typer.Typer(help="Browse the tool registry.", no_args_is_help=True)
-
-_PAGE_SIZE = 200
-
-
-@tools_app.command("list")
-@friendly
-def list_tools(
-    category: Annotated[str | None, typer.Option(help="Only this category.")] = None,
-    tag: Annotated[str | None, typer.Option(help="Only tools with this tag.")] = None,
-    query: Annotated[str | None, typer.Option("-q", "--query", help="Text to search.")] = None,
-    json_: JsonOption = False,
-    token: TokenOption = None,
-) -> None:
-    """List registered tools with their versions and lifecycle states."""
-    session = _session(token)
-    params: dict[str, Any] = {
-        k: v for k, v in {"category": category, "tag": tag, "q": query}.items() if v
-    }
-    items: list[dict[str, Any]] = []
-    page = 1
-    while True:
-        body = session.call(
-            "GET", "/v1/tools", params={**params, "page": page, "page_size": _PAGE_SIZE}
-        )
-        items += body["items"]
-        if not body["items"] or len(items) >= body["total"]:
-            break
-        page += 1
-    if json_:
-        print_json(items)
-        return
-    if not items:
-        console.print("no tools registered yet (executors register theirs when they start)")
-        return
-    table = Table(Column("tool", no_wrap=True), "versions", "effect", "category", "description")
-    for tool in items:
-        versions = ", ".join(
-            v["version"]
-            if v["lifecycle_state"] == "active"
-            else f"{v['version']} ({v['lifecycle_state']})"
-            for v in tool["versions"]
-        )
-        effect = tool["versions"][0]["effect"] if tool["versions"] else ""
-        table.add_row(
-            tool["tool_id"], versions, effect, Text(tool["category"]), Text(tool["description"])
-        )
-    console.print(table)

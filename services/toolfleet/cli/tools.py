@@ -1,0 +1,229 @@
+"""``toolfleet tools``: browse and search the registry, and move versions along their lifecycle.
+
+Every command goes through the HTTP API (``--token`` or ``TOOLFLEET_TOKEN``, else an
+admin token minted from the configured private key); lifecycle changes need the admin
+scope and are audited with the token's subject.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, date, datetime
+from typing import Annotated, Any
+
+import typer
+from rich.table import Column, Table
+from rich.text import Text
+
+from toolfleet.cli.errors import CliError, friendly
+from toolfleet.cli.output import console, print_json
+from toolfleet.cli.remote import JsonOption, TokenOption, _session
+
+app = typer.Typer(help="Browse, search and operate the tool registry.", no_args_is_help=True)
+
+_PAGE_SIZE = 200
+
+ToolVersionArgument = Annotated[
+    str, typer.Argument(metavar="TOOL@VERSION", help="e.g. acme__search@1.2.0", show_default=False)
+]
+InFavorOfOption = Annotated[
+    str | None,
+    typer.Option(
+        "--in-favor-of",
+        help="The successor: a version of this tool (2.0.0) or a tool (acme__x@1.0.0).",
+    ),
+]
+MessageOption = Annotated[
+    str | None, typer.Option("--message", help="Added to the warnings callers see.")
+]
+
+
+@app.command("list")
+@friendly
+def list_tools(
+    category: Annotated[str | None, typer.Option(help="Only this category.")] = None,
+    tag: Annotated[str | None, typer.Option(help="Only tools with this tag.")] = None,
+    query: Annotated[
+        str | None, typer.Option("-q", "--query", help="Rank by meaning (like `search`).")
+    ] = None,
+    json_: JsonOption = False,
+    token: TokenOption = None,
+) -> None:
+    """List registered tools with their versions and lifecycle states."""
+    session = _session(token)
+    params: dict[str, Any] = {
+        k: v for k, v in {"category": category, "tag": tag, "q": query}.items() if v
+    }
+    items: list[dict[str, Any]] = []
+    page = 1
+    while True:
+        body = session.call(
+            "GET", "/v1/tools", params={**params, "page": page, "page_size": _PAGE_SIZE}
+        )
+        items += body["items"]
+        if not body["items"] or len(items) >= body["total"]:
+            break
+        page += 1
+    if json_:
+        print_json(items)
+        return
+    if not items:
+        console.print("no tools registered yet (executors register theirs when they start)")
+        return
+    _print_tools(items)
+
+
+@app.command("search")
+@friendly
+def search(
+    text: Annotated[str, typer.Argument(help="What the tool should do, in plain words.")],
+    limit: Annotated[int, typer.Option("--limit", "-n", min=1, max=200)] = 5,
+    json_: JsonOption = False,
+    token: TokenOption = None,
+) -> None:
+    """The tools your token may call that best match TEXT by meaning, best first."""
+    body = _session(token).call("GET", "/v1/tools", params={"q": text, "page_size": limit})
+    items = body["items"]
+    if json_:
+        print_json(items)
+        return
+    if not items:
+        console.print("no tools are registered that this token may call")
+        return
+    _print_tools(items, ranked=True)
+
+
+def _print_tools(items: list[dict[str, Any]], *, ranked: bool = False) -> None:
+    columns: list[Column | str] = [Column("tool", no_wrap=True), "versions", "effect"]
+    table = Table(
+        *([Column("#", justify="right")] if ranked else []), *columns, "category", "description"
+    )
+    for rank, tool in enumerate(items, start=1):
+        versions = ", ".join(
+            v["version"] if v["lifecycle_state"] == "active" else _marked(v)
+            for v in tool["versions"]
+        )
+        effect = tool["versions"][0]["effect"] if tool["versions"] else ""
+        if tool.get("requires_approval"):
+            effect += " (approval)"
+        row = [tool["tool_id"], versions, effect, Text(tool["category"]), Text(tool["description"])]
+        table.add_row(*([str(rank)] if ranked else []), *row)
+    console.print(table)
+
+
+def _marked(version: dict[str, Any]) -> str:
+    note = version["lifecycle_state"]
+    if version.get("sunset_date") and note == "deprecated":
+        note += f", sunset {str(version['sunset_date'])[:10]}"
+    return f"{version['version']} ({note})"
+
+
+def _split(target: str) -> tuple[str, str]:
+    tool_id, sep, version = target.partition("@")
+    if not sep or not tool_id or not version:
+        raise CliError(f"{target!r}: name a version as TOOL@VERSION (e.g. acme__search@1.2.0)")
+    return tool_id, version
+
+
+def _when(text: str | None) -> str | None:
+    """``--date``: a day (``2027-01-31``, midnight UTC) or an ISO 8601 time."""
+    if text is None:
+        return None
+    try:
+        if len(text) == 10:
+            return datetime.combine(date.fromisoformat(text), datetime.min.time(), UTC).isoformat()
+        when = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise CliError(f"--date {text!r}: use YYYY-MM-DD or an ISO 8601 time") from None
+    return (when if when.tzinfo else when.replace(tzinfo=UTC)).isoformat()
+
+
+def _change(
+    target: str,
+    state: str,
+    *,
+    token: str | None,
+    json_: bool,
+    sunset_date: str | None = None,
+    in_favor_of: str | None = None,
+    message: str | None = None,
+) -> None:
+    tool_id, version = _split(target)
+    payload = {
+        "lifecycle_state": state,
+        "sunset_date": _when(sunset_date),
+        "deprecated_in_favor_of": in_favor_of,
+        "message": message,
+    }
+    body = _session(token).call(
+        "PATCH",
+        f"/v1/tools/{tool_id}/versions/{version}",
+        json={k: v for k, v in payload.items() if v is not None},
+    )
+    if json_:
+        print_json(body)
+        return
+    text = f"{tool_id}@{version}: {body['previous_state']} → {body['lifecycle_state']}"
+    if body.get("sunset_date"):
+        text += f" (sunset {body['sunset_date']})"
+    if body.get("deprecated_in_favor_of"):
+        text += f"; successor {body['deprecated_in_favor_of']}"
+    console.print(text, markup=False)
+
+
+@app.command("deprecate")
+@friendly
+def deprecate(
+    target: ToolVersionArgument,
+    in_favor_of: InFavorOfOption = None,
+    sunset_date: Annotated[
+        str | None,
+        typer.Option("--date", help="Announced sunset date (YYYY-MM-DD, UTC, or ISO 8601)."),
+    ] = None,
+    message: MessageOption = None,
+    json_: JsonOption = False,
+    token: TokenOption = None,
+) -> None:
+    """Deprecate a version: calls still run, with a warning naming the successor and date."""
+    _change(
+        target,
+        "deprecated",
+        token=token,
+        json_=json_,
+        sunset_date=sunset_date,
+        in_favor_of=in_favor_of,
+        message=message,
+    )
+
+
+@app.command("sunset")
+@friendly
+def sunset(
+    target: ToolVersionArgument,
+    in_favor_of: InFavorOfOption = None,
+    sunset_date: Annotated[
+        str | None,
+        typer.Option("--date", help="When the sunset takes effect (default: now)."),
+    ] = None,
+    message: MessageOption = None,
+    json_: JsonOption = False,
+    token: TokenOption = None,
+) -> None:
+    """Sunset a version: only tenants whose policy pins it may still call it."""
+    _change(
+        target,
+        "sunset",
+        token=token,
+        json_=json_,
+        sunset_date=sunset_date,
+        in_favor_of=in_favor_of,
+        message=message,
+    )
+
+
+@app.command("remove")
+@friendly
+def remove(
+    target: ToolVersionArgument, json_: JsonOption = False, token: TokenOption = None
+) -> None:
+    """Remove a version: it never runs again and leaves every list."""
+    _change(target, "removed", token=token, json_=json_)

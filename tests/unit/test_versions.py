@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from toolfleet.errors import ToolRemoved, ToolVersionNotFound
-from toolfleet.registry.manifest import LifecycleState
-from toolfleet.registry.versions import VersionInfo, is_valid_spec, matches, resolve
+from toolfleet.registry.manifest import LifecycleState, effective_state
+from toolfleet.registry.versions import (
+    VersionInfo,
+    exact_version,
+    is_valid_spec,
+    matches,
+    resolve,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -173,3 +180,89 @@ def test_resolution_is_the_newest_usable_match(
             return
     with pytest.raises(ToolRemoved if matching else ToolVersionNotFound):
         resolve("core__x", spec, listed)
+
+
+# --- sunset dates, successors and pins ------------------------------------------------
+
+NOW = datetime(2026, 6, 1, tzinfo=UTC)
+SUNSET = LifecycleState.SUNSET
+
+
+def test_a_deprecated_version_names_its_successor_and_sunset_date() -> None:
+    available = [
+        VersionInfo(
+            version="1.0.0",
+            state=DEPRECATED,
+            sunset_date=NOW + timedelta(days=30),
+            deprecated_in_favor_of="core__y@3.0.0",
+        ),
+        VersionInfo(version="2.0.0", state=ACTIVE),
+    ]
+    resolution = resolve("core__x", "1.0.0", available, now=NOW)
+    assert resolution.warnings == [
+        "tool core__x@1.0.0 is deprecated; use core__y@3.0.0; sunset on 2026-07-01"
+    ]
+
+
+def test_past_its_sunset_date_a_deprecated_version_is_removed_for_callers() -> None:
+    available = [
+        VersionInfo(version="1.0.0", state=DEPRECATED, sunset_date=NOW - timedelta(seconds=1)),
+        VersionInfo(version="2.0.0", state=ACTIVE),
+    ]
+    with pytest.raises(ToolRemoved, match=r"core__x@1\.0\.0 is past its sunset date.*use 2\.0\.0"):
+        resolve("core__x", "^1", available, now=NOW)
+    # Still resolvable for a tenant pinning it, with a warning saying so.
+    pinned = resolve("core__x", "^1", available, now=NOW, pinned=frozenset({"1.0.0"}))
+    assert pinned.version == "1.0.0"
+    assert "runs only because this tenant's policy pins it" in pinned.warnings[0]
+
+
+def test_a_sunset_with_a_future_date_is_still_a_deprecation() -> None:
+    info = VersionInfo(version="1.0.0", state=SUNSET, sunset_date=NOW + timedelta(days=1))
+    resolution = resolve("core__x", "1.0.0", [info], now=NOW)
+    assert resolution.warnings == ["tool core__x@1.0.0 is deprecated; sunset on 2026-06-02"]
+
+
+def test_a_range_skips_a_sunset_version_for_an_older_usable_one() -> None:
+    available = [
+        VersionInfo(version="1.0.0", state=DEPRECATED),
+        VersionInfo(version="1.1.0", state=SUNSET),
+    ]
+    assert resolve("core__x", "^1", available, now=NOW).version == "1.0.0"
+
+
+def test_a_pin_never_brings_back_a_removed_version() -> None:
+    available = infos(("1.0.0", REMOVED), ("2.0.0", ACTIVE))
+    with pytest.raises(ToolRemoved):
+        resolve("core__x", "1.0.0", available, now=NOW, pinned=frozenset({"1.0.0"}))
+
+
+@pytest.mark.parametrize(
+    ("spec", "exact"),
+    [
+        ("1.2.3", "1.2.3"),
+        ("=1.2.3", "1.2.3"),
+        ("==1.2.3", "1.2.3"),
+        ("^1.2.3", None),
+        ("1.2", None),
+    ],
+)
+def test_exact_versions_are_told_from_ranges(spec: str, exact: str | None) -> None:
+    assert exact_version(spec) == exact
+
+
+@pytest.mark.parametrize(
+    ("state", "sunset", "expected"),
+    [
+        (ACTIVE, NOW - timedelta(days=1), ACTIVE),
+        (DEPRECATED, None, DEPRECATED),
+        (DEPRECATED, NOW, SUNSET),
+        (SUNSET, None, SUNSET),
+        (SUNSET, NOW + timedelta(days=1), DEPRECATED),
+        (REMOVED, NOW + timedelta(days=1), REMOVED),
+    ],
+)
+def test_the_state_in_force_follows_the_sunset_date(
+    state: LifecycleState, sunset: datetime | None, expected: LifecycleState
+) -> None:
+    assert effective_state(state, sunset, NOW) is expected

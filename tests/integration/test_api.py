@@ -28,12 +28,23 @@ from toolfleet.client import ApiError, InvocationHandle, ToolfleetHttpClient
 from toolfleet.events.codec import decode
 from toolfleet.events.envelope import Envelope
 from toolfleet.events.identity import trace_id_of
-from toolfleet.events.models import ApprovalDecision, CancelRequested, InvocationStatus
+from toolfleet.events.models import ApprovalDecision, CancelRequested, Effect, InvocationStatus
 from toolfleet.events.types import EventType, TopicName, topic
 from toolfleet.executor.registration import register_catalog
 from toolfleet.policy.documents import TenantPolicy
 from toolfleet.policy.store import PolicyStore
 from toolfleet.registry.catalog import discover
+from toolfleet.registry.manifest import (
+    CircuitSettings,
+    FilesystemAccess,
+    ResourceDefaults,
+    RetrySettings,
+    SourceType,
+    ToolCategory,
+    ToolManifest,
+    ToolPermissions,
+)
+from toolfleet.registry.store import RegistryStore
 from toolfleet.settings import FleetSettings
 from toolfleet.storage.blobs import PostgresBlobStore
 
@@ -609,14 +620,23 @@ async def test_tools_list_and_detail(
     listing = (await http.get("/v1/tools", headers=headers)).json()
     by_id = {t["tool_id"]: t for t in listing["items"]}
     assert {"core__echo", "core__get_current_time", "core__long_running"} <= by_id.keys()
-    assert by_id["core__echo"]["versions"] == [
-        {"version": "1.0.0", "lifecycle_state": "active", "effect": "read_only"}
+    echo = by_id["core__echo"]
+    assert (echo["tool_name"], echo["latest_version"], echo["requires_approval"]) == (
+        "echo",
+        "1.0.0",
+        False,
+    )
+    assert [(v["version"], v["lifecycle_state"], v["deprecated"]) for v in echo["versions"]] == [
+        ("1.0.0", "active", False)
     ]
     assert listing["page"] == 1
     assert listing["total"] >= 3
 
-    found = (await http.get("/v1/tools", params={"q": "ECHO"}, headers=headers)).json()
-    assert [t["tool_id"] for t in found["items"]] == ["core__echo"]
+    found = (
+        await http.get("/v1/tools", params={"q": "what time is it now"}, headers=headers)
+    ).json()
+    assert found["items"][0]["tool_id"] == "core__get_current_time"
+    assert found["total"] == listing["total"]  # ranked, not filtered
     paged = await http.get("/v1/tools", params={"page_size": 1, "page": 2}, headers=headers)
     assert len(paged.json()["items"]) == 1
 
@@ -625,10 +645,52 @@ async def test_tools_list_and_detail(
     manifest = detail.json()["versions"][0]
     assert manifest["version"] == "1.0.0"
     assert manifest["input_schema"]["properties"]["message"]["type"] == "string"
+    assert manifest["category"] == "core"
+    assert manifest["source_type"] == "native"
+    assert manifest["circuit"]["name"] == "core__echo"
+    assert manifest["retry_policy"]["max_attempts"] == 1
+    assert manifest["permissions"] == {"filesystem": [], "network": [], "credentials": []}
 
     missing = await http.get("/v1/tools/core__nope", headers=headers)
     assert missing.status_code == 404
     assert missing.headers["content-type"] == PROBLEM
+
+
+async def test_a_manifest_is_served_as_registered(
+    http: httpx.AsyncClient, pool: asyncpg.Pool, auth: Callable[..., dict[str, str]]
+) -> None:
+    tool_id = f"acme__m{uuid.uuid4().hex[:8]}"
+    registered = ToolManifest(
+        tool_id=tool_id,
+        version="1.2.0",
+        effect=Effect.EXTERNAL_SIDE_EFFECT,
+        description="Post a message to a chat channel.",
+        category=ToolCategory.COMMUNICATION,
+        tags=["chat"],
+        source_type=SourceType.HTTP,
+        input_schema={"type": "object"},
+        output_schema={"type": "object"},
+        redaction_allowlist=[],
+        timeout_seconds=10,
+        permissions=ToolPermissions(
+            network=["chat.example.com"],
+            filesystem=[FilesystemAccess(path="/tmp/out", access="write")],
+            credentials=["chat_token"],
+        ),
+        retry_policy=RetrySettings(max_attempts=3),
+        circuit=CircuitSettings(name="chat.example.com", failure_rate=0.25),
+        requires_approval=True,
+        resource_defaults=ResourceDefaults(memory_mb_limit=256),
+    )
+    await RegistryStore(pool).register(registered)
+    headers = auth(tenant(), admin=True)
+    detail = (await http.get(f"/v1/tools/{tool_id}", headers=headers)).json()
+    assert detail["requires_approval"] is True
+    assert ToolManifest.model_validate(detail["versions"][0]) == registered
+    assert detail["versions"][0]["credentials"] == ["chat_token"]  # both spellings agree
+    listed = (await http.get("/v1/tools", params={"tag": "chat"}, headers=headers)).json()
+    summary = next(t for t in listed["items"] if t["tool_id"] == tool_id)
+    assert (summary["latest_version"], summary["requires_approval"]) == ("1.2.0", True)
 
 
 async def test_unknown_route_is_problem(http: httpx.AsyncClient) -> None:

@@ -8,8 +8,8 @@ import pytest
 
 from toolfleet.errors import PermissionDenied
 from toolfleet.events.models import Effect
-from toolfleet.policy.documents import PolicyDocument, load_policy
-from toolfleet.policy.engine import PolicyQuery, decide
+from toolfleet.policy.documents import PolicyDocument, TenantPolicy, load_policy
+from toolfleet.policy.engine import PolicyQuery, decide, pinned_versions
 
 pytestmark = pytest.mark.unit
 
@@ -83,3 +83,14 @@ def test_unknown_keys_in_a_policy_are_rejected(tmp_path: Path) -> None:
     path.write_text('{"tenants": {"acme": {"allow_tool": ["core__*"]}}}')
     with pytest.raises(ValueError, match="allow_tool"):
         load_policy(path)
+
+
+def test_only_exact_versions_in_tool_versions_pin_a_tool() -> None:
+    tenant = TenantPolicy(
+        allow_tools=["acme__*"],
+        tool_versions={"acme__search": "1.2.0", "acme__*": "^2.0.0", "acme__fetch": "==3.1.4"},
+    )
+    assert pinned_versions(tenant, "acme__search") == {"1.2.0"}
+    assert pinned_versions(tenant, "acme__fetch") == {"3.1.4"}
+    assert pinned_versions(tenant, "acme__other") == frozenset()
+    assert pinned_versions(None, "acme__search") == frozenset()

@@ -1,0 +1,157 @@
+"""Semantic tool search through ``GET /v1/tools?q=``, held to a fixed evaluation set.
+
+``tests/data/tool_search_eval.yaml`` holds 45 tools and 45 plain-language queries; a
+query counts as found when a tool it wants ranks in the top three (recall@3). The
+result is printed (``-s``) and recorded as the test property ``recall_at_3``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import httpx
+import pytest
+import yaml
+from fastapi import FastAPI
+
+from toolfleet.api import ApiSettings, create_app
+from toolfleet.api.resources import ApiResources
+from toolfleet.auth.keys import generate_key_pair
+from toolfleet.auth.tokens import TokenIssuer
+from toolfleet.events.models import Effect
+from toolfleet.policy.documents import TenantPolicy
+from toolfleet.policy.store import PolicyStore
+from toolfleet.registry.manifest import ToolManifest
+from toolfleet.registry.store import RegistryStore
+from toolfleet.settings import FleetSettings
+
+pytestmark = pytest.mark.integration
+
+EVAL = yaml.safe_load((Path(__file__).parents[1] / "data" / "tool_search_eval.yaml").read_text())
+RECALL_FLOOR = 0.8
+
+
+@pytest.fixture(scope="module")
+def issuer_and_settings(
+    settings: FleetSettings, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[TokenIssuer, ApiSettings]:
+    pair = generate_key_pair()
+    folder = tmp_path_factory.mktemp("search-keys")
+    (folder / "private.pem").write_bytes(pair.private_pem)
+    (folder / "public.pem").write_bytes(pair.public_pem)
+    fleet = settings.model_copy(
+        update={
+            "jwt_private_key_file": folder / "private.pem",
+            "jwt_public_key_file": folder / "public.pem",
+        }
+    )
+    api_settings = ApiSettings(**fleet.model_dump())
+    issuer = TokenIssuer(
+        pair.private_pem,
+        pair.public_pem,
+        issuer=api_settings.jwt_issuer,
+        audience=api_settings.jwt_audience,
+    )
+    return issuer, api_settings
+
+
+@pytest.fixture(scope="module")
+async def app(issuer_and_settings: tuple[TokenIssuer, ApiSettings]) -> AsyncIterator[FastAPI]:
+    application = create_app(issuer_and_settings[1])
+    async with application.router.lifespan_context(application):
+        res: ApiResources = application.state.resources
+        store = RegistryStore(res.pool)
+        for spec in EVAL["tools"]:
+            await store.register(_manifest(spec))
+        await PolicyStore(res.pool).put(
+            "search_tenant",
+            TenantPolicy(allow_tools=["eval__*"], deny_tools=["eval__sentiment"]),
+            "test",
+        )
+        yield application
+
+
+@pytest.fixture
+async def http(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://api.test") as client:
+        yield client
+
+
+@pytest.fixture
+def headers(issuer_and_settings: tuple[TokenIssuer, ApiSettings]) -> dict[str, str]:
+    token = issuer_and_settings[0].issue(tenant_id="search_tenant", agent_did="did:agent:s")
+    return {"Authorization": f"Bearer {token}"}
+
+
+def _manifest(spec: dict[str, Any]) -> ToolManifest:
+    return ToolManifest(
+        tool_id=spec["id"],
+        version="1.0.0",
+        effect=Effect.READ_ONLY,
+        description=spec["description"],
+        category=spec["category"],
+        tags=spec["tags"],
+        input_schema={"type": "object"},
+        output_schema={"type": "object"},
+        redaction_allowlist=[],
+        timeout_seconds=5,
+    )
+
+
+async def _top(http: httpx.AsyncClient, headers: dict[str, str], q: str, n: int = 3) -> list[str]:
+    response = await http.get("/v1/tools", params={"q": q, "page_size": n}, headers=headers)
+    assert response.status_code == 200, response.text
+    return [t["tool_id"] for t in response.json()["items"]]
+
+
+async def test_recall_at_3_on_the_evaluation_set(
+    http: httpx.AsyncClient,
+    headers: dict[str, str],
+    record_property: Callable[[str, object], None],
+) -> None:
+    assert len(EVAL["tools"]) >= 40
+    assert len(EVAL["queries"]) >= 30
+    queries = [q for q in EVAL["queries"] if "eval__sentiment" not in q["want"]]
+    misses: list[tuple[str, list[str]]] = []
+    for query in queries:
+        top = await _top(http, headers, query["q"])
+        if not set(query["want"]) & set(top):
+            misses.append((query["q"], top))
+    recall = 1 - len(misses) / len(queries)
+    record_property("recall_at_3", round(recall, 3))
+    print(f"\ntool search recall@3 = {recall:.3f} over {len(queries)} queries; misses: {misses}")
+    assert recall >= RECALL_FLOOR, misses
+
+
+async def test_search_ranks_only_the_tenants_allowed_tools(
+    http: httpx.AsyncClient, headers: dict[str, str]
+) -> None:
+    found = (
+        await http.get(
+            "/v1/tools", params={"q": "is this review positive", "page_size": 200}, headers=headers
+        )
+    ).json()
+    ids = [t["tool_id"] for t in found["items"]]
+    assert "eval__sentiment" not in ids  # denied by the tenant's policy
+    assert all(i.startswith("eval__") for i in ids)
+    assert found["total"] == len(EVAL["tools"]) - 1
+
+
+async def test_tools_registered_before_search_existed_are_embedded_on_first_search(
+    http: httpx.AsyncClient, headers: dict[str, str], app: FastAPI
+) -> None:
+    pool: asyncpg.Pool = app.state.resources.pool
+    await pool.execute(
+        "UPDATE tool_definitions SET embedding = NULL, embedding_model = NULL "
+        "WHERE tool_id = 'eval__generate_password'"
+    )
+    assert (await _top(http, headers, "make me a strong random password", 1)) == [
+        "eval__generate_password"
+    ]
+    assert await pool.fetchval(
+        "SELECT embedding_model FROM tool_definitions WHERE tool_id = 'eval__generate_password'"
+    )

@@ -27,10 +27,12 @@ from toolfleet.cli.main import app as cli
 from toolfleet.errors import ErrorCode, ErrorInfo
 from toolfleet.events.codec import decode
 from toolfleet.events.envelope import new_event
-from toolfleet.events.models import CheckpointCreated, InvocationStatus, ToolOutcome
+from toolfleet.events.models import CheckpointCreated, Effect, InvocationStatus, ToolOutcome
 from toolfleet.events.types import EventType, Source, TopicName, topic
 from toolfleet.executor.registration import register_catalog
 from toolfleet.registry.catalog import discover
+from toolfleet.registry.manifest import ToolCategory, ToolManifest
+from toolfleet.registry.store import RegistryStore
 from toolfleet.settings import FleetSettings
 
 pytestmark = pytest.mark.integration
@@ -173,6 +175,64 @@ async def test_status_cancel_approve_and_tools(
     assert "core__echo" in {t["tool_id"] for t in json.loads(tools.stdout)}
     table = await run_cli(cli_env, "tools", "list")
     assert "core__get_current_time" in table.stdout
+
+
+async def test_tools_search_and_lifecycle_commands(
+    server: ApiResources, cli_env: dict[str, str]
+) -> None:
+    await register_catalog(server.pool, discover([]))
+    tool_id = f"cli__t{uuid.uuid4().hex[:8]}"
+    store = RegistryStore(server.pool)
+    for version in ("1.0.0", "2.0.0"):
+        await store.register(
+            ToolManifest(
+                tool_id=tool_id,
+                version=version,
+                effect=Effect.READ_ONLY,
+                description="Convert an amount of money between currencies.",
+                category=ToolCategory.FINANCE,
+                input_schema={"type": "object"},
+                output_schema={"type": "object"},
+                redaction_allowlist=[],
+                timeout_seconds=5,
+            )
+        )
+    found = await run_cli(cli_env, "tools", "search", "how many euros is 100 dollars", "--json")
+    assert found.exit_code == 0, found.output
+    assert json.loads(found.stdout)[0]["tool_id"] == tool_id
+
+    deprecated = await run_cli(
+        cli_env,
+        "tools",
+        "deprecate",
+        f"{tool_id}@1.0.0",
+        "--in-favor-of",
+        "2.0.0",
+        "--date",
+        "2099-01-31",
+    )
+    assert deprecated.exit_code == 0, deprecated.output
+    assert "active → deprecated" in deprecated.stdout
+    assert "2099-01-31" in deprecated.stdout
+    listed = await run_cli(cli_env, "tools", "list", "--category", "finance", "--json")
+    (mine,) = [t for t in json.loads(listed.stdout) if t["tool_id"] == tool_id]
+    old = mine["versions"][1]
+    assert (old["version"], old["deprecated"], old["sunset_date"][:10]) == (
+        "1.0.0",
+        True,
+        "2099-01-31",
+    )
+
+    sunset = await run_cli(cli_env, "tools", "sunset", f"{tool_id}@1.0.0", "--json")
+    assert json.loads(sunset.stdout)["lifecycle_state"] == "sunset"
+    removed = await run_cli(cli_env, "tools", "remove", f"{tool_id}@1.0.0")
+    assert removed.exit_code == 0, removed.output
+    backwards = await run_cli(cli_env, "tools", "deprecate", f"{tool_id}@1.0.0")
+    assert backwards.exit_code == 1
+    assert "409" in backwards.stderr
+    malformed = await run_cli(cli_env, "tools", "remove", tool_id)
+    assert malformed.exit_code == 1
+    assert "TOOL@VERSION" in malformed.stderr
 
 
 async def test_a_foreign_token_is_refused(server: ApiResources, cli_env: dict[str, str]) -> None:

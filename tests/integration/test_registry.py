@@ -68,3 +68,22 @@ async def test_lifecycle_drives_resolution(settings: FleetSettings) -> None:
         assert [v["version"] for v in detail["versions"]] == ["2.0.0"]
     finally:
         await pool.close()
+
+
+async def test_a_manifest_stored_with_a_category_outside_the_fixed_set_still_resolves(
+    settings: FleetSettings,
+) -> None:
+    pool = await create_pool(settings.database_url)
+    try:
+        store = RegistryStore(pool)
+        tool_id = f"reg__t{uuid.uuid4().hex[:8]}"
+        await store.register(manifest(tool_id, "1.0.0"))
+        await pool.execute(
+            """UPDATE tool_versions SET manifest = jsonb_set(manifest, '{category}', '"weather"')
+               WHERE tool_id = $1""",
+            tool_id,
+        )
+        (found,) = await store.versions(tool_id)
+        assert (found.category, found.tags) == ("general", ["weather"])
+    finally:
+        await pool.close()

@@ -17,6 +17,7 @@ from toolfleet.errors import InvalidParameters, RegistrationError, StateConflict
 from toolfleet.registry.manifest import (
     LIFECYCLE_ORDER,
     LifecycleState,
+    ToolCategory,
     ToolManifest,
     effective_state,
 )
@@ -407,10 +408,17 @@ def _tags(column: list[str | None] | None) -> list[str]:
 
 
 def _manifest(row: asyncpg.Record) -> ToolManifest:
+    stored: dict[str, Any] = dict(row["manifest"])
+    category = stored.get("category", ToolCategory.GENERAL.value)
+    if category not in set(ToolCategory):
+        # Registered before categories were a fixed set: still resolvable, the old
+        # category kept as a tag.
+        stored["category"] = ToolCategory.GENERAL.value
+        stored["tags"] = [*stored.get("tags", []), str(category)]
     # The lifecycle lives in its own columns: operators change it without re-registering.
     return ToolManifest.model_validate(
         {
-            **row["manifest"],
+            **stored,
             "lifecycle_state": row["lifecycle_state"],
             "deprecation_message": row["deprecation_message"],
             "deprecation_date": row["deprecation_date"],

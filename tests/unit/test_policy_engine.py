@@ -94,3 +94,21 @@ def test_only_exact_versions_in_tool_versions_pin_a_tool() -> None:
     assert pinned_versions(tenant, "acme__fetch") == {"3.1.4"}
     assert pinned_versions(tenant, "acme__other") == frozenset()
     assert pinned_versions(None, "acme__search") == frozenset()
+
+
+def test_a_tool_whose_manifest_requires_approval_always_waits_for_one() -> None:
+    document = PolicyDocument.model_validate({"tenants": {"t1": {"allow_tools": ["acme__*"]}}})
+    decision = decide(
+        document,
+        PolicyQuery(
+            tenant_id="t1",
+            agent_did="did:agent:a",
+            tool_id="acme__pay",
+            version="1.0.0",
+            effect=Effect.READ_ONLY,
+            approval_requested=False,
+            tool_requires_approval=True,
+        ),
+    )
+    assert decision.needs_approval
+    assert decision.reason == "acme__pay requires approval for every call"

@@ -26,6 +26,8 @@ class PolicyQuery:
     version: str
     effect: Effect
     approval_requested: bool
+    tool_requires_approval: bool = False
+    """The tool's manifest says every call waits for an approver."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -72,7 +74,9 @@ def decide_tenant(tenant: TenantPolicy | None, query: PolicyQuery) -> PolicyDeci
             raise PermissionDenied(
                 f"policy allows {query.tool_id} only in versions {allowed_range}"
             )
-    if query.approval_requested:
+    if query.tool_requires_approval:
+        needs_approval, reason = True, f"{query.tool_id} requires approval for every call"
+    elif query.approval_requested:
         needs_approval, reason = True, "the request asked for approval"
     elif query.effect in tenant.approval_effects:
         needs_approval, reason = True, f"policy requires approval for {query.effect} tools"

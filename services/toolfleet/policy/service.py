@@ -155,8 +155,8 @@ class PolicyService:
                     tool_id=manifest.tool_id,
                     version=manifest.version,
                     effect=manifest.effect,
-                    approval_requested=request.execution_options.require_approval
-                    or manifest.requires_approval,
+                    approval_requested=request.execution_options.require_approval,
+                    tool_requires_approval=manifest.requires_approval,
                 ),
             )
             check_parameters(self.schemas, manifest, request.parameters)

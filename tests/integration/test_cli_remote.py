@@ -189,15 +189,15 @@ async def test_tools_search_and_lifecycle_commands(
                 tool_id=tool_id,
                 version=version,
                 effect=Effect.READ_ONLY,
-                description="Convert an amount of money between currencies.",
-                category=ToolCategory.FINANCE,
+                description="Water the office plants and log soil moisture.",
+                category=ToolCategory.PRODUCTIVITY,
                 input_schema={"type": "object"},
                 output_schema={"type": "object"},
                 redaction_allowlist=[],
                 timeout_seconds=5,
             )
         )
-    found = await run_cli(cli_env, "tools", "search", "how many euros is 100 dollars", "--json")
+    found = await run_cli(cli_env, "tools", "search", "did anyone water the plants", "--json")
     assert found.exit_code == 0, found.output
     assert json.loads(found.stdout)[0]["tool_id"] == tool_id
 
@@ -214,7 +214,7 @@ async def test_tools_search_and_lifecycle_commands(
     assert deprecated.exit_code == 0, deprecated.output
     assert "active → deprecated" in deprecated.stdout
     assert "2099-01-31" in deprecated.stdout
-    listed = await run_cli(cli_env, "tools", "list", "--category", "finance", "--json")
+    listed = await run_cli(cli_env, "tools", "list", "--category", "productivity", "--json")
     (mine,) = [t for t in json.loads(listed.stdout) if t["tool_id"] == tool_id]
     old = mine["versions"][1]
     assert (old["version"], old["deprecated"], old["sunset_date"][:10]) == (

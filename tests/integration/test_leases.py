@@ -15,7 +15,7 @@ from toolfleet.events.types import TopicName
 from toolfleet.executor.leasing.fencing import Fence, epoch_key, lease_key
 from toolfleet.executor.leasing.guard import LeaseGuard, LeaseLost
 from toolfleet.executor.leasing.leases import Finished, Held, OutgoingEvent, RedisLeases, Taken
-from toolfleet.executor.ports import Emitted
+from toolfleet.events.envelope import Emitted
 
 pytestmark = pytest.mark.integration
 

@@ -16,7 +16,7 @@ from toolfleet.auth.revocation import RedisRevocationList
 from toolfleet.events.models import InvocationStatus, ToolOutcome
 from toolfleet.policy.cache import RedisPolicyCache
 from toolfleet.policy.documents import TenantPolicy
-from toolfleet.policy.store import PolicyStore
+from toolfleet.policy.postgres_policies import PolicyStore
 from toolfleet.settings import FleetSettings
 from toolfleet.storage.postgres import create_pool
 from toolfleet.storage.redis import connect_redis

@@ -11,7 +11,7 @@ from toolfleet.api.resources import ApiResources
 from toolfleet.policy.cache import RedisPolicyCache
 from toolfleet.policy.catalog import CatalogView
 from toolfleet.policy.provider import PolicyProvider
-from toolfleet.policy.store import PolicyStore
+from toolfleet.policy.postgres_policies import PolicyStore
 
 
 def policy_provider(res: ApiResources) -> PolicyProvider:

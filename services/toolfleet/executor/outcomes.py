@@ -25,7 +25,7 @@ from toolfleet.events.outcomes import failure_event
 from toolfleet.events.types import EventType, Source, TopicName
 from toolfleet.executor.admission import RunInput
 from toolfleet.executor.circuits.breaker import CircuitStatus, Transition
-from toolfleet.executor.ports import Emitted
+from toolfleet.events.envelope import Emitted
 from toolfleet.executor.runner import RunResult
 from toolfleet.secrets.capability import LeakDetector, withheld_output
 

@@ -53,7 +53,8 @@ from toolfleet.executor.checkpoints.store import CheckpointStore
 from toolfleet.executor.circuits.breaker import CircuitBreaker, Transition
 from toolfleet.executor.concurrency import AgentSlots
 from toolfleet.executor.leasing.guard import LeaseGuard, Suspended
-from toolfleet.executor.ports import Emitted, Emitter
+from toolfleet.events.envelope import Emitted
+from toolfleet.executor.ports import Emitter
 from toolfleet.executor.result_transfer import ResultTransfer
 from toolfleet.executor.runner import RunResult
 from toolfleet.observability import metrics

@@ -1,7 +1,7 @@
 """Pending approvals that nobody decided in time end with ``approval_denied``.
 
 Every parked approval is indexed by its expiry (``approval:expiries``, see
-:class:`toolfleet.policy.stores.RedisApprovalStore`). :func:`run_expiry_sweeper` asks
+:class:`toolfleet.policy.redis_stores.RedisApprovalStore`). :func:`run_expiry_sweeper` asks
 the store for the approvals that are due, hands each to ``emit`` (which publishes the
 terminal outcome, e.g. :func:`expiry_outcome`) and then acknowledges it. The store
 leases a claimed approval to one sweeper at a time, so policy replicas never end one

@@ -28,8 +28,8 @@ from toolfleet.policy.documents import load_policy
 from toolfleet.policy.provider import PolicyProvider
 from toolfleet.policy.service import PendingApproval, PolicyService
 from toolfleet.policy.settings import PolicySettings
-from toolfleet.policy.store import PolicyStore, seed_from_document
-from toolfleet.policy.stores import (
+from toolfleet.policy.postgres_policies import PolicyStore, seed_from_document
+from toolfleet.policy.redis_stores import (
     RedisApprovalStore,
     RedisIdempotencyStore,
     RedisRateLimiter,

@@ -23,7 +23,7 @@ from toolfleet.auth.grants import parameters_hash as _grant_parameters_hash
 from toolfleet.auth.revocation import RevocationList, ensure_not_revoked
 from toolfleet.auth.tokens import Capability, TokenVerifier
 from toolfleet.errors import InvalidEvent, PermissionDenied, ToolfleetError
-from toolfleet.events.envelope import Envelope, derived_event_id, new_event
+from toolfleet.events.envelope import Emitted, Envelope, derived_event_id, new_event
 from toolfleet.events.identity import invocation_uuid
 from toolfleet.events.models import (
     ApprovalDecision,
@@ -54,9 +54,6 @@ from toolfleet.storage.cancel_flags import CancelFlags
 AUTHTYPE = "app_user"
 """authcontext ``authtype`` for calls authorized by a verified capability token."""
 
-Emitted = tuple[TopicName, Envelope]
-
-
 class PendingApproval(BaseModel):
     """An authorized call parked until a human decides."""
 
@@ -72,7 +69,9 @@ class PendingApproval(BaseModel):
     """``jti`` of the verified capability token, bound into the execution grant."""
 
 
-class PolicySource(Protocol):
+class TenantPolicies(Protocol):
+    """A tenant's policy, cached (:class:`toolfleet.policy.provider.PolicyProvider`)."""
+
     async def policy_for(self, tenant_id: str) -> TenantPolicy | None: ...
 
 
@@ -110,7 +109,7 @@ def parameters_hash(tool_id: str, version: str, parameters: dict[str, Any]) -> s
 class PolicyService:
     lookup: ToolLookup
     verifier: TokenVerifier | None
-    policies: PolicySource
+    policies: TenantPolicies
     schemas: CompiledSchemas
     approvals: ApprovalStore
     cancels: CancelFlags

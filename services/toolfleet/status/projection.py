@@ -34,7 +34,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any, Final, TypeVar
 
-from toolfleet.audit.sanitize import sanitize_parameters
+from toolfleet.events.sanitize import sanitize_parameters
 from toolfleet.errors import InvalidEvent
 from toolfleet.events.envelope import Envelope
 from toolfleet.events.identity import invocation_id_of, invocation_uuid, tenant_of, trace_id_of

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from toolfleet.errors import ToolfleetError
-from toolfleet.events.envelope import Envelope
+from toolfleet.events.envelope import Emitted, Envelope
 from toolfleet.events.large_results import attachment_url, encode_result, preview
 from toolfleet.events.models import (
     Attachment,
@@ -30,7 +30,6 @@ from toolfleet.registry.lookup import ToolLookup
 from toolfleet.registry.schemas import CompiledSchemas
 from toolfleet.storage.blobs import ResultBlobs
 
-Emitted = tuple[TopicName, Envelope]
 
 #: Namespace of attachment ids, derived from the ``executed`` event they come from.
 _ATTACHMENTS = uuid.UUID("6f1d3c52-9a1e-4f57-b1d4-2c8e7a9b0f31")

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from toolfleet.executor.leasing.fencing import Fence, StaleLease
 from toolfleet.executor.leasing.leases import Finished, Held, Leases, OutgoingEvent, Taken
-from toolfleet.executor.ports import Emitted
+from toolfleet.events.envelope import Emitted
 from toolfleet.observability import metrics
 
 log = logging.getLogger(__name__)

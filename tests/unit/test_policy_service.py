@@ -262,7 +262,9 @@ async def test_a_duplicate_key_answers_with_the_first_calls_outcome(fleet: Fleet
         tool_version="1.0.0",
         result={"message": "hi", "length": 2},
     )
-    topic, answer = _one(await fleet.service.on_result(outcome_event(first, Source.VALIDATOR, finished)))
+    topic, answer = _one(
+        await fleet.service.on_result(outcome_event(first, Source.VALIDATOR, finished))
+    )
     assert topic == TopicName.RESULTS
     copy = answer.data_as(ToolOutcome)
     assert str(copy.invocation_id) == second.invocationid
@@ -286,6 +288,7 @@ async def test_the_rate_limit_refuses_then_refills_with_time(fleet: Fleet) -> No
     refused = _one(await _ask(fleet, _request()))[1].data_as(ToolOutcome)
     assert refused.error is not None
     assert refused.error.code == ErrorCode.RATE_LIMIT_EXCEEDED
-    assert refused.error.retry_after_s is not None and refused.error.retry_after_s > 0
+    assert refused.error.retry_after_s is not None
+    assert refused.error.retry_after_s > 0
     fleet.clock.now += 60
     assert _one(await _ask(fleet, _request()))[0] == TopicName.AUTHORIZED

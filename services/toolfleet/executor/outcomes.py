@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from toolfleet.errors import ErrorInfo, ResourceExhausted, ToolfleetError
-from toolfleet.events.envelope import Envelope, derived_event_id, new_event
+from toolfleet.events.envelope import Emitted, Envelope, derived_event_id, new_event
 from toolfleet.events.large_results import encode_result
 from toolfleet.events.models import (
     CircuitChanged,
@@ -25,7 +25,6 @@ from toolfleet.events.outcomes import failure_event
 from toolfleet.events.types import EventType, Source, TopicName
 from toolfleet.executor.admission import RunInput
 from toolfleet.executor.circuits.breaker import CircuitStatus, Transition
-from toolfleet.events.envelope import Emitted
 from toolfleet.executor.runner import RunResult
 from toolfleet.secrets.capability import LeakDetector, withheld_output
 
@@ -46,11 +45,7 @@ def failed(
             run.event,
             Source.EXECUTOR,
             error,
-            invocation_id=run.invocation_id,
-            tenant_id=call.agent_context.tenant_id,
-            agent_did=call.agent_context.agent_did,
-            tool_id=call.tool_id,
-            tool_version=call.tool_version,
+            call=run.ref,
             warnings=call.warnings,
             execution_metadata=metadata,
             documents_accessed=documents_accessed,

@@ -6,8 +6,8 @@ from collections.abc import Awaitable
 from typing import Protocol
 
 from toolfleet.events.envelope import Envelope
-
 from toolfleet.events.types import TopicName
+
 
 class Emitter(Protocol):
     """Publishes a lifecycle notification now; the returned awaitable is the broker's ack."""

@@ -109,6 +109,15 @@ def trace_id_of(traceparent: str | None) -> str | None:
     return parsed.trace_id if parsed is not None else None
 
 
+def traceparent_in(trace_id: str | None) -> str | None:
+    """A ``traceparent`` for a new span of trace ``trace_id``; ``None`` if it is not valid.
+
+    How an event sent later about an invocation (a cancel, an approval) joins the
+    invocation's trace when only its trace id was kept (the status row).
+    """
+    return valid_traceparent(f"00-{trace_id}-{secrets.token_hex(8)}-{_SAMPLED}")
+
+
 def new_traceparent() -> str:
     """A fresh, random ``traceparent``: a new trace, sampled."""
     return str(TraceParent(trace_id=secrets.token_hex(16), parent_id=secrets.token_hex(8)))

@@ -213,7 +213,7 @@ class Admission:
             tool_id=call.tool_id,
             tool_version=call.tool_version,
             parameters=call.parameters,
-            tenant_id=call.agent_context.tenant_id,
+            tenant_id=run.ref.tenant_id,
         )
         hit = await self.cache.get(admitted.cache_id)
         return None if hit is None else Cached(result=hit)
@@ -253,7 +253,7 @@ class Admission:
         try:
             capability = await resolve_credentials(
                 self.secrets,
-                tenant_id=call.agent_context.tenant_id,
+                tenant_id=run.ref.tenant_id,
                 connection_id=call.connection_id,
                 names=spec.credentials,
                 tool_id=spec.tool_id,
@@ -269,7 +269,7 @@ class Admission:
         if self.slots is None:
             return None
         call, holder = run.call, run.invocation_id
-        key = agent_key(call.agent_context.tenant_id, call.agent_context.agent_did)
+        key = agent_key(run.ref.tenant_id, run.ref.agent_did)
 
         async def give_up() -> bool:
             return self.is_suspended(holder) or await self.cancels.is_requested(holder)
@@ -311,7 +311,7 @@ async def resume_point(checkpoints: CheckpointStore, run: RunInput) -> Checkpoin
     config = call.checkpoint_config
     if not config.enable_checkpointing:
         return None
-    invocation_id, tenant_id = run.invocation_id, call.agent_context.tenant_id
+    invocation_id, tenant_id = run.invocation_id, run.ref.tenant_id
     latest = await checkpoints.latest(invocation_id)
     if latest is not None and not _belongs(latest, invocation_id, tenant_id):
         latest = None

@@ -212,8 +212,8 @@ class ExecutorService:
             latest = resume if attempt == 1 else await resume_point(self.checkpoints, run)
             return ToolContext(
                 invocation_id=invocation_id,
-                tenant_id=call.agent_context.tenant_id,
-                agent_did=call.agent_context.agent_did,
+                tenant_id=run.ref.tenant_id,
+                agent_did=run.ref.agent_did,
                 tool_id=call.tool_id,
                 tool_version=call.tool_version,
                 attempt=attempt,
@@ -289,7 +289,7 @@ class ExecutorService:
             inline, blob = await self.results.pack(
                 result.result,
                 encoded,
-                tenant_id=call.agent_context.tenant_id,
+                tenant_id=run.ref.tenant_id,
                 invocation_id=invocation_id,
             )
         except ResourceExhausted as exc:

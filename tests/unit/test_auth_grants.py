@@ -62,7 +62,7 @@ class FakeClock:
 
 def _grant(clock: FakeClock | None = None, key: bytes = KEY, timeout_s: float = 30) -> str:
     signer = GrantSigner(key, margin_s=60, clock=clock or FakeClock())
-    return signer.sign(**CALL, capability_jti="cap-jti-1", timeout_s=timeout_s)
+    return signer.sign(**_bound(CALL), capability_jti="cap-jti-1", timeout_s=timeout_s)
 
 
 def _verifier(clock: FakeClock | None = None, keys: list[bytes] | None = None) -> GrantVerifier:
@@ -178,7 +178,7 @@ def test_grant_key_file_rotation_keeps_old_grants_valid(tmp_path: Path) -> None:
     settings_ = FleetSettings(grant_key_file=path, grant_margin_s=10)
     signer = GrantSigner.from_settings(settings_)
     assert signer is not None
-    old = signer.sign(**CALL, capability_jti="j", timeout_s=5)
+    old = signer.sign(**_bound(CALL), capability_jti="j", timeout_s=5)
     rotate_grant_key(path)
     assert len(load_grant_keys(path)) == 2
     verifier = GrantVerifier.from_settings(settings_)
@@ -186,7 +186,9 @@ def test_grant_key_file_rotation_keeps_old_grants_valid(tmp_path: Path) -> None:
     verifier.verify(old, **_bound(CALL))
     new_signer = GrantSigner.from_settings(settings_)
     assert new_signer is not None
-    verifier.verify(new_signer.sign(**CALL, capability_jti="j", timeout_s=5), **_bound(CALL))
+    verifier.verify(
+        new_signer.sign(**_bound(CALL), capability_jti="j", timeout_s=5), **_bound(CALL)
+    )
     rotate_grant_key(path, keep=1)
     with pytest.raises(PermissionDenied, match="unknown key"):
         GrantVerifier(load_grant_keys(path)).verify(old, **_bound(CALL))
@@ -214,7 +216,9 @@ DOCS = {"documents": [{"document_id": "handbook", "version": None}], "source": N
 def test_a_grant_binds_the_calls_document_context() -> None:
     signer = GrantSigner(KEY, margin_s=60, clock=FakeClock())
     verifier = GrantVerifier([KEY], clock=FakeClock())
-    with_docs = signer.sign(**CALL, capability_jti="cap-jti-1", timeout_s=30, document_context=DOCS)
+    with_docs = signer.sign(
+        **_bound(CALL), capability_jti="cap-jti-1", timeout_s=30, document_context=DOCS
+    )
     verifier.verify(with_docs, **_bound(CALL), document_context=DOCS)
     wider = {"documents": [*DOCS["documents"], {"document_id": "payroll", "version": None}]}
     for other in (wider, None):

@@ -181,17 +181,15 @@ class GrantSigner:
     def sign(
         self,
         *,
-        invocation_id: str,
-        tenant_id: str,
-        agent_did: str,
-        tool_id: str,
-        tool_version: str,
+        call: CallRef,
         parameters: dict[str, Any],
         capability_jti: str,
         timeout_s: float,
         document_context: dict[str, Any] | None = None,
     ) -> str:
         """A grant for this call, valid for ``timeout_s`` plus the margin."""
+        invocation_id, tenant_id, agent_did = call.invocation_id, call.tenant_id, call.agent_did
+        tool_id, tool_version = call.tool_id, call.tool_version or ""
         now = int(self._clock())
         claims = {
             "iss": ISSUER,

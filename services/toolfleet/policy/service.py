@@ -216,11 +216,7 @@ class PolicyService:
             authorized = authorized.model_copy(
                 update={
                     "grant": self.grants.sign(
-                        invocation_id=str(authorized.invocation_id),
-                        tenant_id=tenant,
-                        agent_did=authorized.agent_context.agent_did,
-                        tool_id=authorized.tool_id,
-                        tool_version=authorized.tool_version,
+                        call=CallRef.of(authorized),
                         parameters=authorized.parameters,
                         capability_jti=capability_jti,
                         timeout_s=authorized.timeout_seconds,

@@ -37,8 +37,8 @@ from redis.asyncio import Redis
 from e2e_bench import RESULTS_DIR, RunResult, summarize, throwaway_database
 from toolfleet.policy.cache import RedisPolicyCache, run_invalidation_listener
 from toolfleet.policy.documents import TenantPolicy
+from toolfleet.policy.postgres_policies import PolicyStore
 from toolfleet.policy.provider import PolicyProvider
-from toolfleet.policy.store import PolicyStore
 from toolfleet.storage.postgres import create_pool, migrate
 from toolfleet.storage.redis import connect_redis
 

@@ -32,7 +32,7 @@ from toolfleet.events.models import ApprovalDecision, CancelRequested, Effect, I
 from toolfleet.events.types import EventType, TopicName, topic
 from toolfleet.executor.registration import register_catalog
 from toolfleet.policy.documents import TenantPolicy
-from toolfleet.policy.store import PolicyStore
+from toolfleet.policy.postgres_policies import PolicyStore
 from toolfleet.registry.catalog import discover
 from toolfleet.registry.manifest import (
     CircuitSettings,

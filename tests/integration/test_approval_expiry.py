@@ -13,8 +13,8 @@ from redis.asyncio import Redis
 from tests.support.eventually import eventually
 from tests.unit.test_approval_expiry import pending_approval
 from toolfleet.policy.approval_expiry import run_expiry_sweeper
+from toolfleet.policy.redis_stores import RedisApprovalStore
 from toolfleet.policy.service import PendingApproval
-from toolfleet.policy.stores import RedisApprovalStore
 from toolfleet.storage.redis import connect_redis
 
 pytestmark = pytest.mark.integration

@@ -23,6 +23,7 @@ from toolfleet.auth.grants import parameters_hash
 from toolfleet.auth.revocation import RedisRevocationList
 from toolfleet.bus.producer import Outbound
 from toolfleet.events.envelope import Envelope, new_event
+from toolfleet.events.identity import trace_id_of
 from toolfleet.events.models import ApprovalDecision, CancelRequested
 from toolfleet.events.types import EventType, TopicName
 from toolfleet.settings import FleetSettings
@@ -268,3 +269,38 @@ async def test_an_unsigned_cancel_does_not_stop_a_running_call(
     await refusals(fleet, invocation_id, 1)
     done = await status_is(http, fleet, owner, invocation_id, "success")
     assert done["result"]["steps_completed"] == 20
+
+
+async def test_decisions_and_cancels_from_the_api_join_the_calls_trace(
+    http: httpx.AsyncClient, fleet: Fleet
+) -> None:
+    owner = tenant()
+    agent = bearer(fleet.token(owner, AGENT))
+    approver = bearer(fleet.token(owner, APPROVER, scopes=["approver"]))
+    body = {
+        "tool_id": "core__echo",
+        "agent_context": {"agent_did": AGENT, "tenant_id": owner},
+        "parameters": PARAMS,
+        "execution_options": {"require_approval": True},
+    }
+    traces: dict[str, str] = {}
+    for verb in ("approve", "deny", "cancel"):
+        trace_id = uuid.uuid4().hex
+        headers = {**agent, "traceparent": f"00-{trace_id}-{'1' * 16}-01"}
+        accepted = await http.post("/v1/invocations", json=body, headers=headers)
+        assert accepted.status_code == 202, accepted.text
+        invocation_id = accepted.json()["invocation_id"]
+        shown = await status_is(http, fleet, owner, invocation_id, "pending_approval")
+        assert shown["trace_id"] == trace_id
+        decided = await http.post(
+            f"/v1/invocations/{invocation_id}/{verb}",
+            headers=agent if verb == "cancel" else approver,
+        )
+        assert decided.status_code == 200, decided.text
+        traces[invocation_id] = trace_id
+
+    for invocation_id, trace_id in traces.items():
+        sent = await eventually(
+            lambda i=invocation_id: fleet.read(TopicName.CONTROL, invocation_id=i), timeout=30
+        )
+        assert {trace_id_of(e.traceparent) for e in sent} == {trace_id}

@@ -12,8 +12,8 @@ from redis.asyncio import Redis
 from tests.support.eventually import eventually
 from toolfleet.events.models import InvocationStatus, ToolOutcome
 from toolfleet.policy.idempotency import ClaimKind, Waiter, outcome_for_duplicate
+from toolfleet.policy.redis_stores import RedisIdempotencyStore
 from toolfleet.policy.service import parameters_hash
-from toolfleet.policy.stores import RedisIdempotencyStore
 from toolfleet.storage.redis import connect_redis
 
 pytestmark = pytest.mark.integration

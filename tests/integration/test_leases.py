@@ -11,11 +11,11 @@ import pytest
 from redis.asyncio import Redis
 
 from tests.support.lifecycle import Lifecycle
+from toolfleet.events.envelope import Emitted
 from toolfleet.events.types import TopicName
 from toolfleet.executor.leasing.fencing import Fence, epoch_key, lease_key
 from toolfleet.executor.leasing.guard import LeaseGuard, LeaseLost
 from toolfleet.executor.leasing.leases import Finished, Held, OutgoingEvent, RedisLeases, Taken
-from toolfleet.executor.ports import Emitted
 
 pytestmark = pytest.mark.integration
 

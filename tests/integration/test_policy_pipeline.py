@@ -13,10 +13,11 @@ import pytest
 from tests.support.eventually import eventually
 from tests.support.pipeline import Fleet, fleet_settings, in_process_fleet
 from toolfleet.auth.revocation import RedisRevocationList
+from toolfleet.events.identity import CallRef
 from toolfleet.events.models import InvocationStatus, ToolOutcome
 from toolfleet.policy.cache import RedisPolicyCache
 from toolfleet.policy.documents import TenantPolicy
-from toolfleet.policy.store import PolicyStore
+from toolfleet.policy.postgres_policies import PolicyStore
 from toolfleet.settings import FleetSettings
 from toolfleet.storage.postgres import create_pool
 from toolfleet.storage.redis import connect_redis
@@ -245,11 +246,13 @@ async def test_a_grant_does_not_cover_altered_parameters(fleet: Fleet) -> None:
     assert signer is not None
     data = _authorized()
     grant = signer.sign(
-        invocation_id=data["invocation_id"],
-        tenant_id="t1",
-        agent_did=AGENT,
-        tool_id="core__echo",
-        tool_version="1.0.0",
+        call=CallRef(
+            invocation_id=data["invocation_id"],
+            tenant_id="t1",
+            agent_did=AGENT,
+            tool_id="core__echo",
+            tool_version="1.0.0",
+        ),
         parameters={"message": "harmless"},
         capability_jti="j",
         timeout_s=5,
@@ -258,11 +261,13 @@ async def test_a_grant_does_not_cover_altered_parameters(fleet: Fleet) -> None:
     assert altered.status is InvocationStatus.PERMISSION_DENIED
     honest = _authorized(parameters={"message": "harmless"})
     honest_grant = signer.sign(
-        invocation_id=honest["invocation_id"],
-        tenant_id="t1",
-        agent_did=AGENT,
-        tool_id="core__echo",
-        tool_version="1.0.0",
+        call=CallRef(
+            invocation_id=honest["invocation_id"],
+            tenant_id="t1",
+            agent_did=AGENT,
+            tool_id="core__echo",
+            tool_version="1.0.0",
+        ),
         parameters={"message": "harmless"},
         capability_jti="j",
         timeout_s=5,

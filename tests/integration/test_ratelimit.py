@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from redis.asyncio import Redis
 
 from toolfleet.policy.ratelimit import InMemoryRateLimiter, RateLimits
-from toolfleet.policy.stores import RedisRateLimiter
+from toolfleet.policy.redis_stores import RedisRateLimiter
 from toolfleet.storage.lua import LuaScript
 from toolfleet.storage.redis import connect_redis
 

@@ -23,7 +23,7 @@ from toolfleet.auth.keys import generate_key_pair
 from toolfleet.auth.tokens import TokenIssuer
 from toolfleet.events.models import Effect
 from toolfleet.policy.documents import TenantPolicy
-from toolfleet.policy.store import PolicyStore
+from toolfleet.policy.postgres_policies import PolicyStore
 from toolfleet.registry.manifest import ToolManifest
 from toolfleet.registry.store import RegistryStore
 from toolfleet.settings import FleetSettings

@@ -21,6 +21,7 @@ from toolfleet.auth.control import (
 )
 from toolfleet.auth.grants import GrantSigner, GrantVerifier, ensure_grant_key, rotate_grant_key
 from toolfleet.errors import InvalidEvent, PermissionDenied
+from toolfleet.events.identity import CallRef
 from toolfleet.events.models import ApprovalDecision, CancelRequested
 from toolfleet.events.types import EventType
 from toolfleet.settings import FleetSettings
@@ -96,11 +97,13 @@ def test_unsigned_forged_and_foreign_signatures_are_refused() -> None:
 
 def test_grants_and_control_signatures_are_not_interchangeable() -> None:
     grant = GrantSigner(KEY, clock=FakeClock()).sign(
-        invocation_id=CLAIMS.invocation_id,
-        tenant_id="t1",
-        agent_did="did:user:alice",
-        tool_id="core__echo",
-        tool_version="1.0.0",
+        call=CallRef(
+            invocation_id=CLAIMS.invocation_id,
+            tenant_id="t1",
+            agent_did="did:user:alice",
+            tool_id="core__echo",
+            tool_version="1.0.0",
+        ),
         parameters={},
         capability_jti="j",
         timeout_s=30,
@@ -110,11 +113,13 @@ def test_grants_and_control_signatures_are_not_interchangeable() -> None:
     with pytest.raises(PermissionDenied, match="wrong type"):
         GrantVerifier([KEY], clock=FakeClock()).verify(
             _sign(),
-            invocation_id=CLAIMS.invocation_id,
-            tenant_id="t1",
-            agent_did="did:user:alice",
-            tool_id="core__echo",
-            tool_version="1.0.0",
+            call=CallRef(
+                invocation_id=CLAIMS.invocation_id,
+                tenant_id="t1",
+                agent_did="did:user:alice",
+                tool_id="core__echo",
+                tool_version="1.0.0",
+            ),
             parameters={},
         )
 

@@ -24,6 +24,7 @@ from toolfleet.auth.grants import (
 from toolfleet.auth.keys import generate_key_pair
 from toolfleet.auth.tokens import TokenIssuer, TokenVerifier
 from toolfleet.errors import PermissionDenied
+from toolfleet.events.identity import CallRef
 from toolfleet.settings import FleetSettings
 
 pytestmark = pytest.mark.unit
@@ -39,6 +40,18 @@ CALL: dict[str, Any] = {
 }
 
 
+def _bound(call: dict[str, Any]) -> dict[str, Any]:
+    """``CALL`` as the verifier takes it: the call's identity, then its parameters."""
+    ref = CallRef(
+        invocation_id=call["invocation_id"],
+        tenant_id=call["tenant_id"],
+        agent_did=call["agent_did"],
+        tool_id=call["tool_id"],
+        tool_version=call["tool_version"],
+    )
+    return {"call": ref, "parameters": call["parameters"]}
+
+
 class FakeClock:
     def __init__(self, now: float = 1_700_000_000.0) -> None:
         self.now = now
@@ -49,7 +62,7 @@ class FakeClock:
 
 def _grant(clock: FakeClock | None = None, key: bytes = KEY, timeout_s: float = 30) -> str:
     signer = GrantSigner(key, margin_s=60, clock=clock or FakeClock())
-    return signer.sign(**CALL, capability_jti="cap-jti-1", timeout_s=timeout_s)
+    return signer.sign(**_bound(CALL), capability_jti="cap-jti-1", timeout_s=timeout_s)
 
 
 def _verifier(clock: FakeClock | None = None, keys: list[bytes] | None = None) -> GrantVerifier:
@@ -58,8 +71,8 @@ def _verifier(clock: FakeClock | None = None, keys: list[bytes] | None = None) -
 
 def test_a_grant_verifies_for_exactly_its_call() -> None:
     grant = _grant()
-    _verifier().verify(grant, **CALL)
-    decoded = _verifier().decode(grant, **CALL)
+    _verifier().verify(grant, **_bound(CALL))
+    decoded = _verifier().decode(grant, **_bound(CALL))
     assert decoded.capability_jti == "cap-jti-1"
     assert decoded.expires_at == 1_700_000_000 + 30 + 1 + 60
     assert decoded.params_sha256 == parameters_hash("core__echo", "1.0.0", CALL["parameters"])
@@ -80,7 +93,7 @@ def test_a_grant_verifies_for_exactly_its_call() -> None:
 )
 def test_any_other_call_is_denied(field: str, value: Any) -> None:
     with pytest.raises(PermissionDenied, match="execution grant was issued for"):
-        _verifier().verify(_grant(), **{**CALL, field: value})
+        _verifier().verify(_grant(), **_bound({**CALL, field: value}))
 
 
 @pytest.mark.parametrize("claim", ["invocation_id", "tenant_id", "tool_id", "params_sha256", "exp"])
@@ -90,7 +103,7 @@ def test_re_signing_a_changed_claim_without_the_key_is_denied(claim: str) -> Non
     claims[claim] = 9_999_999_999 if claim == "exp" else "x"
     forged = base64.urlsafe_b64encode(json.dumps(claims).encode()).rstrip(b"=").decode()
     with pytest.raises(PermissionDenied, match="signature is invalid"):
-        _verifier().verify(f"{header}.{forged}.{signature}", **CALL)
+        _verifier().verify(f"{header}.{forged}.{signature}", **_bound(CALL))
 
 
 @settings(max_examples=150, deadline=None)
@@ -99,29 +112,29 @@ def test_flipping_any_byte_is_denied(data: st.DataObject) -> None:
     raw = bytearray(_grant().encode())
     raw[data.draw(st.integers(0, len(raw) - 1))] ^= data.draw(st.integers(1, 255))
     with pytest.raises(PermissionDenied):
-        _verifier().verify(raw.decode("latin-1"), **CALL)
+        _verifier().verify(raw.decode("latin-1"), **_bound(CALL))
 
 
 def test_expired_and_future_grants_are_denied() -> None:
     clock = FakeClock()
     grant = _grant(clock)
     later = FakeClock(clock.now + 30 + 1 + 60 + 29)
-    _verifier(later).verify(grant, **CALL)  # within the leeway
+    _verifier(later).verify(grant, **_bound(CALL))  # within the leeway
     with pytest.raises(PermissionDenied, match="expired"):
-        _verifier(FakeClock(clock.now + 30 + 1 + 60 + 31)).verify(grant, **CALL)
+        _verifier(FakeClock(clock.now + 30 + 1 + 60 + 31)).verify(grant, **_bound(CALL))
     with pytest.raises(PermissionDenied, match="future"):
-        _verifier(FakeClock(clock.now - 120)).verify(grant, **CALL)
+        _verifier(FakeClock(clock.now - 120)).verify(grant, **_bound(CALL))
 
 
 def test_wrong_key_and_other_algorithms_are_denied() -> None:
     with pytest.raises(PermissionDenied, match="unknown key"):
-        _verifier(keys=[b"z" * 32]).verify(_grant(), **CALL)
+        _verifier(keys=[b"z" * 32]).verify(_grant(), **_bound(CALL))
     header = base64.urlsafe_b64encode(
         json.dumps({"alg": "none", "typ": "toolfleet-grant+jwt"}).encode()
     ).rstrip(b"=")
     payload = _grant().split(".")[1]
     with pytest.raises(PermissionDenied, match="HS256"):
-        _verifier().verify(f"{header.decode()}.{payload}.", **CALL)
+        _verifier().verify(f"{header.decode()}.{payload}.", **_bound(CALL))
 
 
 def test_grants_and_capability_tokens_do_not_mix() -> None:
@@ -130,12 +143,12 @@ def test_grants_and_capability_tokens_do_not_mix() -> None:
         tenant_id="t1", agent_did="did:agent:a", tool_id="*"
     )
     with pytest.raises(PermissionDenied, match="HS256"):
-        _verifier().verify(token, **CALL)
+        _verifier().verify(token, **_bound(CALL))
     with pytest.raises(PermissionDenied, match="RS256"):
         TokenVerifier([pair.public_pem], issuer="i", audience="a").verify(_grant())
     untyped = jwt.encode({"x": 1}, KEY, algorithm="HS256")
     with pytest.raises(PermissionDenied, match="wrong type"):
-        _verifier().verify(untyped, **CALL)
+        _verifier().verify(untyped, **_bound(CALL))
 
 
 def test_parameters_hash_is_the_policy_canonicalisation() -> None:
@@ -165,18 +178,20 @@ def test_grant_key_file_rotation_keeps_old_grants_valid(tmp_path: Path) -> None:
     settings_ = FleetSettings(grant_key_file=path, grant_margin_s=10)
     signer = GrantSigner.from_settings(settings_)
     assert signer is not None
-    old = signer.sign(**CALL, capability_jti="j", timeout_s=5)
+    old = signer.sign(**_bound(CALL), capability_jti="j", timeout_s=5)
     rotate_grant_key(path)
     assert len(load_grant_keys(path)) == 2
     verifier = GrantVerifier.from_settings(settings_)
     assert verifier is not None
-    verifier.verify(old, **CALL)
+    verifier.verify(old, **_bound(CALL))
     new_signer = GrantSigner.from_settings(settings_)
     assert new_signer is not None
-    verifier.verify(new_signer.sign(**CALL, capability_jti="j", timeout_s=5), **CALL)
+    verifier.verify(
+        new_signer.sign(**_bound(CALL), capability_jti="j", timeout_s=5), **_bound(CALL)
+    )
     rotate_grant_key(path, keep=1)
     with pytest.raises(PermissionDenied, match="unknown key"):
-        GrantVerifier(load_grant_keys(path)).verify(old, **CALL)
+        GrantVerifier(load_grant_keys(path)).verify(old, **_bound(CALL))
     assert GrantSigner.from_settings(FleetSettings()) is None
     assert GrantVerifier.from_settings(FleetSettings()) is None
 
@@ -201,12 +216,14 @@ DOCS = {"documents": [{"document_id": "handbook", "version": None}], "source": N
 def test_a_grant_binds_the_calls_document_context() -> None:
     signer = GrantSigner(KEY, margin_s=60, clock=FakeClock())
     verifier = GrantVerifier([KEY], clock=FakeClock())
-    with_docs = signer.sign(**CALL, capability_jti="cap-jti-1", timeout_s=30, document_context=DOCS)
-    verifier.verify(with_docs, **CALL, document_context=DOCS)
+    with_docs = signer.sign(
+        **_bound(CALL), capability_jti="cap-jti-1", timeout_s=30, document_context=DOCS
+    )
+    verifier.verify(with_docs, **_bound(CALL), document_context=DOCS)
     wider = {"documents": [*DOCS["documents"], {"document_id": "payroll", "version": None}]}
     for other in (wider, None):
         with pytest.raises(PermissionDenied, match="other documents"):
-            verifier.verify(with_docs, **CALL, document_context=other)
+            verifier.verify(with_docs, **_bound(CALL), document_context=other)
     # A grant issued without documents does not let an edited event add some.
     with pytest.raises(PermissionDenied, match="other documents"):
-        verifier.verify(_grant(), **CALL, document_context=DOCS)
+        verifier.verify(_grant(), **_bound(CALL), document_context=DOCS)

@@ -12,6 +12,7 @@ from tests.unit.test_secrets_executor import Cancels, Checkpoints, Emitter
 from toolfleet.auth.grants import GrantSigner, GrantVerifier
 from toolfleet.auth.revocation import MemoryRevocationList
 from toolfleet.events.envelope import Envelope, new_event
+from toolfleet.events.identity import CallRef
 from toolfleet.events.models import AgentContext, Effect, InvokeAuthorized
 from toolfleet.events.types import EventType, Source, TopicName
 from toolfleet.executor.service import ExecutorService
@@ -54,11 +55,13 @@ def granted(capability_jti: str) -> Envelope:
         requested_at=datetime.now(UTC),
     )
     grant = GrantSigner(KEY).sign(
-        invocation_id=str(data.invocation_id),
-        tenant_id="t1",
-        agent_did="did:agent:a",
-        tool_id="core__echo",
-        tool_version="1.0.0",
+        call=CallRef(
+            invocation_id=str(data.invocation_id),
+            tenant_id="t1",
+            agent_did="did:agent:a",
+            tool_id="core__echo",
+            tool_version="1.0.0",
+        ),
         parameters=data.parameters,
         capability_jti=capability_jti,
         timeout_s=5,

@@ -2,21 +2,27 @@
 
 from __future__ import annotations
 
+import uuid
+from datetime import UTC, datetime
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from toolfleet.events.envelope import Envelope, new_event
 from toolfleet.events.identity import (
+    CallRef,
     derived_traceparent,
     invocation_id_of,
     invocation_uuid,
     parse_traceparent,
     tenant_of,
     trace_id_of,
+    traceparent_in,
     valid_traceparent,
     with_trace,
 )
+from toolfleet.events.models import AgentContext, Effect, InvokeAuthorized
 from toolfleet.events.types import EventType, Source
 
 pytestmark = pytest.mark.unit
@@ -131,3 +137,36 @@ def test_the_tenant_is_read_from_the_attribute_then_the_data() -> None:
         update={"data": {"agent_context": {"tenant_id": "t2"}}}
     )
     assert tenant_of(bare) == "t2"
+
+
+def test_a_later_event_joins_a_trace_known_by_its_id_alone() -> None:
+    trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
+    first, second = traceparent_in(trace_id), traceparent_in(trace_id)
+    assert trace_id_of(first) == trace_id_of(second) == trace_id
+    assert first != second  # each is a new span of the trace
+    assert traceparent_in(None) is None
+    assert traceparent_in("0" * 32) is None
+    assert traceparent_in("not-a-trace") is None
+
+
+def test_a_call_ref_names_an_authorized_call_and_its_trace() -> None:
+    call = InvokeAuthorized(
+        invocation_id=uuid.UUID(int=7),
+        tool_id="core__echo",
+        tool_version="1.0.0",
+        requested_version="^1",
+        agent_context=AgentContext(agent_did="did:agent:a", tenant_id="t1"),
+        parameters={},
+        effect=Effect.READ_ONLY,
+        timeout_seconds=5,
+        requested_at=datetime(2026, 1, 1, tzinfo=UTC),
+    )
+    ref = CallRef.of(call, trace="00-" + "a" * 32 + "-" + "b" * 16 + "-01")
+    assert (ref.invocation_id, ref.tenant_id, ref.agent_did) == (
+        str(uuid.UUID(int=7)),
+        "t1",
+        "did:agent:a",
+    )
+    assert (ref.tool_id, ref.tool_version) == ("core__echo", "1.0.0")
+    assert ref.resolved("1.0.1").tool_version == "1.0.1"
+    assert ref.tool_version == "1.0.0"  # frozen: resolved() is a copy

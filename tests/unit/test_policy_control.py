@@ -1,9 +1,8 @@
-"""Policy's control path over in-memory ports: only signed decisions change a parked call."""
+"""Policy's control path over in-memory twins: only signed decisions change a parked call."""
 
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
@@ -20,7 +19,9 @@ from toolfleet.events.models import (
     InvokeAuthorized,
 )
 from toolfleet.events.types import EventType, Source, TopicName
+from toolfleet.policy.memory_stores import MemoryApprovalStore
 from toolfleet.policy.service import PendingApproval, PolicyService
+from toolfleet.storage.cancel_flags import MemoryCancelFlags
 
 pytestmark = pytest.mark.unit
 
@@ -29,33 +30,8 @@ TENANT = "t_acme"
 DIGEST = "e" * 64
 
 
-@dataclass
-class Approvals:
-    waiting: dict[str, PendingApproval] = field(default_factory=dict)
-
-    async def put(self, invocation_id: str, pending: PendingApproval, ttl_s: int) -> None:
-        self.waiting[invocation_id] = pending
-
-    async def peek(self, invocation_id: str) -> PendingApproval | None:
-        return self.waiting.get(invocation_id)
-
-    async def take(self, invocation_id: str) -> PendingApproval | None:
-        return self.waiting.pop(invocation_id, None)
-
-
-@dataclass
-class Cancels:
-    requested: set[str] = field(default_factory=set)
-
-    async def request(self, invocation_id: str) -> None:
-        self.requested.add(invocation_id)
-
-    async def is_requested(self, invocation_id: str) -> bool:
-        return invocation_id in self.requested
-
-
 def _service(
-    approvals: Approvals, cancels: Cancels, revocations: MemoryRevocationList
+    approvals: MemoryApprovalStore, cancels: MemoryCancelFlags, revocations: MemoryRevocationList
 ) -> PolicyService:
     unused = cast(Any, None)  # the control path never resolves tools or verifies tokens
     return PolicyService(
@@ -72,9 +48,9 @@ def _service(
     )
 
 
-def _parked(approvals: Approvals) -> str:
+def _parked(approvals: MemoryApprovalStore) -> str:
     invocation_id = uuid.uuid4()
-    approvals.waiting[str(invocation_id)] = PendingApproval(
+    approvals.pending[str(invocation_id)] = PendingApproval(
         authorized=InvokeAuthorized(
             invocation_id=invocation_id,
             tool_id="core__echo",
@@ -123,7 +99,7 @@ def _approval(invocation_id: str, **over: Any) -> ApprovalDecision:
 
 
 async def test_unsigned_forged_and_tampered_decisions_are_refused_and_change_nothing() -> None:
-    approvals, cancels = Approvals(), Cancels()
+    approvals, cancels = MemoryApprovalStore(), MemoryCancelFlags()
     service = _service(approvals, cancels, MemoryRevocationList())
     invocation_id = _parked(approvals)
     signed = _control(EventType.APPROVAL_GRANTED, _approval(invocation_id))
@@ -143,17 +119,17 @@ async def test_unsigned_forged_and_tampered_decisions_are_refused_and_change_not
         assert (topic, refusal.type) == (TopicName.EVENTS, EventType.CONTROL_REFUSED)
         assert refusal.data["refused_event_id"] == attempt.id
         assert refusal.authtype is None
-    assert invocation_id in approvals.waiting
+    assert invocation_id in approvals.pending
     assert not cancels.requested  # an unsigned cancel does not even flag the call
 
     ((topic, authorized),) = await service.on_control(signed, TENANT.encode())
     assert (topic, authorized.type) == (TopicName.AUTHORIZED, EventType.INVOKE_AUTHORIZED)
-    assert invocation_id not in approvals.waiting
+    assert invocation_id not in approvals.pending
 
 
 async def test_an_approval_of_a_revoked_requester_is_permission_denied() -> None:
-    approvals, revocations = Approvals(), MemoryRevocationList()
-    service = _service(approvals, Cancels(), revocations)
+    approvals, revocations = MemoryApprovalStore(), MemoryRevocationList()
+    service = _service(approvals, MemoryCancelFlags(), revocations)
     invocation_id = _parked(approvals)
     await revocations.revoke("cap-1", ttl_s=60)
     ((topic, outcome),) = await service.on_control(
@@ -162,12 +138,12 @@ async def test_an_approval_of_a_revoked_requester_is_permission_denied() -> None
     assert (topic, outcome.type) == (TopicName.RESULTS, EventType.FAILED)
     assert outcome.data["status"] == "permission_denied"
     assert outcome.data["error"]["code"] == "permission_denied"
-    assert invocation_id not in approvals.waiting
+    assert invocation_id not in approvals.pending
 
 
 async def test_without_a_key_every_control_event_is_refused() -> None:
-    approvals = Approvals()
-    service = _service(approvals, Cancels(), MemoryRevocationList())
+    approvals = MemoryApprovalStore()
+    service = _service(approvals, MemoryCancelFlags(), MemoryRevocationList())
     service.control = None
     invocation_id = _parked(approvals)
     ((_, refusal),) = await service.on_control(
@@ -175,4 +151,4 @@ async def test_without_a_key_every_control_event_is_refused() -> None:
     )
     assert refusal.type == EventType.CONTROL_REFUSED
     assert "no control signing key" in refusal.data["reason"]
-    assert invocation_id in approvals.waiting
+    assert invocation_id in approvals.pending

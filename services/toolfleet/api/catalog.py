@@ -10,8 +10,8 @@ from toolfleet.api.auth import Caller
 from toolfleet.api.resources import ApiResources
 from toolfleet.policy.cache import RedisPolicyCache
 from toolfleet.policy.catalog import CatalogView
+from toolfleet.policy.postgres_policies import PolicyStore
 from toolfleet.policy.provider import PolicyProvider
-from toolfleet.policy.store import PolicyStore
 
 
 def policy_provider(res: ApiResources) -> PolicyProvider:

@@ -19,6 +19,7 @@ from toolfleet.api.models import CancelResult, InvocationView
 from toolfleet.api.problems import ProblemError
 from toolfleet.api.resources import ApiResources
 from toolfleet.errors import ErrorCode
+from toolfleet.events.identity import traceparent_in
 from toolfleet.events.models import InvokeRequested
 
 
@@ -97,6 +98,7 @@ async def cancel(
             tenant_id=view.tenant_id,
             requested_by=caller.subject,
             reason=reason,
+            traceparent=traceparent_in(view.trace_id),
         )
     return CancelResult(
         invocation_id=str(invocation_id), cancelled=True, message="cancellation requested"

@@ -73,6 +73,9 @@ class InvocationView(_Body):
     approval: ApprovalView | None = None
     """While ``pending_approval``: tool, version, sanitized parameters and the hash the
     approval binds to."""
+    trace_id: str | None = None
+    """The invocation's W3C trace id: every event of the call, cancels and approvals
+    included, carries it in ``traceparent``."""
 
 
 class InvocationPage(_Body):

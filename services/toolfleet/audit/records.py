@@ -18,10 +18,10 @@ from datetime import datetime
 from typing import Any, Final, Literal, cast
 
 from toolfleet.audit import ocsf
-from toolfleet.audit.sanitize import mask_text, sanitize_parameters
 from toolfleet.events.envelope import Envelope, derived_event_id, new_event
 from toolfleet.events.identity import invocation_id_of, tenant_of, trace_id_of
 from toolfleet.events.models import AuditRecord, SourceEventRef
+from toolfleet.events.sanitize import mask_text, sanitize_parameters
 from toolfleet.events.types import TERMINAL_TYPES, EventType, Source
 
 Outcome = Literal["success", "failure", "pending", "info"]

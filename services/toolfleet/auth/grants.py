@@ -49,6 +49,7 @@ import jwt
 from toolfleet.auth import jws
 from toolfleet.auth.keys import write_atomically
 from toolfleet.errors import PermissionDenied, ToolfleetError
+from toolfleet.events.identity import CallRef
 from toolfleet.settings import FleetSettings
 
 ALGORITHM = "HS256"
@@ -180,17 +181,15 @@ class GrantSigner:
     def sign(
         self,
         *,
-        invocation_id: str,
-        tenant_id: str,
-        agent_did: str,
-        tool_id: str,
-        tool_version: str,
+        call: CallRef,
         parameters: dict[str, Any],
         capability_jti: str,
         timeout_s: float,
         document_context: dict[str, Any] | None = None,
     ) -> str:
         """A grant for this call, valid for ``timeout_s`` plus the margin."""
+        invocation_id, tenant_id, agent_did = call.invocation_id, call.tenant_id, call.agent_did
+        tool_id, tool_version = call.tool_id, call.tool_version or ""
         now = int(self._clock())
         claims = {
             "iss": ISSUER,
@@ -233,40 +232,25 @@ class GrantVerifier:
         self,
         grant: str,
         *,
-        invocation_id: str,
-        tenant_id: str,
-        agent_did: str,
-        tool_id: str,
-        tool_version: str,
+        call: CallRef,
         parameters: dict[str, Any],
         document_context: dict[str, Any] | None = None,
     ) -> None:
         """Return when ``grant`` authorizes exactly this call; else :class:`PermissionDenied`."""
-        self.decode(
-            grant,
-            invocation_id=invocation_id,
-            tenant_id=tenant_id,
-            agent_did=agent_did,
-            tool_id=tool_id,
-            tool_version=tool_version,
-            parameters=parameters,
-            document_context=document_context,
-        )
+        self.decode(grant, call=call, parameters=parameters, document_context=document_context)
 
     def decode(
         self,
         grant: str,
         *,
-        invocation_id: str,
-        tenant_id: str,
-        agent_did: str,
-        tool_id: str,
-        tool_version: str,
+        call: CallRef,
         parameters: dict[str, Any],
         document_context: dict[str, Any] | None = None,
     ) -> ExecutionGrant:
         """:meth:`verify`, returning the grant's claims (``capability_jti`` ...)."""
         claims = self._claims(grant)
+        invocation_id, tenant_id, agent_did = call.invocation_id, call.tenant_id, call.agent_did
+        tool_id, tool_version = call.tool_id, call.tool_version or ""
         expected = {
             "invocation_id": invocation_id,
             "tenant_id": tenant_id,

@@ -25,6 +25,7 @@ from toolfleet.client.requests import invoke_request
 from toolfleet.errors import InvalidEvent
 from toolfleet.events.codec import decode
 from toolfleet.events.envelope import Envelope, new_event
+from toolfleet.events.identity import valid_traceparent
 from toolfleet.events.models import (
     ApprovalDecision,
     CancelRequested,
@@ -166,15 +167,23 @@ class ToolfleetClient:
         )
 
     async def cancel(
-        self, invocation_id: str, *, tenant_id: str, requested_by: str = "", reason: str = ""
+        self,
+        invocation_id: str,
+        *,
+        tenant_id: str,
+        requested_by: str = "",
+        reason: str = "",
+        traceparent: str | None = None,
     ) -> None:
+        """Ask for a call to be cancelled; ``traceparent``: the call's trace (else the
+        current span's)."""
         data = CancelRequested(
             invocation_id=uuid.UUID(invocation_id),
             tenant_id=tenant_id,
             requested_by=requested_by,
             reason=reason,
         )
-        await self._control(EventType.CANCEL_REQUESTED, data, tenant_id, invocation_id)
+        await self._control(EventType.CANCEL_REQUESTED, data, tenant_id, invocation_id, traceparent)
 
     async def approve(
         self,
@@ -184,16 +193,40 @@ class ToolfleetClient:
         approver: str = "",
         reason: str = "",
         parameters_hash: str | None = None,
+        traceparent: str | None = None,
     ) -> None:
-        """Approve a call; with ``parameters_hash``, only the exact request that hash names."""
+        """Approve a call; with ``parameters_hash``, only the exact request that hash names.
+
+        ``traceparent``: the call's trace, so the approval joins it (else the current span's).
+        """
         await self._decide(
-            EventType.APPROVAL_GRANTED, invocation_id, tenant_id, approver, reason, parameters_hash
+            EventType.APPROVAL_GRANTED,
+            invocation_id,
+            tenant_id,
+            approver,
+            reason,
+            parameters_hash,
+            traceparent,
         )
 
     async def deny(
-        self, invocation_id: str, *, tenant_id: str, approver: str = "", reason: str = ""
+        self,
+        invocation_id: str,
+        *,
+        tenant_id: str,
+        approver: str = "",
+        reason: str = "",
+        traceparent: str | None = None,
     ) -> None:
-        await self._decide(EventType.APPROVAL_DENIED, invocation_id, tenant_id, approver, reason)
+        """Deny a call waiting for approval (``traceparent`` as for :meth:`approve`)."""
+        await self._decide(
+            EventType.APPROVAL_DENIED,
+            invocation_id,
+            tenant_id,
+            approver,
+            reason,
+            traceparent=traceparent,
+        )
 
     async def _decide(
         self,
@@ -203,6 +236,7 @@ class ToolfleetClient:
         approver: str,
         reason: str,
         parameters_hash: str | None = None,
+        traceparent: str | None = None,
     ) -> None:
         data = ApprovalDecision(
             invocation_id=uuid.UUID(invocation_id),
@@ -211,7 +245,7 @@ class ToolfleetClient:
             reason=reason,
             parameters_hash=parameters_hash,
         )
-        await self._control(decision, data, tenant_id, invocation_id)
+        await self._control(decision, data, tenant_id, invocation_id, traceparent)
 
     async def _control(
         self,
@@ -219,6 +253,7 @@ class ToolfleetClient:
         data: CancelRequested | ApprovalDecision,
         tenant_id: str,
         invocation_id: str,
+        traceparent: str | None,
     ) -> None:
         if self._signer is not None:
             data = data.model_copy(
@@ -230,7 +265,7 @@ class ToolfleetClient:
             data=data,
             tenant_id=tenant_id,
             invocation_id=invocation_id,
-            traceparent=current_traceparent(),
+            traceparent=valid_traceparent(traceparent) or current_traceparent(),
         )
         await self._producer.send(Outbound(envelope=envelope, topic=self._topic(TopicName.CONTROL)))
 

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from toolfleet.errors import InvalidEvent
-from toolfleet.events.types import EventType, Source
+from toolfleet.events.types import EventType, Source, TopicName
 
 DataT = TypeVar("DataT", bound=BaseModel)
 
@@ -62,6 +62,10 @@ class Envelope(BaseModel):
     def attributes(self) -> dict[str, Any]:
         """CloudEvent attributes (everything but ``data``), without unset optionals."""
         return self.model_dump(exclude={"data"}, exclude_none=True)
+
+
+Emitted = tuple[TopicName, Envelope]
+"""An event a service hands back for its consumer to publish, with its topic."""
 
 
 def field_errors(exc: ValidationError) -> list[dict[str, Any]]:

@@ -7,7 +7,9 @@ Pure functions of an :class:`~toolfleet.events.envelope.Envelope`:
   from the event's ``source`` + ``id``, so every service that reads the event (policy,
   audit, status), and any of them after a redelivery, names the same trace, and every
   event derived from it inherits that ``traceparent``;
-- the invocation id and tenant an event is about, as policy names them.
+- the invocation id and tenant an event is about, as policy names them;
+- :class:`CallRef`: which call (invocation, tenant, agent, tool, version) and which trace,
+  built once from the invocation's event and carried wherever the call is named.
 """
 
 from __future__ import annotations
@@ -16,10 +18,11 @@ import hashlib
 import re
 import secrets
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from toolfleet.events.envelope import Envelope
+from toolfleet.events.models import InvokeAuthorized, InvokeExecuted
 from toolfleet.events.types import EventType
 
 #: ``version-traceid-parentid-flags``; a version above ``00`` may append fields.
@@ -45,6 +48,36 @@ class TraceParent:
 
     def __str__(self) -> str:
         return f"00-{self.trace_id}-{self.parent_id}-{self.flags}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CallRef:
+    """One call's identity and trace: what outcomes, grants and logs name it by."""
+
+    invocation_id: str
+    tenant_id: str
+    agent_did: str
+    tool_id: str
+    tool_version: str | None = None
+    """The resolved version; ``None`` before policy resolved it (or could not)."""
+    trace: str | None = None
+    """The invocation's ``traceparent`` (every event of the call carries it)."""
+
+    @classmethod
+    def of(cls, call: InvokeAuthorized | InvokeExecuted, *, trace: str | None = None) -> CallRef:
+        """The identity of an authorized or executed call (its version is resolved)."""
+        return cls(
+            invocation_id=str(call.invocation_id),
+            tenant_id=call.agent_context.tenant_id,
+            agent_did=call.agent_context.agent_did,
+            tool_id=call.tool_id,
+            tool_version=call.tool_version,
+            trace=trace,
+        )
+
+    def resolved(self, tool_version: str) -> CallRef:
+        """This call at the version policy resolved."""
+        return replace(self, tool_version=tool_version)
 
 
 def parse_traceparent(value: str | None) -> TraceParent | None:
@@ -74,6 +107,15 @@ def trace_id_of(traceparent: str | None) -> str | None:
     """The trace id of a ``traceparent``, if it is valid."""
     parsed = parse_traceparent(traceparent)
     return parsed.trace_id if parsed is not None else None
+
+
+def traceparent_in(trace_id: str | None) -> str | None:
+    """A ``traceparent`` for a new span of trace ``trace_id``; ``None`` if it is not valid.
+
+    How an event sent later about an invocation (a cancel, an approval) joins the
+    invocation's trace when only its trace id was kept (the status row).
+    """
+    return valid_traceparent(f"00-{trace_id}-{secrets.token_hex(8)}-{_SAMPLED}")
 
 
 def new_traceparent() -> str:

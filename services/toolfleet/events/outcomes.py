@@ -6,6 +6,7 @@ import uuid
 
 from toolfleet.errors import ErrorCode, ErrorInfo, ToolfleetError
 from toolfleet.events.envelope import Envelope, derived_event_id, new_event
+from toolfleet.events.identity import CallRef
 from toolfleet.events.models import (
     DocumentAccess,
     ExecutionMetadata,
@@ -58,23 +59,20 @@ def failure_event(
     source: Source,
     error: ToolfleetError | ErrorInfo,
     *,
-    invocation_id: str,
-    tenant_id: str,
-    agent_did: str,
-    tool_id: str,
-    tool_version: str | None = None,
+    call: CallRef,
     warnings: list[str] | None = None,
     execution_metadata: ExecutionMetadata | None = None,
     documents_accessed: list[DocumentAccess] | None = None,
 ) -> Envelope:
+    """The terminal failure of ``call``, answering ``parent``."""
     info = error.to_error_info() if isinstance(error, ToolfleetError) else error
     outcome = ToolOutcome(
-        invocation_id=uuid.UUID(invocation_id),
+        invocation_id=uuid.UUID(call.invocation_id),
         status=status_for(info),
-        agent_did=agent_did,
-        tenant_id=tenant_id,
-        tool_id=tool_id,
-        tool_version=tool_version,
+        agent_did=call.agent_did,
+        tenant_id=call.tenant_id,
+        tool_id=call.tool_id,
+        tool_version=call.tool_version,
         error=info,
         warnings=warnings or [],
         execution_metadata=execution_metadata or ExecutionMetadata(),

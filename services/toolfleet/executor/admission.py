@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from toolfleet.auth.grants import GrantVerifier
@@ -31,6 +32,7 @@ from toolfleet.errors import (
     ToolNotFound,
 )
 from toolfleet.events.envelope import Envelope
+from toolfleet.events.identity import CallRef
 from toolfleet.events.models import InvokeAuthorized
 from toolfleet.executor.cache import ResultCache, call_id
 from toolfleet.executor.checkpoints.store import Checkpoint, CheckpointStore
@@ -69,6 +71,11 @@ class RunInput:
     @property
     def invocation_id(self) -> str:
         return str(self.call.invocation_id)
+
+    @cached_property
+    def ref(self) -> CallRef:
+        """The call's identity and trace, built once per run."""
+        return CallRef.of(self.call, trace=self.event.traceparent)
 
     @property
     def prior_runs(self) -> int:
@@ -121,7 +128,7 @@ Gate = Callable[[RunInput, Admitted, AsyncExitStack], Awaitable[Stop | None]]
 
 
 async def check_grant(
-    grants: GrantVerifier | None, revocations: RevocationList | None, call: InvokeAuthorized
+    grants: GrantVerifier | None, revocations: RevocationList | None, run: RunInput
 ) -> Stop | None:
     """Run only what policy granted: a forged or altered authorized event runs nothing,
     nor a grant whose capability token was revoked since policy authorized the call.
@@ -131,16 +138,13 @@ async def check_grant(
     """
     if grants is None:
         return None
+    call = run.call
     if not call.grant:
         return Refused(error=PermissionDenied("the call carries no execution grant from policy"))
     try:
         grant = grants.decode(
             call.grant,
-            invocation_id=str(call.invocation_id),
-            tenant_id=call.agent_context.tenant_id,
-            agent_did=call.agent_context.agent_did,
-            tool_id=call.tool_id,
-            tool_version=call.tool_version,
+            call=run.ref,
             parameters=call.parameters,
             document_context=(
                 None
@@ -209,7 +213,7 @@ class Admission:
             tool_id=call.tool_id,
             tool_version=call.tool_version,
             parameters=call.parameters,
-            tenant_id=call.agent_context.tenant_id,
+            tenant_id=run.ref.tenant_id,
         )
         hit = await self.cache.get(admitted.cache_id)
         return None if hit is None else Cached(result=hit)
@@ -249,7 +253,7 @@ class Admission:
         try:
             capability = await resolve_credentials(
                 self.secrets,
-                tenant_id=call.agent_context.tenant_id,
+                tenant_id=run.ref.tenant_id,
                 connection_id=call.connection_id,
                 names=spec.credentials,
                 tool_id=spec.tool_id,
@@ -265,7 +269,7 @@ class Admission:
         if self.slots is None:
             return None
         call, holder = run.call, run.invocation_id
-        key = agent_key(call.agent_context.tenant_id, call.agent_context.agent_did)
+        key = agent_key(run.ref.tenant_id, run.ref.agent_did)
 
         async def give_up() -> bool:
             return self.is_suspended(holder) or await self.cancels.is_requested(holder)
@@ -307,7 +311,7 @@ async def resume_point(checkpoints: CheckpointStore, run: RunInput) -> Checkpoin
     config = call.checkpoint_config
     if not config.enable_checkpointing:
         return None
-    invocation_id, tenant_id = run.invocation_id, call.agent_context.tenant_id
+    invocation_id, tenant_id = run.invocation_id, run.ref.tenant_id
     latest = await checkpoints.latest(invocation_id)
     if latest is not None and not _belongs(latest, invocation_id, tenant_id):
         latest = None

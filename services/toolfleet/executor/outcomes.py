@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from toolfleet.errors import ErrorInfo, ResourceExhausted, ToolfleetError
-from toolfleet.events.envelope import Envelope, derived_event_id, new_event
+from toolfleet.events.envelope import Emitted, Envelope, derived_event_id, new_event
 from toolfleet.events.large_results import encode_result
 from toolfleet.events.models import (
     CircuitChanged,
@@ -25,7 +25,6 @@ from toolfleet.events.outcomes import failure_event
 from toolfleet.events.types import EventType, Source, TopicName
 from toolfleet.executor.admission import RunInput
 from toolfleet.executor.circuits.breaker import CircuitStatus, Transition
-from toolfleet.executor.ports import Emitted
 from toolfleet.executor.runner import RunResult
 from toolfleet.secrets.capability import LeakDetector, withheld_output
 
@@ -46,11 +45,7 @@ def failed(
             run.event,
             Source.EXECUTOR,
             error,
-            invocation_id=run.invocation_id,
-            tenant_id=call.agent_context.tenant_id,
-            agent_did=call.agent_context.agent_did,
-            tool_id=call.tool_id,
-            tool_version=call.tool_version,
+            call=run.ref,
             warnings=call.warnings,
             execution_metadata=metadata,
             documents_accessed=documents_accessed,
@@ -86,7 +81,7 @@ def executed(
             event_type=EventType.INVOKE_EXECUTED,
             source=Source.EXECUTOR,
             data=data,
-            tenant_id=call.agent_context.tenant_id,
+            tenant_id=run.ref.tenant_id,
             invocation_id=run.invocation_id,
             event_id=derived_event_id(run.event, EventType.INVOKE_EXECUTED),
             parent=run.event,
@@ -104,8 +99,8 @@ def invoked(
         source=Source.EXECUTOR,
         data=ToolInvoked(
             invocation_id=call.invocation_id,
-            tenant_id=call.agent_context.tenant_id,
-            agent_did=call.agent_context.agent_did,
+            tenant_id=run.ref.tenant_id,
+            agent_did=run.ref.agent_did,
             tool_id=call.tool_id,
             tool_version=call.tool_version,
             attempt=attempt,
@@ -113,7 +108,7 @@ def invoked(
             started_at=started_at,
             resumed_from_checkpoint_id=resumed_from,
         ),
-        tenant_id=call.agent_context.tenant_id,
+        tenant_id=run.ref.tenant_id,
         invocation_id=run.invocation_id,
         # One per run: a takeover from the same checkpoint is a new start.
         event_id=derived_event_id(run.event, EventType.INVOKED, f"{attempt}:{resumed_from or ''}"),
@@ -140,7 +135,7 @@ def circuit_changed(run: RunInput, transition: Transition, attempt: int) -> Enve
             retry_after_s=transition.retry_after_s,
             at=datetime.now(UTC),
         ),
-        tenant_id=run.call.agent_context.tenant_id,
+        tenant_id=run.ref.tenant_id,
         invocation_id=run.invocation_id,
         event_id=derived_event_id(run.event, event_type, f"{transition.circuit_name}:{attempt}"),
         parent=run.event,

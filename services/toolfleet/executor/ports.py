@@ -8,9 +8,6 @@ from typing import Protocol
 from toolfleet.events.envelope import Envelope
 from toolfleet.events.types import TopicName
 
-Emitted = tuple[TopicName, Envelope]
-"""An event the run hands back for the consumer to publish, with its topic."""
-
 
 class Emitter(Protocol):
     """Publishes a lifecycle notification now; the returned awaitable is the broker's ack."""

@@ -31,7 +31,7 @@ from toolfleet.documents.pins import MemoryPinBook, PinBook
 from toolfleet.documents.reader import CallDocuments
 from toolfleet.documents.source import DocumentSource
 from toolfleet.errors import Cancelled, ResourceExhausted
-from toolfleet.events.envelope import Envelope
+from toolfleet.events.envelope import Emitted, Envelope
 from toolfleet.events.models import CancelRequested, ExecutionMetadata, InvokeAuthorized
 from toolfleet.events.types import TopicName
 from toolfleet.executor import outcomes
@@ -53,7 +53,7 @@ from toolfleet.executor.checkpoints.store import CheckpointStore
 from toolfleet.executor.circuits.breaker import CircuitBreaker, Transition
 from toolfleet.executor.concurrency import AgentSlots
 from toolfleet.executor.leasing.guard import LeaseGuard, Suspended
-from toolfleet.executor.ports import Emitted, Emitter
+from toolfleet.executor.ports import Emitter
 from toolfleet.executor.result_transfer import ResultTransfer
 from toolfleet.executor.runner import RunResult
 from toolfleet.observability import metrics
@@ -135,14 +135,15 @@ class ExecutorService:
         a cancel, or an error (an emitter that fails included).
         """
         call = event.data_as(InvokeAuthorized)
-        stop = await check_grant(self.grants, self.revocations, call)
+        unleased = RunInput(event=event, call=call)
+        stop = await check_grant(self.grants, self.revocations, unleased)
         if stop is not None:
-            return self._stopped(RunInput(event=event, call=call), stop)
-        invocation_id = str(call.invocation_id)
+            return self._stopped(unleased, stop)
+        invocation_id = unleased.invocation_id
         try:
             async with AsyncExitStack() as stack:
                 if self.lease_guard is None:
-                    return await self._run(RunInput(event=event, call=call), stack)
+                    return await self._run(unleased, stack)
                 held = await stack.enter_async_context(
                     self.lease_guard.hold(
                         invocation_id, stopping=lambda: self.is_suspended(invocation_id)
@@ -211,8 +212,8 @@ class ExecutorService:
             latest = resume if attempt == 1 else await resume_point(self.checkpoints, run)
             return ToolContext(
                 invocation_id=invocation_id,
-                tenant_id=call.agent_context.tenant_id,
-                agent_did=call.agent_context.agent_did,
+                tenant_id=run.ref.tenant_id,
+                agent_did=run.ref.agent_did,
                 tool_id=call.tool_id,
                 tool_version=call.tool_version,
                 attempt=attempt,
@@ -288,7 +289,7 @@ class ExecutorService:
             inline, blob = await self.results.pack(
                 result.result,
                 encoded,
-                tenant_id=call.agent_context.tenant_id,
+                tenant_id=run.ref.tenant_id,
                 invocation_id=invocation_id,
             )
         except ResourceExhausted as exc:

@@ -1,7 +1,7 @@
 """Pending approvals that nobody decided in time end with ``approval_denied``.
 
 Every parked approval is indexed by its expiry (``approval:expiries``, see
-:class:`toolfleet.policy.stores.RedisApprovalStore`). :func:`run_expiry_sweeper` asks
+:class:`toolfleet.policy.redis_stores.RedisApprovalStore`). :func:`run_expiry_sweeper` asks
 the store for the approvals that are due, hands each to ``emit`` (which publishes the
 terminal outcome, e.g. :func:`expiry_outcome`) and then acknowledges it. The store
 leases a claimed approval to one sweeper at a time, so policy replicas never end one
@@ -21,6 +21,7 @@ from typing import Protocol
 
 from toolfleet.errors import ApprovalDenied
 from toolfleet.events.envelope import Envelope
+from toolfleet.events.identity import CallRef
 from toolfleet.events.outcomes import failure_event
 from toolfleet.events.types import EventType, Source, TopicName
 from toolfleet.policy.service import PendingApproval
@@ -73,11 +74,7 @@ def expiry_outcome(pending: PendingApproval) -> tuple[TopicName, Envelope]:
             parent,
             Source.POLICY,
             ApprovalDenied(EXPIRED_MESSAGE, details={"expired_at": pending.expires_at.isoformat()}),
-            invocation_id=invocation_id,
-            tenant_id=pending.tenant_id,
-            agent_did=auth.agent_context.agent_did,
-            tool_id=auth.tool_id,
-            tool_version=auth.tool_version,
+            call=CallRef.of(auth, trace=pending.traceparent),
             warnings=list(auth.warnings),
         ),
     )

@@ -25,15 +25,15 @@ from toolfleet.events.types import EventType, TopicName
 from toolfleet.policy.approval_expiry import expiry_outcome, run_expiry_sweeper
 from toolfleet.policy.cache import RedisPolicyCache, run_invalidation_listener
 from toolfleet.policy.documents import load_policy
+from toolfleet.policy.postgres_policies import PolicyStore, seed_from_document
 from toolfleet.policy.provider import PolicyProvider
-from toolfleet.policy.service import PendingApproval, PolicyService
-from toolfleet.policy.settings import PolicySettings
-from toolfleet.policy.store import PolicyStore, seed_from_document
-from toolfleet.policy.stores import (
+from toolfleet.policy.redis_stores import (
     RedisApprovalStore,
     RedisIdempotencyStore,
     RedisRateLimiter,
 )
+from toolfleet.policy.service import PendingApproval, PolicyService
+from toolfleet.policy.settings import PolicySettings
 from toolfleet.registry.lookup import ToolLookup
 from toolfleet.registry.schemas import CompiledSchemas
 from toolfleet.registry.store import RegistryStore

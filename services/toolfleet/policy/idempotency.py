@@ -24,7 +24,7 @@ The flow, for policy::
         emit outcome_for_duplicate(outcome, invocation_id=waiter.invocation_id, ...)
 
 This module is the domain side (port, claim, outcome copy); the Redis adapter is
-:class:`toolfleet.policy.stores.RedisIdempotencyStore`.
+:class:`toolfleet.policy.redis_stores.RedisIdempotencyStore`.
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ class CachedEntry:
 
 
 class PolicySource(Protocol):
-    """Where policies live (:class:`toolfleet.policy.store.PolicyStore`)."""
+    """Where policies live (:class:`toolfleet.policy.postgres_policies.PolicyStore`)."""
 
     async def get(self, tenant_id: str) -> VersionedPolicy | None: ...
 

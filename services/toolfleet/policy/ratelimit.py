@@ -6,7 +6,7 @@ nothing is consumed and the caller learns how long until both have a token again
 
 This module is the domain side: the limits, the decision, the port and the bucket
 arithmetic as a pure reference model. The Redis adapter
-(:class:`toolfleet.policy.stores.RedisRateLimiter`) runs the same arithmetic atomically
+(:class:`toolfleet.policy.redis_stores.RedisRateLimiter`) runs the same arithmetic atomically
 in one Lua script (``storage/scripts/ratelimit.lua``) on the Redis server's clock.
 """
 

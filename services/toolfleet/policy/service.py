@@ -23,8 +23,8 @@ from toolfleet.auth.grants import parameters_hash as _grant_parameters_hash
 from toolfleet.auth.revocation import RevocationList, ensure_not_revoked
 from toolfleet.auth.tokens import Capability, TokenVerifier
 from toolfleet.errors import InvalidEvent, PermissionDenied, ToolfleetError
-from toolfleet.events.envelope import Envelope, derived_event_id, new_event
-from toolfleet.events.identity import invocation_uuid
+from toolfleet.events.envelope import Emitted, Envelope, derived_event_id, new_event
+from toolfleet.events.identity import CallRef, invocation_uuid
 from toolfleet.events.models import (
     ApprovalDecision,
     ApprovalRequested,
@@ -54,8 +54,6 @@ from toolfleet.storage.cancel_flags import CancelFlags
 AUTHTYPE = "app_user"
 """authcontext ``authtype`` for calls authorized by a verified capability token."""
 
-Emitted = tuple[TopicName, Envelope]
-
 
 class PendingApproval(BaseModel):
     """An authorized call parked until a human decides."""
@@ -72,7 +70,9 @@ class PendingApproval(BaseModel):
     """``jti`` of the verified capability token, bound into the execution grant."""
 
 
-class PolicySource(Protocol):
+class TenantPolicies(Protocol):
+    """A tenant's policy, cached (:class:`toolfleet.policy.provider.PolicyProvider`)."""
+
     async def policy_for(self, tenant_id: str) -> TenantPolicy | None: ...
 
 
@@ -91,16 +91,6 @@ class _Waiter(BaseModel):
     traceparent: str | None = None
 
 
-@dataclass(frozen=True, kw_only=True)
-class _Identity:
-    """Best-effort identity of a request, for the outcome when it cannot be parsed."""
-
-    invocation_id: str
-    tenant_id: str
-    agent_did: str
-    tool_id: str
-
-
 def parameters_hash(tool_id: str, version: str, parameters: dict[str, Any]) -> str:
     """SHA-256 of the canonical tool, version and parameters (approvals, idempotency, grants)."""
     return _grant_parameters_hash(tool_id, version, parameters)
@@ -110,7 +100,7 @@ def parameters_hash(tool_id: str, version: str, parameters: dict[str, Any]) -> s
 class PolicyService:
     lookup: ToolLookup
     verifier: TokenVerifier | None
-    policies: PolicySource
+    policies: TenantPolicies
     schemas: CompiledSchemas
     approvals: ApprovalStore
     cancels: CancelFlags
@@ -231,11 +221,7 @@ class PolicyService:
             authorized = authorized.model_copy(
                 update={
                     "grant": self.grants.sign(
-                        invocation_id=str(authorized.invocation_id),
-                        tenant_id=tenant,
-                        agent_did=authorized.agent_context.agent_did,
-                        tool_id=authorized.tool_id,
-                        tool_version=authorized.tool_version,
+                        call=CallRef.of(authorized),
                         parameters=authorized.parameters,
                         capability_jti=capability_jti,
                         timeout_s=authorized.timeout_seconds,
@@ -512,25 +498,18 @@ class PolicyService:
                 parent,
                 Source.POLICY,
                 error,
-                invocation_id=str(auth.invocation_id),
-                tenant_id=pending.tenant_id,
-                agent_did=auth.agent_context.agent_did,
-                tool_id=auth.tool_id,
-                tool_version=auth.tool_version,
+                call=CallRef.of(auth, trace=parent.traceparent),
             ),
         )
 
-    def _fail(self, event: Envelope, error: ToolfleetError, ident: _Identity) -> Emitted:
+    def _fail(self, event: Envelope, error: ToolfleetError, ident: CallRef) -> Emitted:
         return (
             TopicName.RESULTS,
             failure_event(
                 event,
                 Source.POLICY,
                 error,
-                invocation_id=ident.invocation_id,
-                tenant_id=ident.tenant_id,
-                agent_did=ident.agent_did,
-                tool_id=ident.tool_id,
+                call=ident,
             ),
         )
 
@@ -585,7 +564,8 @@ def _key_text(key: bytes | None) -> str | None:
         return None
 
 
-def _identity_of(event: Envelope, key: bytes | None) -> _Identity:
+def _identity_of(event: Envelope, key: bytes | None) -> CallRef:
+    """Best-effort identity of a request, for the outcome when it cannot be parsed."""
     tenant = _key_text(key) or event.tenantid
     if not tenant:
         raise InvalidEvent("invoke event has neither a key nor a tenantid attribute")
@@ -594,11 +574,12 @@ def _identity_of(event: Envelope, key: bytes | None) -> _Identity:
     raw_id = data.get("invocation_id") or event.invocationid or event.id
     tool_id = data.get("tool_id")
     agent_did = agent.get("agent_did") if isinstance(agent, dict) else None
-    return _Identity(
+    return CallRef(
         invocation_id=invocation_uuid(str(raw_id)[:256]),
         tenant_id=tenant[:128],
         agent_did=agent_did[:512] if isinstance(agent_did, str) and agent_did else "unknown",
         tool_id=tool_id[:256] if isinstance(tool_id, str) and tool_id else "unknown",
+        trace=event.traceparent,
     )
 
 

@@ -34,7 +34,6 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any, Final, TypeVar
 
-from toolfleet.audit.sanitize import sanitize_parameters
 from toolfleet.errors import InvalidEvent
 from toolfleet.events.envelope import Envelope
 from toolfleet.events.identity import invocation_id_of, invocation_uuid, tenant_of, trace_id_of
@@ -50,6 +49,7 @@ from toolfleet.events.models import (
     ToolInvoked,
     ToolOutcome,
 )
+from toolfleet.events.sanitize import sanitize_parameters
 from toolfleet.events.types import TERMINAL_TYPES, EventType
 
 _RANK: Final = {

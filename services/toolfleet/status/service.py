@@ -40,7 +40,7 @@ class Projection(Protocol):
         ...
 
 
-class FinishedNotices(Protocol):
+class FinishedPublisher(Protocol):
     """Where "the outcome is stored" goes (Redis: :mod:`toolfleet.storage.notices`)."""
 
     async def publish(self, invocation_id: str) -> None:
@@ -58,7 +58,7 @@ class StatusProjector:
     """Folds lifecycle events into rows, once per event."""
 
     projection: Projection
-    notices: FinishedNotices = field(default_factory=_NoNotices)
+    notices: FinishedPublisher = field(default_factory=_NoNotices)
     """Told after every terminal outcome is committed (redeliveries included: a notice
     lost to a crash between commit and publish is sent again)."""
     clock: Callable[[], datetime] = lambda: datetime.now(UTC)

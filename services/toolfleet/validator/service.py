@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from toolfleet.errors import ToolfleetError
-from toolfleet.events.envelope import Envelope
+from toolfleet.events.envelope import Emitted, Envelope
+from toolfleet.events.identity import CallRef
 from toolfleet.events.large_results import attachment_url, encode_result, preview
 from toolfleet.events.models import (
     Attachment,
@@ -29,8 +30,6 @@ from toolfleet.registry.enforcement import visible_result
 from toolfleet.registry.lookup import ToolLookup
 from toolfleet.registry.schemas import CompiledSchemas
 from toolfleet.storage.blobs import ResultBlobs
-
-Emitted = tuple[TopicName, Envelope]
 
 #: Namespace of attachment ids, derived from the ``executed`` event they come from.
 _ATTACHMENTS = uuid.UUID("6f1d3c52-9a1e-4f57-b1d4-2c8e7a9b0f31")
@@ -61,11 +60,7 @@ class ValidatorService:
                         event,
                         Source.VALIDATOR,
                         exc,
-                        invocation_id=str(executed.invocation_id),
-                        tenant_id=executed.agent_context.tenant_id,
-                        agent_did=executed.agent_context.agent_did,
-                        tool_id=executed.tool_id,
-                        tool_version=executed.tool_version,
+                        call=CallRef.of(executed, trace=event.traceparent),
                         warnings=executed.warnings,
                         execution_metadata=executed.execution_metadata,
                         documents_accessed=executed.documents_accessed,

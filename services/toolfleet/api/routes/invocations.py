@@ -32,7 +32,7 @@ from toolfleet.api.queries import Cursor, InvalidCursor, InvocationFilter
 from toolfleet.api.resources import ApiResources, resources
 from toolfleet.api.responses import SafeJSONResponse
 from toolfleet.errors import ErrorCode
-from toolfleet.events.identity import valid_traceparent
+from toolfleet.events.identity import traceparent_in, valid_traceparent
 from toolfleet.events.models import TOOL_ID_PATTERN, InvocationStatus, InvokeRequested
 from toolfleet.storage.notices import await_finished
 
@@ -246,6 +246,7 @@ async def _decide(
     reviewed = body.parameters_hash if body and body.parameters_hash else None
     if reviewed is None and view.approval is not None:
         reviewed = view.approval.parameters_hash
+    traceparent = traceparent_in(view.trace_id)  # the decision joins the call's trace
     async with invoking.publishing():
         if approve:
             await res.client.approve(
@@ -254,6 +255,7 @@ async def _decide(
                 approver=caller.subject,
                 reason=body.reason if body else "",
                 parameters_hash=reviewed,
+                traceparent=traceparent,
             )
         else:
             await res.client.deny(
@@ -261,6 +263,7 @@ async def _decide(
                 tenant_id=view.tenant_id,
                 approver=caller.subject,
                 reason=body.reason if body else "",
+                traceparent=traceparent,
             )
     decision = "approved" if approve else "denied"
     return DecisionResult(

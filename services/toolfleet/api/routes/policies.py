@@ -24,7 +24,11 @@ from toolfleet.errors import ErrorCode
 from toolfleet.events.models import TENANT_ID_PATTERN
 from toolfleet.policy.cache import RedisPolicyCache
 from toolfleet.policy.documents import TenantPolicy, UnknownTools, check_known_tools
-from toolfleet.policy.store import PolicyStore, PolicyVersionConflict, registered_tool_ids
+from toolfleet.policy.postgres_policies import (
+    PolicyStore,
+    PolicyVersionConflict,
+    registered_tool_ids,
+)
 
 log = logging.getLogger(__name__)
 

@@ -23,9 +23,9 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
+from toolfleet.events.envelope import Emitted
 from toolfleet.executor.leasing.fencing import Fence, StaleLease
 from toolfleet.executor.leasing.leases import Finished, Held, Leases, OutgoingEvent, Taken
-from toolfleet.executor.ports import Emitted
 from toolfleet.observability import metrics
 
 log = logging.getLogger(__name__)

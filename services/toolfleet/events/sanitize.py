@@ -1,4 +1,4 @@
-"""Masks secrets and PII in tool parameters before they reach an audit log or a status row.
+"""Masks secrets and PII in tool parameters before they reach an audit event or a status row.
 
 Two rules, applied recursively through nested mappings and sequences:
 
@@ -18,7 +18,8 @@ are cut and marked ``"[TRUNCATED]"``. The functions are pure and never raise on
 JSON-like input; anything not JSON-like is rendered as its type name.
 
 Masking errs towards over-redaction: an audit log that hides a harmless value is a
-nuisance, one that keeps a secret is an incident.
+nuisance, one that keeps a secret is an incident. Audit and status both sanitize, so the
+module lives here, below both.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from toolfleet.audit.sanitize import (
+from toolfleet.events.sanitize import (
     MAX_DEPTH,
     MAX_ITEMS,
     MAX_STRING,

@@ -14,8 +14,12 @@ from redis.asyncio import Redis
 from tests.support.eventually import eventually
 from toolfleet.policy.cache import RedisPolicyCache, cache_key, run_invalidation_listener
 from toolfleet.policy.documents import PolicyDocument, TenantPolicy
+from toolfleet.policy.postgres_policies import (
+    PolicyStore,
+    PolicyVersionConflict,
+    seed_from_document,
+)
 from toolfleet.policy.provider import PolicyProvider
-from toolfleet.policy.store import PolicyStore, PolicyVersionConflict, seed_from_document
 from toolfleet.storage.postgres import create_pool
 from toolfleet.storage.redis import connect_redis
 

@@ -10,6 +10,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from toolfleet.events.models import TOOL_ID_PATTERN, Effect
+from toolfleet.results.rules import ResultRules
 
 
 class LifecycleState(StrEnum):
@@ -37,6 +38,8 @@ class ToolManifest(BaseModel):
     """Named credentials the tool needs; a call must then carry a ``connection_id``."""
     lifecycle_state: LifecycleState = LifecycleState.ACTIVE
     deprecation_message: str | None = None
+    result_rules: ResultRules = Field(default_factory=ResultRules)
+    """What the validator checks besides the output schema: mode, sanitization, limits."""
 
     @property
     def namespace(self) -> str:

@@ -43,7 +43,7 @@ _PATTERNS: dict[Check, str] = {
     Check.HTML: "|".join(
         (
             r"(?P<html__script><\s{0,5}/?\s{0,5}script\b)",
-            r"(?P<html__event_handler><[a-z][^>]{0,500}?\son[a-z]{3,20}\s{0,5}=)",
+            r"(?P<html__event_handler><[a-z][^<>]{0,300}?\son[a-z]{3,20}\s{0,5}=)",
             r"(?P<html__javascript_url>\b(?:javascript|vbscript)\s{0,5}:|data\s{0,5}:\s{0,5}text/html)",
             r"(?P<html__active_element><\s{0,5}(?:iframe|object|embed|svg|math|base|meta|link|style"
             r"|form|frame|frameset|applet)\b)",
@@ -63,7 +63,7 @@ _PATTERNS: dict[Check, str] = {
     ),
     Check.SHELL: "|".join(
         (
-            r"(?P<shell__substitution>\$\([^)]{0,500}\)|\$\{[^}]{0,200}\}"
+            r"(?P<shell__substitution>\$\([^()]{0,500}\)|\$\{[^{}]{0,200}\}"
             rf"|`\s{{0,5}}{_CMD}\b[^`]{{0,500}}`)",
             rf"(?P<shell__chained_command>(?:;|&&|\|\|)\s{{0,10}}(?:{_CMD}\s|cat\s{{1,10}}/))",
             r"(?P<shell__pipe_to_shell>\|\s{0,10}(?:sh|bash|zsh|python\d?|perl|sudo)\b)",
@@ -103,9 +103,16 @@ _DETECTORS: dict[Check, re.Pattern[str]] = {
     check: re.compile(pattern, re.IGNORECASE) for check, pattern in _PATTERNS.items()
 }
 _INVISIBLE = _DETECTORS[Check.INVISIBLE]
-#: Prompt rules with no escaped form: escaping removes them like redaction does.
-_PHRASES = frozenset(
-    {"prompt__ignore_instructions", "prompt__role_override", "prompt__role_header"}
+#: Findings with no escaped form (a phrase, a statement): escaping removes them.
+_NO_ESCAPED_FORM = frozenset(
+    {
+        "prompt__ignore_instructions",
+        "prompt__role_override",
+        "prompt__role_header",
+        "sql__stacked_statement",
+        "sql__union_select",
+        "sql__time_probe",
+    }
 )
 _DEFANG = str.maketrans({"<": "\u2039", ">": "\u203a", "|": "\u00a6", "[": "\u27e6", "]": "\u27e7"})
 _SHELL_META = re.compile(r"([`$;&|<>()\\!])")
@@ -169,7 +176,7 @@ def redacted(probe: str, checks: tuple[Check, ...]) -> str:
     """``probe`` with every finding replaced by ``[REDACTED]``."""
     for check in checks:
         if check is not Check.INVISIBLE:
-            probe = _DETECTORS[check].sub(REDACTED, probe)
+            probe = _DETECTORS[check].sub(_redact, probe)
     return probe
 
 
@@ -178,6 +185,8 @@ def escaped(probe: str, rules: list[str]) -> str:
     found = {r.split(".", 1)[0] for r in rules}
     if "prompt" in found:
         probe = _DETECTORS[Check.PROMPT_INJECTION].sub(_defang, probe)
+    if "sql" in found:
+        probe = _DETECTORS[Check.SQL].sub(_defang, probe)
     if "shell" in found:
         probe = _SHELL_META.sub(r"\\\1", probe)
     if "sql" in found:
@@ -187,11 +196,17 @@ def escaped(probe: str, rules: list[str]) -> str:
     return probe
 
 
+def _redact(match: re.Match[str]) -> str:
+    # Keep a line break a role header matched on, so lines stay lines.
+    return ("\n" if match.group(0).startswith("\n") else "") + REDACTED
+
+
 def _defang(match: re.Match[str]) -> str:
-    if match.lastgroup in _PHRASES:
-        # Keep a line break a role header matched on, so lines stay lines.
-        return ("\n" if match.group(0).startswith("\n") else "") + REDACTED
-    return match.group(0).translate(_DEFANG)
+    if match.lastgroup in _NO_ESCAPED_FORM:
+        return _redact(match)
+    if match.lastgroup in ("prompt__special_token", "prompt__fake_tag"):
+        return match.group(0).translate(_DEFANG)
+    return match.group(0)  # escaped below, with the rest of the text
 
 
 class CompiledSanitizer:

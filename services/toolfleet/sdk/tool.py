@@ -106,7 +106,7 @@ def tool(
     circuit_breaker: CircuitPolicy | None = None,
     cache: CachePolicy | None = None,
     result_validation: str = "strict",
-    sanitize: dict[str, str | SanitizeRule] | None = None,
+    sanitize: dict[str, str | SanitizeRule | dict[str, Any]] | None = None,
     max_result_bytes: int | None = None,
 ) -> Callable[[F], F]:
     """Declare a tool; the decorated function is returned unchanged, still callable.

@@ -35,6 +35,7 @@ from toolfleet.registry.schemas import CompiledSchemas
 from toolfleet.results.rules import ALL_CHECKS, ResultRules, parse_path
 from toolfleet.results.sanitizer import CompiledSanitizer, scan
 from toolfleet.sdk import ToolContext, spec_of, tool
+from toolfleet.sdk.testing import run_tool
 from toolfleet.storage.blobs import InMemoryBlobStore
 from toolfleet.validator.service import ValidatorService
 
@@ -314,3 +315,19 @@ def test_an_attack_inside_prose_is_found_and_never_echoed(
     assert sanitized.findings
     assert all(f.field == "$.body" for f in sanitized.findings)
     assert all(case.body not in line for line in sanitized.warnings())
+
+
+async def test_a_local_run_applies_the_rules_as_the_validator_does() -> None:
+    run = await run_tool(
+        hostile.report_mixed, {"result": {"count": "3", "body": "<script>x</script>"}}
+    )
+    assert run.ok, run.error
+    assert run.result is not None
+    assert (run.result["count"], run.result["body"]) == (3, "&lt;script&gt;x&lt;/script&gt;")
+    assert run.warnings == [
+        "result coerced at $.count: string to integer",
+        "result field $.body: html.script escaped",
+    ]
+    rejected = await run_tool(hostile.report_reject, {"result": {"title": "x' OR 1=1 --"}})
+    assert rejected.error is not None
+    assert rejected.error.code is ErrorCode.RESULT_SANITIZATION_REJECTED

@@ -100,7 +100,26 @@ _PATTERNS: dict[Check, str] = {
 
 #: Compiled once, at import.
 _DETECTORS: dict[Check, re.Pattern[str]] = {
-    check: re.compile(pattern, re.IGNORECASE) for check, pattern in _PATTERNS.items()
+    check: re.compile(pattern, 0 if check is Check.INVISIBLE else re.IGNORECASE)
+    for check, pattern in _PATTERNS.items()
+}
+#: Substrings (of the lower-cased, normalized text) without which a check cannot match:
+#: most text has none of them, and ``in`` is far cheaper than the alternations above.
+_TRIGGERS: dict[Check, tuple[str, ...]] = {
+    Check.HTML: ("<", ":"),
+    Check.SQL: ("'", ";", "union", "sleep", "benchmark", "waitfor"),
+    Check.SHELL: ("$", "`", ";", "&", "|", ">", "/etc/"),
+    Check.PROMPT_INJECTION: (
+        "<",
+        "[",
+        ":",
+        "ignore",
+        "disregard",
+        "forget",
+        "override",
+        "bypass",
+        "now",
+    ),
 }
 _INVISIBLE = _DETECTORS[Check.INVISIBLE]
 #: Findings with no escaped form (a phrase, a statement): escaping removes them.
@@ -155,11 +174,15 @@ class Sanitized:
 def scan(text: str, checks: tuple[Check, ...]) -> tuple[str, list[str]]:
     """The normalized text the detectors see, and the rule ids that match it."""
     found: list[str] = []
-    if Check.INVISIBLE in checks:
-        found.extend(_rules(_INVISIBLE, text))
-    probe = unicodedata.normalize("NFKC", _INVISIBLE.sub("", text))
+    if text.isascii():  # no invisible character, and NFKC would change nothing
+        probe = text
+    else:
+        if Check.INVISIBLE in checks:
+            found.extend(_rules(_INVISIBLE, text))
+        probe = unicodedata.normalize("NFKC", _INVISIBLE.sub("", text))
+    lowered = probe.lower()
     for check in checks:
-        if check is not Check.INVISIBLE:
+        if check is not Check.INVISIBLE and any(t in lowered for t in _TRIGGERS[check]):
             found.extend(_rules(_DETECTORS[check], probe))
     return probe, found
 

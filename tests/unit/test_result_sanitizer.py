@@ -331,3 +331,26 @@ async def test_a_local_run_applies_the_rules_as_the_validator_does() -> None:
     rejected = await run_tool(hostile.report_reject, {"result": {"title": "x' OR 1=1 --"}})
     assert rejected.error is not None
     assert rejected.error.code is ErrorCode.RESULT_SANITIZATION_REJECTED
+
+
+async def test_keys_are_checked_and_paths_never_carry_a_hostile_key(
+    service: ValidatorService,
+) -> None:
+    hostile_key = "<script>steal()</script>"
+    rejected = await _outcome(service, "reject", {"nested": {hostile_key: 1, "ok": 2}})
+    assert rejected.error is not None
+    assert _findings(rejected) == [("html.script", "$.nested{key}")]
+    assert "steal" not in json.dumps(rejected.model_dump(mode="json"))
+    escaped = await _outcome(service, "escape", {"nested": {hostile_key: {"x": "a' OR 1=1"}}})
+    assert escaped.result is not None
+    assert escaped.result["nested"] == {"&lt;script&gt;steal()&lt;/script&gt;": {"x": "a'' OR 1=1"}}
+    assert escaped.warnings == [
+        "result field $.nested{key}: html.script escaped",
+        "result field $.nested.*.x: sql.tautology escaped",
+    ]
+    # Two keys that escape to the same text: refused rather than one silently dropped.
+    collide = {"nested": {"<script>": 1, "&lt;script&gt;": 2}}
+    refused = await _outcome(service, "escape", collide)
+    assert refused.error is not None
+    assert refused.error.code is ErrorCode.RESULT_SANITIZATION_REJECTED
+    assert _findings(refused) == [("key.collision", "$.nested{key}")]

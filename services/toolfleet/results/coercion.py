@@ -24,6 +24,7 @@ from datetime import date, datetime
 from typing import Any
 
 from toolfleet.errors import ResultCoercionFailed
+from toolfleet.results.rules import key_segment
 
 _INTEGER = re.compile(r"[+-]?\d{1,30}")
 _NUMBER = re.compile(r"[+-]?(?:\d{1,30}(?:\.\d{1,30})?|\.\d{1,30})(?:[eE][+-]?\d{1,3})?")
@@ -157,7 +158,7 @@ class _Walk:
             out = {}
             for key, item in value.items():
                 sub = props.get(key, extra if isinstance(extra, dict) else None)
-                child = f"{path}.{key}"
+                child = path + key_segment(key)
                 out[key] = self.value(sub, item, child) if sub is not None else item
             return out
         if isinstance(value, list):

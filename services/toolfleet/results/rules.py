@@ -77,6 +77,16 @@ ANY_KEY = "*"
 ANY_INDEX = -1
 
 
+_FIELD_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,63}")
+
+
+def key_segment(key: str) -> str:
+    """How a key shows in a reported path: ``.name``, or ``.*`` for a key that does not
+    look like a field name (``<script>``, an e-mail address). Keys are data too, and a
+    path must never carry a value into a warning, an error or an audit record."""
+    return f".{key}" if _FIELD_NAME.fullmatch(key) else ".*"
+
+
 def parse_path(path: str) -> PathPattern:
     """``"$.items[*].title"`` as ``("items", ANY_INDEX, "title")``.
 

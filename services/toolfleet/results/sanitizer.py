@@ -7,6 +7,9 @@ characters removed and NFKC-normalized, so ``ig<U+200B>nore previous instruction
 full-width angle brackets do not slip through. Every quantifier is bounded: a hostile
 multi-megabyte string costs linear time.
 
+Object keys are checked like values, under the rule of the field they name; two keys
+that sanitize to the same text are refused (``key.collision``) rather than merged.
+
 A :class:`Finding` names the rule and the field path, never the value: findings travel
 in outcome warnings, error details and audit events.
 """
@@ -28,10 +31,13 @@ from toolfleet.results.rules import (
     PathPattern,
     SanitizeAction,
     SanitizeRule,
+    key_segment,
     parse_path,
 )
 
 REDACTED = "[REDACTED]"
+KEY_MARK = "{key}"
+"""Appended to an object's path when a finding is in one of its keys: ``$.meta{key}``."""
 _MAX_REPORTED = 50
 
 _CMD = (
@@ -282,24 +288,47 @@ class CompiledSanitizer:
 
     def _walk(self, value: Any, path: tuple[str | int, ...], findings: list[Finding]) -> Any:
         if isinstance(value, dict):
-            return {k: self._walk(v, (*path, k), findings) for k, v in value.items()}
+            out: dict[str, Any] = {}
+            for key, item in value.items():
+                name = self._text(key, (*path, key), findings, key_of=path)
+                if name in out:  # two keys sanitized into one: refuse rather than drop one
+                    findings.append(
+                        Finding(
+                            rule="key.collision",
+                            field=render_path(path) + KEY_MARK,
+                            action=SanitizeAction.REJECT,
+                        )
+                    )
+                out[name] = self._walk(item, (*path, key), findings)
+            return out
         if isinstance(value, list):
             return [self._walk(v, (*path, i), findings) for i, v in enumerate(value)]
-        if not isinstance(value, str):
-            return value
+        if isinstance(value, str):
+            return self._text(value, path, findings)
+        return value
+
+    def _text(
+        self,
+        text: str,
+        path: tuple[str | int, ...],
+        findings: list[Finding],
+        *,
+        key_of: tuple[str | int, ...] | None = None,
+    ) -> str:
+        """``text`` (a value, or the key of an object at ``key_of``) under its rule."""
         rule = self.rule_for(path)
         if rule is None or rule.action is SanitizeAction.ALLOW:
-            return value
-        probe, rules = scan(value, rule.checks)
+            return text
+        probe, rules = scan(text, rule.checks)
         if not rules:
-            return value
-        where = render_path(path)
+            return text
+        where = render_path(path) if key_of is None else render_path(key_of) + KEY_MARK
         findings.extend(Finding(rule=r, field=where, action=rule.action) for r in rules)
         if rule.action is SanitizeAction.REDACT:
             return redacted(probe, rule.checks)
         if rule.action is SanitizeAction.ESCAPE:
             return escaped(probe, rules)
-        return value
+        return text
 
 
 def _segment_matches(want: str | int, got: str | int) -> bool:
@@ -311,5 +340,5 @@ def _segment_matches(want: str | int, got: str | int) -> bool:
 
 
 def render_path(path: tuple[str | int, ...]) -> str:
-    """``("items", 2, "title")`` as ``$.items[2].title``."""
-    return "$" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path)
+    """``("items", 2, "title")`` as ``$.items[2].title`` (odd keys as ``*``)."""
+    return "$" + "".join(f"[{p}]" if isinstance(p, int) else key_segment(p) for p in path)

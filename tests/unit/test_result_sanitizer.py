@@ -32,6 +32,7 @@ from toolfleet.events.models import (
 from toolfleet.events.types import EventType, Source
 from toolfleet.registry.lookup import InMemoryManifests, ToolLookup
 from toolfleet.registry.schemas import CompiledSchemas
+from toolfleet.results.coercion import coerce
 from toolfleet.results.rules import ALL_CHECKS, ResultRules, parse_path
 from toolfleet.results.sanitizer import CompiledSanitizer, scan
 from toolfleet.sdk import ToolContext, spec_of, tool
@@ -354,3 +355,31 @@ async def test_keys_are_checked_and_paths_never_carry_a_hostile_key(
     assert refused.error is not None
     assert refused.error.code is ErrorCode.RESULT_SANITIZATION_REJECTED
     assert _findings(refused) == [("key.collision", "$.nested{key}")]
+
+
+_REPORT_SCHEMA = hostile.Report.model_json_schema()
+
+
+@given(
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "title": st.text(max_size=20),
+            "count": st.integers(),
+            "ok": st.booleans(),
+            "tags": st.lists(st.text(max_size=5), max_size=3),
+            "day": st.none() | st.dates().map(lambda d: d.isoformat()),
+        },
+    )
+)
+def test_coercion_leaves_a_result_of_the_right_types_alone(result: dict[str, Any]) -> None:
+    coerced = coerce(_REPORT_SCHEMA, result)
+    assert coerced.value == result
+    assert coerced.applied == []
+
+
+@given(st.integers(min_value=-(10**20), max_value=10**20), st.booleans())
+def test_numeric_and_boolean_strings_coerce_to_their_values(number: int, flag: bool) -> None:
+    coerced = coerce(_REPORT_SCHEMA, {"count": str(number), "ok": str(flag).lower()})
+    assert coerced.value == {"count": number, "ok": flag}
+    assert coerced.applied == ["$.count: string to integer", "$.ok: string to boolean"]

@@ -111,7 +111,9 @@ def parse_path(path: str) -> PathPattern:
 class ResultRules(BaseModel):
     """Everything the validator checks in one tool's results, besides the schema."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # "ignore", as the manifest holding it: a validator older than the executor that
+    # registered a version must still read its manifest during a rolling upgrade.
+    model_config = ConfigDict(frozen=True, extra="ignore")
 
     mode: ResultMode = ResultMode.STRICT
     sanitize: dict[str, SanitizeRule] = Field(default_factory=dict)

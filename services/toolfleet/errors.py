@@ -20,7 +20,10 @@ The retry predicate reads the ``retryable`` class attribute, never the message.
     ├── CircuitBreakerOpen              circuit_breaker_open       (retryable)
     ├── ToolTimeout                     timeout                    (retryable)
     ├── ResourceExhausted               resource_exhausted         (retryable)
-    ├── ResultValidationFailed          result_validation_failed
+    ├── ResultValidationFailed          result_validation_failed   (schema violation)
+    │   ├── ResultCoercionFailed        result_coercion_failed     (coerce mode: no safe coercion)
+    │   ├── ResultSanitizationRejected  result_sanitization_rejected (a ``reject`` rule matched)
+    │   └── ResultTooLarge              result_too_large           (bytes or nesting over the limit)
     ├── RedactionFailed                 redaction_failed
     ├── Cancelled                       cancelled
     ├── CheckpointFailed                checkpoint_failed          (retryable)
@@ -62,6 +65,9 @@ class ErrorCode(StrEnum):
     TIMEOUT = "timeout"
     RESOURCE_EXHAUSTED = "resource_exhausted"
     RESULT_VALIDATION_FAILED = "result_validation_failed"
+    RESULT_COERCION_FAILED = "result_coercion_failed"
+    RESULT_SANITIZATION_REJECTED = "result_sanitization_rejected"
+    RESULT_TOO_LARGE = "result_too_large"
     REDACTION_FAILED = "redaction_failed"
     CANCELLED = "cancelled"
     CHECKPOINT_FAILED = "checkpoint_failed"
@@ -185,7 +191,30 @@ class ResourceExhausted(ToolfleetError):
 
 
 class ResultValidationFailed(ToolfleetError):
+    """The result does not match the tool's output schema."""
+
     code = ErrorCode.RESULT_VALIDATION_FAILED
+
+
+class ResultCoercionFailed(ResultValidationFailed):
+    """A tool in ``coerce`` mode returned a value no listed coercion turns into the
+    declared type (``"abc"`` for an integer, ``"2024-13-45"`` for a date)."""
+
+    code = ErrorCode.RESULT_COERCION_FAILED
+
+
+class ResultSanitizationRejected(ResultValidationFailed):
+    """A string field matched a sanitization rule whose action is ``reject``; the
+    details name the rule ids and field paths, never the value."""
+
+    code = ErrorCode.RESULT_SANITIZATION_REJECTED
+
+
+class ResultTooLarge(ResultValidationFailed):
+    """The result is larger, or nested deeper, than the tool's limits allow. The same
+    call would return the same result, so a retry does not help."""
+
+    code = ErrorCode.RESULT_TOO_LARGE
 
 
 class RedactionFailed(ToolfleetError):

@@ -121,7 +121,7 @@ async def test_init_creates_topics_with_the_retention_and_cleanup_of_topics_yaml
 
     configs = await _broker_configs(fleet.bootstrap, names)
     assert configs[fleet.name(TopicName.AUDIT)]["retention.ms"] == str(90 * DAY_MS)
-    assert configs[fleet.name(TopicName.EXECUTED)]["retention.ms"] == str(3 * DAY_MS)
+    assert configs[fleet.name(TopicName.EXECUTED)]["retention.ms"] == str(6 * 3_600_000)
     assert configs[fleet.name(TopicName.DLQ)]["retention.ms"] == str(14 * DAY_MS)
     assert configs[fleet.name(TopicName.REQUESTED)]["retention.ms"] == str(7 * DAY_MS)
     for name in names:

@@ -34,7 +34,7 @@ def test_the_installed_file_is_the_one_infra_points_at() -> None:
 def test_retention_and_cleanup_come_from_the_file_over_its_defaults() -> None:
     specs = {spec.name: spec for spec in load_topic_specs(SETTINGS)}
     assert specs["tf.audit"].config["retention.ms"] == str(90 * DAY_MS)
-    assert specs["tf.invoke.executed"].config["retention.ms"] == str(3 * DAY_MS)
+    assert specs["tf.invoke.executed"].config["retention.ms"] == str(6 * 3_600_000)
     assert specs["tf.dlq"].config["retention.ms"] == str(14 * DAY_MS)
     for spec in specs.values():
         assert spec.config["cleanup.policy"] == "delete"

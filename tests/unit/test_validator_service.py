@@ -166,7 +166,7 @@ async def test_an_unregistered_version_fails_as_not_found(blobs: InMemoryBlobSto
     assert outcome.error.code is ErrorCode.TOOL_NOT_FOUND
 
 
-async def test_a_result_nested_too_deeply_to_validate_fails_validation(
+async def test_a_result_nested_too_deeply_fails_as_too_large(
     blobs: InMemoryBlobStore,
 ) -> None:
     # Only a transfer blob carries it: an event this deep does not serialize.
@@ -182,7 +182,9 @@ async def test_a_result_nested_too_deeply_to_validate_fails_validation(
     envelope, outcome = await _outcome(_service(blobs), event)
     assert envelope.type == EventType.FAILED
     assert outcome.error is not None
-    assert outcome.error.code is ErrorCode.RESULT_VALIDATION_FAILED
+    assert outcome.error.code is ErrorCode.RESULT_TOO_LARGE
+    assert not outcome.error.retryable
+    assert outcome.error.details == {"limit": "depth", "max": 64}
     assert "nested too deeply" in outcome.error.message
 
 

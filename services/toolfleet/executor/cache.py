@@ -5,6 +5,11 @@ An entry is keyed by the deterministic call id: SHA-256 over the resolved
 tenants never share entries. It holds the raw (unvalidated) result of a successful run:
 the validator validates and redacts a hit like any other result. Failures are never
 stored, and tools that declare credentials cannot declare a cache.
+
+Because an entry is a raw result, Redis holds it sealed (AES-GCM under the fleet key's
+``result-cache`` key, bound to its cache key: :mod:`toolfleet.storage.at_rest`) when a
+fleet key is configured. An entry that does not open (written in plaintext before the
+upgrade, sealed under a key rotated out, or altered) is a miss: the tool runs again.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from typing import Any, Protocol
 from redis.asyncio import Redis
 
 from toolfleet.sdk.policies import CachePolicy
+from toolfleet.storage.at_rest import AtRestCipher
 
 
 def call_id(*, tool_id: str, tool_version: str, parameters: dict[str, Any], tenant_id: str) -> str:
@@ -42,20 +48,33 @@ class ResultCache(Protocol):
 
 
 class RedisResultCache:
-    def __init__(self, redis: Redis) -> None:
+    def __init__(self, redis: Redis, *, cipher: AtRestCipher | None = None) -> None:
         self._redis = redis
+        self._cipher = cipher
 
     async def get(self, call_id: str) -> dict[str, Any] | None:
-        raw = await self._redis.get(cache_key(call_id))
+        key = cache_key(call_id)
+        raw = await self._redis.get(key)
         if raw is None:
             return None
-        value = json.loads(raw)
+        if self._cipher is not None:
+            opened = self._cipher.open(raw, aad=key.encode()) if isinstance(raw, bytes) else None
+            if opened is None:
+                return None
+            raw = opened
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            return None
         return value if isinstance(value, dict) else None
 
     async def put(self, call_id: str, result: dict[str, Any], policy: CachePolicy) -> None:
-        raw = json.dumps(result, separators=(",", ":"), ensure_ascii=False)
+        key = cache_key(call_id)
+        raw = json.dumps(result, separators=(",", ":"), ensure_ascii=False).encode()
+        if self._cipher is not None:
+            raw = self._cipher.seal(raw, aad=key.encode())
         ttl = policy.ttl_s if policy.mode == "ttl" else None
-        await self._redis.set(cache_key(call_id), raw, ex=ttl)
+        await self._redis.set(key, raw, ex=ttl)
 
 
 class MemoryResultCache:

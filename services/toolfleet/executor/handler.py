@@ -38,6 +38,7 @@ from toolfleet.secrets.env import EnvSecretStore
 from toolfleet.secrets.file import FileSecretStore
 from toolfleet.secrets.store import SecretStore
 from toolfleet.secrets.vault import VaultConfig, VaultSecretStore
+from toolfleet.storage.at_rest import RESULT_CACHE, TRANSFER_BLOB, AtRestCipher
 from toolfleet.storage.blobs import PostgresBlobStore
 from toolfleet.storage.cancel_flags import RedisCancelFlags
 from toolfleet.storage.invalidation import run_invalidation_listener
@@ -108,9 +109,13 @@ async def build(res: Resources) -> list[EventConsumer]:
         revocations=revocations,
         slots=RedisAgentSlots(res.redis),
         breaker=CircuitBreaker(store=RedisCircuitStore(res.redis), clock=time.time),
-        cache=RedisResultCache(res.redis),
+        cache=RedisResultCache(
+            res.redis, cipher=AtRestCipher.from_settings(settings, purpose=RESULT_CACHE)
+        ),
         results=ResultTransfer(
-            blobs=PostgresBlobStore(res.pool),
+            blobs=PostgresBlobStore(
+                res.pool, cipher=AtRestCipher.from_settings(settings, purpose=TRANSFER_BLOB)
+            ),
             inline_bytes=settings.result_inline_limit,
             max_bytes=settings.max_result_blob_bytes,
         ),

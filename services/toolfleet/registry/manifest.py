@@ -16,6 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from toolfleet.events.models import TOOL_ID_PATTERN, Effect
+from toolfleet.results.rules import ResultRules
 
 
 class LifecycleState(StrEnum):
@@ -161,6 +162,9 @@ class ToolManifest(BaseModel):
                 self, "permissions", self.permissions.model_copy(update={"credentials": merged})
             )
         return self
+
+    result_rules: ResultRules = Field(default_factory=ResultRules)
+    """What the validator checks besides the output schema: mode, sanitization, limits."""
 
     @property
     def namespace(self) -> str:

@@ -10,8 +10,9 @@ the fleet's own code, what a call goes through between the producer and the clie
    ``tool_execution_error`` naming the exception type only);
 3. output carrying a declared credential is withheld (``redaction_failed``), by the
    executor's own check (:func:`toolfleet.secrets.capability.withheld_output`);
-4. the result is checked against the output schema and redacted to the allowlist
-   (:func:`toolfleet.registry.enforcement.visible_result`, as the validator does).
+4. the tool's result rules run as the validator runs them
+   (:class:`toolfleet.results.checks.ResultChecker`: limits, coercion, the output
+   schema and allowlist, sanitization), with what they changed in ``warnings``.
 
 Example::
 
@@ -37,8 +38,9 @@ from toolfleet.errors import ErrorInfo, ToolfleetError
 from toolfleet.events.models import InvocationStatus
 from toolfleet.events.outcomes import status_for
 from toolfleet.executor import runner
-from toolfleet.registry.enforcement import check_parameters, visible_result
+from toolfleet.registry.enforcement import check_parameters
 from toolfleet.registry.schemas import CompiledSchemas
+from toolfleet.results.checks import ResultChecker
 from toolfleet.sdk.context import CheckpointInput, CheckpointSink, DocumentReader, ToolContext
 from toolfleet.sdk.tool import ToolFunction, ToolSpec, spec_of
 from toolfleet.secrets.capability import CredentialCapability, LeakDetector, withheld_output
@@ -48,6 +50,7 @@ __all__ = ["CheckpointRecorder", "LocalRun", "context_for", "run_tool"]
 
 #: One compiled-schema cache for every local run, as one policy worker has.
 _SCHEMAS = CompiledSchemas()
+_CHECKER = ResultChecker(_SCHEMAS)
 
 
 class CheckpointRecorder:
@@ -139,6 +142,8 @@ class LocalRun:
     """The result before validation and redaction, for assertions on hidden fields."""
     checkpoints: list[CheckpointInput] = field(default_factory=list)
     """The checkpoints saved during the run (empty when a ``ctx`` of yours was given)."""
+    warnings: list[str] = field(default_factory=list)
+    """What the result rules changed (coercions, escaped or redacted findings)."""
 
     @property
     def ok(self) -> bool:
@@ -187,7 +192,7 @@ async def run_tool(
         return _failed(run.error, recorder)
     raw = run.result or {}
     try:
-        result = visible_result(_SCHEMAS, manifest, raw)
+        checked = _CHECKER.check(manifest, raw)
     except ToolfleetError as exc:
         return LocalRun(
             status=InvocationStatus.ERROR,
@@ -197,9 +202,10 @@ async def run_tool(
         )
     return LocalRun(
         status=InvocationStatus.SUCCESS,
-        result=result,
+        result=checked.result,
         raw_result=raw,
         checkpoints=list(recorder.saved),
+        warnings=checked.warnings,
     )
 
 

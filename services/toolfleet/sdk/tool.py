@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar, get_type_hints
 
 import semver
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from toolfleet.errors import RegistrationError
 from toolfleet.events.models import TOOL_ID_PATTERN, Effect
@@ -24,6 +24,7 @@ from toolfleet.registry.manifest import (
     ToolCategory,
     ToolManifest,
 )
+from toolfleet.results.rules import ResultRules, SanitizeRule
 from toolfleet.sdk.context import ToolContext
 from toolfleet.sdk.policies import CachePolicy, CircuitPolicy, RetryPolicy
 from toolfleet.secrets.store import check_name
@@ -66,6 +67,8 @@ class ToolSpec:
     """Thresholds of that circuit breaker."""
     cache: CachePolicy | None = None
     """Result cache (default: none)."""
+    result_rules: ResultRules = field(default_factory=ResultRules)
+    """Result validation mode, sanitization and limits the validator applies."""
 
     @property
     def circuit_name(self) -> str:
@@ -102,6 +105,7 @@ class ToolSpec:
                 open_s=self.circuit_breaker.open_s,
                 half_open_calls=self.circuit_breaker.half_open_calls,
             ),
+            result_rules=self.result_rules,
         )
 
 
@@ -120,6 +124,9 @@ def tool(
     circuit: str | None = None,
     circuit_breaker: CircuitPolicy | None = None,
     cache: CachePolicy | None = None,
+    result_validation: str = "strict",
+    sanitize: dict[str, str | SanitizeRule | dict[str, Any]] | None = None,
+    max_result_bytes: int | None = None,
 ) -> Callable[[F], F]:
     """Declare a tool; the decorated function is returned unchanged, still callable.
 
@@ -153,6 +160,13 @@ def tool(
     (default: the tool id; tools calling the same upstream may share one);
     ``cache=CachePolicy(mode="ttl", ttl_s=60)`` reuses successful results of identical
     calls. A tool that declares credentials cannot be cached.
+
+    Results (:mod:`toolfleet.results`): ``result_validation="coerce"`` lets the
+    validator apply safe coercions (numeric strings, ``"true"``/``"false"``, one value
+    for a list, ISO dates checked) and report each in ``warnings``; ``sanitize=
+    {"$.body": "escape", "*": "reject"}`` checks string fields for HTML, SQL, shell and
+    prompt injection and invisible characters, by field path; ``max_result_bytes``
+    caps the result's size.
     """
 
     def decorate(fn: F) -> F:
@@ -178,6 +192,17 @@ def tool(
                 f"{id}: category {category!r} is not one of {sorted(ToolCategory)}; "
                 "use tags for free-form grouping"
             )
+        try:
+            result_rules = ResultRules.model_validate(
+                {
+                    "mode": result_validation,
+                    "sanitize": sanitize or {},
+                    "max_bytes": max_result_bytes,
+                }
+            )
+        except ValidationError as exc:
+            problems = "; ".join(e["msg"] for e in exc.errors())
+            raise RegistrationError(f"{id}: invalid result rules: {problems}") from None
         input_model, output_model = _models_of(id, fn)
         input_schema = input_model.model_json_schema()
         output_schema = output_model.model_json_schema()
@@ -210,6 +235,7 @@ def tool(
             circuit=circuit or "",
             circuit_breaker=circuit_breaker or CircuitPolicy(),
             cache=cache,
+            result_rules=result_rules,
             input_schema={
                 "$schema": "https://json-schema.org/draft/2020-12/schema",
                 **input_schema,

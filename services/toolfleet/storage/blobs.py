@@ -6,6 +6,11 @@ holds the same data inline for smaller results, under the topic's own retention)
 *attachment* is the validated, redacted result an outcome links to when it only carries
 a truncated preview; the status API serves it to the invocation's tenant.
 
+Transfer blobs hold raw, unvalidated results, so with a fleet key configured they are
+sealed at rest (AES-GCM, :mod:`toolfleet.storage.at_rest`), bound to their tenant,
+invocation and blob id; a plaintext transfer blob written before the upgrade still
+reads. Attachments are already validated and redacted, and are stored as they are.
+
 Every read names the tenant: a blob of another tenant reads as missing. Expired rows are
 deleted a few hundred at a time by later writes, so the table needs no janitor process.
 
@@ -26,12 +31,16 @@ from typing import Literal, Protocol
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
+from toolfleet.storage.at_rest import AtRestCipher, is_sealed
+
 BlobPurpose = Literal["transfer", "attachment"]
 _Conn = asyncpg.Connection | PoolConnectionProxy
 
 #: One write in this many also deletes expired rows.
 _PURGE_EVERY = 32
 _PURGE_BATCH = 500
+#: Purposes whose data is sealed when a cipher is configured.
+_SEALED: frozenset[BlobPurpose] = frozenset({"transfer"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,8 +85,9 @@ class ResultBlobs(Protocol):
 class PostgresBlobStore:
     """Blobs of a tenant's invocation, with an optional expiry."""
 
-    def __init__(self, pool: asyncpg.Pool) -> None:
+    def __init__(self, pool: asyncpg.Pool, *, cipher: AtRestCipher | None = None) -> None:
         self._pool = pool
+        self._cipher = cipher
 
     async def put(
         self,
@@ -97,6 +107,8 @@ class PostgresBlobStore:
         """
         key = uuid.UUID(blob_id) if blob_id is not None else uuid.uuid4()
         expires = timedelta(seconds=ttl_s) if ttl_s else None
+        size = len(data)
+        data = _seal(self._cipher, data, purpose, tenant_id, invocation_id, str(key))
         async with self._pool.acquire() as conn:
             await conn.execute(
                 """INSERT INTO result_blobs (blob_id, invocation_id, tenant_id, purpose,
@@ -108,7 +120,7 @@ class PostgresBlobStore:
                 tenant_id,
                 purpose,
                 content_type,
-                len(data),
+                size,
                 data,
                 expires,
             )
@@ -133,7 +145,7 @@ class PostgresBlobStore:
             return None
         async with self._pool.acquire() as conn:
             row = await conn.fetchrow(
-                """SELECT content_type, data FROM result_blobs
+                """SELECT tenant_id, invocation_id, content_type, data FROM result_blobs
                    WHERE blob_id = $1 AND purpose = $4
                      AND ($2::text IS NULL OR tenant_id = $2)
                      AND ($3::uuid IS NULL OR invocation_id = $3)
@@ -145,9 +157,17 @@ class PostgresBlobStore:
             )
         if row is None:
             return None
-        return StoredBlob(
-            blob_id=str(key), content_type=row["content_type"], data=bytes(row["data"])
+        data = _open(
+            self._cipher,
+            bytes(row["data"]),
+            purpose,
+            row["tenant_id"],
+            str(row["invocation_id"]),
+            str(key),
         )
+        if data is None:
+            return None
+        return StoredBlob(blob_id=str(key), content_type=row["content_type"], data=data)
 
     async def purge_expired(self, conn: _Conn | None = None) -> int:
         """Delete up to a batch of expired blobs; returns how many went."""
@@ -175,8 +195,14 @@ class InMemoryBlobStore:
     """:class:`PostgresBlobStore`'s twin: same reads, same idempotent writes, expiry on an
     injected clock (seconds)."""
 
-    def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        cipher: AtRestCipher | None = None,
+    ) -> None:
         self._clock = clock
+        self._cipher = cipher
         self._rows: dict[str, _Row] = {}
         self.outage: Exception | None = None
         """Set to make every call raise it, as a store that does not answer would."""
@@ -199,10 +225,12 @@ class InMemoryBlobStore:
             raise self.outage
         key = str(uuid.UUID(blob_id) if blob_id is not None else uuid.uuid4())
         if key not in self._rows:
+            invocation = str(uuid.UUID(invocation_id))
+            stored = _seal(self._cipher, bytes(data), purpose, tenant_id, invocation, key)
             self._rows[key] = _Row(
-                blob=StoredBlob(blob_id=key, content_type=content_type, data=bytes(data)),
+                blob=StoredBlob(blob_id=key, content_type=content_type, data=stored),
                 tenant_id=tenant_id,
-                invocation_id=str(uuid.UUID(invocation_id)),
+                invocation_id=invocation,
                 purpose=purpose,
                 expires_at=self._clock() + ttl_s if ttl_s else None,
             )
@@ -232,4 +260,45 @@ class InMemoryBlobStore:
             or (row.expires_at is not None and row.expires_at <= self._clock())
         ):
             return None
-        return row.blob
+        data = _open(self._cipher, row.blob.data, purpose, row.tenant_id, row.invocation_id, key)
+        if data is None:
+            return None
+        return StoredBlob(blob_id=key, content_type=row.blob.content_type, data=data)
+
+    def raw(self, blob_id: str) -> bytes:
+        """The bytes as stored (sealed or not), as someone reading the table would see them."""
+        return self._rows[str(uuid.UUID(blob_id))].blob.data
+
+
+def _aad(tenant_id: str, invocation_id: str, blob_id: str) -> bytes:
+    return f"{tenant_id}\x1f{uuid.UUID(invocation_id)}\x1f{uuid.UUID(blob_id)}".encode()
+
+
+def _seal(
+    cipher: AtRestCipher | None,
+    data: bytes,
+    purpose: BlobPurpose,
+    tenant_id: str,
+    invocation_id: str,
+    blob_id: str,
+) -> bytes:
+    if cipher is None or purpose not in _SEALED:
+        return data
+    return cipher.seal(data, aad=_aad(tenant_id, invocation_id, blob_id))
+
+
+def _open(
+    cipher: AtRestCipher | None,
+    data: bytes,
+    purpose: BlobPurpose,
+    tenant_id: str,
+    invocation_id: str,
+    blob_id: str,
+) -> bytes | None:
+    """The stored bytes opened; plaintext from before the upgrade as it is; ``None`` for
+    a sealed blob this process cannot open (no key, a rotated-out key, or tampering)."""
+    if not is_sealed(data):
+        return data
+    if cipher is None:
+        return None
+    return cipher.open(data, aad=_aad(tenant_id, invocation_id, blob_id))

@@ -10,6 +10,7 @@ from toolfleet.events import routing
 from toolfleet.registry.lookup import ToolLookup
 from toolfleet.registry.schemas import CompiledSchemas
 from toolfleet.registry.store import RegistryStore
+from toolfleet.storage.at_rest import TRANSFER_BLOB, AtRestCipher
 from toolfleet.storage.blobs import PostgresBlobStore
 from toolfleet.validator.service import ValidatorService
 from toolfleet.worker import Resources
@@ -20,7 +21,9 @@ async def build(res: Resources) -> list[EventConsumer]:
     service = ValidatorService(
         lookup=ToolLookup(RegistryStore(res.pool)),
         schemas=CompiledSchemas(),
-        blobs=PostgresBlobStore(res.pool),
+        blobs=PostgresBlobStore(
+            res.pool, cipher=AtRestCipher.from_settings(settings, purpose=TRANSFER_BLOB)
+        ),
         inline_bytes=settings.result_inline_limit,
         attachment_ttl_s=settings.attachment_ttl_s,
     )

@@ -1,5 +1,9 @@
 """Validates an executed result and turns it into the terminal outcome.
 
+The tool's result rules run first (:mod:`toolfleet.results.checks`: limits, coercion in
+``coerce`` mode, the output schema and allowlist, sanitization); each failure is its own
+error code and what they changed is added to the outcome's ``warnings``.
+
 A result too large for an event arrives as a transfer blob and is read back first; a
 redacted result still larger than ``TOOLFLEET_RESULT_INLINE_BYTES`` is stored whole as a
 blob attachment and the outcome carries a preview, with ``truncated`` set
@@ -10,7 +14,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from toolfleet.errors import ToolfleetError
@@ -26,9 +30,9 @@ from toolfleet.events.models import (
 )
 from toolfleet.events.outcomes import failure_event, outcome_event
 from toolfleet.events.types import Source, TopicName
-from toolfleet.registry.enforcement import visible_result
 from toolfleet.registry.lookup import ToolLookup
 from toolfleet.registry.schemas import CompiledSchemas
+from toolfleet.results.checks import ResultChecker
 from toolfleet.storage.blobs import ResultBlobs
 
 #: Namespace of attachment ids, derived from the ``executed`` event they come from.
@@ -44,14 +48,18 @@ class ValidatorService:
     inline_bytes: int = 262_144
     attachment_ttl_s: int = 0
     """How long an attachment stays downloadable (0: until deleted)."""
+    checker: ResultChecker = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.checker = ResultChecker(self.schemas)
 
     async def on_executed(self, event: Envelope) -> list[Emitted]:
         executed = event.data_as(InvokeExecuted)
         try:
             manifest = await self.lookup.exact(executed.tool_id, executed.tool_version)
             full = await self._full_result(executed)
-            result = visible_result(self.schemas, manifest, full)
-            result, metadata = await self._fit(event, executed, result)
+            checked = self.checker.check(manifest, full)
+            result, metadata = await self._fit(event, executed, checked.result)
         except ToolfleetError as exc:
             return [
                 (
@@ -75,7 +83,7 @@ class ValidatorService:
             tool_id=executed.tool_id,
             tool_version=executed.tool_version,
             result=result,
-            warnings=executed.warnings,
+            warnings=[*executed.warnings, *checked.warnings],
             execution_metadata=metadata,
             checkpoint_ref=executed.checkpoint_ref,
             documents_accessed=executed.documents_accessed,

@@ -1,0 +1,105 @@
+"""Encryption at rest of raw results: transfer blobs and result-cache entries.
+
+Both hold what a tool returned *before* the validator applied its allowlist and
+sanitization, so they are sealed with AES-256-GCM under a key derived from the fleet
+key (the execution-grant keys of ``TOOLFLEET_GRANT_KEY_FILE``) with HKDF-SHA256, one key
+per purpose (``transfer-blob``, ``result-cache``): a key of one purpose opens nothing of
+another, and the grant HMAC never sees the derived keys.
+
+A sealed value is ``MAGIC | kid (12 bytes) | nonce (12 bytes) | ciphertext+tag``. The
+``kid`` is :func:`toolfleet.auth.grants.grant_kid` of the fleet key that sealed it, so
+after ``toolfleet keys rotate``-style rotation (a new first line in the key file) new
+values are sealed with the new key and old ones still open while their key is listed.
+The caller's associated data binds a value to its place (tenant, invocation, blob id or
+cache key): a value copied to another row or key does not open.
+
+``MAGIC`` starts with a NUL byte, which no JSON document does, so a reader tells a
+sealed value from a plaintext one written before the upgrade.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Final
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+from toolfleet.auth.grants import grant_kid, load_grant_keys
+from toolfleet.settings import FleetSettings
+
+MAGIC: Final = b"\x00tfae1"
+_KID_BYTES = 12
+_NONCE_BYTES = 12
+_HEADER = len(MAGIC) + _KID_BYTES + _NONCE_BYTES
+_INFO = b"toolfleet/at-rest/v1/"
+
+TRANSFER_BLOB: Final = "transfer-blob"
+RESULT_CACHE: Final = "result-cache"
+
+
+def is_sealed(data: bytes) -> bool:
+    """Whether ``data`` is a sealed value (else: plaintext from before encryption)."""
+    return data.startswith(MAGIC)
+
+
+class AtRestCipher:
+    """Seals and opens values of one purpose with keys derived from the fleet keys.
+
+    The first key seals; every key opens (rotation).
+    """
+
+    def __init__(self, fleet_keys: Sequence[bytes], *, purpose: str) -> None:
+        if not fleet_keys:
+            raise ValueError("an at-rest cipher needs at least one fleet key")
+        self.purpose = purpose
+        self._keys: dict[bytes, AESGCM] = {}
+        for key in fleet_keys:
+            kid = grant_kid(key).encode()
+            self._keys.setdefault(kid, AESGCM(_derive(key, purpose)))
+        self._kid = grant_kid(fleet_keys[0]).encode()
+
+    @classmethod
+    def from_settings(cls, settings: FleetSettings, *, purpose: str) -> AtRestCipher | None:
+        """The cipher of ``TOOLFLEET_GRANT_KEY_FILE``, or ``None`` when it is unset (then
+        values are stored in plaintext, as before; the README says so)."""
+        if settings.grant_key_file is None:
+            return None
+        return cls(load_grant_keys(settings.grant_key_file), purpose=purpose)
+
+    @property
+    def kid(self) -> str:
+        """Id of the fleet key new values are sealed with."""
+        return self._kid.decode()
+
+    def seal(self, plaintext: bytes, *, aad: bytes) -> bytes:
+        nonce = os.urandom(_NONCE_BYTES)
+        sealed = self._keys[self._kid].encrypt(nonce, plaintext, self._aad(aad))
+        return MAGIC + self._kid + nonce + sealed
+
+    def open(self, data: bytes, *, aad: bytes) -> bytes | None:
+        """The plaintext, or ``None`` when the key is no longer listed or ``data`` was
+        altered or moved (the tag does not verify)."""
+        if not is_sealed(data) or len(data) < _HEADER:
+            return None
+        kid = data[len(MAGIC) : len(MAGIC) + _KID_BYTES]
+        aead = self._keys.get(kid)
+        if aead is None:
+            return None
+        nonce = data[len(MAGIC) + _KID_BYTES : _HEADER]
+        try:
+            return aead.decrypt(nonce, data[_HEADER:], self._aad(aad))
+        except InvalidTag:
+            return None
+
+    def _aad(self, aad: bytes) -> bytes:
+        return self.purpose.encode() + b"\x1f" + aad
+
+
+def _derive(key: bytes, purpose: str) -> bytes:
+    return HKDF(
+        algorithm=hashes.SHA256(), length=32, salt=None, info=_INFO + purpose.encode()
+    ).derive(key)

@@ -18,6 +18,7 @@ SETTINGS_CLASSES = (
     ("toolfleet.policy.settings", "PolicySettings"),
     ("toolfleet.executor.settings", "ExecutorSettings"),
     ("toolfleet.api.settings", "ApiSettings"),
+    ("toolfleet.maintenance.settings", "MaintenanceSettings"),
 )
 START, END = "<!-- config-table:start -->", "<!-- config-table:end -->"
 

@@ -35,6 +35,9 @@ from toolfleet.storage.redis import connect_redis
 log = logging.getLogger(__name__)
 
 SERVICES = ("policy", "executor", "validator", "audit", "status")
+"""The pipeline services (``toolfleet dev`` runs each)."""
+AUXILIARY = ("maintenance",)
+"""Workers beside the pipeline, run on demand: ``maintenance`` prunes old rows."""
 
 Job = Callable[[asyncio.Event], Coroutine[Any, Any, None]]
 
@@ -140,8 +143,9 @@ BuildFn = Callable[[Resources], Awaitable[list[EventConsumer]]]
 
 
 def load_build(service: str) -> BuildFn:
-    if service not in SERVICES:
-        raise ValueError(f"unknown service {service!r}; choose one of {', '.join(SERVICES)}")
+    known = SERVICES + AUXILIARY
+    if service not in known:
+        raise ValueError(f"unknown service {service!r}; choose one of {', '.join(known)}")
     module = importlib.import_module(f"toolfleet.{service}.handler")
     build: BuildFn = module.build
     return build

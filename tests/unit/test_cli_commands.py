@@ -16,7 +16,7 @@ from toolfleet.cli.main import app
 from toolfleet.events.codec import ContentMode, encode
 from toolfleet.events.envelope import new_event
 from toolfleet.events.types import EventType, Source
-from toolfleet.worker import SERVICES
+from toolfleet.worker import AUXILIARY, SERVICES
 
 pytestmark = pytest.mark.unit
 
@@ -137,7 +137,7 @@ def test_bad_setting_names_the_variable() -> None:
 
 
 def test_worker_names_are_checked() -> None:
-    assert {name.value for name in WorkerName} == set(SERVICES)
+    assert {name.value for name in WorkerName} == set(SERVICES + AUXILIARY)
     result = CliRunner().invoke(app, ["worker", "bogus"])
     assert result.exit_code == 2
 

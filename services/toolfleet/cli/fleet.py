@@ -26,6 +26,8 @@ class WorkerName(StrEnum):
     VALIDATOR = "validator"
     AUDIT = "audit"
     STATUS = "status"
+    MAINTENANCE = "maintenance"
+    """Retention: prunes (and optionally archives) rows past their age."""
 
 
 def _devstack(module: str, attribute: str) -> object:

@@ -231,6 +231,38 @@ class Fact:
     started_at: datetime | None = None
     completed_at: datetime | None = None
     checkpoint: Checkpoint | None = None
+    attempt: int | None = None
+    """``invoked``: which execution attempt started."""
+    worker_id: str | None = None
+    """``invoked``: the executor that started it (a new one is a hand-over)."""
+    resumed_from_checkpoint_id: str | None = None
+    """``invoked``: the checkpoint the attempt resumed from, if it resumed."""
+
+    def timeline_detail(self) -> dict[str, Any]:
+        """What the console's timeline shows of this fact (no parameters, no result)."""
+        detail: dict[str, Any] = {}
+        if self.kind is Kind.INVOKED:
+            detail = {
+                "attempt": self.attempt,
+                "worker_id": self.worker_id,
+                "resumed_from_checkpoint_id": self.resumed_from_checkpoint_id,
+            }
+        elif self.checkpoint is not None:
+            detail = {
+                "checkpoint_id": self.checkpoint.checkpoint_id,
+                "checkpoint_type": self.checkpoint.checkpoint_type,
+                "progress_percent": self.checkpoint.progress_percent,
+                "current_phase": self.checkpoint.current_phase,
+            }
+        elif self.kind is Kind.TERMINAL:
+            detail = {
+                "status": self.status.value if self.status else None,
+                "error_code": (self.error or {}).get("code"),
+                "attempts": (self.execution_metadata or {}).get("attempts"),
+            }
+        elif self.tool_version is not None:
+            detail = {"tool_version": self.tool_version}
+        return {k: v for k, v in detail.items() if v is not None}
 
 
 # --- event -> fact -------------------------------------------------------------------
@@ -342,6 +374,9 @@ def _internal(event: Envelope, kind: Kind, base: dict[str, Any]) -> Fact:
                 agent_did=invoked.agent_did,
                 tool_version=invoked.tool_version,
                 started_at=invoked.started_at,
+                attempt=invoked.attempt,
+                worker_id=invoked.worker_id,
+                resumed_from_checkpoint_id=invoked.resumed_from_checkpoint_id,
             )
         case Kind.CHECKPOINT:
             cp = event.data_as(CheckpointCreated)

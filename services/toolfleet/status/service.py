@@ -6,7 +6,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Protocol
+from typing import Any, Protocol
 
 from toolfleet.events.envelope import Envelope
 from toolfleet.status.projection import InvocationRow, apply, fact_of
@@ -26,6 +26,13 @@ class ProjectInput:
     invocation_id: str
     transition: Transition
     """Pure: the row as it is (``None`` if absent) → the row to store (``None``: none)."""
+    kind: str | None = None
+    """What the event says (:class:`~toolfleet.status.projection.Kind`), kept with the
+    dedupe marker for the console's timeline."""
+    occurred_at: datetime | None = None
+    """When it happened (the event's ``time``)."""
+    detail: dict[str, Any] = field(default_factory=dict)
+    """The timeline's detail of the event (attempt, worker, checkpoint, status)."""
 
 
 class Projection(Protocol):
@@ -74,6 +81,9 @@ class StatusProjector:
                 event_id=event.id,
                 invocation_id=fact.invocation_id,
                 transition=lambda row: apply(row, fact),
+                kind=fact.kind.value,
+                occurred_at=fact.occurred_at,
+                detail=fact.timeline_detail(),
             )
         )
         if not projected:

@@ -16,6 +16,7 @@ transaction, so a poison event fails alone.
 
 from __future__ import annotations
 
+import json
 import logging
 import uuid
 from collections.abc import Sequence
@@ -28,7 +29,7 @@ from toolfleet.events.models import InvocationStatus
 from toolfleet.status.projection import Checkpoint, InvocationRow
 from toolfleet.status.service import ProjectInput
 from toolfleet.storage.errors import POSTGRES_UNAVAILABLE
-from toolfleet.storage.pg_text import escape_array
+from toolfleet.storage.pg_text import escape_array, escape_json
 
 log = logging.getLogger(__name__)
 
@@ -78,8 +79,10 @@ _LOCK_MANY = """
     FROM (SELECT id FROM unnest($2::text[]) AS id ORDER BY id) AS ordered
 """
 _MARK_MANY = """
-    INSERT INTO projected_events (source, event_id, invocation_id)
-    SELECT * FROM unnest($1::text[], $2::text[], $3::uuid[])
+    INSERT INTO projected_events (source, event_id, invocation_id, event_kind, occurred_at, detail)
+    SELECT s, e, i, k, t, d::jsonb
+    FROM unnest($1::text[], $2::text[], $3::uuid[], $4::text[], $5::timestamptz[], $6::text[])
+        AS marks (s, e, i, k, t, d)
     ON CONFLICT (source, event_id) DO NOTHING
     RETURNING source, event_id
 """
@@ -135,6 +138,9 @@ class PostgresProjection:
                 escape_array(c.source for c in calls),
                 escape_array(c.event_id for c in calls),
                 ids,
+                [c.kind for c in calls],
+                [c.occurred_at for c in calls],
+                [json.dumps(escape_json(c.detail)) for c in calls],
             )
             # Scalar text columns come back through the connection's codec: unescaped.
             fresh = {(r["source"], r["event_id"]) for r in marked}

@@ -1,0 +1,1 @@
+"""``toolfleet worker maintenance``: scheduled housekeeping of the fleet's Postgres rows."""

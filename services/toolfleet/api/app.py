@@ -10,6 +10,7 @@ from fastapi import FastAPI
 from starlette.routing import Route
 
 import toolfleet
+from toolfleet.api.console import routes as console
 from toolfleet.api.mcp import MCP_PATH, McpService
 from toolfleet.api.metrics import HttpMetricsMiddleware
 from toolfleet.api.problems import install_problem_handlers, problem_media_types
@@ -39,6 +40,9 @@ def create_app(settings: ApiSettings) -> FastAPI:
     app.include_router(health.router)
     app.include_router(invocations.router)
     app.include_router(events.router)
+    app.include_router(events.feed_router)
+    app.include_router(console.router)
+    app.include_router(console.page_router)
     app.include_router(tools.router)
     app.include_router(policies.router)
     # MCP's transport answers GET, POST and DELETE itself (405 where stateless has none).

@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -85,6 +86,14 @@ class InvocationQueries:
             *args,
         )
         return None if row is None else _view(row)
+
+    async def many(self, ids: Sequence[UUID]) -> list[InvocationView]:
+        """The rows of ``ids`` that exist, of every tenant (the console feed filters)."""
+        rows = await self._pool.fetch(
+            f"SELECT {_COLUMNS} FROM tool_invocations WHERE invocation_id = ANY($1::uuid[])",  # noqa: S608 - placeholders only
+            list(ids),
+        )
+        return [_view(r) for r in rows]
 
     async def page(self, query: InvocationFilter) -> InvocationPage:
         """A page of invocations, newest first."""

@@ -12,6 +12,7 @@ import asyncpg
 from fastapi import Request
 from redis.asyncio import Redis
 
+from toolfleet.api.console.feed import InvocationFeed
 from toolfleet.api.queries import InvocationQueries
 from toolfleet.api.settings import ApiSettings
 from toolfleet.auth.revocation import CachedRevocationList
@@ -42,6 +43,8 @@ class ApiResources:
     blobs: PostgresBlobStore
     notices: RedisFinishedNotices
     """Wakes synchronous invokes when status has stored their outcome."""
+    feed: InvocationFeed
+    """Pushes changed invocations to the console's live list."""
 
 
 def load_verifier(settings: ApiSettings) -> TokenVerifier:
@@ -90,6 +93,10 @@ async def open_resources(settings: ApiSettings) -> AsyncIterator[ApiResources]:
         # finds its outcome by rechecking.
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(subscribed.wait(), _SUBSCRIBE_WAIT_S)
+        invocations = InvocationQueries(pool)
+        feed = InvocationFeed(read_many=invocations.many)
+        for job in (feed.listen(settings.database_url, stop), feed.run(stop)):
+            stack.push_async_callback(_stop_job, stop, asyncio.create_task(job))
         yield ApiResources(
             settings=settings,
             pool=pool,
@@ -98,9 +105,10 @@ async def open_resources(settings: ApiSettings) -> AsyncIterator[ApiResources]:
             verifier=verifier,
             revocations=revocations,
             registry=RegistryStore(pool),
-            invocations=InvocationQueries(pool),
+            invocations=invocations,
             blobs=PostgresBlobStore(pool),
             notices=notices,
+            feed=feed,
         )
 
 

@@ -1,4 +1,6 @@
-"""``GET /v1/invocations/{id}/events``: one invocation's life as Server-Sent Events.
+"""Server-Sent Events: one invocation's life, and the live list of a tenant's invocations.
+
+``GET /v1/invocations/{id}/events`` follows one invocation.
 
 For UIs that show an agent's tool calls as they run. The stream follows the status
 projection and speaks the agent runner's event names: ``tool_call_start`` (first, with
@@ -6,6 +8,12 @@ the current status), ``approval_pending``, ``progress`` (each new checkpoint of 
 tool, with its progress and phase) and ``tool_call_result`` (the outcome), after
 which it ends. Same visibility as ``GET /v1/invocations/{id}``: another tenant's
 invocation is a 404.
+
+``GET /v1/events/invocations`` is the console's live list: a ``snapshot`` of the newest
+invocations the caller may see, then one ``invocation`` event per change, pushed by the
+projection's notifications (:mod:`toolfleet.api.console.feed`), without polling. A
+``snapshot`` again means "replace the list" (after the feed may have missed changes).
+Results are left out; ``GET /v1/invocations/{id}`` has them.
 """
 
 from __future__ import annotations
@@ -22,13 +30,16 @@ from fastapi.responses import StreamingResponse
 from toolfleet.agent.progress import view_events
 from toolfleet.agent.records import EventKind
 from toolfleet.api.auth import CallerDep
+from toolfleet.api.console.feed import RESYNC, Subscription
 from toolfleet.api.models import InvocationView
 from toolfleet.api.problems import ProblemError, problem_responses
+from toolfleet.api.queries import InvocationFilter
 from toolfleet.api.resources import ApiResources, resources
 
 router = APIRouter(
     prefix="/v1/invocations", tags=["invocations"], responses=problem_responses(401, 422)
 )
+feed_router = APIRouter(prefix="/v1/events", tags=["invocations"], responses=problem_responses(401))
 
 ResourcesDep = Annotated[ApiResources, Depends(resources)]
 
@@ -65,9 +76,10 @@ def frames(
     return found
 
 
-def _frame(number: int, kind: EventKind, data: dict[str, Any]) -> str:
+def _frame(number: int, kind: EventKind | str, data: dict[str, Any]) -> str:
     body = json.dumps(data, separators=(",", ":"), default=str)
-    return f"id: {number}\nevent: {kind.value}\ndata: {body}\n\n"
+    name = kind.value if isinstance(kind, EventKind) else kind
+    return f"id: {number}\nevent: {name}\ndata: {body}\n\n"
 
 
 async def follow(
@@ -119,6 +131,65 @@ async def invocation_events(
         raise ProblemError(404, "no such invocation", code="not_found")
     return StreamingResponse(
         follow(read, first),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
+
+
+SNAPSHOT_SIZE = 100
+"""Invocations in the list's first (and every resync) ``snapshot``."""
+_LEFT_OUT = frozenset({"result", "execution_metadata", "latest_checkpoint"})
+
+
+def summary(view: InvocationView) -> dict[str, Any]:
+    """An invocation as the live list shows it: no result (pending parameters stay)."""
+    return view.model_dump(mode="json", exclude=set(_LEFT_OUT))
+
+
+async def follow_list(
+    subscription: Subscription,
+    snapshot: Callable[[], Awaitable[list[InvocationView]]],
+    *,
+    keepalive_s: float = KEEPALIVE_S,
+) -> AsyncIterator[str]:
+    """SSE frames: a snapshot, then each change (a resync sends a fresh snapshot)."""
+    number = 1
+    yield _frame(number, "snapshot", {"items": [summary(v) for v in await snapshot()]})
+    while True:
+        try:
+            item = await asyncio.wait_for(subscription.queue.get(), keepalive_s)
+        except TimeoutError:
+            yield ": keep-alive\n\n"
+            continue
+        number += 1
+        if item == RESYNC or not isinstance(item, InvocationView):
+            yield _frame(number, "snapshot", {"items": [summary(v) for v in await snapshot()]})
+        else:
+            yield _frame(number, "invocation", summary(item))
+
+
+@feed_router.get(
+    "/invocations",
+    response_class=StreamingResponse,
+    responses={200: {"description": "Server-Sent Events", "content": {"text/event-stream": {}}}},
+)
+async def invocation_list_events(caller: CallerDep, res: ResourcesDep) -> StreamingResponse:
+    """The caller's tenant's invocations, live (an admin follows every tenant):
+    ``snapshot`` with the newest 100, then ``invocation`` for each change."""
+    scope = caller.tenant_scope
+
+    async def snapshot() -> list[InvocationView]:
+        page = await res.invocations.page(InvocationFilter(tenant_id=scope, limit=SNAPSHOT_SIZE))
+        return page.items
+
+    async def frames_of_feed() -> AsyncIterator[str]:
+        # Subscribed before the snapshot is read: no change falls between the two.
+        with res.feed.subscribe(scope) as subscription:
+            async for frame in follow_list(subscription, snapshot):
+                yield frame
+
+    return StreamingResponse(
+        frames_of_feed(),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )

@@ -1,0 +1,1 @@
+"""The operators' console at ``/console``: page, static files, live feed, timeline."""

@@ -1,0 +1,166 @@
+"""The live feed of invocation changes behind the console's list (push, not polling).
+
+A trigger on ``tool_invocations`` (migration 0009) sends each changed id on the
+``tool_invocations_changed`` channel. One :class:`InvocationFeed` per API process holds
+the only ``LISTEN`` connection, gathers the ids that arrive together, reads those rows
+once, and hands each to every subscriber allowed to see its tenant. A subscriber that
+falls behind, and every subscriber after the listener lost its connection (notices
+sent meanwhile are gone), gets :data:`RESYNC`: reload the list, then follow again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Final
+from uuid import UUID
+
+import asyncpg
+
+from toolfleet.api.models import InvocationView
+
+log = logging.getLogger(__name__)
+
+CHANNEL: Final = "tool_invocations_changed"
+"""The ``NOTIFY`` channel of migration 0009's trigger; each payload is one invocation id."""
+
+RESYNC: Final = "resync"
+"""Queued instead of a view when a subscriber may have missed changes."""
+
+Item = InvocationView | str
+ReadMany = Callable[[Sequence[UUID]], Awaitable[list[InvocationView]]]
+
+
+@dataclass(eq=False, kw_only=True)
+class Subscription:
+    """One follower (an SSE response): its tenant scope and its queue."""
+
+    tenant_id: str | None
+    """Only this tenant's changes; ``None``: every tenant (admin)."""
+    queue: asyncio.Queue[Item] = field(default_factory=lambda: asyncio.Queue(maxsize=512))
+
+    def offer(self, item: Item) -> None:
+        if isinstance(item, InvocationView) and self.tenant_id not in (None, item.tenant_id):
+            return
+        try:
+            self.queue.put_nowait(item)
+        except asyncio.QueueFull:
+            # Too slow to follow: drop what waits, tell it to reload instead.
+            while not self.queue.empty():
+                self.queue.get_nowait()
+            self.queue.put_nowait(RESYNC)
+
+
+@dataclass(kw_only=True)
+class InvocationFeed:
+    """Fans changed invocation rows out to subscribers."""
+
+    read_many: ReadMany
+    """Reads the current rows of some ids (every tenant; subscribers filter)."""
+    gather_s: float = 0.05
+    """After the first notice, how long to collect more before reading: the projection
+    commits a batch of events at once."""
+    _subscribers: set[Subscription] = field(default_factory=set)
+    _pending: set[UUID] = field(default_factory=set)
+    _wake: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @contextlib.contextmanager
+    def subscribe(self, tenant_id: str | None) -> Iterator[Subscription]:
+        """Follow changes visible to ``tenant_id`` (``None``: all) while the block runs."""
+        subscription = Subscription(tenant_id=tenant_id)
+        self._subscribers.add(subscription)
+        try:
+            yield subscription
+        finally:
+            self._subscribers.discard(subscription)
+
+    @property
+    def subscribers(self) -> int:
+        return len(self._subscribers)
+
+    def notice(self, payload: str) -> None:
+        """One ``NOTIFY`` payload (an invocation id) arrived."""
+        with contextlib.suppress(ValueError):
+            self._pending.add(UUID(payload))
+            self._wake.set()
+
+    def resync(self) -> None:
+        for subscription in list(self._subscribers):
+            subscription.offer(RESYNC)
+
+    async def deliver(self) -> None:
+        """Read the pending ids' rows and offer them to every subscriber."""
+        ids, self._pending = sorted(self._pending), set()
+        self._wake.clear()
+        if not ids or not self._subscribers:
+            return
+        for view in await self.read_many(ids):
+            for subscription in list(self._subscribers):
+                subscription.offer(view)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Deliver until ``stop``: wait for a notice, gather a moment, read, fan out."""
+        while not stop.is_set():
+            await _first(stop, self._wake)
+            if stop.is_set():
+                return
+            if self.gather_s:
+                await asyncio.sleep(self.gather_s)
+            try:
+                await self.deliver()
+            except (asyncpg.PostgresError, OSError) as exc:
+                log.warning("console feed read failed", extra={"error": type(exc).__name__})
+                self.resync()
+
+    async def listen(self, dsn: str, stop: asyncio.Event, *, max_backoff_s: float = 5.0) -> None:
+        """Hold the ``LISTEN`` connection until ``stop``; reconnect with backoff."""
+        backoff = 0.2
+        while not stop.is_set():
+            try:
+                async with _listening(dsn, self.notice) as lost:
+                    backoff = 0.2
+                    self.resync()  # anything may have changed while nobody listened
+                    await _first(stop, lost)
+                if not stop.is_set():
+                    raise ConnectionResetError("the LISTEN connection closed")
+            except (asyncpg.PostgresError, OSError) as exc:
+                log.warning(
+                    "console feed lost its connection; reconnecting",
+                    extra={"error": type(exc).__name__, "retry_in_s": backoff},
+                )
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), timeout=backoff)
+                backoff = min(backoff * 2, max_backoff_s)
+
+
+@contextlib.asynccontextmanager
+async def _listening(dsn: str, on_notice: Callable[[str], None]) -> AsyncIterator[asyncio.Event]:
+    """A connection listening on :data:`CHANNEL`; yields the event set when it is lost."""
+    # Its own connection, never a pooled one: pool connections are released without a
+    # reset, so a LISTEN must not live on one (toolfleet.storage.postgres).
+    conn = await asyncpg.connect(dsn)
+    lost = asyncio.Event()
+
+    def notified(_conn: object, _pid: int, _channel: str, payload: object) -> None:
+        on_notice(str(payload))
+
+    try:
+        conn.add_termination_listener(lambda _conn: lost.set())
+        await conn.add_listener(CHANNEL, notified)
+        yield lost
+    finally:
+        with contextlib.suppress(asyncpg.PostgresError, OSError):
+            await conn.close(timeout=2)
+
+
+async def _first(*events: asyncio.Event) -> None:
+    """Return once any of ``events`` is set."""
+    waiters = [asyncio.create_task(e.wait()) for e in events]
+    try:
+        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()

@@ -1,0 +1,417 @@
+// toolfleet console: one small script, no build step, no dependencies.
+// The token lives in sessionStorage and travels only in the Authorization header:
+// never in a URL, never in the page, never logged. Every value from the API is put
+// on the page as text (textContent), never parsed as HTML.
+"use strict";
+
+(() => {
+  const TOKEN_KEY = "toolfleet.console.token";
+  const MAX_ROWS = 200;
+  const $ = (selector) => document.querySelector(selector);
+  const state = { me: null, rows: new Map(), pending: new Map(), selected: null, stop: null };
+
+  // --- small DOM helpers --------------------------------------------------------------
+  function el(tag, props, ...children) {
+    const node = document.createElement(tag);
+    for (const [key, value] of Object.entries(props || {})) {
+      if (key === "class") node.className = value;
+      else if (key === "data") for (const [k, v] of Object.entries(value)) node.dataset[k] = v;
+      else if (key.startsWith("on")) node.addEventListener(key.slice(2), value);
+      else node.setAttribute(key, value);
+    }
+    for (const child of children) {
+      if (child === null || child === undefined) continue;
+      node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+    }
+    return node;
+  }
+  const SVG_NS = "http://www.w3.org/2000/svg";
+  function svg(tag, attrs, text) {
+    const node = document.createElementNS(SVG_NS, tag);
+    for (const [key, value] of Object.entries(attrs || {})) node.setAttribute(key, String(value));
+    if (text !== undefined) node.textContent = text;
+    return node;
+  }
+  const show = (node, visible) => { node.hidden = !visible; };
+  const when = (iso) => (iso ? new Date(iso).toLocaleTimeString() : "");
+  const ms = (n) => (n >= 1000 ? `${(n / 1000).toFixed(2)} s` : `${n} ms`);
+  const sleep = (t) => new Promise((resolve) => setTimeout(resolve, t));
+  function debounce(fn, wait) {
+    let timer = null;
+    return (...args) => { clearTimeout(timer); timer = setTimeout(() => fn(...args), wait); };
+  }
+
+  // --- the API ------------------------------------------------------------------------
+  function token() { return sessionStorage.getItem(TOKEN_KEY); }
+  function authHeaders(extra) {
+    return { Authorization: `Bearer ${token()}`, Accept: "application/json", ...(extra || {}) };
+  }
+  async function api(path, options) {
+    const response = await fetch(path, {
+      ...(options || {}),
+      headers: authHeaders((options || {}).headers),
+      credentials: "omit",
+      cache: "no-store",
+    });
+    if (response.status === 401) signOut("Your token was refused (expired or revoked).");
+    return response;
+  }
+  async function problem(response) {
+    try { return (await response.json()).detail || response.statusText; }
+    catch { return response.statusText; }
+  }
+
+  // --- sign in and out ----------------------------------------------------------------
+  async function signIn(candidate) {
+    sessionStorage.setItem(TOKEN_KEY, candidate);
+    const response = await api("/v1/me");
+    if (!response.ok) {
+      sessionStorage.removeItem(TOKEN_KEY);
+      const error = $("#sign-in-error");
+      error.textContent = response.status === 401 ? "That token was refused." : await problem(response);
+      show(error, true);
+      return;
+    }
+    state.me = await response.json();
+    $("#token").value = "";
+    show($("#sign-in-error"), false);
+    const scopes = state.me.scopes.length ? ` · ${state.me.scopes.join(" ")}` : "";
+    $("#who").textContent = `${state.me.subject} · ${state.me.admin ? "every tenant" : state.me.tenant_id}${scopes}`;
+    document.body.classList.toggle("may-decide", state.me.may_decide);
+    show($("#who"), true);
+    show($("#sign-out"), true);
+    show($("#sign-in"), false);
+    show($("#console"), true);
+    follow();
+    loadApprovals();
+    loadCircuits();
+    searchTools("");
+    loadAnalytics();
+  }
+
+  function signOut(message) {
+    sessionStorage.removeItem(TOKEN_KEY);
+    if (state.stop) state.stop.abort();
+    state.stop = null;
+    state.me = null;
+    state.rows.clear();
+    state.pending.clear();
+    state.selected = null;
+    show($("#console"), false);
+    show($("#who"), false);
+    show($("#sign-out"), false);
+    show($("#sign-in"), true);
+    const error = $("#sign-in-error");
+    error.textContent = message || "";
+    show(error, Boolean(message));
+  }
+
+  // --- live list: Server-Sent Events over fetch ---------------------------------------
+  // EventSource cannot send an Authorization header, and a token must not go in a URL,
+  // so the stream is read with fetch and parsed here (text/event-stream framing).
+  async function follow() {
+    const stop = new AbortController();
+    state.stop = stop;
+    let backoff = 500;
+    while (!stop.signal.aborted) {
+      try {
+        const response = await fetch("/v1/events/invocations", {
+          headers: authHeaders({ Accept: "text/event-stream" }),
+          signal: stop.signal,
+          cache: "no-store",
+          credentials: "omit",
+        });
+        if (response.status === 401) { signOut("Your token was refused (expired or revoked)."); return; }
+        if (!response.ok || !response.body) throw new Error(`feed answered ${response.status}`);
+        setLive("live");
+        backoff = 500;
+        const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+        let buffer = "";
+        for (;;) {
+          const { value, done } = await reader.read();
+          if (done) break;
+          buffer += value.replace(/\r\n/g, "\n");
+          let end;
+          while ((end = buffer.indexOf("\n\n")) >= 0) {
+            dispatch(buffer.slice(0, end));
+            buffer = buffer.slice(end + 2);
+          }
+        }
+      } catch (error) {
+        if (stop.signal.aborted) return;
+      }
+      setLive("reconnecting");
+      await sleep(backoff);
+      backoff = Math.min(backoff * 2, 10000);
+    }
+  }
+
+  function setLive(text) {
+    const badge = $("#live");
+    badge.textContent = text;
+    badge.dataset.state = text;
+  }
+
+  function dispatch(block) {
+    let event = "message";
+    const data = [];
+    for (const line of block.split("\n")) {
+      if (line.startsWith(":")) continue;
+      const colon = line.indexOf(":");
+      const field = colon < 0 ? line : line.slice(0, colon);
+      const value = colon < 0 ? "" : line.slice(colon + 1).replace(/^ /, "");
+      if (field === "event") event = value;
+      else if (field === "data") data.push(value);
+    }
+    if (!data.length) return;
+    const payload = JSON.parse(data.join("\n"));
+    if (event === "snapshot") {
+      state.rows.clear();
+      for (const item of payload.items) state.rows.set(item.invocation_id, item);
+      renderRows();
+      for (const item of payload.items) trackApproval(item);
+    } else if (event === "invocation") {
+      const before = state.rows.get(payload.invocation_id);
+      state.rows.set(payload.invocation_id, payload);
+      renderRows();
+      trackApproval(payload);
+      if (payload.invocation_id === state.selected) refreshTimeline();
+      const finished = ["success", "error", "timeout", "cancelled", "permission_denied"];
+      if (finished.includes(payload.status) && (!before || before.status !== payload.status)) {
+        refreshAnalytics();
+        if (payload.error && payload.error.code === "circuit_breaker_open") refreshCircuits();
+      }
+    }
+  }
+
+  function renderRows() {
+    const items = [...state.rows.values()]
+      .sort((a, b) => (a.created_at < b.created_at ? 1 : -1))
+      .slice(0, MAX_ROWS);
+    const body = $("#invocations tbody");
+    body.replaceChildren(...items.map((item) => el(
+      "tr",
+      {
+        data: { invocation: item.invocation_id, status: item.status },
+        class: item.invocation_id === state.selected ? "selected" : "",
+        tabindex: "0",
+        onclick: () => select(item.invocation_id),
+        onkeydown: (e) => { if (e.key === "Enter") select(item.invocation_id); },
+      },
+      el("td", {}, when(item.created_at)),
+      el("td", {}, item.tenant_id),
+      el("td", {}, item.tool_id, item.tool_version ? el("span", { class: "muted" }, ` @${item.tool_version}`) : null),
+      el("td", {}, el("span", { class: `status s-${item.status}` }, item.status)),
+      el("td", {}, el("progress", { max: "100", value: String(item.progress_percent || 0) })),
+      el("td", {}, item.current_phase || ""),
+    )));
+    show($("#invocations-empty"), items.length === 0);
+  }
+
+  // --- timeline -----------------------------------------------------------------------
+  function select(id) {
+    state.selected = id;
+    renderRows();
+    refreshTimeline();
+  }
+
+  async function refreshTimeline() {
+    const id = state.selected;
+    if (!id) return;
+    const response = await api(`/v1/invocations/${encodeURIComponent(id)}/timeline`);
+    if (!response.ok || id !== state.selected) return;
+    renderTimeline(await response.json());
+  }
+
+  function renderTimeline(t) {
+    $("#timeline-title").textContent = `${t.tool_id} · ${t.invocation_id}`;
+    const facts = el(
+      "ul", { class: "facts" },
+      el("li", {}, "status ", el("span", { class: `status s-${t.status}` }, t.status)),
+      el("li", {}, `duration ${t.duration_ms === null ? "running" : ms(t.duration_ms)}`),
+      el("li", {}, `attempts ${t.attempts}`),
+      el("li", {}, `resumes ${t.resumes}`),
+      el("li", {}, `worker hand-overs ${t.handovers}`),
+    );
+    const steps = t.steps;
+    const total = Math.max(1, ...steps.map((s) => s.since_start_ms));
+    const rowHeight = 26;
+    const width = 720;
+    const left = 230;
+    const chart = svg("svg", {
+      viewBox: `0 0 ${width} ${steps.length * rowHeight + 24}`,
+      class: "timeline-chart",
+      role: "img",
+      "aria-label": "timeline of the invocation",
+    });
+    steps.forEach((step, i) => {
+      const y = i * rowHeight + 4;
+      const next = steps[i + 1];
+      const start = left + ((width - left - 10) * step.since_start_ms) / total;
+      const end = next ? left + ((width - left - 10) * next.since_start_ms) / total : start;
+      chart.append(svg("text", { x: 4, y: y + 15, class: "t-label" }, step.label));
+      chart.append(svg("rect", {
+        x: start, y: y + 3, width: Math.max(4, end - start), height: rowHeight - 8, rx: 3,
+        class: `t-bar k-${step.kind}`,
+      }));
+      chart.append(svg("text", { x: Math.min(start + 8, width - 80), y: y + 15, class: "t-time" },
+        `+${ms(step.since_start_ms)}`));
+    });
+    chart.append(svg("text", { x: left, y: steps.length * rowHeight + 18, class: "t-axis" }, "0"));
+    chart.append(svg("text", { x: width - 70, y: steps.length * rowHeight + 18, class: "t-axis" }, ms(total)));
+    const list = el("ol", { class: "steps" }, ...steps.map((step) => el(
+      "li", { data: { kind: step.kind } },
+      el("strong", {}, step.label), ` at ${when(step.at)} `,
+      el("span", { class: "muted" }, `(+${ms(step.since_previous_ms)})`),
+      step.detail.worker_id ? el("span", { class: "muted" }, ` on ${step.detail.worker_id}`) : null,
+    )));
+    $("#timeline").replaceChildren(facts, chart, list);
+  }
+
+  // --- approvals ----------------------------------------------------------------------
+  async function loadApprovals() {
+    const response = await api("/v1/invocations?status=pending_approval&limit=100");
+    if (!response.ok) return;
+    for (const item of (await response.json()).items) trackApproval(item);
+  }
+
+  function trackApproval(item) {
+    if (item.status === "pending_approval") state.pending.set(item.invocation_id, item);
+    else state.pending.delete(item.invocation_id);
+    renderApprovals();
+  }
+
+  function renderApprovals() {
+    const cards = [...state.pending.values()].map((item) => {
+      const approval = item.approval || {};
+      const note = el("p", { class: "note", role: "status" });
+      const decide = async (verb) => {
+        const body = approval.parameters_hash ? { parameters_hash: approval.parameters_hash } : {};
+        const response = await api(`/v1/invocations/${encodeURIComponent(item.invocation_id)}/${verb}`, {
+          method: "POST",
+          headers: { "Content-Type": "application/json" },
+          body: JSON.stringify(body),
+        });
+        note.textContent = response.ok ? (await response.json()).message : await problem(response);
+      };
+      const actions = state.me && state.me.may_decide
+        ? el("div", { class: "actions" },
+            el("button", { type: "button", class: "approve", onclick: () => decide("approve") }, "Approve"),
+            el("button", { type: "button", class: "deny", onclick: () => decide("deny") }, "Deny"))
+        : el("p", { class: "muted" }, "An approver or admin token can decide this call.");
+      return el(
+        "article", { class: "approval", data: { invocation: item.invocation_id } },
+        el("h3", {}, approval.tool_id || item.tool_id, el("span", { class: "muted" }, ` @${approval.tool_version || item.tool_version || "?"}`)),
+        el("p", { class: "muted" }, `${item.tenant_id} · requested by ${item.agent_did || "unknown"} · ${when(item.created_at)}`),
+        el("pre", { class: "parameters" }, JSON.stringify(approval.parameters ?? {}, null, 2)),
+        actions,
+        note,
+      );
+    });
+    $("#approvals").replaceChildren(...cards);
+    show($("#approvals-empty"), cards.length === 0);
+  }
+
+  // --- circuits -----------------------------------------------------------------------
+  async function loadCircuits() {
+    const response = await api("/v1/circuits");
+    if (!response.ok) return;
+    const circuits = await response.json();
+    $("#circuits tbody").replaceChildren(...circuits.map((c) => el(
+      "tr", { data: { circuit: c.circuit_name, state: c.state } },
+      el("td", {}, c.circuit_name),
+      el("td", {}, el("span", { class: `status c-${c.state}` }, c.state)),
+      el("td", {}, c.since ? new Date(c.since).toLocaleString() : ""),
+    )));
+    show($("#circuits-empty"), circuits.length === 0);
+  }
+  const refreshCircuits = debounce(loadCircuits, 1000);
+
+  // --- tool catalog -------------------------------------------------------------------
+  async function searchTools(q) {
+    const query = new URLSearchParams({ page_size: "50" });
+    if (q) query.set("q", q);
+    const response = await api(`/v1/tools?${query}`);
+    if (!response.ok) return;
+    const page = await response.json();
+    const items = page.items.map((tool) => el(
+      "li", { data: { tool: tool.tool_id } },
+      el("strong", {}, tool.tool_id), " ",
+      el("span", { class: "muted" }, tool.versions.map((v) => `${v.version} ${v.lifecycle_state}`).join(", ")),
+      el("div", {}, tool.description),
+    ));
+    $("#tools").replaceChildren(...(items.length ? items : [el("li", { class: "empty" }, "No tool matches.")]));
+  }
+
+  // --- per-tenant charts (served by the analytics worker's endpoint) ------------------
+  async function loadAnalytics() {
+    const tenant = state.me.tenant_id;
+    $("#analytics-tenant").textContent = tenant;
+    let data = null;
+    try {
+      const response = await api(`/v1/analytics/tenants/${encodeURIComponent(tenant)}`);
+      if (response.ok) data = await response.json();
+    } catch { data = null; }
+    const charts = data ? chartsOf(data) : [];
+    $("#analytics").replaceChildren(...(charts.length
+      ? charts
+      : [el("p", { class: "empty" }, "No analytics for this tenant yet.")]));
+  }
+  const refreshAnalytics = debounce(() => { if (state.me) loadAnalytics(); }, 2000);
+
+  // Any object of numbers (outcomes by status, calls per tool, p50/p95 ...) becomes a
+  // bar chart, and so does a list of objects with a label and a number; at most six.
+  function chartsOf(data) {
+    const found = [];
+    const walk = (value, path) => {
+      if (found.length >= 6 || value === null || typeof value !== "object") return;
+      if (Array.isArray(value)) {
+        const bars = value
+          .filter((v) => v && typeof v === "object")
+          .map((v) => {
+            const label = Object.values(v).find((x) => typeof x === "string");
+            const number = Object.entries(v).find(([, x]) => typeof x === "number");
+            return label && number ? [label, number[1], number[0]] : null;
+          })
+          .filter(Boolean);
+        if (bars.length) found.push(barChart(`${path} (${bars[0][2]})`, bars));
+        return;
+      }
+      const numbers = Object.entries(value).filter(([, v]) => typeof v === "number");
+      if (numbers.length && numbers.length === Object.keys(value).length) {
+        found.push(barChart(path || "totals", numbers));
+        return;
+      }
+      for (const [key, child] of Object.entries(value)) walk(child, path ? `${path}.${key}` : key);
+    };
+    walk(data, "");
+    return found;
+  }
+
+  function barChart(title, bars) {
+    const max = Math.max(1, ...bars.map(([, n]) => n));
+    const height = bars.length * 22 + 8;
+    const chart = svg("svg", { viewBox: `0 0 360 ${height}`, class: "bar-chart", role: "img", "aria-label": title });
+    bars.slice(0, 20).forEach(([label, n], i) => {
+      const y = i * 22 + 4;
+      chart.append(svg("text", { x: 2, y: y + 14, class: "t-label" }, String(label).slice(0, 22)));
+      chart.append(svg("rect", { x: 150, y: y + 2, width: Math.max(2, (170 * n) / max), height: 16, rx: 2, class: "bar" }));
+      chart.append(svg("text", { x: 154 + (170 * n) / max, y: y + 14, class: "t-time" }, String(Math.round(n * 100) / 100)));
+    });
+    return el("figure", { class: "chart" }, el("figcaption", {}, title), chart);
+  }
+
+  // --- wiring -------------------------------------------------------------------------
+  document.addEventListener("DOMContentLoaded", () => {
+    $("#sign-in-form").addEventListener("submit", (event) => {
+      event.preventDefault();
+      const candidate = $("#token").value.trim();
+      if (candidate) signIn(candidate);
+    });
+    $("#sign-out").addEventListener("click", () => signOut(""));
+    const search = debounce(() => searchTools($("#tool-q").value.trim()), 250);
+    $("#tool-q").addEventListener("input", search);
+    $("#tool-search").addEventListener("submit", (event) => { event.preventDefault(); search(); });
+    if (token()) signIn(token());
+  });
+})();

@@ -1,0 +1,219 @@
+"""The console's page and routes against the real API, Postgres and Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import uuid
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import httpx
+import pytest
+from fastapi import FastAPI
+
+from toolfleet.api import ApiSettings, create_app
+from toolfleet.api.console.feed import RESYNC
+from toolfleet.api.models import InvocationView
+from toolfleet.api.resources import ApiResources
+from toolfleet.auth.keys import generate_key_pair
+from toolfleet.auth.tokens import TokenIssuer
+from toolfleet.settings import FleetSettings
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory: pytest.TempPathFactory) -> tuple[bytes, bytes, Path, Path]:
+    pair = generate_key_pair()
+    folder = tmp_path_factory.mktemp("console-keys")
+    private, public = folder / "private.pem", folder / "public.pem"
+    private.write_bytes(pair.private_pem)
+    public.write_bytes(pair.public_pem)
+    return pair.private_pem, pair.public_pem, private, public
+
+
+@pytest.fixture(scope="module")
+def api_settings(settings: FleetSettings, keys: tuple[bytes, bytes, Path, Path]) -> ApiSettings:
+    _, _, private, public = keys
+    fleet = settings.model_copy(
+        update={"jwt_private_key_file": private, "jwt_public_key_file": public}
+    )
+    return ApiSettings(**fleet.model_dump())
+
+
+@pytest.fixture(scope="module")
+def issuer(keys: tuple[bytes, bytes, Path, Path], api_settings: ApiSettings) -> TokenIssuer:
+    private_pem, public_pem, _, _ = keys
+    return TokenIssuer(
+        private_pem, public_pem, issuer=api_settings.jwt_issuer, audience=api_settings.jwt_audience
+    )
+
+
+@pytest.fixture(scope="module")
+async def app(api_settings: ApiSettings) -> AsyncIterator[FastAPI]:
+    application = create_app(api_settings)
+    async with application.router.lifespan_context(application):
+        yield application
+
+
+@pytest.fixture
+async def http(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://api.test") as client:
+        yield client
+
+
+def _bearer(issuer: TokenIssuer, tenant: str, *scopes: str) -> dict[str, str]:
+    token = issuer.issue(tenant_id=tenant, agent_did="did:user:ops", scopes=list(scopes))
+    return {"Authorization": f"Bearer {token}"}
+
+
+def _res(app: FastAPI) -> ApiResources:
+    res = app.state.resources
+    assert isinstance(res, ApiResources)
+    return res
+
+
+async def _insert(app: FastAPI, tenant: str, status: str = "running") -> uuid.UUID:
+    invocation_id = uuid.uuid4()
+    await _res(app).pool.execute(
+        "INSERT INTO tool_invocations (invocation_id, tenant_id, tool_id, status, status_rank, "
+        "created_at) VALUES ($1, $2, 'core__long_running', $3, 2, $4)",
+        invocation_id,
+        tenant,
+        status,
+        datetime.now(UTC),
+    )
+    return invocation_id
+
+
+async def test_the_page_is_static_html_under_a_strict_csp(http: httpx.AsyncClient) -> None:
+    page = await http.get("/console")
+    assert page.status_code == 200
+    csp = page.headers["content-security-policy"]
+    assert "script-src 'self'" in csp
+    assert "default-src 'none'" in csp
+    assert "unsafe-inline" not in csp
+    assert page.headers["x-frame-options"] == "DENY"
+    # Every script comes from a file; no inline script, handler or style attribute.
+    assert re.findall(r"<script(?![^>]*\bsrc=)", page.text) == []
+    assert not re.search(r"\son[a-z]+=|\sstyle=", page.text)
+    script = await http.get("/console/static/console.js")
+    assert script.status_code == 200
+    assert script.headers["content-type"].startswith("text/javascript")
+    assert "sessionStorage" in script.text
+    assert (await http.get("/console/static/console.css")).status_code == 200
+    assert (await http.get("/console/static/secrets.txt")).status_code == 404
+
+
+async def test_me_names_the_caller_and_what_it_may_decide(
+    http: httpx.AsyncClient, issuer: TokenIssuer
+) -> None:
+    plain = await http.get("/v1/me", headers=_bearer(issuer, "t_console"))
+    assert plain.json() == {
+        "tenant_id": "t_console",
+        "subject": "did:user:ops",
+        "scopes": [],
+        "admin": False,
+        "may_decide": False,
+    }
+    approver = await http.get("/v1/me", headers=_bearer(issuer, "t_console", "approver"))
+    assert approver.json()["may_decide"] is True
+    assert (await http.get("/v1/me")).status_code == 401
+
+
+async def test_the_timeline_reads_the_projections_event_kinds(
+    app: FastAPI, http: httpx.AsyncClient, issuer: TokenIssuer
+) -> None:
+    tenant = f"t_{uuid.uuid4().hex[:8]}"
+    invocation_id = await _insert(app, tenant)
+    start = datetime.now(UTC)
+    marks = [
+        ("requested", 0, {}),
+        ("authorized", 20, {"tool_version": "1.0.0"}),
+        ("invoked", 40, {"attempt": 1, "worker_id": "w1"}),
+        ("checkpoint", 300, {"checkpoint_id": "c1", "progress_percent": 50.0}),
+        ("invoked", 2000, {"attempt": 2, "worker_id": "w2", "resumed_from_checkpoint_id": "c1"}),
+    ]
+    for kind, after_ms, detail in marks:
+        await _res(app).pool.execute(
+            "INSERT INTO projected_events (source, event_id, invocation_id, event_kind, "
+            "occurred_at, detail) VALUES ('/test', $1, $2, $3, $4, $5)",
+            str(uuid.uuid4()),
+            invocation_id,
+            kind,
+            start + timedelta(milliseconds=after_ms),
+            detail,
+        )
+    answer = await http.get(
+        f"/v1/invocations/{invocation_id}/timeline", headers=_bearer(issuer, tenant)
+    )
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    assert [s["kind"] for s in body["steps"]] == [
+        "requested",
+        "authorized",
+        "invoked",
+        "checkpoint",
+        "invoked",
+    ]
+    assert (body["attempts"], body["resumes"], body["handovers"]) == (2, 1, 1)
+    assert body["steps"][-1]["since_previous_ms"] == 1700
+    assert body["duration_ms"] is None
+    other = await http.get(
+        f"/v1/invocations/{invocation_id}/timeline", headers=_bearer(issuer, "t_other")
+    )
+    assert other.status_code == 404
+
+
+async def test_circuits_list_the_shared_breaker_states(
+    app: FastAPI, http: httpx.AsyncClient, issuer: TokenIssuer
+) -> None:
+    name = f"tool_{uuid.uuid4().hex[:6]}"
+    await _res(app).redis.set(
+        f"circuit:state:{name}",
+        json.dumps({"status": "open", "since": 1_700_000_000.0, "window": []}),
+    )
+    try:
+        answer = await http.get("/v1/circuits", headers=_bearer(issuer, "t_console"))
+    finally:
+        await _res(app).redis.delete(f"circuit:state:{name}")
+    circuit = next(c for c in answer.json() if c["circuit_name"] == name)
+    assert circuit["state"] == "open"
+    assert circuit["since"].startswith("2023-11-14")
+
+
+async def test_the_feed_pushes_each_change_to_the_tenants_followers(app: FastAPI) -> None:
+    feed = _res(app).feed
+    tenant = f"t_{uuid.uuid4().hex[:8]}"
+
+    async def next_view(queue: asyncio.Queue[InvocationView | str]) -> InvocationView:
+        while True:
+            item = await asyncio.wait_for(queue.get(), timeout=10)
+            if item != RESYNC and isinstance(item, InvocationView):
+                return item
+
+    with feed.subscribe(tenant) as mine, feed.subscribe("t_somebody_else") as theirs:
+        invocation_id = await _insert(app, tenant)
+        seen = await next_view(mine.queue)
+        assert (seen.invocation_id, seen.status.value) == (invocation_id, "running")
+        await _res(app).pool.execute(
+            "UPDATE tool_invocations SET status = 'success', status_rank = 3 "
+            "WHERE invocation_id = $1",
+            invocation_id,
+        )
+        finished = await next_view(mine.queue)
+        assert (finished.invocation_id, finished.status.value) == (invocation_id, "success")
+        assert all(not isinstance(item, InvocationView) for item in _drain(theirs.queue)), (
+            "another tenant's follower saw the change"
+        )
+
+
+def _drain(queue: asyncio.Queue[InvocationView | str]) -> list[InvocationView | str]:
+    items = []
+    while not queue.empty():
+        items.append(queue.get_nowait())
+    return items

@@ -254,8 +254,11 @@
         x: start, y: y + 3, width: Math.max(4, end - start), height: rowHeight - 8, rx: 3,
         class: `t-bar k-${step.kind}`,
       }));
-      chart.append(svg("text", { x: Math.min(start + 8, width - 80), y: y + 15, class: "t-time" },
-        `+${ms(step.since_start_ms)}`));
+      // The time beside the bar: after it where it fits, else before it.
+      const after = end + 6 + 70 <= width;
+      chart.append(svg("text", {
+        x: after ? end + 6 : start - 6, y: y + 15, class: "t-time", "text-anchor": after ? "start" : "end",
+      }, `+${ms(step.since_start_ms)}`));
     });
     chart.append(svg("text", { x: left, y: steps.length * rowHeight + 18, class: "t-axis" }, "0"));
     chart.append(svg("text", { x: width - 70, y: steps.length * rowHeight + 18, class: "t-axis" }, ms(total)));

@@ -1,0 +1,206 @@
+"""The console in a real headless browser (Debian's chromium driven by Playwright).
+
+Every service and the API run as their own processes. An approver signs in, watches a
+call appear and finish in the live list (pushed over Server-Sent Events: the page never
+polls), approves a pending call from its parameters, and opens a timeline, whose
+screenshot must not be blank.
+"""
+
+from __future__ import annotations
+
+import io
+import socket
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from PIL import Image, ImageStat
+from playwright.async_api import Browser, Page, async_playwright
+
+from tests.support.eventually import eventually
+from tests.support.fleet import ProcessFleet, process_fleet
+from tests.support.pipeline import Fleet, fleet_settings
+from tests.support.servers import kill_quietly
+from toolfleet.settings import FleetSettings
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+
+CHROMIUM = "/usr/bin/chromium"
+TENANT = "t_console"
+AGENT = "did:agent:console-e2e"
+APPROVER = "did:user:approver"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@pytest.fixture(scope="module")
+async def fleet(
+    settings: FleetSettings, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[tuple[Fleet, ProcessFleet]]:
+    home: Path = tmp_path_factory.mktemp("console")
+    async with process_fleet(fleet_settings(settings, home), home) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+async def api_url(fleet: tuple[Fleet, ProcessFleet]) -> AsyncIterator[str]:
+    _, procs = fleet
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {**procs.env, "TOOLFLEET_API_PORT": str(port), "TOOLFLEET_API_URL": url}
+    log = (procs.log_dir / "api.log").open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "toolfleet", "api"], env=env, stdout=log, stderr=subprocess.STDOUT
+    )
+    try:
+        async with httpx.AsyncClient(base_url=url) as http:
+
+            async def healthy() -> bool:
+                try:
+                    return (await http.get("/healthz")).status_code == 200
+                except httpx.TransportError:
+                    assert proc.poll() is None, (procs.log_dir / "api.log").read_text()
+                    return False
+
+            await eventually(healthy, timeout=60, interval=0.2)
+        yield url
+    finally:
+        kill_quietly(proc)
+
+
+@pytest.fixture
+async def browser() -> AsyncIterator[Browser]:
+    async with async_playwright() as playwright:
+        # Root in CI containers: chromium's sandbox needs user namespaces it may not have.
+        launched = await playwright.chromium.launch(
+            executable_path=CHROMIUM, headless=True, args=["--no-sandbox"]
+        )
+        yield launched
+        await launched.close()
+
+
+async def _invoke(api_url: str, token: str, body: dict[str, Any]) -> str:
+    async with httpx.AsyncClient(base_url=api_url) as http:
+        answer = await http.post(
+            "/v1/invocations", json=body, headers={"Authorization": f"Bearer {token}"}
+        )
+    assert answer.status_code == 202, answer.text
+    invocation_id: str = answer.json()["invocation_id"]
+    return invocation_id
+
+
+def _row(invocation_id: str, status: str | None = None) -> str:
+    selector = f'#invocations tr[data-invocation="{invocation_id}"]'
+    return f'{selector}[data-status="{status}"]' if status else selector
+
+
+def _pixel_spread(png: bytes) -> tuple[float, int]:
+    """Standard deviation of the grey levels, and how many distinct colours there are."""
+    image = Image.open(io.BytesIO(png)).convert("RGB")
+    spread = ImageStat.Stat(image.convert("L")).stddev[0]
+    colours = image.getcolors(maxcolors=1 << 16) or []
+    return spread, len(colours)
+
+
+async def _sign_in(page: Page, api_url: str, token: str) -> None:
+    await page.goto(f"{api_url}/console")
+    await page.fill("#token", token)
+    await page.click("#sign-in-form button[type=submit]")
+    await page.wait_for_selector("#console:not([hidden])")
+    await page.wait_for_selector('#live[data-state="live"]')
+
+
+async def test_an_approver_follows_calls_live_approves_one_and_reads_a_timeline(
+    fleet: tuple[Fleet, ProcessFleet], api_url: str, browser: Browser, tmp_path: Path
+) -> None:
+    running, _ = fleet
+    agent_token = running.token(TENANT, AGENT)
+    approver_token = running.token(TENANT, APPROVER, scopes=["approver"])
+    page = await browser.new_page(viewport={"width": 1280, "height": 1000})
+    requests: list[str] = []
+    problems: list[str] = []
+    page.on("request", lambda r: requests.append(r.url))
+    failed: list[str] = []
+    page.on("response", lambda r: failed.append(r.url) if r.status >= 400 else None)
+    # Console errors other than failed loads (listed by URL below): CSP, script errors.
+    page.on(
+        "console",
+        lambda m: (
+            problems.append(m.text)
+            if m.type == "error" and not m.text.startswith("Failed to load resource")
+            else None
+        ),
+    )
+    page.on("pageerror", lambda e: problems.append(str(e)))
+
+    await _sign_in(page, api_url, approver_token)
+    assert await page.inner_text("#who") == f"{APPROVER} · {TENANT} · approver"
+
+    # A call appears and finishes in the list, pushed by the feed.
+    long_call = await _invoke(
+        api_url,
+        agent_token,
+        {
+            "tool_id": "core__long_running",
+            "agent_context": {"agent_did": AGENT, "tenant_id": TENANT},
+            "parameters": {"steps": 4, "step_seconds": 0.5},
+        },
+    )
+    await page.wait_for_selector(_row(long_call), timeout=30_000)
+    await page.wait_for_selector(_row(long_call, "running"), timeout=30_000)
+    await page.wait_for_selector(_row(long_call, "success"), timeout=60_000)
+
+    # A call that needs approval shows its parameters; the approver approves it.
+    parked = await _invoke(
+        api_url,
+        agent_token,
+        {
+            "tool_id": "core__echo",
+            "agent_context": {"agent_did": AGENT, "tenant_id": TENANT},
+            "parameters": {"message": "ship the release"},
+            "execution_options": {"require_approval": True},
+        },
+    )
+    card = f'#approvals article[data-invocation="{parked}"]'
+    await page.wait_for_selector(card, timeout=30_000)
+    assert "ship the release" in await page.inner_text(f"{card} pre.parameters")
+    await page.click(f"{card} button.approve")
+    await page.wait_for_selector(_row(parked, "success"), timeout=60_000)
+    await page.wait_for_selector(card, state="detached", timeout=10_000)
+
+    # The long call's timeline: requested → authorized → invoked → checkpoints → outcome.
+    await page.click(_row(long_call))
+    await page.wait_for_selector("#timeline svg.timeline-chart", timeout=10_000)
+    kinds = await page.eval_on_selector_all(
+        "#timeline ol.steps li", "items => items.map(i => i.dataset.kind)"
+    )
+    assert kinds[:3] == ["requested", "authorized", "invoked"]
+    assert kinds.count("checkpoint") == 4
+    assert kinds[-1] == "terminal"
+    assert "attempts 1" in await page.inner_text("#timeline .facts")
+    shot = await page.locator("#timeline-panel").screenshot()
+    (tmp_path / "console-timeline.png").write_bytes(shot)
+    spread, colours = _pixel_spread(shot)
+    assert spread > 20, "the timeline screenshot is (nearly) one flat colour"
+    assert colours > 8
+
+    # Live means pushed: one feed request, no polling of the list.
+    feeds = [u for u in requests if "/v1/events/invocations" in u]
+    lists = [u for u in requests if "/v1/invocations?" in u]
+    assert len(feeds) == 1, feeds
+    assert len(lists) <= 1, lists  # the pending approvals, read once at sign-in
+    assert not [u for u in requests if "token" in u.lower() or agent_token in u]
+    assert problems == [], problems
+    # Until the analytics worker serves this tenant, its charts show the empty state.
+    assert [u for u in failed if "/v1/analytics/" not in u and "favicon" not in u] == []
+    if any("/v1/analytics/" in u for u in failed):
+        assert "No analytics" in await page.inner_text("#analytics")

@@ -9,7 +9,9 @@
 #   make clean      caches and build output (keeps .venv and .toolfleet)
 #
 # The first target that needs it creates .venv with $(PYTHON) and installs the project
-# (editable, with the dev extras); it reinstalls only when pyproject.toml changed.
+# (editable, with the dev extras, Playwright included); it reinstalls only when
+# pyproject.toml changed. The console's browser test runs Debian's /usr/bin/chromium
+# (apt-get install -y chromium; .ci/run installs it), never `playwright install`.
 
 PYTHON ?= $(shell command -v python3.11 2>/dev/null || command -v python3)
 VENV := .venv

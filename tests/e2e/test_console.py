@@ -42,6 +42,17 @@ def _free_port() -> int:
         return port
 
 
+def _start_api(env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
+    """``toolfleet api`` as its own process, its output in ``log_path``."""
+    with log_path.open("wb") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "toolfleet", "api"],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+
+
 @pytest.fixture(scope="module")
 async def fleet(
     settings: FleetSettings, tmp_path_factory: pytest.TempPathFactory
@@ -57,10 +68,7 @@ async def api_url(fleet: tuple[Fleet, ProcessFleet]) -> AsyncIterator[str]:
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     env = {**procs.env, "TOOLFLEET_API_PORT": str(port), "TOOLFLEET_API_URL": url}
-    log = (procs.log_dir / "api.log").open("wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "toolfleet", "api"], env=env, stdout=log, stderr=subprocess.STDOUT
-    )
+    proc = _start_api(env, procs.log_dir / "api.log")
     try:
         async with httpx.AsyncClient(base_url=url) as http:
 

@@ -197,6 +197,7 @@ async def test_an_approver_follows_calls_live_approves_one_and_reads_a_timeline(
     assert "attempts 1" in await page.inner_text("#timeline .facts")
     shot = await page.locator("#timeline-panel").screenshot()
     (tmp_path / "console-timeline.png").write_bytes(shot)
+    await page.screenshot(path=str(tmp_path / "console.png"), full_page=True)
     spread, colours = _pixel_spread(shot)
     assert spread > 20, "the timeline screenshot is (nearly) one flat colour"
     assert colours > 8

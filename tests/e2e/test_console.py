@@ -9,9 +9,11 @@ screenshot must not be blank.
 from __future__ import annotations
 
 import io
+import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -62,6 +64,24 @@ async def fleet(
         yield running
 
 
+def _text(path: Path) -> str:
+    return path.read_text(errors="replace")
+
+
+async def _serving(proc: subprocess.Popen[bytes], url: str, log_path: Path) -> None:
+    """Return once the API answers ``/healthz``; fail if its process died."""
+    async with httpx.AsyncClient(base_url=url) as http:
+
+        async def healthy() -> bool:
+            try:
+                return (await http.get("/healthz")).status_code == 200
+            except httpx.TransportError:
+                assert proc.poll() is None, _text(log_path)
+                return False
+
+        await eventually(healthy, timeout=60, interval=0.2)
+
+
 @pytest.fixture(scope="module")
 async def api_url(fleet: tuple[Fleet, ProcessFleet]) -> AsyncIterator[str]:
     _, procs = fleet
@@ -70,16 +90,7 @@ async def api_url(fleet: tuple[Fleet, ProcessFleet]) -> AsyncIterator[str]:
     env = {**procs.env, "TOOLFLEET_API_PORT": str(port), "TOOLFLEET_API_URL": url}
     proc = _start_api(env, procs.log_dir / "api.log")
     try:
-        async with httpx.AsyncClient(base_url=url) as http:
-
-            async def healthy() -> bool:
-                try:
-                    return (await http.get("/healthz")).status_code == 200
-                except httpx.TransportError:
-                    assert proc.poll() is None, (procs.log_dir / "api.log").read_text()
-                    return False
-
-            await eventually(healthy, timeout=60, interval=0.2)
+        await _serving(proc, url, procs.log_dir / "api.log")
         yield url
     finally:
         kill_quietly(proc)
@@ -213,3 +224,36 @@ async def test_an_approver_follows_calls_live_approves_one_and_reads_a_timeline(
     assert [u for u in failed if "/v1/analytics/" not in u and "favicon" not in u] == []
     if any("/v1/analytics/" in u for u in failed):
         assert "No analytics" in await page.inner_text("#analytics")
+
+
+async def test_sigterm_stops_the_api_while_a_console_follows_the_live_list(
+    fleet: tuple[Fleet, ProcessFleet], tmp_path: Path
+) -> None:
+    running, procs = fleet
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {**procs.env, "TOOLFLEET_API_PORT": str(port), "TOOLFLEET_DRAIN_TIMEOUT_S": "1"}
+    log_path = tmp_path / "api.log"
+    proc = _start_api(env, log_path)
+    try:
+        await _serving(proc, url, log_path)
+        headers = {"Authorization": f"Bearer {running.token(TENANT, APPROVER)}"}
+        async with (
+            httpx.AsyncClient(base_url=url, timeout=30) as http,
+            http.stream("GET", "/v1/events/invocations", headers=headers) as feed,
+        ):
+            lines = feed.aiter_lines()
+            while (await anext(lines)) != "event: snapshot":
+                pass
+            stopping = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+
+            async def exited() -> bool:
+                return proc.poll() is not None
+
+            await eventually(exited, timeout=20)
+        assert time.monotonic() - stopping < 10, "an open stream held up the shutdown"
+        # uvicorn re-raises the signal it handled once it has shut down.
+        assert proc.returncode in {0, -signal.SIGTERM}, _text(log_path)
+    finally:
+        kill_quietly(proc)

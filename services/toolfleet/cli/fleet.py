@@ -154,6 +154,9 @@ def api(
             log_config=None,
             access_log=False,
             server_header=False,
+            # Open streams (the console's live list) never end on their own: on SIGTERM
+            # they get the drain timeout, then the API stops anyway.
+            timeout_graceful_shutdown=max(1, round(settings.drain_timeout_s)),
         )
     finally:
         shutdown_tracing()

@@ -9,6 +9,7 @@ screenshot must not be blank.
 from __future__ import annotations
 
 import io
+import json
 import signal
 import socket
 import subprocess
@@ -224,6 +225,78 @@ async def test_an_approver_follows_calls_live_approves_one_and_reads_a_timeline(
     assert [u for u in failed if "/v1/analytics/" not in u and "favicon" not in u] == []
     if any("/v1/analytics/" in u for u in failed):
         assert "No analytics" in await page.inner_text("#analytics")
+
+
+SNAPSHOT = {
+    "tenant_id": TENANT,
+    "generated_at": "2026-11-25T12:05:00Z",
+    "minutes": [
+        {
+            "window": "1m",
+            "start": f"2026-11-25T12:0{m}:00Z",
+            "end": f"2026-11-25T12:0{m + 1}:00Z",
+            "totals": {"calls": 3 * m + 1},
+            "tools": {},
+        }
+        for m in (4, 3, 2)
+    ],
+    "hour": {
+        "window": "1h",
+        "start": "2026-11-25T11:10:00Z",
+        "end": "2026-11-25T12:10:00Z",
+        "totals": {
+            "calls": 40,
+            "by_status": {"success": 30, "error": 6, "permission_denied": 4},
+            "by_error_code": {"timeout": 4, "tool_execution_error": 2},
+        },
+        "tools": {
+            "core__echo": {"calls": 25, "p95_ms": 12.5},
+            "core__long_running": {"calls": 15, "p95_ms": 2100.0},
+        },
+    },
+    "anomalies": [
+        {
+            "id": "a1",
+            "kind": "denial_spike",
+            "summary": "did:agent:x was denied 4 times",
+            "subject": "did:agent:x",
+            "window_start": "2026-11-25T12:00:00Z",
+            "observed": 4,
+        }
+    ],
+}
+
+
+async def test_tenant_charts_are_drawn_from_the_analytics_snapshot(
+    fleet: tuple[Fleet, ProcessFleet], api_url: str, browser: Browser
+) -> None:
+    running, _ = fleet
+    page = await browser.new_page(viewport={"width": 1280, "height": 1000})
+    # The analytics worker's answer, as the API serves it once that worker runs.
+    await page.route(
+        f"**/v1/analytics/tenants/{TENANT}",
+        lambda route: route.fulfill(
+            status=200, content_type="application/json", body=json.dumps(SNAPSHOT)
+        ),
+    )
+    await _sign_in(page, api_url, running.token(TENANT, "did:user:viewer"))
+    await page.wait_for_selector("#analytics figure svg.bar-chart")
+    captions = await page.eval_on_selector_all(
+        "#analytics figcaption", "items => items.map(i => i.textContent)"
+    )
+    assert captions == [
+        "calls per minute",
+        "outcomes by status, last hour",
+        "errors by code, last hour",
+        "calls per tool, last hour",
+        "p95 duration per tool (ms), last hour",
+        "anomalies",
+    ]
+    bars = await page.eval_on_selector_all("#analytics svg rect.bar", "items => items.length")
+    assert bars == 3 + 3 + 2 + 2 + 2
+    assert "denial_spike" in await page.inner_text("#analytics")
+    # A viewer without the approver scope sees pending calls but no decision buttons.
+    assert await page.eval_on_selector("body", "b => b.classList.contains('may-decide')") is False
 
 
 async def test_sigterm_stops_the_api_while_a_console_follows_the_live_list(

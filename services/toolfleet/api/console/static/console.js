@@ -355,14 +355,44 @@
       const response = await api(`/v1/analytics/tenants/${encodeURIComponent(tenant)}`);
       if (response.ok) data = await response.json();
     } catch { data = null; }
-    const charts = data ? chartsOf(data) : [];
+    const charts = data ? (isSnapshot(data) ? snapshotCharts(data) : chartsOf(data)) : [];
     $("#analytics").replaceChildren(...(charts.length
       ? charts
       : [el("p", { class: "empty" }, "No analytics for this tenant yet.")]));
   }
   const refreshAnalytics = debounce(() => { if (state.me) loadAnalytics(); }, 2000);
 
-  // Any object of numbers (outcomes by status, calls per tool, p50/p95 ...) becomes a
+  // The analytics worker's tenant snapshot: newest 1 minute windows, the 1 hour window,
+  // recent anomalies.
+  function isSnapshot(data) {
+    return data && Array.isArray(data.minutes) && "hour" in data;
+  }
+
+  function snapshotCharts(data) {
+    const charts = [];
+    const minutes = [...data.minutes].reverse();
+    if (minutes.length) {
+      charts.push(barChart("calls per minute", minutes.map((w) => [when(w.start), w.totals.calls])));
+    }
+    const hour = data.hour;
+    if (hour) {
+      const entries = (o) => Object.entries(o || {});
+      const tools = entries(hour.tools);
+      if (entries(hour.totals.by_status).length) charts.push(barChart("outcomes by status, last hour", entries(hour.totals.by_status)));
+      if (entries(hour.totals.by_error_code).length) charts.push(barChart("errors by code, last hour", entries(hour.totals.by_error_code)));
+      if (tools.length) charts.push(barChart("calls per tool, last hour", tools.map(([t, s]) => [t, s.calls])));
+      const p95 = tools.filter(([, s]) => typeof s.p95_ms === "number").map(([t, s]) => [t, s.p95_ms]);
+      if (p95.length) charts.push(barChart("p95 duration per tool (ms), last hour", p95));
+    }
+    if ((data.anomalies || []).length) {
+      charts.push(el("figure", { class: "chart" }, el("figcaption", {}, "anomalies"),
+        el("ul", { class: "anomalies" }, ...data.anomalies.slice(0, 10).map((a) =>
+          el("li", {}, el("strong", {}, a.kind), ` ${a.summary} `, el("span", { class: "muted" }, when(a.window_start)))))));
+    }
+    return charts;
+  }
+
+  // Any other shape: any object of numbers (outcomes by status, calls per tool, ...) becomes a
   // bar chart, and so does a list of objects with a label and a number; at most six.
   function chartsOf(data) {
     const found = [];

@@ -14,13 +14,19 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
+from tests.support.lifecycle import T0 as LIFE_T0
+from tests.support.lifecycle import Lifecycle
 from toolfleet.api import ApiSettings, create_app
 from toolfleet.api.console.feed import RESYNC
 from toolfleet.api.models import InvocationView
 from toolfleet.api.resources import ApiResources
 from toolfleet.auth.keys import generate_key_pair
 from toolfleet.auth.tokens import TokenIssuer
+from toolfleet.events.models import ToolInvoked
+from toolfleet.events.types import EventType, Source
 from toolfleet.settings import FleetSettings
+from toolfleet.status.service import StatusProjector
+from toolfleet.status.store import PostgresProjection
 
 pytestmark = pytest.mark.integration
 
@@ -217,3 +223,59 @@ def _drain(queue: asyncio.Queue[InvocationView | str]) -> list[InvocationView | 
     while not queue.empty():
         items.append(queue.get_nowait())
     return items
+
+
+async def test_the_projection_records_what_the_timeline_shows(
+    app: FastAPI, http: httpx.AsyncClient, issuer: TokenIssuer
+) -> None:
+    """Events folded by the real status projection, in a scrambled order, give the
+    timeline of a call that crashed after a checkpoint and resumed on another worker."""
+    life = Lifecycle(tenant=f"t_{uuid.uuid4().hex[:8]}", tool_id="core__long_running")
+    resumed = ToolInvoked(
+        invocation_id=uuid.UUID(life.invocation_id),
+        tenant_id=life.tenant,
+        agent_did=life.agent,
+        tool_id=life.tool_id,
+        tool_version=life.version,
+        attempt=2,
+        worker_id="w2",
+        started_at=LIFE_T0 + timedelta(seconds=4),
+        resumed_from_checkpoint_id="cp-50",
+    )
+    events = [
+        life.outcome(at=6),
+        life.checkpoint(50, "step 1", at=3),
+        life._event(EventType.INVOKED, Source.EXECUTOR, resumed, 4),
+        life.requested(at=0),
+        life.executed(at=5),
+        life.invoked(at=2),
+        life.authorized(at=1),
+    ]
+    projector = StatusProjector(projection=PostgresProjection(_res(app).pool))
+    for event in events:
+        assert await projector.on_event(event)
+    answer = await http.get(
+        f"/v1/invocations/{life.invocation_id}/timeline", headers=_bearer(issuer, life.tenant)
+    )
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    assert [(s["kind"], s["since_start_ms"]) for s in body["steps"]] == [
+        ("requested", 0),
+        ("authorized", 1000),
+        ("invoked", 2000),
+        ("checkpoint", 3000),
+        ("invoked", 4000),
+        ("executed", 5000),
+        ("terminal", 6000),
+    ]
+    assert (body["attempts"], body["resumes"], body["handovers"]) == (2, 1, 1)
+    assert body["duration_ms"] == 6000
+    assert body["steps"][4]["label"] == "invoked (attempt 2, resumed, new worker)"
+    assert body["steps"][4]["detail"] == {
+        "attempt": 2,
+        "worker_id": "w2",
+        "resumed_from_checkpoint_id": "cp-50",
+    }
+    # What the timeline keeps is lifecycle metadata: never the parameters or the result.
+    details = json.dumps([s["detail"] for s in body["steps"]])
+    assert "hi" not in details

@@ -38,12 +38,16 @@ from uuid import UUID
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
+from toolfleet.storage.errors import POSTGRES_UNAVAILABLE
+
 log = logging.getLogger(__name__)
 
 #: The status projection's advisory-lock class of an invocation (``toolfleet.status.store``).
 PROJECTION_LOCK_CLASS: Final = 7_143_022
 
 Clock = Callable[[], datetime]
+_PASSING: tuple[type[Exception], ...] = (*POSTGRES_UNAVAILABLE, asyncpg.PostgresError)
+"""Failures to log and retry: Postgres away, or a statement refused."""
 Pause = Callable[[float], Awaitable[None]]
 
 
@@ -226,7 +230,7 @@ class RetentionJob:
         while not stop.is_set():
             try:
                 report = await self.prune()
-            except (asyncpg.PostgresError, OSError) as exc:
+            except _PASSING as exc:
                 log.warning("retention pass failed", extra={"error": type(exc).__name__})
             else:
                 log.info(

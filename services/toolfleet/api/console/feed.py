@@ -21,6 +21,7 @@ from uuid import UUID
 import asyncpg
 
 from toolfleet.api.models import InvocationView
+from toolfleet.storage.errors import POSTGRES_UNAVAILABLE
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +32,8 @@ RESYNC: Final = "resync"
 """Queued instead of a view when a subscriber may have missed changes."""
 
 Item = InvocationView | str
+_PASSING: tuple[type[Exception], ...] = (*POSTGRES_UNAVAILABLE, asyncpg.PostgresError)
+"""Failures to log and retry: Postgres away, or a statement refused."""
 ReadMany = Callable[[Sequence[UUID]], Awaitable[list[InvocationView]]]
 
 
@@ -111,7 +114,7 @@ class InvocationFeed:
                 await asyncio.sleep(self.gather_s)
             try:
                 await self.deliver()
-            except (asyncpg.PostgresError, OSError) as exc:
+            except _PASSING as exc:
                 log.warning("console feed read failed", extra={"error": type(exc).__name__})
                 self.resync()
 
@@ -126,7 +129,7 @@ class InvocationFeed:
                     await _first(stop, lost)
                 if not stop.is_set():
                     raise ConnectionResetError("the LISTEN connection closed")
-            except (asyncpg.PostgresError, OSError) as exc:
+            except _PASSING as exc:
                 log.warning(
                     "console feed lost its connection; reconnecting",
                     extra={"error": type(exc).__name__, "retry_in_s": backoff},

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from datetime import UTC, date, datetime, timedelta
@@ -15,6 +16,7 @@ from toolfleet.storage.retention import (
     PROJECTION_LOCK_CLASS,
     JsonLinesArchive,
     PruneReport,
+    RetentionJob,
     RetentionPolicy,
     json_line,
 )
@@ -90,3 +92,20 @@ async def test_the_archive_appends_per_table_and_day(tmp_path: Path) -> None:
     path = tmp_path / "tool_invocations" / "2026-11-25.jsonl"
     assert archive.path("tool_invocations", day) == path
     assert [json.loads(x)["n"] for x in path.read_text().splitlines()] == [1, 2, 3]
+
+
+async def test_the_job_survives_a_failed_pass_and_stops_when_told() -> None:
+    passes: list[str] = []
+    stop = asyncio.Event()
+
+    class Flaky(RetentionJob):
+        async def prune(self) -> PruneReport:
+            passes.append("pass")
+            if len(passes) == 1:
+                raise ConnectionRefusedError("postgres is restarting")
+            stop.set()
+            return PruneReport(invocations=1, batches=1)
+
+    job = Flaky(pool=None, clock=lambda: NOW)  # type: ignore[arg-type]  # never touched
+    await asyncio.wait_for(job.run(stop, interval_s=0.01), timeout=5)
+    assert passes == ["pass", "pass"]

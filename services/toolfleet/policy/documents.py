@@ -40,6 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from toolfleet.errors import InvalidParameters
 from toolfleet.events.models import Effect
+from toolfleet.sources.naming import is_untrusted
 
 _GLOB_CHARS = frozenset("*?[")
 
@@ -155,6 +156,17 @@ def parse_text(text: str, *, json_: bool) -> Any:
 
 def matches_any(tool_id: str, patterns: Collection[str]) -> bool:
     return any(fnmatch.fnmatchcase(tool_id, p) for p in patterns)
+
+
+def allowed_by(tool_id: str, patterns: Collection[str]) -> bool:
+    """Whether allow ``patterns`` admit ``tool_id``; a source tool needs its exact id.
+
+    Tools from MCP servers and HTTP sources are untrusted: ``*`` or ``mcp__*`` never
+    allows them, so a tool a server adds at run time stays disabled until named.
+    """
+    if is_untrusted(tool_id):
+        return tool_id in patterns
+    return matches_any(tool_id, patterns)
 
 
 def is_glob(pattern: str) -> bool:

@@ -13,6 +13,7 @@ from toolfleet.policy.documents import (
     PolicyDocument,
     TenantPolicy,
     is_glob,
+    allowed_by,
     matches_any,
 )
 from toolfleet.registry.versions import exact_version, matches
@@ -59,13 +60,13 @@ def decide_tenant(tenant: TenantPolicy | None, query: PolicyQuery) -> PolicyDeci
     """
     if tenant is None:
         raise PermissionDenied("no policy allows any tool for this tenant")
-    if not matches_any(query.tool_id, tenant.allow_tools) or matches_any(
+    if not allowed_by(query.tool_id, tenant.allow_tools) or matches_any(
         query.tool_id, tenant.deny_tools
     ):
         raise PermissionDenied(f"policy does not allow {query.tool_id} for this tenant")
     agent = tenant.agents.get(query.agent_did)
     if agent is not None:
-        if agent.allow_tools is not None and not matches_any(query.tool_id, agent.allow_tools):
+        if agent.allow_tools is not None and not allowed_by(query.tool_id, agent.allow_tools):
             raise PermissionDenied(f"policy does not allow {query.tool_id} for this agent")
         if matches_any(query.tool_id, agent.deny_tools):
             raise PermissionDenied(f"policy does not allow {query.tool_id} for this agent")
@@ -114,12 +115,12 @@ def allows_tool(tenant: TenantPolicy | None, tool_id: str, *, agent_did: str | N
     """
     if tenant is None:
         return False
-    if not matches_any(tool_id, tenant.allow_tools) or matches_any(tool_id, tenant.deny_tools):
+    if not allowed_by(tool_id, tenant.allow_tools) or matches_any(tool_id, tenant.deny_tools):
         return False
     agent = tenant.agents.get(agent_did) if agent_did is not None else None
     if agent is None:
         return True
-    if agent.allow_tools is not None and not matches_any(tool_id, agent.allow_tools):
+    if agent.allow_tools is not None and not allowed_by(tool_id, agent.allow_tools):
         return False
     return not matches_any(tool_id, agent.deny_tools)
 

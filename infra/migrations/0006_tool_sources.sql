@@ -1,0 +1,32 @@
+-- Tool sources: MCP servers (stdio or Streamable HTTP) and HTTP APIs whose operations
+-- become tools. A source belongs to one tenant, or to every tenant ('*'). Each tool a
+-- source offers is kept per schema hash; the registry holds its manifest.
+
+CREATE TABLE tool_sources (
+    name           text NOT NULL,
+    tenant_id      text NOT NULL DEFAULT '*',
+    kind           text NOT NULL CHECK (kind IN ('mcp_stdio', 'mcp_http', 'http')),
+    target         text NOT NULL,          -- command line, MCP URL or HTTP base URL
+    connection_id  text,                   -- whose credentials go in headers
+    definition     jsonb NOT NULL,         -- the whole SourceDefinition
+    created_at     timestamptz NOT NULL DEFAULT now(),
+    updated_at     timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (name, tenant_id)
+);
+
+CREATE TABLE tool_source_tools (
+    tool_id        text NOT NULL,
+    version        text NOT NULL,
+    source_name    text NOT NULL,
+    tenant_id      text NOT NULL,
+    remote_name    text NOT NULL,          -- the tool's name on the MCP server / operationId
+    enabled        boolean NOT NULL,       -- false: appeared at run time, no call runs it
+    discovered_via text NOT NULL CHECK (discovered_via IN ('add', 'list_changed', 'refresh')),
+    tool           jsonb NOT NULL,         -- the whole SourceTool
+    created_at     timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (tool_id, version),
+    FOREIGN KEY (source_name, tenant_id) REFERENCES tool_sources (name, tenant_id)
+        ON DELETE CASCADE
+);
+
+CREATE INDEX tool_source_tools_by_source ON tool_source_tools (source_name, tenant_id);

@@ -1,0 +1,126 @@
+"""What an operator registers (a source) and what the fleet learns from it (its tools).
+
+Pure pydantic, no I/O: the store keeps these as JSON, the API and CLI exchange them.
+"""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from toolfleet.events.models import TENANT_ID_PATTERN
+
+#: Source names become part of tool ids: lower-case words joined by ``_``.
+SOURCE_NAME_PATTERN = r"^[a-z][a-z0-9_]{0,47}$"
+GLOBAL_TENANT = "*"
+_TEMPLATE_FIELD = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+class SourceKind(StrEnum):
+    MCP_STDIO = "mcp_stdio"
+    """An MCP server the executor starts and talks to over stdin/stdout."""
+    MCP_HTTP = "mcp_http"
+    """An MCP server reached over Streamable HTTP."""
+    HTTP = "http"
+    """An HTTP API whose operations are declared (or imported from OpenAPI 3)."""
+
+
+class HttpOperation(BaseModel):
+    """One HTTP operation as a tool: where each input field goes, what comes back."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    operation_id: str = Field(pattern=r"^[a-z0-9][a-z0-9_]{0,63}$")
+    method: Literal["GET", "POST", "PUT", "PATCH", "DELETE"] = "GET"
+    url: str
+    """URL template, absolute or relative to the source's base URL: ``/pets/{pet_id}``."""
+    description: str = ""
+    path: list[str] = Field(default_factory=list)
+    """Input fields substituted into the URL template."""
+    query: list[str] = Field(default_factory=list)
+    """Input fields sent as query parameters."""
+    body: list[str] = Field(default_factory=list)
+    """Input fields sent as the JSON body's members."""
+    input_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
+    output_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
+    """Schema of the JSON answer; a non-object answer is wrapped as ``{"value": ...}``."""
+    effect: Literal["read_only", "state_change", "external_side_effect"] | None = None
+    """Default: ``read_only`` for GET, ``external_side_effect`` otherwise."""
+
+    @model_validator(mode="after")
+    def _fields_placed_once(self) -> HttpOperation:
+        placed = [*self.path, *self.query, *self.body]
+        if len(set(placed)) != len(placed):
+            raise ValueError("an input field may go to one place only (path, query or body)")
+        missing = set(_TEMPLATE_FIELD.findall(self.url)) - set(self.path)
+        if missing:
+            raise ValueError(f"the URL template names fields not in `path`: {sorted(missing)}")
+        return self
+
+    @property
+    def tool_effect(self) -> str:
+        if self.effect is not None:
+            return self.effect
+        return "read_only" if self.method == "GET" else "external_side_effect"
+
+
+class SourceDefinition(BaseModel):
+    """A source as stored: who may use it, how to reach it, how its results are exposed."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(pattern=SOURCE_NAME_PATTERN)
+    tenant_id: str = Field(default=GLOBAL_TENANT, pattern=rf"^\*$|{TENANT_ID_PATTERN}")
+    """The one tenant whose calls may use it, or ``*`` for every tenant."""
+    kind: SourceKind
+    target: str = Field(min_length=1, max_length=4096)
+    """Command line (``mcp_stdio``), MCP URL (``mcp_http``) or base URL (``http``)."""
+    connection_id: str | None = Field(default=None, max_length=200)
+    """Connection whose credentials are sent as headers (HTTP kinds)."""
+    credential_headers: dict[str, str] = Field(default_factory=dict)
+    """Header name → credential name of the connection (``Authorization: api_token``)."""
+    redaction: dict[str, list[str]] = Field(default_factory=dict)
+    """Tool name on the source → result fields clients may see (none: ``content`` only)."""
+    operations: list[HttpOperation] = Field(default_factory=list)
+    timeout_s: float = Field(default=30.0, gt=0, le=3600)
+    idle_s: float = Field(default=300.0, gt=0)
+    """A session unused this long is closed (its stdio server stopped)."""
+
+    @model_validator(mode="after")
+    def _kind_fits(self) -> SourceDefinition:
+        if self.kind is SourceKind.HTTP:
+            if not self.operations:
+                raise ValueError("an http source declares at least one operation")
+            if not self.target.startswith(("http://", "https://")):
+                raise ValueError("an http source's target is its base URL (http or https)")
+        elif self.operations:
+            raise ValueError("only http sources declare operations")
+        if self.kind is SourceKind.MCP_HTTP and not self.target.startswith(
+            ("http://", "https://")
+        ):
+            raise ValueError("an mcp_http source's target is its URL (http or https)")
+        return self
+
+
+class SourceTool(BaseModel):
+    """One tool a source offers, at one schema (so one version)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tool_id: str
+    version: str
+    source: str
+    tenant_id: str = GLOBAL_TENANT
+    remote_name: str
+    """Its name on the MCP server, or the HTTP operation id."""
+    description: str = ""
+    effect: Literal["read_only", "state_change", "external_side_effect"]
+    input_schema: dict[str, Any]
+    output_schema: dict[str, Any]
+    redaction_allowlist: list[str]
+    timeout_seconds: float
+    enabled: bool = True
+    """False for a tool that appeared while the fleet ran: no call runs it yet."""

@@ -1,0 +1,53 @@
+"""Tool ids and versions of source tools, and the untrusted-by-default rule (pure logic).
+
+A source tool's version is derived from its schema: ``1.0.0+h<12 hex>`` (semver build
+metadata), so the same schema is the same version on every executor and a changed
+schema is a new version; the store deprecates the older one, so ``*`` resolves to the
+current schema.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from typing import Any
+
+MCP_PREFIX = "mcp__"
+HTTP_PREFIX = "http__"
+_NOT_ID = re.compile(r"[^a-z0-9_]+")
+
+
+def id_part(name: str) -> str:
+    """``name`` as a tool-id part: lower-case, runs of other characters become ``_``."""
+    part = _NOT_ID.sub("_", name.lower()).strip("_")
+    part = re.sub(r"__+", "_", part)
+    return part or "tool"
+
+
+def mcp_tool_id(server: str, tool: str) -> str:
+    return f"{MCP_PREFIX}{id_part(server)}__{id_part(tool)}"
+
+
+def http_tool_id(source: str, operation_id: str) -> str:
+    return f"{HTTP_PREFIX}{id_part(source)}__{id_part(operation_id)}"
+
+
+def schema_version(input_schema: dict[str, Any], output_schema: dict[str, Any]) -> str:
+    """The version of a tool with these schemas: equal schemas, equal versions."""
+    canonical = json.dumps(
+        {"in": input_schema, "out": output_schema}, sort_keys=True, separators=(",", ":")
+    )
+    return f"1.0.0+h{hashlib.sha256(canonical.encode()).hexdigest()[:12]}"
+
+
+def is_untrusted(tool_id: str) -> bool:
+    """Tools from sources: no glob allows them, only a policy naming them exactly."""
+    return tool_id.startswith((MCP_PREFIX, HTTP_PREFIX))
+
+
+def pattern_allows(tool_id: str, pattern: str, *, glob_matches: bool) -> bool:
+    """Whether an *allow* pattern admits ``tool_id``: untrusted ids need their exact name."""
+    if is_untrusted(tool_id):
+        return pattern == tool_id
+    return glob_matches

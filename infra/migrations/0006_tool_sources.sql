@@ -1,6 +1,7 @@
 -- Tool sources: MCP servers (stdio or Streamable HTTP) and HTTP APIs whose operations
--- become tools. A source belongs to one tenant, or to every tenant ('*'). Each tool a
--- source offers is kept per schema hash; the registry holds its manifest.
+-- become tools. A source belongs to one tenant, or to every tenant ('*'); its name is
+-- part of its tools' ids, so it is unique. Each tool a source offers is kept per schema
+-- version; the registry holds its manifest.
 
 CREATE TABLE tool_sources (
     name           text NOT NULL,
@@ -11,22 +12,19 @@ CREATE TABLE tool_sources (
     definition     jsonb NOT NULL,         -- the whole SourceDefinition
     created_at     timestamptz NOT NULL DEFAULT now(),
     updated_at     timestamptz NOT NULL DEFAULT now(),
-    PRIMARY KEY (name, tenant_id)
+    PRIMARY KEY (name)
 );
 
 CREATE TABLE tool_source_tools (
     tool_id        text NOT NULL,
     version        text NOT NULL,
     source_name    text NOT NULL,
-    tenant_id      text NOT NULL,
     remote_name    text NOT NULL,          -- the tool's name on the MCP server / operationId
-    enabled        boolean NOT NULL,       -- false: appeared at run time, no call runs it
     discovered_via text NOT NULL CHECK (discovered_via IN ('add', 'list_changed', 'refresh')),
     tool           jsonb NOT NULL,         -- the whole SourceTool
     created_at     timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (tool_id, version),
-    FOREIGN KEY (source_name, tenant_id) REFERENCES tool_sources (name, tenant_id)
-        ON DELETE CASCADE
+    FOREIGN KEY (source_name) REFERENCES tool_sources (name) ON DELETE CASCADE
 );
 
-CREATE INDEX tool_source_tools_by_source ON tool_source_tools (source_name, tenant_id);
+CREATE INDEX tool_source_tools_by_source ON tool_source_tools (source_name);

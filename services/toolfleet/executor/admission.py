@@ -39,6 +39,7 @@ from toolfleet.executor.checkpoints.store import Checkpoint, CheckpointStore
 from toolfleet.executor.circuits.breaker import CircuitBreaker
 from toolfleet.executor.concurrency import AgentSlots, agent_key, wait_for_slot
 from toolfleet.executor.leasing.fencing import Fence
+from toolfleet.executor.ports import ToolProvider
 from toolfleet.registry.catalog import ToolCatalog
 from toolfleet.sdk.tool import ToolSpec
 from toolfleet.secrets.capability import CredentialCapability, resolve_credentials
@@ -171,6 +172,8 @@ class Admission:
     slots: AgentSlots | None = None
     breaker: CircuitBreaker | None = None
     cache: ResultCache | None = None
+    providers: tuple[ToolProvider, ...] = ()
+    """Asked in order for a tool the catalog does not hold (tool sources)."""
 
     async def admit(self, run: RunInput, stack: AsyncExitStack) -> Admitted | Stop:
         """Pass every gate in order; the first :data:`Stop` ends the call."""
@@ -198,6 +201,10 @@ class Admission:
     async def tool(self, run: RunInput, admitted: Admitted, stack: AsyncExitStack) -> Stop | None:
         call = run.call
         admitted.spec = self.catalog.get(call.tool_id, call.tool_version)
+        for provider in self.providers:
+            if admitted.spec is not None:
+                break
+            admitted.spec = await provider.spec(call.tool_id, call.tool_version)
         if admitted.spec is None:
             error = ToolNotFound(f"no executor has {call.tool_id}@{call.tool_version} loaded")
             return Refused(error=error)

@@ -38,6 +38,9 @@ from toolfleet.secrets.env import EnvSecretStore
 from toolfleet.secrets.file import FileSecretStore
 from toolfleet.secrets.store import SecretStore
 from toolfleet.secrets.vault import VaultConfig, VaultSecretStore
+from toolfleet.sources.pool import SessionPool
+from toolfleet.sources.provider import SourceCatalog, SourceToolProvider
+from toolfleet.sources.store import SourceStore
 from toolfleet.storage.at_rest import RESULT_CACHE, TRANSFER_BLOB, AtRestCipher
 from toolfleet.storage.blobs import PostgresBlobStore
 from toolfleet.storage.cancel_flags import RedisCancelFlags
@@ -75,6 +78,19 @@ def secret_store(settings: ExecutorSettings) -> SecretStore:
     return EnvSecretStore()
 
 
+def source_tools(res: Resources) -> SourceToolProvider:
+    """MCP and HTTP tool sources; a server's ``list_changed`` registers its new tools."""
+    store = SourceStore(res.pool)
+    pool = SessionPool()
+    pool.on_tools_changed = SourceCatalog(store=store, pool=pool).on_tools_changed
+    return SourceToolProvider(lookup=store, pool=pool)
+
+
+async def _close_at_stop(stop: asyncio.Event, sources: SourceToolProvider) -> None:
+    await stop.wait()
+    await sources.close()
+
+
 async def build(res: Resources) -> list[EventConsumer]:
     settings = ExecutorSettings(**res.settings.model_dump(exclude_unset=True))
     catalog = discover(settings.tool_module_list)
@@ -90,8 +106,10 @@ async def build(res: Resources) -> list[EventConsumer]:
         source=settings.document_source_name,
         ttl_s=settings.document_cache_ttl_s,
     )
+    sources = source_tools(res)
     service = ExecutorService(
         catalog=catalog,
+        providers=(sources,),
         checkpoints=TieredCheckpointStore(
             hot=RedisCheckpointStore(res.redis, ttl_s=settings.checkpoint_ttl_s),
             cold=PostgresCheckpointStore(
@@ -133,6 +151,7 @@ async def build(res: Resources) -> list[EventConsumer]:
         service.suspend()
 
     res.background(suspend_at_stop)
+    res.background(lambda stop: _close_at_stop(stop, sources))
     res.background(lambda stop: revocations.listen(res.redis, stop))
     res.background(
         lambda stop: run_invalidation_listener(res.redis, DOCUMENT_UPDATES, document_cache, stop)

@@ -53,7 +53,7 @@ from toolfleet.executor.checkpoints.store import CheckpointStore
 from toolfleet.executor.circuits.breaker import CircuitBreaker, Transition
 from toolfleet.executor.concurrency import AgentSlots
 from toolfleet.executor.leasing.guard import LeaseGuard, Suspended
-from toolfleet.executor.ports import Emitter
+from toolfleet.executor.ports import Emitter, ToolProvider
 from toolfleet.executor.result_transfer import ResultTransfer
 from toolfleet.executor.runner import RunResult
 from toolfleet.observability import metrics
@@ -105,6 +105,8 @@ class ExecutorService:
     """The name a request's ``document_context.source`` must match (or leave unset)."""
     document_pins: PinBook = field(default_factory=MemoryPinBook)
     """Each call's version pins, kept beside its checkpoints so a resume finds them."""
+    providers: tuple[ToolProvider, ...] = ()
+    """Tools beyond the catalog (MCP and HTTP tool sources), asked in order."""
     lease_guard: LeaseGuard | None = None
     """Execution leases with fencing epochs; None runs without (one executor, tests)."""
     suspending: bool = False
@@ -125,6 +127,7 @@ class ExecutorService:
             slots=self.slots,
             breaker=self.breaker,
             cache=self.cache,
+            providers=self.providers,
         )
 
     async def on_authorized(self, event: Envelope) -> list[Emitted]:

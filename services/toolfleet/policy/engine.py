@@ -12,8 +12,8 @@ from toolfleet.policy.documents import (
     Budgets,
     PolicyDocument,
     TenantPolicy,
-    is_glob,
     allowed_by,
+    is_glob,
     matches_any,
 )
 from toolfleet.registry.versions import exact_version, matches

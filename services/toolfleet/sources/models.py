@@ -98,9 +98,7 @@ class SourceDefinition(BaseModel):
                 raise ValueError("an http source's target is its base URL (http or https)")
         elif self.operations:
             raise ValueError("only http sources declare operations")
-        if self.kind is SourceKind.MCP_HTTP and not self.target.startswith(
-            ("http://", "https://")
-        ):
+        if self.kind is SourceKind.MCP_HTTP and not self.target.startswith(("http://", "https://")):
             raise ValueError("an mcp_http source's target is its URL (http or https)")
         return self
 
@@ -122,5 +120,3 @@ class SourceTool(BaseModel):
     output_schema: dict[str, Any]
     redaction_allowlist: list[str]
     timeout_seconds: float
-    enabled: bool = True
-    """False for a tool that appeared while the fleet ran: no call runs it yet."""

@@ -1,0 +1,156 @@
+"""HTTP operations as tools: build the request, send it with httpx, type the answer.
+
+Input fields go where the operation says (URL template, query, JSON body); the
+connection's credentials go in the headers the source names. The host must be granted
+by the call's network permissions. Status codes map to typed errors:
+
+    2xx        the JSON answer (a non-object answer as ``{"value": ...}``)
+    429, 503   external_api_error, retryable, ``retry_after_s`` from ``Retry-After``
+    other 4xx  external_api_error, not retryable
+    5xx        external_api_error, retryable
+    network    external_api_error, retryable
+"""
+
+from __future__ import annotations
+
+import email.utils
+import time
+from collections.abc import Callable, Iterable, Mapping
+from datetime import UTC
+from typing import Any
+from urllib.parse import quote, urljoin, urlsplit
+
+import httpx
+
+from toolfleet.errors import ExternalApiError, PermissionDenied, ResultValidationFailed
+from toolfleet.isolation.egress import EgressGrant
+from toolfleet.sources.models import HttpOperation, SourceDefinition, SourceTool
+from toolfleet.sources.naming import http_tool_id, schema_version
+
+
+class ExternalApiRefused(ExternalApiError):
+    """The API refused the request (a 4xx other than 429): a retry cannot help."""
+
+    retryable = False
+
+
+def source_tool(source: SourceDefinition, operation: HttpOperation) -> SourceTool:
+    return SourceTool(
+        tool_id=http_tool_id(source.name, operation.operation_id),
+        version=schema_version(operation.input_schema, operation.output_schema),
+        source=source.name,
+        tenant_id=source.tenant_id,
+        remote_name=operation.operation_id,
+        description=operation.description,
+        effect=operation.tool_effect,
+        input_schema=operation.input_schema,
+        output_schema=operation.output_schema,
+        redaction_allowlist=source.redaction.get(
+            operation.operation_id, list(operation.output_schema.get("properties", {}))
+        ),
+        timeout_seconds=source.timeout_s,
+    )
+
+
+def build_request(
+    source: SourceDefinition,
+    operation: HttpOperation,
+    parameters: Mapping[str, Any],
+    headers: Mapping[str, str],
+) -> httpx.Request:
+    """The request one call sends (no I/O)."""
+    url = operation.url
+    for name in operation.path:
+        if name not in parameters:
+            raise PermissionDenied(f"missing path parameter {name!r}")  # schema caught it
+        url = url.replace("{" + name + "}", quote(str(parameters[name]), safe=""))
+    base = source.target if source.target.endswith("/") else source.target + "/"
+    full = url if url.startswith(("http://", "https://")) else urljoin(base, url.lstrip("/"))
+    query = {k: _query_value(parameters[k]) for k in operation.query if k in parameters}
+    body = {k: parameters[k] for k in operation.body if k in parameters}
+    return httpx.Request(
+        operation.method,
+        full,
+        params=query,
+        json=body if operation.body else None,
+        headers=dict(headers),
+    )
+
+
+def _query_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def check_host(request: httpx.Request, network_permissions: Iterable[str], tenant_id: str) -> None:
+    """Refuse a request to a host the call's network permissions do not grant."""
+    parts = urlsplit(str(request.url))
+    host = parts.hostname or ""
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    grant = EgressGrant.from_permissions(
+        invocation_id="", tenant_id=tenant_id, network_permissions=network_permissions
+    )
+    if not grant.admits(host, port):
+        raise PermissionDenied(
+            f"the token's network permissions do not grant {host}:{port}",
+            details={"host": host, "port": port},
+        )
+
+
+def retry_after(value: str | None, *, now: Callable[[], float] = time.time) -> float | None:
+    """Seconds of a ``Retry-After`` header (delta seconds or an HTTP date)."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, when.timestamp() - now())
+
+
+def result_of(tool: SourceTool, response: httpx.Response) -> dict[str, Any]:
+    """The fleet result of one answer; a failure status raises its typed error."""
+    status = response.status_code
+    details = {"source": tool.source, "operation": tool.remote_name, "status": status}
+    if status in (429, 503):
+        raise ExternalApiError(
+            f"{tool.tool_id}: the API answered {status}",
+            details=details,
+            retry_after_s=retry_after(response.headers.get("retry-after")),
+        )
+    if 400 <= status < 500:
+        raise ExternalApiRefused(f"{tool.tool_id}: the API answered {status}", details=details)
+    if status >= 500 or status < 200 or status >= 300:
+        raise ExternalApiError(f"{tool.tool_id}: the API answered {status}", details=details)
+    if not response.content:
+        return {}
+    try:
+        body = response.json()
+    except ValueError:
+        raise ResultValidationFailed(
+            f"{tool.tool_id}: the API answered with a body that is not JSON", details=details
+        ) from None
+    return body if isinstance(body, dict) else {"value": body}
+
+
+async def send(
+    client: httpx.AsyncClient, request: httpx.Request, tool: SourceTool
+) -> httpx.Response:
+    """Send ``request``; a transport failure is a retryable ``external_api_error``."""
+    try:
+        return await client.send(request)
+    except httpx.TimeoutException:
+        raise ExternalApiError(
+            f"{tool.tool_id}: the API did not answer in time", retry_after_s=1.0
+        ) from None
+    except httpx.HTTPError as exc:
+        raise ExternalApiError(
+            f"{tool.tool_id}: the API could not be reached ({type(exc).__name__})",
+            retry_after_s=1.0,
+        ) from None

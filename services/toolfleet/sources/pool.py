@@ -1,0 +1,225 @@
+"""Supervised MCP sessions, one per server: started on demand, restarted, closed when idle.
+
+The ``mcp`` SDK's transports must be opened and closed by one task, so each server's
+session lives in a supervisor task (:meth:`ServerSession._supervise`): it opens the
+session (starting a stdio server's process), keeps it while calls use it, reopens it
+with exponential backoff when it breaks (a crashed server), and closes it once no call
+has used it for the source's ``idle_s``. Calls wait for a live session up to their own
+timeout.
+
+A call that loses its session mid-flight fails with ``external_api_error``
+(retryable): the server crashed, a retry reaches the restarted one. Cancelling a call's
+task makes the SDK send ``notifications/cancelled`` for its request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import shlex
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+from mcp import Client
+from mcp.client.stdio import StdioServerParameters
+from mcp.shared.dispatcher import ProgressFnT
+from mcp.types import CallToolResult, Tool, ToolListChangedNotification
+
+from toolfleet.errors import ExternalApiError
+from toolfleet.sources.models import SourceDefinition, SourceKind
+
+log = logging.getLogger(__name__)
+
+ToolsChanged = Callable[[SourceDefinition], Coroutine[Any, Any, None]]
+
+
+def server_of(source: SourceDefinition) -> StdioServerParameters | str:
+    """What ``mcp.Client`` connects to for ``source``."""
+    if source.kind is SourceKind.MCP_HTTP:
+        return source.target
+    argv = shlex.split(source.target)
+    if not argv:
+        raise ValueError(f"source {source.name}: empty command")
+    return StdioServerParameters(command=argv[0], args=argv[1:])
+
+
+class ServerLost(ExternalApiError):
+    """The MCP server's session broke (crash, closed pipe): retryable, it is restarted."""
+
+
+@dataclass(kw_only=True)
+class ServerSession:
+    """One MCP server's supervised session (see the module docstring)."""
+
+    source: SourceDefinition
+    on_tools_changed: ToolsChanged | None = None
+    max_backoff_s: float = 5.0
+    clock: Callable[[], float] = time.monotonic
+    starts: int = 0
+    """Sessions opened so far (a restart after a crash counts)."""
+    _client: Client | None = None
+    _ready: asyncio.Event = field(default_factory=asyncio.Event)
+    _broken: asyncio.Event = field(default_factory=asyncio.Event)
+    _stop: asyncio.Event = field(default_factory=asyncio.Event)
+    _task: asyncio.Task[None] | None = None
+    _in_flight: int = 0
+    _last_used: float = 0.0
+
+    @property
+    def running(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    async def call(
+        self,
+        name: str,
+        arguments: dict[str, Any],
+        *,
+        progress: ProgressFnT | None = None,
+    ) -> CallToolResult:
+        """``tools/call``; the caller bounds it (a timeout or cancel sends cancelled)."""
+        self._in_flight += 1
+        client: Client | None = None
+        try:
+            client = await self._session()
+            return await client.call_tool(name, arguments, progress_callback=progress)
+        except (asyncio.CancelledError, TimeoutError):
+            raise
+        except Exception as exc:
+            self._discard(client)
+            raise ServerLost(
+                f"the MCP server {self.source.name} failed during {name}: {type(exc).__name__}",
+                retry_after_s=1.0,
+            ) from None
+        finally:
+            self._in_flight -= 1
+            self._last_used = self.clock()
+
+    async def list_tools(self) -> list[Tool]:
+        """Every tool the server lists now (all pages)."""
+        self._in_flight += 1
+        client: Client | None = None
+        try:
+            client = await self._session()
+            tools: list[Tool] = []
+            cursor: str | None = None
+            for _ in range(100):
+                page = await client.list_tools(cursor=cursor, cache_mode="refresh")
+                tools.extend(page.tools)
+                cursor = page.next_cursor
+                if cursor is None:
+                    break
+            return tools
+        except (asyncio.CancelledError, TimeoutError):
+            raise
+        except Exception as exc:
+            self._discard(client)
+            raise ServerLost(
+                f"the MCP server {self.source.name} failed to list its tools: {type(exc).__name__}",
+                retry_after_s=1.0,
+            ) from None
+        finally:
+            self._in_flight -= 1
+            self._last_used = self.clock()
+
+    async def close(self) -> None:
+        self._stop.set()
+        if self._task is not None:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+            self._task = None
+
+    async def _session(self) -> Client:
+        if not self.running:
+            self._stop.clear()
+            self._task = asyncio.create_task(
+                self._supervise(), name=f"mcp-source-{self.source.name}"
+            )
+        while True:
+            await self._ready.wait()
+            if self._client is not None:
+                return self._client
+
+    def _discard(self, client: Client | None) -> None:
+        if client is not None and client is self._client:
+            self._client = None
+            self._ready.clear()
+            self._broken.set()
+
+    async def _on_message(self, message: object) -> None:
+        if isinstance(message, ToolListChangedNotification) and self.on_tools_changed:
+            # Not awaited here: listing tools from inside the SDK's message loop deadlocks.
+            asyncio.get_running_loop().create_task(self.on_tools_changed(self.source))
+
+    def _idle(self) -> bool:
+        return self._in_flight == 0 and self.clock() - self._last_used >= self.source.idle_s
+
+    async def _supervise(self) -> None:
+        backoff = 0.1
+        while not self._stop.is_set():
+            self._broken.clear()
+            try:
+                async with Client(
+                    server_of(self.source),
+                    read_timeout_seconds=None,
+                    message_handler=self._on_message,
+                    cache=None,
+                ) as client:
+                    self.starts += 1
+                    self._client = client
+                    self._last_used = self.clock()
+                    self._ready.set()
+                    backoff = 0.1
+                    await self._hold()
+                    if not self._broken.is_set():
+                        log.info("mcp source idle: closed", extra={"source": self.source.name})
+                        return  # stopped or idle: the next call starts it again
+            except Exception as exc:  # any transport failure: reopen, never die
+                log.warning(
+                    "mcp source session failed; restarting",
+                    extra={
+                        "source": self.source.name,
+                        "error": type(exc).__name__,
+                        "retry_in_s": backoff,
+                    },
+                )
+            finally:
+                self._ready.clear()
+                self._client = None
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), timeout=backoff)
+            backoff = min(backoff * 2, self.max_backoff_s)
+
+    async def _hold(self) -> None:
+        """Until stopped, broken, or idle for ``idle_s``."""
+        tick = min(1.0, self.source.idle_s / 4)
+        while not (self._stop.is_set() or self._broken.is_set() or self._idle()):
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._broken.wait(), timeout=tick)
+
+
+@dataclass(kw_only=True)
+class SessionPool:
+    """The executor's sessions, one per (tenant, source); sessions are made on first use."""
+
+    on_tools_changed: ToolsChanged | None = None
+    max_backoff_s: float = 5.0
+    _sessions: dict[tuple[str, str], ServerSession] = field(default_factory=dict)
+
+    def session(self, source: SourceDefinition) -> ServerSession:
+        key = (source.tenant_id, source.name)
+        found = self._sessions.get(key)
+        if found is None or found.source != source:
+            found = ServerSession(
+                source=source,
+                on_tools_changed=self.on_tools_changed,
+                max_backoff_s=self.max_backoff_s,
+            )
+            self._sessions[key] = found
+        return found
+
+    async def close(self) -> None:
+        sessions, self._sessions = list(self._sessions.values()), {}
+        await asyncio.gather(*(s.close() for s in sessions), return_exceptions=True)

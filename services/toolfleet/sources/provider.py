@@ -1,0 +1,246 @@
+"""Source tools for the executor: a :class:`ToolSpec` per ``(tool_id, version)`` on demand.
+
+The executor asks its tool providers for a tool its catalog does not hold
+(:class:`toolfleet.executor.ports.ToolProvider`); this one answers for ``mcp__*`` and
+``http__*`` ids from the sources store. The spec's function checks the caller's tenant
+may use the source, validates the parameters against the tool's input schema, and
+calls the MCP server (through the supervised :class:`SessionPool`) or the HTTP API.
+
+MCP progress becomes checkpoints (progress events); a fleet cancel cancels the MCP
+request, which makes the SDK send ``notifications/cancelled``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import httpx
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from toolfleet.errors import (
+    Cancelled,
+    InvalidParameters,
+    PermissionDenied,
+    ResultValidationFailed,
+)
+from toolfleet.events.models import Effect
+from toolfleet.registry.schemas import CompiledSchemas
+from toolfleet.sdk.context import ToolContext
+from toolfleet.sdk.tool import ToolSpec
+from toolfleet.sources import http_tools, mcp_tools
+from toolfleet.sources.models import GLOBAL_TENANT, SourceDefinition, SourceKind, SourceTool
+from toolfleet.sources.naming import is_untrusted
+from toolfleet.sources.pool import ServerSession, SessionPool
+from toolfleet.sources.store import RecordedTools, SourceStore
+
+log = logging.getLogger(__name__)
+
+#: How often a running MCP call looks at the fleet's cancel flag.
+CANCEL_POLL_S = 0.05
+
+
+class SourceInput(BaseModel):
+    """Parameters of a source tool: checked against its JSON Schema, not a model."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class SourceOutput(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class ToolLookup(Protocol):
+    """Where a source tool and its source are found (:class:`SourceStore`)."""
+
+    async def tool(
+        self, tool_id: str, version: str
+    ) -> tuple[SourceTool, SourceDefinition] | None: ...
+
+
+class SourceAudit(Protocol):
+    """Told when a server adds a tool at run time (registered, disabled until named)."""
+
+    async def tool_appeared(self, tool: SourceTool) -> None: ...
+
+
+class LoggedSourceAudit:
+    """:class:`SourceAudit` as a warning in the structured log."""
+
+    async def tool_appeared(self, tool: SourceTool) -> None:
+        log.warning(
+            "a source added a tool at run time; it stays disabled until a policy names it",
+            extra={"source": tool.source, "tool_id": tool.tool_id, "version": tool.version},
+        )
+
+
+async def list_source_tools(
+    source: SourceDefinition, session: ServerSession | None
+) -> list[SourceTool]:
+    """The tools ``source`` offers now (an MCP source is asked through ``session``)."""
+    if source.kind is SourceKind.HTTP:
+        return [http_tools.source_tool(source, op) for op in source.operations]
+    assert session is not None
+    return [mcp_tools.source_tool(source, tool) for tool in await session.list_tools()]
+
+
+@dataclass(kw_only=True)
+class SourceToolProvider:
+    """:class:`toolfleet.executor.ports.ToolProvider` of every source tool."""
+
+    lookup: ToolLookup
+    pool: SessionPool = field(default_factory=SessionPool)
+    http: httpx.AsyncClient | None = None
+    """Shared HTTP client of HTTP tools (made on first use)."""
+    schemas: CompiledSchemas = field(default_factory=CompiledSchemas)
+    network_permissions: Callable[[ToolContext], Sequence[str] | None] = lambda ctx: None
+    """The call's granted hosts; None: the executor does not carry them (not checked)."""
+
+    async def spec(self, tool_id: str, version: str) -> ToolSpec | None:
+        if not is_untrusted(tool_id):
+            return None
+        found = await self.lookup.tool(tool_id, version)
+        if found is None:
+            return None
+        tool, source = found
+
+        async def run(params: SourceInput, ctx: ToolContext) -> dict[str, Any]:
+            return await self._run(tool, source, params.model_dump(), ctx)
+
+        return ToolSpec(
+            tool_id=tool.tool_id,
+            version=tool.version,
+            effect=Effect(tool.effect),
+            fn=run,
+            input_model=SourceInput,
+            output_model=SourceOutput,
+            redaction_allowlist=tuple(tool.redaction_allowlist),
+            timeout_seconds=tool.timeout_seconds,
+            description=tool.description,
+            category="mcp" if source.kind is not SourceKind.HTTP else "http",
+            credentials=tuple(dict.fromkeys(source.credential_headers.values())),
+            input_schema=tool.input_schema,
+            output_schema=tool.output_schema,
+            circuit=f"source:{source.name}",
+        )
+
+    async def close(self) -> None:
+        await self.pool.close()
+        if self.http is not None:
+            await self.http.aclose()
+
+    async def _run(
+        self,
+        tool: SourceTool,
+        source: SourceDefinition,
+        parameters: dict[str, Any],
+        ctx: ToolContext,
+    ) -> dict[str, Any]:
+        if source.tenant_id not in (GLOBAL_TENANT, ctx.tenant_id):
+            raise PermissionDenied(f"the source {source.name} belongs to another tenant")
+        errors = self.schemas.errors(tool.input_schema, parameters)
+        if errors:
+            raise InvalidParameters(
+                "parameters do not match the tool's input schema", details={"errors": errors}
+            )
+        if source.kind is SourceKind.HTTP:
+            return await self._run_http(tool, source, parameters, ctx)
+        return await self._run_mcp(tool, source, parameters, ctx)
+
+    async def _run_mcp(
+        self,
+        tool: SourceTool,
+        source: SourceDefinition,
+        parameters: dict[str, Any],
+        ctx: ToolContext,
+    ) -> dict[str, Any]:
+        session = self.pool.session(source)
+
+        async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+            percent = 100.0 * progress / total if total else 0.0
+            await ctx.checkpoint({"mcp_progress": progress}, percent, message or "")
+
+        call = asyncio.ensure_future(
+            session.call(tool.remote_name, parameters, progress=on_progress)
+        )
+        try:
+            while not call.done():
+                await asyncio.wait({call}, timeout=CANCEL_POLL_S)
+                if ctx.cancelled and not call.done():
+                    call.cancel()  # the SDK sends notifications/cancelled for the request
+                    await asyncio.gather(call, return_exceptions=True)
+                    raise Cancelled("cancelled while running")
+        finally:
+            if not call.done():
+                call.cancel()  # timeout or forced cancel: the server is told too
+                await asyncio.gather(call, return_exceptions=True)
+        try:
+            answer = call.result()
+        except ValidationError:
+            raise ResultValidationFailed(
+                f"{tool.tool_id}: the MCP server answered with a malformed result"
+            ) from None
+        return mcp_tools.result_of(tool, answer)
+
+    async def _run_http(
+        self,
+        tool: SourceTool,
+        source: SourceDefinition,
+        parameters: dict[str, Any],
+        ctx: ToolContext,
+    ) -> dict[str, Any]:
+        operation = next(op for op in source.operations if op.operation_id == tool.remote_name)
+        if source.credential_headers and ctx.connection_id != source.connection_id:
+            raise PermissionDenied(
+                f"the source {source.name} takes its credentials from connection "
+                f"{source.connection_id!r}"
+            )
+        headers = {
+            header: ctx.credential(credential).reveal()
+            for header, credential in source.credential_headers.items()
+        }
+        request = http_tools.build_request(source, operation, parameters, headers)
+        granted = self.network_permissions(ctx)
+        if granted is not None:
+            http_tools.check_host(request, granted, ctx.tenant_id)
+        if self.http is None:
+            self.http = httpx.AsyncClient(timeout=source.timeout_s, follow_redirects=False)
+        response = await http_tools.send(self.http, request, tool)
+        return http_tools.result_of(tool, response)
+
+
+@dataclass(kw_only=True)
+class SourceCatalog:
+    """Lists sources' tools and records them (at ``sources add``, and on ``list_changed``)."""
+
+    store: SourceStore
+    pool: SessionPool
+    audit: SourceAudit = field(default_factory=LoggedSourceAudit)
+    after_record: Callable[[RecordedTools], Awaitable[None]] | None = None
+
+    async def refresh(self, source: SourceDefinition, *, via: str = "add") -> RecordedTools:
+        session = None if source.kind is SourceKind.HTTP else self.pool.session(source)
+        tools = await list_source_tools(source, session)
+        recorded = await self.store.record(tools, via=via)  # type: ignore[arg-type]
+        if via == "list_changed":
+            for tool in recorded.new_tools:
+                await self.audit.tool_appeared(tool)
+        if self.after_record is not None:
+            await self.after_record(recorded)
+        return recorded
+
+    async def on_tools_changed(self, source: SourceDefinition) -> None:
+        """The ``notifications/tools/list_changed`` handler of the pool's sessions."""
+        current = await self.store.get(source.name)
+        if current is None:
+            return
+        try:
+            await self.refresh(current, via="list_changed")
+        except Exception as exc:  # a notification handler must not die
+            log.warning(
+                "relisting a source's tools failed",
+                extra={"source": source.name, "error": type(exc).__name__},
+            )

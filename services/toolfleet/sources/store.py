@@ -1,0 +1,155 @@
+"""Sources and their tools in Postgres (``tool_sources``, ``tool_source_tools``).
+
+Recording a source's tools also registers each in the tool registry (so policy resolves
+it and the validator checks its results) and deprecates the versions of a tool whose
+schema changed, so ``*`` resolves to the current one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import asyncpg
+
+from toolfleet.registry.manifest import LifecycleState, ToolManifest
+from toolfleet.registry.store import RegistryStore
+from toolfleet.sources.models import SourceDefinition, SourceTool
+
+Discovery = Literal["add", "list_changed", "refresh"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class RecordedTools:
+    """What one recording changed."""
+
+    added: list[SourceTool]
+    """Tool versions not known before."""
+    new_tools: list[SourceTool]
+    """Of those, tools whose id was not known before (a new tool, not a new schema)."""
+
+
+def manifest_of(tool: SourceTool) -> ToolManifest:
+    return ToolManifest(
+        tool_id=tool.tool_id,
+        version=tool.version,
+        effect=tool.effect,
+        description=tool.description,
+        category="mcp" if tool.tool_id.startswith("mcp__") else "http",
+        tags=[f"source:{tool.source}"],
+        input_schema=tool.input_schema,
+        output_schema=tool.output_schema,
+        redaction_allowlist=tool.redaction_allowlist,
+        timeout_seconds=tool.timeout_seconds,
+    )
+
+
+class SourceStore:
+    """The only sources code touching SQL."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self._pool = pool
+        self._registry = RegistryStore(pool)
+
+    async def put(self, source: SourceDefinition) -> None:
+        await self._pool.execute(
+            """INSERT INTO tool_sources (name, tenant_id, kind, target, connection_id, definition)
+               VALUES ($1, $2, $3, $4, $5, $6)
+               ON CONFLICT (name) DO UPDATE SET tenant_id = EXCLUDED.tenant_id,
+                   kind = EXCLUDED.kind, target = EXCLUDED.target,
+                   connection_id = EXCLUDED.connection_id,
+                   definition = EXCLUDED.definition, updated_at = now()""",
+            source.name,
+            source.tenant_id,
+            source.kind.value,
+            source.target,
+            source.connection_id,
+            source.model_dump(mode="json"),
+        )
+
+    async def get(self, name: str) -> SourceDefinition | None:
+        raw = await self._pool.fetchval("SELECT definition FROM tool_sources WHERE name = $1", name)
+        return None if raw is None else SourceDefinition.model_validate(raw)
+
+    async def sources(self, tenant_id: str | None = None) -> list[SourceDefinition]:
+        """Every source, or those a tenant may use (its own and the global ones)."""
+        rows = await self._pool.fetch(
+            """SELECT definition AS d FROM tool_sources
+               WHERE $1::text IS NULL OR tenant_id IN ($1, '*') ORDER BY name""",
+            tenant_id,
+        )
+        return [SourceDefinition.model_validate(r["d"]) for r in rows]
+
+    async def remove(self, name: str) -> bool:
+        """Forget the source; its tools' versions are marked removed in the registry."""
+        async with self._pool.acquire() as conn, conn.transaction():
+            rows = await conn.fetch(
+                "SELECT tool_id, version FROM tool_source_tools WHERE source_name = $1", name
+            )
+            deleted = await conn.fetchval(
+                "DELETE FROM tool_sources WHERE name = $1 RETURNING name", name
+            )
+        for row in rows:
+            await self._registry.set_lifecycle(
+                row["tool_id"], row["version"], LifecycleState.REMOVED, "its source was removed"
+            )
+        return deleted is not None
+
+    async def tools(self, name: str) -> list[SourceTool]:
+        rows = await self._pool.fetch(
+            """SELECT tool AS t FROM tool_source_tools WHERE source_name = $1
+               ORDER BY tool_id, created_at""",
+            name,
+        )
+        return [SourceTool.model_validate(r["t"]) for r in rows]
+
+    async def tool(self, tool_id: str, version: str) -> tuple[SourceTool, SourceDefinition] | None:
+        row = await self._pool.fetchrow(
+            """SELECT t.tool AS t, s.definition AS d
+               FROM tool_source_tools t JOIN tool_sources s ON s.name = t.source_name
+               WHERE t.tool_id = $1 AND t.version = $2""",
+            tool_id,
+            version,
+        )
+        if row is None:
+            return None
+        return (
+            SourceTool.model_validate(row["t"]),
+            SourceDefinition.model_validate(row["d"]),
+        )
+
+    async def record(self, tools: list[SourceTool], *, via: Discovery) -> RecordedTools:
+        """Store and register ``tools``; return what is new."""
+        added: list[SourceTool] = []
+        new_tools: list[SourceTool] = []
+        for tool in tools:
+            async with self._pool.acquire() as conn, conn.transaction():
+                known = await conn.fetch(
+                    "SELECT version FROM tool_source_tools WHERE tool_id = $1", tool.tool_id
+                )
+                inserted = await conn.fetchval(
+                    """INSERT INTO tool_source_tools
+                           (tool_id, version, source_name, remote_name, discovered_via, tool)
+                       VALUES ($1, $2, $3, $4, $5, $6)
+                       ON CONFLICT (tool_id, version) DO NOTHING RETURNING tool_id""",
+                    tool.tool_id,
+                    tool.version,
+                    tool.source,
+                    tool.remote_name,
+                    via,
+                    tool.model_dump(mode="json"),
+                )
+            if inserted is None:
+                continue
+            added.append(tool)
+            if not known:
+                new_tools.append(tool)
+            await self._registry.register(manifest_of(tool))
+            for row in known:
+                await self._registry.set_lifecycle(
+                    tool.tool_id,
+                    row["version"],
+                    LifecycleState.DEPRECATED,
+                    f"the source's schema changed; use {tool.version}",
+                )
+        return RecordedTools(added=added, new_tools=new_tools)

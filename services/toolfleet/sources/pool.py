@@ -25,10 +25,11 @@ from typing import Any
 
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
+from mcp.client.subscriptions import ListenNotSupportedError
 from mcp.shared.dispatcher import ProgressFnT
 from mcp.types import CallToolResult, Tool, ToolListChangedNotification
 
-from toolfleet.errors import ExternalApiError
+from toolfleet.errors import ExternalApiError, ResultValidationFailed
 from toolfleet.sources.models import SourceDefinition, SourceKind
 
 log = logging.getLogger(__name__)
@@ -65,6 +66,7 @@ class ServerSession:
     _broken: asyncio.Event = field(default_factory=asyncio.Event)
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
     _task: asyncio.Task[None] | None = None
+    _side_tasks: set[asyncio.Task[None]] = field(default_factory=set)
     _in_flight: int = 0
     _last_used: float = 0.0
 
@@ -87,6 +89,14 @@ class ServerSession:
             return await client.call_tool(name, arguments, progress_callback=progress)
         except (asyncio.CancelledError, TimeoutError):
             raise
+        except RuntimeError as exc:
+            if "structured content" not in str(exc):
+                raise
+            # The SDK checked the answer against the tool's output schema: the server is
+            # alive and answered, badly. Its text stays here (it may quote the result).
+            raise ResultValidationFailed(
+                f"the MCP server {self.source.name} answered {name} with a malformed result"
+            ) from None
         except Exception as exc:
             self._discard(client)
             raise ServerLost(
@@ -149,9 +159,27 @@ class ServerSession:
             self._broken.set()
 
     async def _on_message(self, message: object) -> None:
-        if isinstance(message, ToolListChangedNotification) and self.on_tools_changed:
+        """Handshake-era servers send ``notifications/tools/list_changed``."""
+        if isinstance(message, ToolListChangedNotification):
+            self._tools_changed()
+
+    def _tools_changed(self) -> None:
+        if self.on_tools_changed is not None:
             # Not awaited here: listing tools from inside the SDK's message loop deadlocks.
-            asyncio.get_running_loop().create_task(self.on_tools_changed(self.source))
+            task = asyncio.get_running_loop().create_task(self.on_tools_changed(self.source))
+            self._side_tasks.add(task)
+            task.add_done_callback(self._side_tasks.discard)
+
+    async def _listen(self, client: Client) -> None:
+        """2026-07-28 servers announce list changes on a ``subscriptions/listen`` stream."""
+        try:
+            async with client.listen(tools_list_changed=True) as changes:
+                async for _ in changes:
+                    self._tools_changed()
+        except ListenNotSupportedError:
+            return  # an older server: its notifications reach ``_on_message``
+        except Exception as exc:  # the session is going away; the supervisor sees it
+            log.debug("mcp source listen ended", extra={"error": type(exc).__name__})
 
     def _idle(self) -> bool:
         return self._in_flight == 0 and self.clock() - self._last_used >= self.source.idle_s
@@ -172,7 +200,13 @@ class ServerSession:
                     self._last_used = self.clock()
                     self._ready.set()
                     backoff = 0.1
-                    await self._hold()
+                    listening = asyncio.create_task(self._listen(client))
+                    try:
+                        await self._hold()
+                    finally:
+                        listening.cancel()
+                        with contextlib.suppress(asyncio.CancelledError, Exception):
+                            await listening
                     if not self._broken.is_set():
                         log.info("mcp source idle: closed", extra={"source": self.source.name})
                         return  # stopped or idle: the next call starts it again

@@ -1,0 +1,103 @@
+"""MCP servers the tool-source tests start (the ``mcp`` SDK), one of them misbehaving.
+
+``python -m tests.support.source_servers STATE_DIR`` serves over stdio; with
+``--http --port N`` over Streamable HTTP at ``/mcp``. ``STATE_DIR`` is where the server
+leaves what the tests check: ``starts`` (one line per process start) and
+``cancelled`` (a request the client cancelled).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+from pathlib import Path
+
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.types import CallToolResult, TextContent
+from pydantic import BaseModel
+
+
+class Count(BaseModel):
+    n: int
+
+
+def build_server(state: Path) -> MCPServer:
+    server = MCPServer(name="toolfleet-test-source")
+
+    @server.tool()
+    def add(a: int, b: int) -> str:
+        """Add two integers."""
+        return f"sum={a + b}"
+
+    @server.tool()
+    async def count(steps: int, ctx: Context) -> str:
+        """Count to ``steps``, reporting progress after each."""
+        for i in range(1, steps + 1):
+            await ctx.report_progress(i, steps, f"step {i}")
+        return f"counted {steps}"
+
+    @server.tool()
+    def fail() -> str:
+        """Always a tool error (isError)."""
+        raise ValueError("the secret sauce is 42")
+
+    @server.tool()
+    def crash() -> str:
+        """The server process dies mid-call."""
+        os._exit(3)
+
+    @server.tool()
+    async def hang() -> str:
+        """Never answers; records the client's cancel."""
+        try:
+            await asyncio.sleep(3600)
+        except BaseException:
+            (state / "cancelled").write_text("yes")
+            raise
+        return "unreachable"
+
+    @server.tool(structured_output=True)
+    def malformed() -> Count:
+        """Declares an integer, answers a string."""
+        return CallToolResult(  # type: ignore[return-value]
+            content=[TextContent(type="text", text="oops")],
+            structured_content={"n": "not a number"},
+        )
+
+    # Advertise the schema but skip the SDK's own check, so the bad answer goes out.
+    server._tool_manager.get_tool("malformed").fn_metadata.output_model = None  # type: ignore[union-attr]
+
+    @server.tool()
+    async def grow(ctx: Context) -> str:
+        """Adds a tool ``late`` at run time and says so (``tools/list_changed``)."""
+
+        def late(x: str) -> str:
+            """Appeared at run time."""
+            return x
+
+        server.add_tool(late)
+        await ctx.notify_tools_changed()
+        return "grown"
+
+    return server
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("state", type=Path)
+    parser.add_argument("--http", action="store_true")
+    parser.add_argument("--port", type=int, default=0)
+    args = parser.parse_args(argv)
+    args.state.mkdir(parents=True, exist_ok=True)
+    with (args.state / "starts").open("a") as f:
+        f.write(f"{os.getpid()}\n")
+    server = build_server(args.state)
+    if args.http:
+        server.run("streamable-http", host="127.0.0.1", port=args.port)
+    else:
+        server.run("stdio")
+
+
+if __name__ == "__main__":
+    main()

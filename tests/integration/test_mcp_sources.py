@@ -1,0 +1,292 @@
+"""MCP tool sources against real MCP servers (the ``mcp`` SDK), stdio and HTTP.
+
+The test server (``tests/support/source_servers.py``) misbehaves on demand: it crashes
+mid-call, hangs, answers malformed results and adds a tool at run time. Calls run
+through the executor's own runner with the provider's specs, as a worker runs them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import pytest
+
+from toolfleet.errors import ErrorCode
+from toolfleet.executor.runner import RunResult, run_tool
+from toolfleet.policy.documents import allowed_by
+from toolfleet.registry.manifest import LifecycleState
+from toolfleet.registry.store import RegistryStore
+from toolfleet.sdk.context import CheckpointInput, ToolContext
+from toolfleet.sources.models import SourceDefinition, SourceKind, SourceTool
+from toolfleet.sources.pool import SessionPool
+from toolfleet.sources.provider import SourceCatalog, SourceToolProvider
+from toolfleet.sources.store import SourceStore
+from toolfleet.storage.postgres import create_pool
+
+from tests.support.eventually import eventually
+from tests.support.servers import free_port, kill_quietly, wait_for_port
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class Appeared:
+    def __init__(self) -> None:
+        self.tools: list[SourceTool] = []
+
+    async def tool_appeared(self, tool: SourceTool) -> None:
+        self.tools.append(tool)
+
+
+class Checkpoints:
+    def __init__(self) -> None:
+        self.saved: list[CheckpointInput] = []
+
+    async def save(self, checkpoint: CheckpointInput) -> str:
+        self.saved.append(checkpoint)
+        return str(uuid.uuid4())
+
+
+class Fleet:
+    """A sources store, catalog and provider over one database, as an executor has them."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self.store = SourceStore(pool)
+        self.registry = RegistryStore(pool)
+        self.sessions = SessionPool()
+        self.audit = Appeared()
+        self.catalog = SourceCatalog(store=self.store, pool=self.sessions, audit=self.audit)
+        self.sessions.on_tools_changed = self.catalog.on_tools_changed
+        self.provider = SourceToolProvider(lookup=self.store, pool=self.sessions)
+
+    async def add(self, source: SourceDefinition) -> list[SourceTool]:
+        await self.store.put(source)
+        return (await self.catalog.refresh(source)).added
+
+    async def call(
+        self,
+        tool_id: str,
+        parameters: dict[str, Any],
+        *,
+        tenant: str = "tenant_a",
+        timeout_s: float = 10.0,
+        cancel: asyncio.Event | None = None,
+        checkpoints: Checkpoints | None = None,
+    ) -> RunResult:
+        version = (await self.registry.versions(tool_id))[0].version
+        spec = await self.provider.spec(tool_id, version)
+        assert spec is not None
+        ctx = ToolContext(
+            tenant_id=tenant,
+            agent_did="did:agent:test",
+            invocation_id=str(uuid.uuid4()),
+            tool_id=tool_id,
+            tool_version=version,
+            cancel_event=cancel,
+            checkpoints=checkpoints,
+        )
+        return await run_tool(spec, parameters, ctx, timeout_s=timeout_s)
+
+
+@pytest.fixture
+async def fleet(database_url: str) -> AsyncIterator[Fleet]:
+    pool = await create_pool(database_url)
+    made = Fleet(pool)
+    try:
+        yield made
+    finally:
+        await made.provider.close()
+        await pool.close()
+
+
+@pytest.fixture
+def state(tmp_path: Path) -> Path:
+    return tmp_path / "server"
+
+
+def stdio_source(state: Path, **extra: Any) -> SourceDefinition:
+    name = f"s{uuid.uuid4().hex[:8]}"
+    command = f"{sys.executable} -m tests.support.source_servers {state}"
+    return SourceDefinition(name=name, kind=SourceKind.MCP_STDIO, target=command, **extra)
+
+
+@pytest.fixture
+def http_server(tmp_path: Path) -> Iterator[str]:
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.support.source_servers", str(tmp_path / "http")]
+        + ["--http", "--port", str(port)],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_for_port("127.0.0.1", port)
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        kill_quietly(proc)
+
+
+def text_of(result: RunResult) -> str:
+    assert result.error is None, result.error
+    assert result.result is not None
+    return " ".join(block["text"] for block in result.result["content"])
+
+
+async def test_stdio_tools_are_registered_by_schema_and_called(fleet: Fleet, state: Path) -> None:
+    source = stdio_source(state)
+    added = await fleet.add(source)
+    ids = {t.tool_id for t in added}
+    assert f"mcp__{source.name}__add" in ids
+    assert f"mcp__{source.name}__hang" in ids
+    add = next(t for t in added if t.remote_name == "add")
+    assert add.version.startswith("1.0.0+h")
+    [manifest] = await fleet.registry.versions(add.tool_id)
+    assert manifest.redaction_allowlist == ["content"]  # none set: only the text passes
+    assert manifest.lifecycle_state is LifecycleState.ACTIVE
+
+    assert text_of(await fleet.call(add.tool_id, {"a": 2, "b": 3})) == "sum=5"
+    refused = await fleet.call(add.tool_id, {"a": "two"})
+    assert refused.error is not None
+    assert refused.error.code is ErrorCode.INVALID_PARAMETERS
+    # The same listing again registers nothing new: the version is the schema's.
+    assert (await fleet.catalog.refresh(source)).added == []
+
+
+async def test_a_changed_schema_is_a_new_version_and_the_old_one_is_deprecated(
+    fleet: Fleet, state: Path
+) -> None:
+    source = stdio_source(state)
+    add = next(t for t in await fleet.add(source) if t.remote_name == "add")
+    changed = add.model_copy(
+        update={
+            "input_schema": {**add.input_schema, "description": "v2"},
+            "version": "1.0.0+hchanged00001",
+        }
+    )
+    recorded = await fleet.store.record([changed], via="refresh")
+    assert recorded.added == [changed]
+    assert recorded.new_tools == []  # a new version of a known tool, not a new tool
+    states = {m.version: m.lifecycle_state for m in await fleet.registry.versions(add.tool_id)}
+    assert states == {
+        add.version: LifecycleState.DEPRECATED,
+        changed.version: LifecycleState.ACTIVE,
+    }
+
+
+async def test_progress_becomes_checkpoints(fleet: Fleet, state: Path) -> None:
+    source = stdio_source(state)
+    await fleet.add(source)
+    checkpoints = Checkpoints()
+    result = await fleet.call(f"mcp__{source.name}__count", {"steps": 3}, checkpoints=checkpoints)
+    assert text_of(result) == "counted 3"
+    assert [round(c.progress_percent) for c in checkpoints.saved] == [33, 67, 100]
+    assert checkpoints.saved[-1].current_phase == "step 3"
+
+
+async def test_tool_errors_and_malformed_results_are_typed(fleet: Fleet, state: Path) -> None:
+    source = stdio_source(state)
+    await fleet.add(source)
+    failed = await fleet.call(f"mcp__{source.name}__fail", {})
+    assert failed.error is not None
+    assert failed.error.code is ErrorCode.TOOL_EXECUTION_ERROR
+    assert failed.error.retryable is False
+    assert "42" not in failed.error.model_dump_json()  # the server's text stays out
+
+    malformed = await fleet.call(f"mcp__{source.name}__malformed", {})
+    assert malformed.error is not None
+    assert malformed.error.code is ErrorCode.RESULT_VALIDATION_FAILED
+    # A bad answer is not a crash: the same server process answers the next call.
+    assert text_of(await fleet.call(f"mcp__{source.name}__add", {"a": 1, "b": 1})) == "sum=2"
+    assert len((state / "starts").read_text().split()) == 1
+
+
+async def test_a_crash_mid_call_is_retryable_and_the_server_is_restarted(
+    fleet: Fleet, state: Path
+) -> None:
+    source = stdio_source(state)
+    await fleet.add(source)
+    crashed = await fleet.call(f"mcp__{source.name}__crash", {})
+    assert crashed.error is not None
+    assert crashed.error.code is ErrorCode.EXTERNAL_API_ERROR
+    assert crashed.error.retryable is True
+    assert text_of(await fleet.call(f"mcp__{source.name}__add", {"a": 4, "b": 4})) == "sum=8"
+    assert len((state / "starts").read_text().split()) == 2
+
+
+async def test_a_hanging_call_times_out_and_the_server_is_told(fleet: Fleet, state: Path) -> None:
+    source = stdio_source(state)
+    await fleet.add(source)
+    hung = await fleet.call(f"mcp__{source.name}__hang", {}, timeout_s=0.5)
+    assert hung.error is not None
+    assert hung.error.code is ErrorCode.TIMEOUT
+
+    async def told() -> bool:
+        return (state / "cancelled").exists()
+
+    assert await eventually(told, timeout=10)
+
+
+async def test_a_fleet_cancel_sends_cancelled_to_the_server(fleet: Fleet, state: Path) -> None:
+    source = stdio_source(state)
+    await fleet.add(source)
+    cancel = asyncio.Event()
+    call = asyncio.create_task(fleet.call(f"mcp__{source.name}__hang", {}, cancel=cancel))
+    started = asyncio.get_running_loop().time()
+    await asyncio.sleep(0)  # let the call reach the server before the cancel
+    while not (state / "starts").exists() and asyncio.get_running_loop().time() - started < 10:
+        await asyncio.sleep(0.05)
+    cancel.set()
+    result = await asyncio.wait_for(call, 10)
+    assert result.error is not None
+    assert result.error.code is ErrorCode.CANCELLED
+
+    async def told() -> bool:
+        return (state / "cancelled").exists()
+
+    assert await eventually(told, timeout=10)
+
+
+async def test_a_tool_added_at_run_time_is_registered_but_no_glob_allows_it(
+    fleet: Fleet, state: Path
+) -> None:
+    source = stdio_source(state)
+    await fleet.add(source)
+    late = f"mcp__{source.name}__late"
+    assert text_of(await fleet.call(f"mcp__{source.name}__grow", {})) == "grown"
+
+    async def registered() -> bool:
+        return bool(await fleet.registry.versions(late))
+
+    assert await eventually(registered, timeout=10)
+    assert [t.tool_id for t in fleet.audit.tools] == [late]
+    assert not allowed_by(late, ["*", "mcp__*", f"mcp__{source.name}__*"])
+    assert allowed_by(late, [late])
+    assert allowed_by("core__echo", ["*"])
+
+
+async def test_a_source_of_another_tenant_is_refused(fleet: Fleet, state: Path) -> None:
+    source = stdio_source(state, tenant_id="tenant_a")
+    await fleet.add(source)
+    refused = await fleet.call(f"mcp__{source.name}__add", {"a": 1, "b": 2}, tenant="tenant_b")
+    assert refused.error is not None
+    assert refused.error.code is ErrorCode.PERMISSION_DENIED
+
+
+async def test_streamable_http_server(fleet: Fleet, http_server: str) -> None:
+    name = f"h{uuid.uuid4().hex[:8]}"
+    source = SourceDefinition(name=name, kind=SourceKind.MCP_HTTP, target=http_server)
+    added = await fleet.add(source)
+    assert f"mcp__{name}__add" in {t.tool_id for t in added}
+    assert text_of(await fleet.call(f"mcp__{name}__add", {"a": 20, "b": 22})) == "sum=42"
+    assert await fleet.store.remove(name)
+    [manifest] = await fleet.registry.versions(f"mcp__{name}__add")
+    assert manifest.lifecycle_state is LifecycleState.REMOVED

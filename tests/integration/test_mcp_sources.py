@@ -18,6 +18,8 @@ from typing import Any
 import asyncpg
 import pytest
 
+from tests.support.eventually import eventually
+from tests.support.servers import free_port, kill_quietly, wait_for_port
 from toolfleet.errors import ErrorCode
 from toolfleet.executor.runner import RunResult, run_tool
 from toolfleet.policy.documents import allowed_by
@@ -29,9 +31,6 @@ from toolfleet.sources.pool import SessionPool
 from toolfleet.sources.provider import SourceCatalog, SourceToolProvider
 from toolfleet.sources.store import SourceStore
 from toolfleet.storage.postgres import create_pool
-
-from tests.support.eventually import eventually
-from tests.support.servers import free_port, kill_quietly, wait_for_port
 
 pytestmark = pytest.mark.integration
 
@@ -121,9 +120,9 @@ def stdio_source(state: Path, **extra: Any) -> SourceDefinition:
 @pytest.fixture
 def http_server(tmp_path: Path) -> Iterator[str]:
     port = free_port()
+    argv = [sys.executable, "-m", "tests.support.source_servers", str(tmp_path / "http")]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.support.source_servers", str(tmp_path / "http")]
-        + ["--http", "--port", str(port)],
+        [*argv, "--http", "--port", str(port)],
         cwd=REPO,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -240,10 +239,11 @@ async def test_a_fleet_cancel_sends_cancelled_to_the_server(fleet: Fleet, state:
     await fleet.add(source)
     cancel = asyncio.Event()
     call = asyncio.create_task(fleet.call(f"mcp__{source.name}__hang", {}, cancel=cancel))
-    started = asyncio.get_running_loop().time()
-    await asyncio.sleep(0)  # let the call reach the server before the cancel
-    while not (state / "starts").exists() and asyncio.get_running_loop().time() - started < 10:
-        await asyncio.sleep(0.05)
+
+    async def hanging() -> bool:
+        return (state / "hanging").exists()
+
+    assert await eventually(hanging, timeout=10)
     cancel.set()
     result = await asyncio.wait_for(call, 10)
     assert result.error is not None

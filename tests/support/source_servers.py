@@ -2,8 +2,8 @@
 
 ``python -m tests.support.source_servers STATE_DIR`` serves over stdio; with
 ``--http --port N`` over Streamable HTTP at ``/mcp``. ``STATE_DIR`` is where the server
-leaves what the tests check: ``starts`` (one line per process start) and
-``cancelled`` (a request the client cancelled).
+leaves what the tests check: ``starts`` (one line per process start), ``hanging``
+(``hang`` was called) and ``cancelled`` (the client cancelled ``hang``).
 """
 
 from __future__ import annotations
@@ -49,7 +49,8 @@ def build_server(state: Path) -> MCPServer:
 
     @server.tool()
     async def hang() -> str:
-        """Never answers; records the client's cancel."""
+        """Never answers; records that it started, and the client's cancel."""
+        (state / "hanging").write_text("yes")
         try:
             await asyncio.sleep(3600)
         except BaseException:

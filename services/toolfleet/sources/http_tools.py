@@ -13,7 +13,9 @@ by the call's network permissions. Status codes map to typed errors:
 
 from __future__ import annotations
 
+import asyncio
 import email.utils
+import ipaddress
 import time
 from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC
@@ -23,7 +25,7 @@ from urllib.parse import quote, urljoin, urlsplit
 import httpx
 
 from toolfleet.errors import ExternalApiError, PermissionDenied, ResultValidationFailed
-from toolfleet.isolation.egress import EgressGrant
+from toolfleet.isolation.egress import EgressGrant, parse_host
 from toolfleet.sources.models import HttpOperation, SourceDefinition, SourceTool
 from toolfleet.sources.naming import http_tool_id, schema_version
 
@@ -83,18 +85,38 @@ def _query_value(value: Any) -> str:
     return str(value)
 
 
-def check_host(request: httpx.Request, network_permissions: Iterable[str], tenant_id: str) -> None:
-    """Refuse a request to a host the call's network permissions do not grant."""
+async def check_host(
+    request: httpx.Request, network_permissions: Iterable[str], tenant_id: str
+) -> None:
+    """Refuse a host the call's network permissions do not grant, as the egress proxy does.
+
+    A granted name must also resolve to an address the grant may reach: public, or a
+    non-public one an address entry names (a name alone never reaches loopback).
+    """
     parts = urlsplit(str(request.url))
-    host = parts.hostname or ""
     port = parts.port or (443 if parts.scheme == "https" else 80)
+    details = {"host": parts.hostname or "", "port": port}
     grant = EgressGrant.from_permissions(
         invocation_id="", tenant_id=tenant_id, network_permissions=network_permissions
     )
+    try:
+        host = parse_host(parts.hostname or "")
+    except ValueError:
+        raise PermissionDenied("the operation's URL has no valid host", details=details) from None
     if not grant.admits(host, port):
         raise PermissionDenied(
-            f"the token's network permissions do not grant {host}:{port}",
-            details={"host": host, "port": port},
+            f"the token's network permissions do not grant {details['host']}:{port}",
+            details=details,
+        )
+    if isinstance(host, str):
+        infos = await asyncio.get_running_loop().getaddrinfo(host, port)
+        addresses = [ipaddress.ip_address(info[4][0]) for info in infos]
+    else:
+        addresses = [host]
+    if not grant.reachable(addresses, port):
+        raise PermissionDenied(
+            f"{details['host']} resolves only to addresses the grant does not name",
+            details=details,
         )
 
 

@@ -205,7 +205,7 @@ class SourceToolProvider:
         request = http_tools.build_request(source, operation, parameters, headers)
         granted = self.network_permissions(ctx)
         if granted is not None:
-            http_tools.check_host(request, granted, ctx.tenant_id)
+            await http_tools.check_host(request, granted, ctx.tenant_id)
         if self.http is None:
             self.http = httpx.AsyncClient(timeout=source.timeout_s, follow_redirects=False)
         response = await http_tools.send(self.http, request, tool)

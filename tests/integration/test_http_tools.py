@@ -1,0 +1,300 @@
+"""HTTP tools against a real HTTP server (a Starlette app under uvicorn, in-process).
+
+Operations are declared by hand and imported from an OpenAPI 3 document; credentials
+travel from the connection into headers; status codes become typed errors; the call's
+network permissions must grant the host.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from tests.support.servers import free_port
+from toolfleet.executor.runner import RunResult, run_tool
+from toolfleet.registry.store import RegistryStore
+from toolfleet.sdk.context import ToolContext
+from toolfleet.secrets.store import Secret
+from toolfleet.sources import openapi
+from toolfleet.sources.models import HttpOperation, SourceDefinition, SourceKind
+from toolfleet.sources.provider import SourceCatalog, SourceToolProvider
+from toolfleet.sources.store import SourceStore
+from toolfleet.storage.postgres import create_pool
+
+pytestmark = pytest.mark.integration
+
+TOKEN = "s3cret-token-value"
+
+
+async def get_pet(request: Request) -> Response:
+    if request.headers.get("authorization") != f"Bearer {TOKEN}":
+        return JSONResponse({"error": "unauthorized"}, status_code=401)
+    pet_id = request.path_params["pet_id"]
+    if pet_id == "missing":
+        return JSONResponse({"error": "no such pet"}, status_code=404)
+    return JSONResponse(
+        {"id": pet_id, "name": "Rex", "verbose": request.query_params.get("verbose")}
+    )
+
+
+async def create_pet(request: Request) -> Response:
+    body = await request.json()
+    return JSONResponse({"id": "p-1", "name": body["name"], "owner": "hidden"}, status_code=201)
+
+
+async def limited(request: Request) -> Response:
+    return Response(status_code=429, headers={"Retry-After": "7"})
+
+
+async def unavailable(request: Request) -> Response:
+    return Response(status_code=503, headers={"Retry-After": "3"})
+
+
+async def boom(request: Request) -> Response:
+    return Response("stack trace with secrets", status_code=500)
+
+
+APP = Starlette(
+    routes=[
+        Route("/pets/{pet_id}", get_pet),
+        Route("/pets", create_pet, methods=["POST"]),
+        Route("/limited", limited),
+        Route("/unavailable", unavailable),
+        Route("/boom", boom),
+    ]
+)
+
+STRING = {"type": "string"}
+SPEC = {
+    "openapi": "3.0.3",
+    "info": {"title": "pets", "version": "1"},
+    "paths": {
+        "/pets/{pet_id}": {
+            "get": {
+                "operationId": "getPet",
+                "parameters": [
+                    {
+                        "name": "pet_id",
+                        "in": "path",
+                        "required": True,
+                        "schema": {"type": "string"},
+                    },
+                    {"name": "verbose", "in": "query", "schema": {"type": "boolean"}},
+                ],
+                "responses": {
+                    "200": {
+                        "description": "a pet",
+                        "content": {
+                            "application/json": {"schema": {"$ref": "#/components/schemas/Pet"}}
+                        },
+                    }
+                },
+            }
+        },
+        "/pets": {
+            "post": {
+                "operationId": "createPet",
+                "requestBody": {
+                    "content": {
+                        "application/json": {
+                            "schema": {
+                                "type": "object",
+                                "properties": {"name": {"type": "string"}},
+                                "required": ["name"],
+                            }
+                        }
+                    }
+                },
+                "responses": {
+                    "201": {
+                        "description": "created",
+                        "content": {
+                            "application/json": {"schema": {"$ref": "#/components/schemas/Pet"}}
+                        },
+                    }
+                },
+            }
+        },
+    },
+    "components": {
+        "schemas": {
+            "Pet": {
+                "type": "object",
+                "properties": {"id": {"type": "string"}, "name": {"type": "string"}},
+            }
+        }
+    },
+}
+
+
+class Credentials:
+    def get(self, name: str) -> Secret:
+        assert name == "api_token"
+        return Secret(f"Bearer {TOKEN}")
+
+
+@pytest.fixture(scope="module")
+async def api() -> AsyncIterator[str]:
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(APP, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
+    )
+    task = asyncio.create_task(server.serve())
+    while not server.started:  # noqa: ASYNC110 (uvicorn has no started event to await)
+        await asyncio.sleep(0.02)
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    await task
+
+
+class Http:
+    def __init__(self, store: SourceStore, registry: RegistryStore, granted: list[str]) -> None:
+        self.store = store
+        self.registry = registry
+        self.granted = granted
+        self.provider = SourceToolProvider(lookup=store, network_permissions=lambda ctx: granted)
+        self.catalog = SourceCatalog(store=store, pool=self.provider.pool)
+
+    async def add(self, source: SourceDefinition) -> None:
+        await self.store.put(source)
+        await self.catalog.refresh(source)
+
+    async def call(self, tool_id: str, parameters: dict[str, Any]) -> RunResult:
+        version = (await self.registry.versions(tool_id))[0].version
+        spec = await self.provider.spec(tool_id, version)
+        assert spec is not None
+        ctx = ToolContext(
+            tenant_id="tenant_a",
+            agent_did="did:agent:test",
+            invocation_id=str(uuid.uuid4()),
+            tool_id=tool_id,
+            tool_version=version,
+            credentials=Credentials(),
+            connection_id="pets_conn",
+        )
+        return await run_tool(spec, parameters, ctx, timeout_s=10)
+
+
+@pytest.fixture
+async def http(database_url: str) -> AsyncIterator[Http]:
+    pool = await create_pool(database_url)
+    made = Http(SourceStore(pool), RegistryStore(pool), ["127.0.0.1:*"])
+    try:
+        yield made
+    finally:
+        await made.provider.close()
+        await pool.close()
+
+
+def declared(base: str, name: str) -> SourceDefinition:
+    return SourceDefinition(
+        name=name,
+        kind=SourceKind.HTTP,
+        target=base,
+        connection_id="pets_conn",
+        credential_headers={"Authorization": "api_token"},
+        operations=[
+            HttpOperation(
+                operation_id="get_pet",
+                url="/pets/{pet_id}",
+                path=["pet_id"],
+                query=["verbose"],
+                input_schema={
+                    "type": "object",
+                    "properties": {"pet_id": {"type": "string"}, "verbose": {"type": "boolean"}},
+                    "required": ["pet_id"],
+                },
+                output_schema={"type": "object", "properties": {"name": {"type": "string"}}},
+            ),
+            *(
+                HttpOperation(operation_id=op, url=f"/{op}")
+                for op in ("limited", "unavailable", "boom")
+            ),
+        ],
+    )
+
+
+def error_of(result: RunResult) -> dict[str, Any]:
+    assert result.error is not None, result.result
+    return result.error.model_dump(mode="json")
+
+
+async def test_a_declared_operation_sends_credentials_and_maps_the_input(
+    http: Http, api: str
+) -> None:
+    name = f"pets{uuid.uuid4().hex[:6]}"
+    await http.add(declared(api, name))
+    result = await http.call(f"http__{name}__get_pet", {"pet_id": "rex 1", "verbose": True})
+    assert result.error is None, result.error
+    assert result.result == {"id": "rex 1", "name": "Rex", "verbose": "true"}
+    [manifest] = await http.registry.versions(f"http__{name}__get_pet")
+    assert manifest.redaction_allowlist == ["name"]  # the output schema's fields
+    assert manifest.effect == "read_only"
+
+    missing = error_of(await http.call(f"http__{name}__get_pet", {"pet_id": "missing"}))
+    assert (missing["code"], missing["retryable"]) == ("external_api_error", False)
+
+
+async def test_status_codes_become_typed_errors(http: Http, api: str) -> None:
+    name = f"pets{uuid.uuid4().hex[:6]}"
+    await http.add(declared(api, name))
+    limited = error_of(await http.call(f"http__{name}__limited", {}))
+    assert (limited["code"], limited["retryable"], limited["retry_after_s"]) == (
+        "external_api_error",
+        True,
+        7.0,
+    )
+    unavailable = error_of(await http.call(f"http__{name}__unavailable", {}))
+    assert (unavailable["retryable"], unavailable["retry_after_s"]) == (True, 3.0)
+    boom = error_of(await http.call(f"http__{name}__boom", {}))
+    assert (boom["code"], boom["retryable"]) == ("external_api_error", True)
+    assert "secrets" not in json.dumps(boom)
+
+
+async def test_a_host_the_token_does_not_grant_is_refused(http: Http, api: str) -> None:
+    name = f"pets{uuid.uuid4().hex[:6]}"
+    await http.add(declared(api, name))
+    http.granted[:] = ["api.example.com"]
+    try:
+        refused = error_of(await http.call(f"http__{name}__get_pet", {"pet_id": "rex"}))
+    finally:
+        http.granted[:] = ["127.0.0.1:*"]
+    assert refused["code"] == "permission_denied"
+
+
+async def test_operations_imported_from_openapi(http: Http, api: str) -> None:
+    ops = openapi.operations(openapi.parse(json.dumps(SPEC)))
+    assert [(o.operation_id, o.method, o.path, o.query, o.body) for o in ops] == [
+        ("getpet", "GET", ["pet_id"], ["verbose"], []),
+        ("createpet", "POST", [], [], ["name"]),
+    ]
+    name = f"pets{uuid.uuid4().hex[:6]}"
+    source = SourceDefinition(
+        name=name,
+        kind=SourceKind.HTTP,
+        target=api,
+        connection_id="pets_conn",
+        credential_headers={"Authorization": "api_token"},
+        operations=ops,
+    )
+    await http.add(source)
+    got = await http.call(f"http__{name}__getpet", {"pet_id": "7"})
+    assert got.result is not None
+    assert got.result["name"] == "Rex"
+    created = await http.call(f"http__{name}__createpet", {"name": "Fido"})
+    assert created.result == {"id": "p-1", "name": "Fido", "owner": "hidden"}
+    [manifest] = await http.registry.versions(f"http__{name}__createpet")
+    assert manifest.effect == "external_side_effect"
+    assert manifest.redaction_allowlist == ["id", "name"]  # "owner" is redacted downstream
+    refused = error_of(await http.call(f"http__{name}__createpet", {}))
+    assert refused["code"] == "invalid_parameters"

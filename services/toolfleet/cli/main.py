@@ -13,7 +13,18 @@ import sys
 import typer
 from rich.markup import escape
 
-from toolfleet.cli import agent, audit, fleet, invoke, keys, policy, remote, tokens, tools
+from toolfleet.cli import (
+    agent,
+    audit,
+    fleet,
+    invoke,
+    keys,
+    policy,
+    remote,
+    sources,
+    tokens,
+    tools,
+)
 from toolfleet.cli.errors import friendly
 from toolfleet.cli.extras import missing_extra_message
 from toolfleet.cli.output import err_console
@@ -51,6 +62,7 @@ app.add_typer(keys.app, name="keys")
 app.add_typer(audit.app, name="audit")
 app.add_typer(policy.app, name="policy")
 app.add_typer(agent.app, name="agent")
+app.add_typer(sources.app, name="sources")
 
 
 def main() -> None:

@@ -1,0 +1,105 @@
+"""``/v1/sources``: register, list and remove tool sources (admin scope only).
+
+Adding a source lists its tools at once (an MCP server is started or reached for that,
+then let go) and registers each in the tool registry, so a policy can name them; no
+policy allows them before it does. The answer lists the tools and their versions.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Path
+from pydantic import BaseModel, ConfigDict
+
+from toolfleet.api.auth import Caller, CallerDep
+from toolfleet.api.problems import ProblemError, problem_responses
+from toolfleet.api.resources import ApiResources, resources
+from toolfleet.errors import ErrorCode, ToolfleetError
+from toolfleet.sources.models import SOURCE_NAME_PATTERN, SourceDefinition, SourceTool
+from toolfleet.sources.pool import SessionPool
+from toolfleet.sources.provider import SourceCatalog
+from toolfleet.sources.store import SourceStore
+
+log = logging.getLogger(__name__)
+
+router = APIRouter(
+    prefix="/v1/sources", tags=["sources"], responses=problem_responses(401, 403, 422)
+)
+
+ResourcesDep = Annotated[ApiResources, Depends(resources)]
+NamePath = Annotated[str, Path(pattern=SOURCE_NAME_PATTERN, description="Source name.")]
+
+
+class SourceView(BaseModel):
+    """A source and the tools the fleet knows from it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    source: SourceDefinition
+    tools: list[SourceTool]
+
+
+class SourceList(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    sources: list[SourceDefinition]
+
+
+def _require_admin(caller: Caller) -> None:
+    if not caller.is_admin:
+        raise ProblemError(
+            403, "managing tool sources needs the admin scope", code=ErrorCode.PERMISSION_DENIED
+        )
+
+
+@router.post("", response_model=SourceView, status_code=201, responses=problem_responses(502))
+async def add_source(source: SourceDefinition, res: ResourcesDep, caller: CallerDep) -> SourceView:
+    """Store the source (replacing one of the same name) and register its tools."""
+    _require_admin(caller)
+    store = SourceStore(res.pool)
+    pool = SessionPool()
+    try:
+        await store.put(source)
+        await SourceCatalog(store=store, pool=pool).refresh(source, via="add")
+    except ToolfleetError as exc:
+        log.warning("source not listed", extra={"source": source.name, "error": exc.code})
+        raise ProblemError(
+            502, f"could not list the tools of {source.name}: {exc.message}", code=exc.code
+        ) from None
+    finally:
+        await pool.close()
+    return SourceView(source=source, tools=await store.tools(source.name))
+
+
+@router.get("", response_model=SourceList)
+async def list_sources(res: ResourcesDep, caller: CallerDep) -> SourceList:
+    _require_admin(caller)
+    return SourceList(sources=await SourceStore(res.pool).sources())
+
+
+@router.get("/{name}", response_model=SourceView, responses=problem_responses(404))
+async def get_source(name: NamePath, res: ResourcesDep, caller: CallerDep) -> SourceView:
+    """The source and every tool version it registered."""
+    _require_admin(caller)
+    store = SourceStore(res.pool)
+    source = await store.get(name)
+    if source is None:
+        raise ProblemError(404, f"no source {name!r}", code=ErrorCode.TOOL_NOT_FOUND)
+    return SourceView(source=source, tools=await store.tools(name))
+
+
+class Removed(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    removed: str
+
+
+@router.delete("/{name}", response_model=Removed, responses=problem_responses(404))
+async def remove_source(name: NamePath, res: ResourcesDep, caller: CallerDep) -> Removed:
+    """Forget the source; its tools are marked removed in the registry."""
+    _require_admin(caller)
+    if not await SourceStore(res.pool).remove(name):
+        raise ProblemError(404, f"no source {name!r}", code=ErrorCode.TOOL_NOT_FOUND)
+    return Removed(removed=name)

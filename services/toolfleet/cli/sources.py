@@ -1,0 +1,201 @@
+"""``toolfleet sources add|list|remove|tools``: MCP servers and HTTP APIs as tool sources.
+
+Through the API (admin token). ``add`` names exactly one of ``--stdio "CMD ..."``,
+``--http URL`` (an MCP server) or ``--openapi SPEC`` (an OpenAPI 3 file whose
+operations become HTTP tools). The answer lists the tools registered; none is callable
+until a policy names it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+from urllib.parse import quote
+
+import typer
+from pydantic import ValidationError
+
+from toolfleet.cli.config import load_settings
+from toolfleet.cli.errors import CliError, friendly
+from toolfleet.cli.output import console, print_json
+from toolfleet.cli.remote import ApiSession, JsonOption, TokenOption
+from toolfleet.settings import FleetSettings
+from toolfleet.sources import openapi
+from toolfleet.sources.models import SourceDefinition, SourceKind
+
+app = typer.Typer(
+    help="Tool sources: MCP servers and HTTP APIs (admin token).", no_args_is_help=True
+)
+
+
+def _session(token: str | None) -> ApiSession:
+    return ApiSession(load_settings(FleetSettings), token)
+
+
+def _pairs(values: list[str], what: str) -> dict[str, str]:
+    pairs: dict[str, str] = {}
+    for value in values:
+        key, sep, rest = value.partition("=")
+        if not sep or not key or not rest:
+            raise CliError(f"{what} takes KEY=VALUE, got {value!r}")
+        pairs[key] = rest
+    return pairs
+
+
+def definition(
+    name: str,
+    *,
+    stdio: str | None,
+    http: str | None,
+    openapi_file: Path | None,
+    base_url: str | None = None,
+    tenant: str = "*",
+    connection: str | None = None,
+    headers: list[str] | None = None,
+    redact: list[str] | None = None,
+    timeout_s: float = 30.0,
+) -> SourceDefinition:
+    """The source ``add`` sends, validated here so a typo fails before any request."""
+    chosen = [x for x in (stdio, http, openapi_file) if x is not None]
+    if len(chosen) != 1:
+        raise CliError("name exactly one of --stdio, --http or --openapi")
+    fields: dict[str, Any] = {
+        "name": name,
+        "tenant_id": tenant,
+        "connection_id": connection,
+        "credential_headers": _pairs(headers or [], "--header"),
+        "redaction": {
+            tool: [f for f in fields_.split(",") if f]
+            for tool, fields_ in _pairs(redact or [], "--redact").items()
+        },
+        "timeout_s": timeout_s,
+    }
+    if stdio is not None:
+        fields |= {"kind": SourceKind.MCP_STDIO, "target": stdio}
+    elif http is not None:
+        fields |= {"kind": SourceKind.MCP_HTTP, "target": http}
+    else:
+        assert openapi_file is not None
+        try:
+            doc = openapi.parse(openapi_file.read_text())
+            operations = openapi.operations(doc)
+        except OSError as exc:
+            raise CliError(f"cannot read {openapi_file}: {exc.strerror}") from None
+        except openapi.OpenApiError as exc:
+            raise CliError(f"{openapi_file}: {exc}") from None
+        target = base_url or openapi.base_url(doc)
+        if target is None:
+            raise CliError(f"{openapi_file} names no server; pass --base-url URL")
+        fields |= {"kind": SourceKind.HTTP, "target": target, "operations": operations}
+    try:
+        return SourceDefinition.model_validate(fields)
+    except ValidationError as exc:
+        problems = [
+            f"  {'.'.join(str(p) for p in err['loc']) or '(source)'}: {err['msg']}"
+            for err in exc.errors(include_url=False, include_input=False)
+        ]
+        raise CliError("not a valid source:\n" + "\n".join(problems)) from None
+
+
+def _print_tools(tools: list[dict[str, Any]]) -> None:
+    for tool in tools:
+        console.print(f"  {tool['tool_id']}@{tool['version']}  {tool['effect']}", markup=False)
+
+
+@app.command("add")
+@friendly
+def add(
+    name: Annotated[str, typer.Argument(help="Source name (part of its tools' ids).")],
+    stdio: Annotated[
+        str | None, typer.Option("--stdio", help='MCP server command line: "CMD ARG ..."')
+    ] = None,
+    http: Annotated[str | None, typer.Option("--http", help="MCP server URL.")] = None,
+    openapi_file: Annotated[
+        Path | None, typer.Option("--openapi", help="OpenAPI 3 document (JSON or YAML).")
+    ] = None,
+    base_url: Annotated[
+        str | None, typer.Option("--base-url", help="Base URL of --openapi operations.")
+    ] = None,
+    tenant: Annotated[
+        str, typer.Option("--tenant", help='The one tenant that may use it ("*": every one).')
+    ] = "*",
+    connection: Annotated[
+        str | None, typer.Option("--connection", help="Connection holding its credentials.")
+    ] = None,
+    header: Annotated[
+        list[str] | None,
+        typer.Option("--header", help="HEADER=CREDENTIAL: a credential sent as a header."),
+    ] = None,
+    redact: Annotated[
+        list[str] | None,
+        typer.Option("--redact", help="TOOL=field,...: result fields clients may see."),
+    ] = None,
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds per call.")] = 30.0,
+    json_: JsonOption = False,
+    token: TokenOption = None,
+) -> None:
+    """Register a source and list its tools (callable once a policy names them)."""
+    source = definition(
+        name,
+        stdio=stdio,
+        http=http,
+        openapi_file=openapi_file,
+        base_url=base_url,
+        tenant=tenant,
+        connection=connection,
+        headers=header,
+        redact=redact,
+        timeout_s=timeout,
+    )
+    body = _session(token).call("POST", "/v1/sources", json=source.model_dump(mode="json"))
+    if json_:
+        print_json(body)
+        return
+    console.print(f"{name}: {len(body['tools'])} tools registered", markup=False)
+    _print_tools(body["tools"])
+    console.print("none is callable until a policy names it in allow_tools", markup=False)
+
+
+@app.command("list")
+@friendly
+def list_(json_: JsonOption = False, token: TokenOption = None) -> None:
+    """Every source."""
+    body = _session(token).call("GET", "/v1/sources")
+    if json_:
+        print_json(body)
+        return
+    for source in body["sources"]:
+        console.print(
+            f"{source['name']}  {source['kind']}  tenant={source['tenant_id']}  {source['target']}",
+            markup=False,
+        )
+
+
+@app.command("tools")
+@friendly
+def tools(
+    name: Annotated[str, typer.Argument(help="Source name.")],
+    json_: JsonOption = False,
+    token: TokenOption = None,
+) -> None:
+    """The tools (every schema version) a source registered."""
+    body = _session(token).call("GET", f"/v1/sources/{quote(name, safe='')}")
+    if json_:
+        print_json(body["tools"])
+        return
+    _print_tools(body["tools"])
+
+
+@app.command("remove")
+@friendly
+def remove(
+    name: Annotated[str, typer.Argument(help="Source name.")],
+    json_: JsonOption = False,
+    token: TokenOption = None,
+) -> None:
+    """Forget a source; its tools are marked removed."""
+    body = _session(token).call("DELETE", f"/v1/sources/{quote(name, safe='')}")
+    if json_:
+        print_json(body)
+        return
+    console.print(f"{name}: removed", markup=False)

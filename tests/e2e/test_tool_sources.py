@@ -1,0 +1,180 @@
+"""An MCP tool source through the whole fleet: every service its own process, the
+test's misbehaving MCP server started by the executor over stdio."""
+
+from __future__ import annotations
+
+import sys
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.eventually import eventually
+from tests.support.fleet import ProcessFleet, process_fleet
+from tests.support.pipeline import Fleet, fleet_settings
+from toolfleet.client import InvocationHandle
+from toolfleet.events.models import AgentContext, InvocationStatus, InvokeRequested, ToolOutcome
+from toolfleet.policy.cache import RedisPolicyCache
+from toolfleet.policy.documents import TenantPolicy
+from toolfleet.policy.store import PolicyStore
+from toolfleet.registry.store import RegistryStore
+from toolfleet.settings import FleetSettings
+from toolfleet.sources.models import SourceDefinition, SourceKind
+from toolfleet.sources.pool import SessionPool
+from toolfleet.sources.provider import SourceCatalog
+from toolfleet.sources.store import SourceStore
+from toolfleet.storage.postgres import create_pool
+from toolfleet.storage.redis import connect_redis
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
+
+AGENT = "did:agent:e2e-sources"
+TENANT = "t_sources"
+SOURCE = "e2e_src"
+
+
+def tool(name: str) -> str:
+    return f"mcp__{SOURCE}__{name}"
+
+
+NAMED = [tool(n) for n in ("add", "crash", "hang", "grow")]
+
+
+@pytest.fixture(scope="module")
+def server_state(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("e2e-source-state")
+
+
+async def write_policy(settings: FleetSettings, allow: list[str]) -> None:
+    pool = await create_pool(settings.database_url)
+    try:
+        await PolicyStore(pool).write(TENANT, TenantPolicy(allow_tools=allow), "test:operator")
+    finally:
+        await pool.close()
+    redis = connect_redis(settings.redis_url)
+    try:
+        await RedisPolicyCache(redis).announce(TENANT)
+    finally:
+        await redis.aclose()
+
+
+@pytest.fixture(scope="module")
+async def fleet(
+    settings: FleetSettings, tmp_path_factory: pytest.TempPathFactory, server_state: Path
+) -> AsyncIterator[tuple[Fleet, ProcessFleet]]:
+    home: Path = tmp_path_factory.mktemp("e2e-sources")
+    local = fleet_settings(settings, home, session_timeout_ms=6000)
+    # The operator registers the source (as `toolfleet sources add` does), then names
+    # four of its tools in the tenant's policy.
+    pool = await create_pool(local.database_url)
+    sessions = SessionPool()
+    try:
+        store = SourceStore(pool)
+        source = SourceDefinition(
+            name=SOURCE,
+            kind=SourceKind.MCP_STDIO,
+            target=f"{sys.executable} -m tests.support.source_servers {server_state}",
+            tenant_id=TENANT,
+            timeout_s=60,
+        )
+        await store.put(source)
+        await SourceCatalog(store=store, pool=sessions).refresh(source)
+    finally:
+        await sessions.close()
+        await pool.close()
+    (server_state / "starts").unlink()  # the listing's own start does not count
+    await write_policy(local, NAMED)
+    async with process_fleet(local, home) as running:
+        yield running
+
+
+async def invoke(running: Fleet, tool_id: str, **parameters: Any) -> InvocationHandle:
+    return await running.client.publish(
+        InvokeRequested(
+            invocation_id=uuid.uuid4(),
+            tool_id=tool_id,
+            agent_context=AgentContext(agent_did=AGENT, tenant_id=TENANT),
+            parameters=parameters,
+            capability_token=running.token(TENANT, AGENT),
+        )
+    )
+
+
+async def call(running: Fleet, tool_id: str, **parameters: Any) -> ToolOutcome:
+    return await running.client.wait(await invoke(running, tool_id, **parameters), timeout=90)
+
+
+async def test_a_call_succeeds_end_to_end(fleet: tuple[Fleet, ProcessFleet]) -> None:
+    running, procs = fleet
+    outcome = await call(running, tool("add"), a=2, b=40)
+    assert outcome.status is InvocationStatus.SUCCESS, (outcome.error, procs.logs())
+    assert outcome.result is not None
+    assert outcome.result["content"] == [{"type": "text", "text": "sum=42"}]
+    # No allowlist set: only the content text passes; the rest is redacted.
+    assert outcome.result["structured_content"] == {"result": "[REDACTED]"}
+    assert outcome.tool_version.startswith("1.0.0+h")
+
+
+async def test_a_tool_added_at_run_time_stays_disabled_until_a_policy_names_it(
+    fleet: tuple[Fleet, ProcessFleet],
+) -> None:
+    running, _ = fleet
+    assert (await call(running, tool("grow"))).status is InvocationStatus.SUCCESS
+    pool = await create_pool(running.settings.database_url)
+    try:
+
+        async def registered() -> bool:
+            return bool(await RegistryStore(pool).versions(tool("late")))
+
+        assert await eventually(registered, timeout=30)
+    finally:
+        await pool.close()
+    refused = await call(running, tool("late"), x="hi")
+    assert refused.status is InvocationStatus.PERMISSION_DENIED
+
+    await write_policy(running.settings, [*NAMED, tool("late")])
+
+    async def allowed() -> ToolOutcome | None:
+        outcome = await call(running, tool("late"), x="hi")
+        return outcome if outcome.status is InvocationStatus.SUCCESS else None
+
+    outcome = await eventually(allowed, timeout=30, interval=0.5)
+    assert outcome.result is not None
+    assert outcome.result["content"] == [{"type": "text", "text": "hi"}]
+
+
+async def test_a_crash_is_restarted_and_the_call_gets_a_retryable_outcome(
+    fleet: tuple[Fleet, ProcessFleet], server_state: Path
+) -> None:
+    running, procs = fleet
+    assert (await call(running, tool("add"), a=1, b=1)).status is InvocationStatus.SUCCESS
+    starts = len((server_state / "starts").read_text().split())
+    crashed = await call(running, tool("crash"))
+    assert crashed.status is InvocationStatus.ERROR, procs.logs()
+    assert crashed.error is not None
+    assert (crashed.error.code, crashed.error.retryable) == ("external_api_error", True)
+    again = await call(running, tool("add"), a=1, b=2)
+    assert again.status is InvocationStatus.SUCCESS
+    assert len((server_state / "starts").read_text().split()) == starts + 1
+
+
+async def test_cancel_reaches_the_server(
+    fleet: tuple[Fleet, ProcessFleet], server_state: Path
+) -> None:
+    running, _ = fleet
+    handle = await invoke(running, tool("hang"))
+
+    async def hanging() -> bool:
+        return (server_state / "hanging").exists()
+
+    assert await eventually(hanging, timeout=60)
+    await running.client.cancel(handle.invocation_id, tenant_id=TENANT)
+    outcome = await running.client.wait(handle, timeout=60)
+    assert outcome.status is InvocationStatus.CANCELLED
+
+    async def told() -> bool:
+        return (server_state / "cancelled").exists()
+
+    assert await eventually(told, timeout=30)

@@ -114,7 +114,7 @@ async def test_a_call_succeeds_end_to_end(fleet: tuple[Fleet, ProcessFleet]) -> 
     assert outcome.result["content"] == [{"type": "text", "text": "sum=42"}]
     # No allowlist set: only the content text passes; the rest is redacted.
     assert outcome.result["structured_content"] == {"result": "[REDACTED]"}
-    assert outcome.tool_version.startswith("1.0.0+h")
+    assert (outcome.tool_version or "").startswith("1.0.0+h")
 
 
 async def test_a_tool_added_at_run_time_stays_disabled_until_a_policy_names_it(

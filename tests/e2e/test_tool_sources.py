@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from tests.integration.test_http_tools import APP, serving
 from tests.support.eventually import eventually
 from tests.support.fleet import ProcessFleet, process_fleet
 from tests.support.pipeline import Fleet, fleet_settings
@@ -21,7 +22,7 @@ from toolfleet.policy.documents import TenantPolicy
 from toolfleet.policy.store import PolicyStore
 from toolfleet.registry.store import RegistryStore
 from toolfleet.settings import FleetSettings
-from toolfleet.sources.models import SourceDefinition, SourceKind
+from toolfleet.sources.models import HttpOperation, SourceDefinition, SourceKind
 from toolfleet.sources.pool import SessionPool
 from toolfleet.sources.provider import SourceCatalog
 from toolfleet.sources.store import SourceStore
@@ -39,7 +40,8 @@ def tool(name: str) -> str:
     return f"mcp__{SOURCE}__{name}"
 
 
-NAMED = [tool(n) for n in ("add", "crash", "hang", "grow")]
+HELLO = "http__e2e_http__hello"
+NAMED = [*(tool(n) for n in ("add", "crash", "hang", "grow")), HELLO]
 
 
 @pytest.fixture(scope="module")
@@ -66,6 +68,14 @@ async def fleet(
 ) -> AsyncIterator[tuple[Fleet, ProcessFleet]]:
     home: Path = tmp_path_factory.mktemp("e2e-sources")
     local = fleet_settings(settings, home, session_timeout_ms=6000)
+    async with serving(APP) as api:
+        await register_sources(local, server_state, api)
+        await write_policy(local, NAMED)
+        async with process_fleet(local, home) as running:
+            yield running
+
+
+async def register_sources(local: FleetSettings, server_state: Path, api: str) -> None:
     # The operator registers the source (as `toolfleet sources add` does), then names
     # four of its tools in the tenant's policy.
     pool = await create_pool(local.database_url)
@@ -79,31 +89,63 @@ async def fleet(
             tenant_id=TENANT,
             timeout_s=60,
         )
-        await store.put(source)
-        await SourceCatalog(store=store, pool=sessions).refresh(source)
+        http = SourceDefinition(
+            name="e2e_http",
+            kind=SourceKind.HTTP,
+            target=api,
+            operations=[
+                HttpOperation(
+                    operation_id="hello",
+                    url="/hello",
+                    query=["name"],
+                    input_schema={"type": "object", "properties": {"name": {"type": "string"}}},
+                    output_schema={"type": "object", "properties": {"hello": {"type": "string"}}},
+                )
+            ],
+        )
+        catalog = SourceCatalog(store=store, pool=sessions)
+        for each in (source, http):
+            await store.put(each)
+            await catalog.refresh(each)
     finally:
         await sessions.close()
         await pool.close()
     (server_state / "starts").unlink()  # the listing's own start does not count
-    await write_policy(local, NAMED)
-    async with process_fleet(local, home) as running:
-        yield running
 
 
-async def invoke(running: Fleet, tool_id: str, **parameters: Any) -> InvocationHandle:
+async def invoke(
+    running: Fleet, tool_id: str, *, network: list[str] | None = None, **parameters: Any
+) -> InvocationHandle:
     return await running.client.publish(
         InvokeRequested(
             invocation_id=uuid.uuid4(),
             tool_id=tool_id,
             agent_context=AgentContext(agent_did=AGENT, tenant_id=TENANT),
             parameters=parameters,
-            capability_token=running.token(TENANT, AGENT),
+            capability_token=running.token(TENANT, AGENT, network_permissions=network),
         )
     )
 
 
-async def call(running: Fleet, tool_id: str, **parameters: Any) -> ToolOutcome:
-    return await running.client.wait(await invoke(running, tool_id, **parameters), timeout=90)
+async def call(
+    running: Fleet, tool_id: str, *, network: list[str] | None = None, **parameters: Any
+) -> ToolOutcome:
+    handle = await invoke(running, tool_id, network=network, **parameters)
+    return await running.client.wait(handle, timeout=90)
+
+
+async def test_an_http_tool_reaches_only_hosts_the_token_grants(
+    fleet: tuple[Fleet, ProcessFleet],
+) -> None:
+    running, procs = fleet
+    granted = await call(running, HELLO, network=["127.0.0.1:*"], name="fleet")
+    assert granted.status is InvocationStatus.SUCCESS, (granted.error, procs.logs())
+    assert granted.result == {"hello": "fleet"}
+    refused = await call(running, HELLO, network=["api.example.com"], name="fleet")
+    assert refused.status is InvocationStatus.PERMISSION_DENIED
+    assert refused.error is not None
+    assert refused.error.code == "permission_denied"
+    assert refused.error.details["host"] == "127.0.0.1"
 
 
 async def test_a_call_succeeds_end_to_end(fleet: tuple[Fleet, ProcessFleet]) -> None:

@@ -8,6 +8,7 @@ network permissions must grant the host.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import uuid
 from collections.abc import AsyncIterator
@@ -60,6 +61,10 @@ async def unavailable(request: Request) -> Response:
     return Response(status_code=503, headers={"Retry-After": "3"})
 
 
+async def hello(request: Request) -> Response:
+    return JSONResponse({"hello": request.query_params.get("name", "world")})
+
+
 async def boom(request: Request) -> Response:
     return Response("stack trace with secrets", status_code=500)
 
@@ -71,6 +76,7 @@ APP = Starlette(
         Route("/limited", limited),
         Route("/unavailable", unavailable),
         Route("/boom", boom),
+        Route("/hello", hello),
     ]
 )
 
@@ -145,9 +151,16 @@ class Credentials:
 
 @pytest.fixture(scope="module")
 async def api() -> AsyncIterator[str]:
+    async with serving(APP) as url:
+        yield url
+
+
+@contextlib.asynccontextmanager
+async def serving(app: Starlette) -> AsyncIterator[str]:
+    """``app`` under uvicorn on a free loopback port, until the block ends."""
     port = free_port()
     server = uvicorn.Server(
-        uvicorn.Config(APP, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
     )
     task = asyncio.create_task(server.serve())
     while not server.started:  # noqa: ASYNC110 (uvicorn has no started event to await)

@@ -39,7 +39,7 @@ import json
 import secrets
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -102,6 +102,8 @@ class ExecutionGrant:
     capability_jti: str
     """``jti`` of the capability token policy verified (re-check revocation with it)."""
     expires_at: int
+    network_permissions: tuple[str, ...] = ()
+    """The capability token's ``network_permissions``, as policy signed them."""
 
 
 class GrantKeyError(ToolfleetError):
@@ -186,8 +188,13 @@ class GrantSigner:
         capability_jti: str,
         timeout_s: float,
         document_context: dict[str, Any] | None = None,
+        network_permissions: Sequence[str] = (),
     ) -> str:
-        """A grant for this call, valid for ``timeout_s`` plus the margin."""
+        """A grant for this call, valid for ``timeout_s`` plus the margin.
+
+        ``network_permissions`` (the capability token's) travel signed as ``net``: the
+        hosts the call may reach (HTTP tools, the sandbox's egress).
+        """
         invocation_id, tenant_id, agent_did = call.invocation_id, call.tenant_id, call.agent_did
         tool_id, tool_version = call.tool_id, call.tool_version or ""
         now = int(self._clock())
@@ -207,6 +214,8 @@ class GrantSigner:
         }
         if document_context is not None:
             claims["docs_sha256"] = documents_hash(document_context)
+        if network_permissions:
+            claims["net"] = list(network_permissions)
         return jwt.encode(
             claims, self._key, algorithm=ALGORITHM, headers={"kid": self._kid, "typ": TYP}
         )
@@ -273,6 +282,9 @@ class GrantVerifier:
             raise PermissionDenied("execution grant was issued for other documents")
         if not isinstance(claims["cap_jti"], str):
             raise PermissionDenied("execution grant claim 'cap_jti' is malformed")
+        network = claims.get("net", [])
+        if not isinstance(network, list) or not all(isinstance(n, str) for n in network):
+            raise PermissionDenied("execution grant claim 'net' is malformed")
         return ExecutionGrant(
             invocation_id=invocation_id,
             tenant_id=tenant_id,
@@ -282,6 +294,7 @@ class GrantVerifier:
             params_sha256=digest,
             capability_jti=claims["cap_jti"],
             expires_at=int(claims["exp"]),
+            network_permissions=tuple(network),
         )
 
     def _claims(self, grant: str) -> dict[str, Any]:

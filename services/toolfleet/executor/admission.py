@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from toolfleet.auth.grants import GrantVerifier
+from toolfleet.auth.grants import ExecutionGrant, GrantVerifier
 from toolfleet.auth.revocation import RevocationList, ensure_grant_not_revoked
 from toolfleet.errors import (
     Cancelled,
@@ -129,7 +129,11 @@ Gate = Callable[[RunInput, Admitted, AsyncExitStack], Awaitable[Stop | None]]
 
 
 async def check_grant(
-    grants: GrantVerifier | None, revocations: RevocationList | None, run: RunInput
+    grants: GrantVerifier | None,
+    revocations: RevocationList | None,
+    run: RunInput,
+    *,
+    granted: Callable[[ExecutionGrant], None] | None = None,
 ) -> Stop | None:
     """Run only what policy granted: a forged or altered authorized event runs nothing,
     nor a grant whose capability token was revoked since policy authorized the call.
@@ -157,6 +161,8 @@ async def check_grant(
             await ensure_grant_not_revoked(revocations, grant)
     except ToolfleetError as exc:
         return Refused(error=exc)
+    if granted is not None:
+        granted(grant)
     return None
 
 

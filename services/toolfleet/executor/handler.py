@@ -145,6 +145,7 @@ async def build(res: Resources) -> list[EventConsumer]:
             leases=RedisLeases(res.redis, ttl_s=settings.lease_ttl), worker_id=res.worker_id
         ),
     )
+    sources.network_permissions = lambda ctx: service.network_permissions(ctx.invocation_id)
 
     async def suspend_at_stop(stop: asyncio.Event) -> None:
         await stop.wait()

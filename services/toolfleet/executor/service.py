@@ -24,7 +24,7 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from toolfleet.auth.grants import GrantVerifier
+from toolfleet.auth.grants import ExecutionGrant, GrantVerifier
 from toolfleet.auth.revocation import RevocationList
 from toolfleet.documents.cache import DocumentCache
 from toolfleet.documents.pins import MemoryPinBook, PinBook
@@ -114,6 +114,12 @@ class ExecutorService:
     suspended_calls: set[str] = field(default_factory=set)
     """Calls whose partition was revoked: like ``suspending``, for those calls only."""
     running: dict[str, _RunningCall] = field(default_factory=dict)
+    network_grants: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """Each running call's granted hosts (from its grant; absent: no grant verifier)."""
+
+    def network_permissions(self, invocation_id: str) -> tuple[str, ...] | None:
+        """The hosts a running call may reach, as policy signed them (None: unchecked)."""
+        return self.network_grants.get(invocation_id)
 
     @property
     def admission(self) -> Admission:
@@ -139,10 +145,15 @@ class ExecutorService:
         """
         call = event.data_as(InvokeAuthorized)
         unleased = RunInput(event=event, call=call)
-        stop = await check_grant(self.grants, self.revocations, unleased)
-        if stop is not None:
-            return self._stopped(unleased, stop)
         invocation_id = unleased.invocation_id
+
+        def granted(grant: ExecutionGrant) -> None:
+            self.network_grants[invocation_id] = grant.network_permissions
+
+        stop = await check_grant(self.grants, self.revocations, unleased, granted=granted)
+        if stop is not None:
+            self.network_grants.pop(invocation_id, None)
+            return self._stopped(unleased, stop)
         try:
             async with AsyncExitStack() as stack:
                 if self.lease_guard is None:
@@ -159,6 +170,7 @@ class ExecutorService:
                 return held.outcome  # claimed with finish() as the lease's hold ends
         finally:
             self.suspended_calls.discard(invocation_id)
+            self.network_grants.pop(invocation_id, None)
 
     def suspend(self) -> None:
         """Shutting down: running tools stop at their next checkpoint and are handed over."""

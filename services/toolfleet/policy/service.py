@@ -68,6 +68,8 @@ class PendingApproval(BaseModel):
     authid: str
     capability_jti: str = ""
     """``jti`` of the verified capability token, bound into the execution grant."""
+    network_permissions: tuple[str, ...] = ()
+    """The token's ``network_permissions``, signed into the grant once approved."""
 
 
 class TenantPolicies(Protocol):
@@ -170,7 +172,16 @@ class PolicyService:
             ):
                 return [self._fail(event, _cancelled("cancelled before it ran"), ident)]
             return [parked]
-        return [self._authorize(event, authorized, capability.subject, capability.jti, tenant)]
+        return [
+            self._authorize(
+                event,
+                authorized,
+                capability.subject,
+                capability.jti,
+                tenant,
+                network=capability.network_permissions,
+            )
+        ]
 
     def _authorized(
         self,
@@ -215,6 +226,7 @@ class PolicyService:
         tenant: str,
         *,
         traceparent: str | None = None,
+        network: tuple[str, ...] = (),
     ) -> Emitted:
         """The ``invoke.authorized`` event, with a fresh execution grant when configured."""
         if self.grants is not None:
@@ -226,6 +238,7 @@ class PolicyService:
                         capability_jti=capability_jti,
                         timeout_s=authorized.timeout_seconds,
                         document_context=_json(authorized.document_context),
+                        network_permissions=network,
                     )
                 }
             )
@@ -368,6 +381,7 @@ class PolicyService:
                 traceparent=event.traceparent,
                 authid=capability.subject,
                 capability_jti=capability.jti,
+                network_permissions=capability.network_permissions,
             ),
             ttl_s,
         )
@@ -484,6 +498,7 @@ class PolicyService:
                 pending.capability_jti,
                 pending.tenant_id,
                 traceparent=pending.traceparent,
+                network=pending.network_permissions,
             )
         ]
 

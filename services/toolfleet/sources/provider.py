@@ -97,7 +97,8 @@ class SourceToolProvider:
     """Shared HTTP client of HTTP tools (made on first use)."""
     schemas: CompiledSchemas = field(default_factory=CompiledSchemas)
     network_permissions: Callable[[ToolContext], Sequence[str] | None] = lambda ctx: None
-    """The call's granted hosts; None: the executor does not carry them (not checked)."""
+    """The call's granted hosts, from its execution grant (policy signs the token's
+    ``network_permissions`` into it). None: no grant verifier is configured, unchecked."""
 
     async def spec(self, tool_id: str, version: str) -> ToolSpec | None:
         if not is_untrusted(tool_id):

@@ -28,3 +28,7 @@ CREATE TABLE tool_source_tools (
 );
 
 CREATE INDEX tool_source_tools_by_source ON tool_source_tools (source_name);
+
+-- The documents a call read (the outcome's documents_accessed), for the status view.
+ALTER TABLE tool_invocations
+    ADD COLUMN IF NOT EXISTS documents_accessed jsonb NOT NULL DEFAULT '[]';

@@ -8,7 +8,7 @@ from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from toolfleet.events.models import InvocationStatus
+from toolfleet.events.models import DocumentAccess, InvocationStatus
 from toolfleet.registry.manifest import LifecycleState, ToolManifest
 
 
@@ -65,6 +65,8 @@ class InvocationView(_Body):
     """The outcome's error: ``code``, ``message``, ``details``, ``retryable``, ``retry_after_s``."""
     latest_checkpoint: dict[str, Any] | None = None
     execution_metadata: dict[str, Any] | None = None
+    documents_accessed: list[DocumentAccess] = Field(default_factory=list)
+    """The documents the call read, with the version each was pinned to."""
     warnings: list[str] = Field(default_factory=list)
     created_at: datetime
     updated_at: datetime

@@ -24,7 +24,7 @@ from toolfleet.events.models import InvocationStatus
 _COLUMNS = """invocation_id, tenant_id, agent_did, tool_id, tool_version, status,
     progress_percent, current_phase, result, error, latest_checkpoint, execution_metadata,
     warnings, created_at, updated_at, started_at, completed_at, parameters, parameters_hash,
-    trace_id"""
+    trace_id, documents_accessed"""
 
 
 class InvalidCursor(ValueError):

@@ -190,6 +190,12 @@ def _details(event: Envelope) -> dict[str, Any]:
         "expires_at": data.get("expires_at"),
         "retryable": _dict(data.get("error")).get("retryable"),
         "warnings": data.get("warnings") or None,
+        "documents_accessed": [
+            f"{d.get('document_id')}@{d.get('version')}:{d.get('access')}"
+            for d in data.get("documents_accessed") or []
+            if isinstance(d, dict)
+        ]
+        or None,
     }
     return {k: _scalar(v) for k, v in picked.items() if _scalar(v) is not None}
 

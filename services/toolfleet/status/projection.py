@@ -193,6 +193,8 @@ class InvocationRow:
     warnings: tuple[str, ...] = ()
     latest_checkpoint: Checkpoint | None = None
     execution_metadata: dict[str, Any] | None = None
+    documents_accessed: tuple[dict[str, Any], ...] = ()
+    """The terminal outcome's ``documents_accessed``."""
     idempotency_key: str | None = None
     priority: str = "normal"
     trace_id: str | None = None
@@ -228,6 +230,7 @@ class Fact:
     result: dict[str, Any] | None = None
     error: dict[str, Any] | None = None
     execution_metadata: dict[str, Any] | None = None
+    documents_accessed: tuple[dict[str, Any], ...] = ()
     started_at: datetime | None = None
     completed_at: datetime | None = None
     checkpoint: Checkpoint | None = None
@@ -416,6 +419,7 @@ def _terminal(event: Envelope, base: dict[str, Any]) -> Fact:
         result=outcome.result,
         error=outcome.error.model_dump(mode="json") if outcome.error else None,
         execution_metadata=meta.model_dump(mode="json"),
+        documents_accessed=tuple(d.model_dump(mode="json") for d in outcome.documents_accessed),
         warnings=tuple(outcome.warnings),
         started_at=meta.started_at,
         completed_at=meta.completed_at,
@@ -507,6 +511,7 @@ def _merge_status(row: InvocationRow, fact: Fact) -> InvocationRow:
             error=fact.error,
             warnings=fact.warnings or (),
             execution_metadata=fact.execution_metadata,
+            documents_accessed=fact.documents_accessed,
             completed_at=fact.completed_at or fact.occurred_at,
         )
     if fact.kind is Kind.AUTHORIZED and fact.warnings is not None:

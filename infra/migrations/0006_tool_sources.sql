@@ -32,3 +32,13 @@ CREATE INDEX tool_source_tools_by_source ON tool_source_tools (source_name);
 -- The documents a call read (the outcome's documents_accessed), for the status view.
 ALTER TABLE tool_invocations
     ADD COLUMN IF NOT EXISTS documents_accessed jsonb NOT NULL DEFAULT '[]';
+
+-- Document version pins of a call, beside its durable checkpoints: a resume after Redis
+-- lost the hot pins still reads the versions the call first read.
+CREATE TABLE document_pins (
+    invocation_id text NOT NULL,
+    document_id   text NOT NULL,
+    version       text NOT NULL,
+    created_at    timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (invocation_id, document_id)
+);

@@ -1,7 +1,9 @@
 """Version pins of a call: the version of each document its first read got.
 
 Stored beside the call's checkpoints (``checkpoint:tool:{invocation_id}:documents``, a
-Redis hash, the checkpoint TTL) and written with ``HSETNX`` at the first read, before
+Redis hash, the checkpoint TTL, and ``document_pins`` in Postgres beside its durable
+checkpoints, so a resume after Redis lost them keeps the versions) and written with
+``HSETNX`` / ``ON CONFLICT DO NOTHING`` at the first read, before
 the tool sees the content: whichever run of the call (a resume after a crash, a retry,
 another worker) reads the document next gets the same version, whatever the source
 serves by then.
@@ -11,7 +13,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol
 
-if TYPE_CHECKING:  # the Redis adapter's type only: the twin works on a core install
+if TYPE_CHECKING:  # the adapters' types only: the twin works on a core install
+    import asyncpg
     from redis.asyncio import Redis
 
 
@@ -89,3 +92,72 @@ class MemoryPinBook:
 
     def __call__(self, invocation_id: str) -> DocumentPins:
         return MemoryDocumentPins(self.calls.setdefault(invocation_id, {}))
+
+
+class PostgresDocumentPins:
+    """One call's pins in ``document_pins`` (migration 0006): they outlive Redis."""
+
+    def __init__(self, pool: asyncpg.Pool, invocation_id: str) -> None:
+        self._pool = pool
+        self._invocation_id = invocation_id
+
+    async def get(self, document_id: str) -> str | None:
+        version: str | None = await self._pool.fetchval(
+            "SELECT version FROM document_pins WHERE invocation_id = $1 AND document_id = $2",
+            self._invocation_id,
+            document_id,
+        )
+        return version
+
+    async def pin(self, document_id: str, version: str) -> str:
+        pinned: str = await self._pool.fetchval(
+            """WITH added AS (
+                   INSERT INTO document_pins (invocation_id, document_id, version)
+                   VALUES ($1, $2, $3) ON CONFLICT DO NOTHING RETURNING version)
+               SELECT version FROM added
+               UNION ALL
+               SELECT version FROM document_pins WHERE invocation_id = $1 AND document_id = $2
+               LIMIT 1""",
+            self._invocation_id,
+            document_id,
+            version,
+        )
+        return pinned
+
+
+class TieredDocumentPins:
+    """Redis first, Postgres as the record: a resume after Redis lost the hash keeps the
+    versions (the Postgres pin wins, and is put back into Redis)."""
+
+    def __init__(self, hot: DocumentPins, cold: DocumentPins) -> None:
+        self._hot = hot
+        self._cold = cold
+
+    async def get(self, document_id: str) -> str | None:
+        found = await self._hot.get(document_id)
+        if found is not None:
+            return found
+        durable = await self._cold.get(document_id)
+        if durable is not None:
+            await self._hot.pin(document_id, durable)
+        return durable
+
+    async def pin(self, document_id: str, version: str) -> str:
+        pinned = await self._cold.pin(document_id, version)
+        await self._hot.pin(document_id, pinned)
+        return pinned
+
+
+class TieredPinBook:
+    """:class:`PinBook` of :class:`TieredDocumentPins` (the executor's)."""
+
+    def __init__(self, redis: Redis, pool: asyncpg.Pool, *, ttl_s: int) -> None:
+        self._redis = redis
+        self._pool = pool
+        self._ttl_s = ttl_s
+
+    def __call__(self, invocation_id: str) -> DocumentPins:
+        return TieredDocumentPins(
+            RedisDocumentPins(self._redis, invocation_id, ttl_s=self._ttl_s),
+            PostgresDocumentPins(self._pool, invocation_id),
+        )

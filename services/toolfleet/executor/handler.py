@@ -16,7 +16,7 @@ from toolfleet.bus.runtime import EventConsumer, Inbound
 from toolfleet.documents.cache import CHANNEL as DOCUMENT_UPDATES
 from toolfleet.documents.cache import DocumentCache, RedisCacheStore
 from toolfleet.documents.mcp_source import McpDocumentSource
-from toolfleet.documents.pins import RedisPinBook
+from toolfleet.documents.pins import TieredPinBook
 from toolfleet.events import routing
 from toolfleet.events.envelope import Envelope
 from toolfleet.events.types import EventType, TopicName
@@ -140,7 +140,7 @@ async def build(res: Resources) -> list[EventConsumer]:
         documents=documents,
         document_cache=document_cache,
         document_source_name=settings.document_source_name,
-        document_pins=RedisPinBook(res.redis, ttl_s=settings.checkpoint_ttl_s),
+        document_pins=TieredPinBook(res.redis, res.pool, ttl_s=settings.checkpoint_ttl_s),
         lease_guard=LeaseGuard(
             leases=RedisLeases(res.redis, ttl_s=settings.lease_ttl), worker_id=res.worker_id
         ),

@@ -17,6 +17,7 @@ from pydantic import ValidationError
 
 from toolfleet.auth.grants import GrantSigner, GrantVerifier
 from toolfleet.cli.errors import CliError
+from toolfleet.cli.invoke import document_context
 from toolfleet.cli.sources import definition
 from toolfleet.errors import ErrorCode, PermissionDenied, ToolExecutionError, ToolfleetError
 from toolfleet.events.models import TOOL_ID_PATTERN
@@ -238,3 +239,18 @@ def test_the_cli_builds_and_checks_the_source(tmp_path: Path) -> None:
         definition("x", stdio="a", http="http://b", openapi_file=None)
     with pytest.raises(CliError, match="not a valid source"):
         definition("Bad Name", stdio="a", http=None, openapi_file=None)
+
+
+def test_invoke_names_documents_with_optional_versions() -> None:
+    context = document_context(["handbook", "policy@3"], "docs")
+    assert context is not None
+    assert [(d.document_id, d.version) for d in context.documents] == [
+        ("handbook", None),
+        ("policy", "3"),
+    ]
+    assert context.source == "docs"
+    assert document_context([], None) is None
+    with pytest.raises(CliError, match="ID@VERSION"):
+        document_context(["handbook@"], None)
+    with pytest.raises(CliError, match="more than once"):
+        document_context(["a", "a@2"], None)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from pydantic import ValidationError
 from rich.markup import escape
 from rich.progress import (
     BarColumn,
@@ -26,7 +27,7 @@ from toolfleet.cli.output import console, err_console, print_details, print_json
 from toolfleet.cli.params import parse_params
 from toolfleet.client.handles import InvocationHandle
 from toolfleet.client.handles import Progress as InvocationProgress
-from toolfleet.events.models import InvocationStatus, ToolOutcome
+from toolfleet.events.models import DocumentContext, InvocationStatus, ToolOutcome
 from toolfleet.events.types import EventType, Source
 from toolfleet.settings import FleetSettings
 
@@ -53,6 +54,27 @@ class InvokeOptions:
     tool_version: str
     token: str
     require_approval: bool
+    document_context: DocumentContext | None = None
+
+
+def document_context(documents: list[str], source: str | None) -> DocumentContext | None:
+    """``--document ID[@VERSION]`` (repeated) and ``--document-source``, as a request's
+    ``document_context``; None when no document is named."""
+    if not documents:
+        if source is not None:
+            raise CliError("--document-source needs at least one --document")
+        return None
+    refs = []
+    for entry in documents:
+        document_id, sep, version = entry.partition("@")
+        if not document_id or (sep and not version):
+            raise CliError(f"--document takes ID or ID@VERSION, got {entry!r}")
+        refs.append({"document_id": document_id, "version": version or None})
+    try:
+        return DocumentContext.model_validate({"documents": refs, "source": source})
+    except ValidationError as exc:
+        first = exc.errors(include_url=False, include_input=False)[0]
+        raise CliError(f"--document: {first['msg']}") from None
 
 
 class ProgressDisplay:
@@ -113,6 +135,7 @@ async def _send(client: ToolfleetClient, options: InvokeOptions) -> InvocationHa
         tool_version=options.tool_version,
         capability_token=options.token,
         require_approval=options.require_approval,
+        document_context=options.document_context,
     )
 
 
@@ -159,6 +182,16 @@ def invoke(
     require_approval: Annotated[
         bool, typer.Option("--require-approval", help="Hold the call for a human's approval.")
     ] = False,
+    document: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--document",
+            help="ID or ID@VERSION: a document the tool may read (ctx.documents); repeatable.",
+        ),
+    ] = None,
+    document_source: Annotated[
+        str | None, typer.Option("--document-source", help="Document source of --document.")
+    ] = None,
     json_: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
     """Invoke a tool. With --wait, exit 0 only if it succeeds."""
@@ -172,6 +205,7 @@ def invoke(
         token=token
         or mint(settings, tenant_id=tenant, agent_did=agent, tool_id=tool_id, tool_version=version),
         require_approval=require_approval,
+        document_context=document_context(document or [], document_source),
     )
     if not wait:
         with reaching_fleet(settings):

@@ -16,7 +16,9 @@ from tests.support.eventually import eventually
 from tests.support.fleet import ProcessFleet, process_fleet
 from tests.support.pipeline import Fleet, fleet_settings
 from toolfleet.client import InvocationHandle
+from toolfleet.events.envelope import Envelope
 from toolfleet.events.models import AgentContext, InvocationStatus, InvokeRequested, ToolOutcome
+from toolfleet.events.types import EventType, TopicName
 from toolfleet.policy.cache import RedisPolicyCache
 from toolfleet.policy.documents import TenantPolicy
 from toolfleet.policy.store import PolicyStore
@@ -175,6 +177,16 @@ async def test_a_tool_added_at_run_time_stays_disabled_until_a_policy_names_it(
         await pool.close()
     refused = await call(running, tool("late"), x="hi")
     assert refused.status is InvocationStatus.PERMISSION_DENIED
+
+    async def audited() -> list[Envelope]:
+        return [
+            e
+            for e in await running.read(TopicName.AUDIT)
+            if e.type == EventType.SOURCE_TOOL_ADDED and e.data.get("tool_id") == tool("late")
+        ]
+
+    [record] = await eventually(audited, timeout=30)
+    assert record.data["source_event"]["source"] == "/toolfleet/executor"
 
     await write_policy(running.settings, [*NAMED, tool("late")])
 

@@ -164,6 +164,14 @@ def sample(event_type: EventType) -> BaseModel:
                 deprecated_in_favor_of="2.0.0",
                 at=NOW,
             )
+        case EventType.SOURCE_TOOL_ADDED:
+            return SourceToolAdded(
+                source="github",
+                source_tenant_id="*",
+                tool_id="mcp__github__late",
+                tool_version="1.0.0+h0123456789ab",
+                at=NOW,
+            )
         case EventType.CANCEL_REQUESTED:
             return CancelRequested(invocation_id=INVOCATION, tenant_id="tenant_acme")
         case EventType.APPROVAL_GRANTED | EventType.APPROVAL_DENIED:

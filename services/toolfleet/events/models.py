@@ -365,6 +365,21 @@ class ToolLifecycleChanged(_Internal):
     at: datetime
 
 
+class SourceToolAdded(_Internal):
+    """``ai.agent.tool.source.tool_added``: a tool source (an MCP server) added a tool
+    while the fleet ran. It is registered but disabled: no policy allows it until an
+    operator names it."""
+
+    source: str
+    """The source's name."""
+    source_tenant_id: str
+    """The one tenant the source serves, or ``*`` for every tenant."""
+    tool_id: str
+    tool_version: str
+    enabled: bool = False
+    at: datetime
+
+
 # --- control (toolfleet.invoke.control) ---------------------------------------------
 
 

@@ -229,8 +229,10 @@ EXECUTOR = Party(
                 EventType.CHECKPOINT_CREATED,
                 EventType.CIRCUIT_OPENED,
                 EventType.CIRCUIT_CLOSED,
+                EventType.SOURCE_TOOL_ADDED,
             ),
-            summary="Execution started, checkpoints and circuit changes.",
+            summary="Execution started, checkpoints, circuit changes and tools a source "
+            "added at run time.",
         ),
     ),
     dead_letters=True,

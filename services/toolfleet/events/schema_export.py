@@ -40,6 +40,7 @@ from toolfleet.events.models import (
     InvokeAuthorized,
     InvokeExecuted,
     InvokeRequested,
+    SourceToolAdded,
     ToolInvoked,
     ToolLifecycleChanged,
     ToolOutcome,
@@ -139,6 +140,11 @@ EVENTS: dict[EventType, EventDoc] = {
         model=ToolLifecycleChanged,
         description="An operator moved a tool version along its lifecycle (deprecated, "
         "sunset, removed). Written by the API; audit records the operator.",
+    ),
+    EventType.SOURCE_TOOL_ADDED: EventDoc(
+        model=SourceToolAdded,
+        description="A tool source added a tool at run time (tools/list_changed): it is "
+        "registered but disabled until a policy names it.",
     ),
     EventType.CANCEL_REQUESTED: EventDoc(
         model=CancelRequested,

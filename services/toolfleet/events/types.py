@@ -22,6 +22,7 @@ class EventType(StrEnum):
     CIRCUIT_OPENED = "ai.agent.circuit.opened"
     CIRCUIT_CLOSED = "ai.agent.circuit.closed"
     TOOL_LIFECYCLE_CHANGED = "ai.agent.tool.lifecycle.changed"
+    SOURCE_TOOL_ADDED = "ai.agent.tool.source.tool_added"
     CANCEL_REQUESTED = "ai.agent.tool.cancel.requested"
     APPROVAL_GRANTED = "ai.agent.tool.approval.granted"
     APPROVAL_DENIED = "ai.agent.tool.approval.denied"
@@ -61,6 +62,7 @@ TOPIC_OF_TYPE: dict[EventType, TopicName] = {
     EventType.CIRCUIT_OPENED: TopicName.EVENTS,
     EventType.CIRCUIT_CLOSED: TopicName.EVENTS,
     EventType.TOOL_LIFECYCLE_CHANGED: TopicName.EVENTS,
+    EventType.SOURCE_TOOL_ADDED: TopicName.EVENTS,
     EventType.CANCEL_REQUESTED: TopicName.CONTROL,
     EventType.APPROVAL_GRANTED: TopicName.CONTROL,
     EventType.APPROVAL_DENIED: TopicName.CONTROL,

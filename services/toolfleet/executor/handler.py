@@ -39,7 +39,7 @@ from toolfleet.secrets.file import FileSecretStore
 from toolfleet.secrets.store import SecretStore
 from toolfleet.secrets.vault import VaultConfig, VaultSecretStore
 from toolfleet.sources.pool import SessionPool
-from toolfleet.sources.provider import SourceCatalog, SourceToolProvider
+from toolfleet.sources.provider import EventSourceAudit, SourceCatalog, SourceToolProvider
 from toolfleet.sources.store import SourceStore
 from toolfleet.storage.at_rest import RESULT_CACHE, TRANSFER_BLOB, AtRestCipher
 from toolfleet.storage.blobs import PostgresBlobStore
@@ -82,7 +82,8 @@ def source_tools(res: Resources) -> SourceToolProvider:
     """MCP and HTTP tool sources; a server's ``list_changed`` registers its new tools."""
     store = SourceStore(res.pool)
     pool = SessionPool()
-    pool.on_tools_changed = SourceCatalog(store=store, pool=pool).on_tools_changed
+    audit = EventSourceAudit(emitter=_ProducerEmitter(res.producer, res))
+    pool.on_tools_changed = SourceCatalog(store=store, pool=pool, audit=audit).on_tools_changed
     return SourceToolProvider(lookup=store, pool=pool)
 
 

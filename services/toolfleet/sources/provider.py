@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any, Protocol
 
 import httpx
@@ -27,7 +29,9 @@ from toolfleet.errors import (
     PermissionDenied,
     ResultValidationFailed,
 )
-from toolfleet.events.models import Effect
+from toolfleet.events.envelope import Envelope, new_event
+from toolfleet.events.models import Effect, SourceToolAdded
+from toolfleet.events.types import EventType, Source, TopicName
 from toolfleet.registry.schemas import CompiledSchemas
 from toolfleet.sdk.context import ToolContext
 from toolfleet.sdk.tool import ToolSpec
@@ -61,6 +65,12 @@ class ToolLookup(Protocol):
     ) -> tuple[SourceTool, SourceDefinition] | None: ...
 
 
+class Emitter(Protocol):
+    """Publishes an event; the returned awaitable is the broker's ack (the executor's)."""
+
+    async def emit(self, topic: TopicName, envelope: Envelope) -> Awaitable[object]: ...
+
+
 class SourceAudit(Protocol):
     """Told when a server adds a tool at run time (registered, disabled until named)."""
 
@@ -71,6 +81,9 @@ class LoggedSourceAudit:
     """:class:`SourceAudit` as a warning in the structured log."""
 
     async def tool_appeared(self, tool: SourceTool) -> None:
+        self.tool_appeared_now(tool)
+
+    def tool_appeared_now(self, tool: SourceTool) -> None:
         log.warning(
             "a source added a tool at run time; it stays disabled until a policy names it",
             extra={"source": tool.source, "tool_id": tool.tool_id, "version": tool.version},
@@ -245,3 +258,37 @@ class SourceCatalog:
                 "relisting a source's tools failed",
                 extra={"source": source.name, "error": type(exc).__name__},
             )
+
+
+#: Namespace of the ids of ``source.tool_added`` events: one id per tool version, so
+#: executors that all saw the same ``list_changed`` publish one audited fact.
+_TOOL_ADDED_IDS = uuid.UUID("0b6c8f3e-5d41-4a8e-9a57-7f3c2e1d9b64")
+
+#: Tenant (message key) of events about a source that serves every tenant.
+FLEET_TENANT = "toolfleet"
+
+
+@dataclass(kw_only=True)
+class EventSourceAudit:
+    """:class:`SourceAudit` as an ``ai.agent.tool.source.tool_added`` event, which the
+    audit service turns into an audit record like every lifecycle event."""
+
+    emitter: Emitter
+
+    async def tool_appeared(self, tool: SourceTool) -> None:
+        LoggedSourceAudit().tool_appeared_now(tool)
+        event = new_event(
+            event_type=EventType.SOURCE_TOOL_ADDED,
+            source=Source.EXECUTOR,
+            data=SourceToolAdded(
+                source=tool.source,
+                source_tenant_id=tool.tenant_id,
+                tool_id=tool.tool_id,
+                tool_version=tool.version,
+                at=datetime.now(UTC),
+            ),
+            tenant_id=FLEET_TENANT if tool.tenant_id == GLOBAL_TENANT else tool.tenant_id,
+            invocation_id=None,
+            event_id=str(uuid.uuid5(_TOOL_ADDED_IDS, f"{tool.tool_id}@{tool.version}")),
+        )
+        await (await self.emitter.emit(TopicName.EVENTS, event))

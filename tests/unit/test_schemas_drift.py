@@ -36,6 +36,7 @@ from toolfleet.events.models import (
     InvokeExecuted,
     InvokeRequested,
     SourceEventRef,
+    SourceToolAdded,
     ToolInvoked,
     ToolLifecycleChanged,
     ToolOutcome,

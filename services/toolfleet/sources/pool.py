@@ -65,6 +65,8 @@ class ServerSession:
     _ready: asyncio.Event = field(default_factory=asyncio.Event)
     _broken: asyncio.Event = field(default_factory=asyncio.Event)
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
+    _open_failed: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set while the last attempt to open a session failed (until the next one opens)."""
     _task: asyncio.Task[None] | None = None
     _side_tasks: set[asyncio.Task[None]] = field(default_factory=set)
     _in_flight: int = 0
@@ -142,15 +144,30 @@ class ServerSession:
             self._task = None
 
     async def _session(self) -> Client:
+        """The live session; a server that cannot be started or reached fails at once."""
         if not self.running:
             self._stop.clear()
+            self._open_failed.clear()
             self._task = asyncio.create_task(
                 self._supervise(), name=f"mcp-source-{self.source.name}"
             )
         while True:
-            await self._ready.wait()
-            if self._client is not None:
+            if self._ready.is_set() and self._client is not None:
                 return self._client
+            if self._open_failed.is_set():
+                raise ServerLost(
+                    f"the MCP server {self.source.name} could not be started or reached",
+                    retry_after_s=1.0,
+                )
+            waits = [
+                asyncio.ensure_future(self._ready.wait()),
+                asyncio.ensure_future(self._open_failed.wait()),
+            ]
+            try:
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for wait in waits:
+                    wait.cancel()
 
     def _discard(self, client: Client | None) -> None:
         if client is not None and client is self._client:
@@ -188,6 +205,7 @@ class ServerSession:
         backoff = 0.1
         while not self._stop.is_set():
             self._broken.clear()
+            opened = False
             try:
                 async with Client(
                     server_of(self.source),
@@ -196,6 +214,8 @@ class ServerSession:
                     cache=None,
                 ) as client:
                     self.starts += 1
+                    opened = True
+                    self._open_failed.clear()
                     self._client = client
                     self._last_used = self.clock()
                     self._ready.set()
@@ -211,6 +231,8 @@ class ServerSession:
                         log.info("mcp source idle: closed", extra={"source": self.source.name})
                         return  # stopped or idle: the next call starts it again
             except Exception as exc:  # any transport failure: reopen, never die
+                if not opened:
+                    self._open_failed.set()  # waiting calls fail now, not at their timeout
                 log.warning(
                     "mcp source session failed; restarting",
                     extra={
@@ -222,6 +244,8 @@ class ServerSession:
             finally:
                 self._ready.clear()
                 self._client = None
+            if not opened and self._in_flight == 0:
+                return  # unreachable and nobody waiting: the next call tries again
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), timeout=backoff)
             backoff = min(backoff * 2, self.max_backoff_s)

@@ -1,0 +1,54 @@
+"""``/v1/sources`` against real Postgres and a real stdio MCP server (admin scope)."""
+
+from __future__ import annotations
+
+import sys
+import uuid
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.integration.test_api_policies import Auth, api_settings, app, auth, http, keys
+
+pytestmark = pytest.mark.integration
+
+__all__ = ["api_settings", "app", "auth", "http", "keys"]  # fixtures shared with policies
+
+
+async def test_an_admin_adds_lists_and_removes_a_source(
+    http: httpx.AsyncClient, auth: Auth, tmp_path: Path
+) -> None:
+    name = f"s{uuid.uuid4().hex[:8]}"
+    body = {
+        "name": name,
+        "kind": "mcp_stdio",
+        "target": f"{sys.executable} -m tests.support.source_servers {tmp_path}",
+    }
+    refused = await http.post("/v1/sources", json=body, headers=auth("t1"))
+    assert refused.status_code == 403
+
+    added = await http.post("/v1/sources", json=body, headers=auth("t1", admin=True))
+    assert added.status_code == 201, added.text
+    tools = {t["tool_id"]: t for t in added.json()["tools"]}
+    assert f"mcp__{name}__add" in tools
+    assert tools[f"mcp__{name}__add"]["redaction_allowlist"] == ["content"]
+
+    listed = await http.get("/v1/sources", headers=auth("t1", admin=True))
+    assert name in [s["name"] for s in listed.json()["sources"]]
+    # Registered, so a policy may name it; a glob never allows it.
+    policy = {"allow_tools": ["core__*", f"mcp__{name}__add"]}
+    put = await http.put("/v1/policies/t_src", json=policy, headers=auth("t1", admin=True))
+    assert put.status_code == 200, put.text
+
+    removed = await http.delete(f"/v1/sources/{name}", headers=auth("t1", admin=True))
+    assert removed.json() == {"removed": name}
+    gone = await http.get(f"/v1/sources/{name}", headers=auth("t1", admin=True))
+    assert gone.status_code == 404
+
+
+async def test_a_source_that_cannot_be_listed_is_a_502(http: httpx.AsyncClient, auth: Auth) -> None:
+    body = {"name": "broken", "kind": "mcp_http", "target": "http://127.0.0.1:9/mcp"}
+    answer = await http.post("/v1/sources", json=body, headers=auth("t1", admin=True))
+    assert answer.status_code == 502
+    assert answer.headers["content-type"].startswith("application/problem+json")

@@ -273,6 +273,20 @@ async def test_a_tool_added_at_run_time_is_registered_but_no_glob_allows_it(
     assert allowed_by("core__echo", ["*"])
 
 
+async def test_an_idle_session_is_closed_and_reopened_on_demand(fleet: Fleet, state: Path) -> None:
+    source = stdio_source(state, idle_s=0.3)
+    await fleet.add(source)
+    session = fleet.sessions.session(source)
+
+    async def closed() -> bool:
+        return not session.running
+
+    assert await eventually(closed, timeout=10)  # the listing's session went idle
+    assert text_of(await fleet.call(f"mcp__{source.name}__add", {"a": 1, "b": 1})) == "sum=2"
+    assert await eventually(closed, timeout=10)
+    assert len((state / "starts").read_text().split()) == 2  # listing, then the call
+
+
 async def test_a_source_of_another_tenant_is_refused(fleet: Fleet, state: Path) -> None:
     source = stdio_source(state, tenant_id="tenant_a")
     await fleet.add(source)

@@ -69,6 +69,7 @@ class ServerSession:
     """Set while the last attempt to open a session failed (until the next one opens)."""
     _task: asyncio.Task[None] | None = None
     _side_tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    _retired: bool = False
     _in_flight: int = 0
     _last_used: float = 0.0
 
@@ -136,6 +137,10 @@ class ServerSession:
             self._in_flight -= 1
             self._last_used = self.clock()
 
+    def close_when_idle(self) -> None:
+        """Stop at the next idle check, whatever ``idle_s`` says (a replaced session)."""
+        self._retired = True
+
     async def close(self) -> None:
         self._stop.set()
         if self._task is not None:
@@ -199,7 +204,8 @@ class ServerSession:
             log.debug("mcp source listen ended", extra={"error": type(exc).__name__})
 
     def _idle(self) -> bool:
-        return self._in_flight == 0 and self.clock() - self._last_used >= self.source.idle_s
+        idle_s = 0.0 if self._retired else self.source.idle_s
+        return self._in_flight == 0 and self.clock() - self._last_used >= idle_s
 
     async def _supervise(self) -> None:
         backoff = 0.1
@@ -269,7 +275,11 @@ class SessionPool:
     def session(self, source: SourceDefinition) -> ServerSession:
         key = (source.tenant_id, source.name)
         found = self._sessions.get(key)
-        if found is None or found.source != source:
+        if found is not None and found.source != source:
+            # The operator changed the source: the old session ends once its calls do.
+            found.close_when_idle()
+            found = None
+        if found is None:
             found = ServerSession(
                 source=source,
                 on_tools_changed=self.on_tools_changed,

@@ -6,7 +6,7 @@ by the call's network permissions. Status codes map to typed errors:
 
     2xx        the JSON answer (a non-object answer as ``{"value": ...}``)
     429, 503   external_api_error, retryable, ``retry_after_s`` from ``Retry-After``
-    other 4xx  external_api_error, not retryable
+    3xx, 4xx   external_api_error, not retryable (redirects are not followed)
     5xx        external_api_error, retryable
     network    external_api_error, retryable
 """
@@ -24,7 +24,12 @@ from urllib.parse import quote, urljoin, urlsplit
 
 import httpx
 
-from toolfleet.errors import ExternalApiError, PermissionDenied, ResultValidationFailed
+from toolfleet.errors import (
+    ExternalApiError,
+    InvalidParameters,
+    PermissionDenied,
+    ResultValidationFailed,
+)
 from toolfleet.isolation.egress import EgressGrant, parse_host
 from toolfleet.sources.models import HttpOperation, SourceDefinition, SourceTool
 from toolfleet.sources.naming import http_tool_id, schema_version
@@ -64,19 +69,21 @@ def build_request(
     url = operation.url
     for name in operation.path:
         if name not in parameters:
-            raise PermissionDenied(f"missing path parameter {name!r}")  # schema caught it
+            raise InvalidParameters(f"missing path parameter {name!r}")
         url = url.replace("{" + name + "}", quote(str(parameters[name]), safe=""))
     base = source.target if source.target.endswith("/") else source.target + "/"
     full = url if url.startswith(("http://", "https://")) else urljoin(base, url.lstrip("/"))
     query = {k: _query_value(parameters[k]) for k in operation.query if k in parameters}
     body = {k: parameters[k] for k in operation.body if k in parameters}
-    return httpx.Request(
+    request = httpx.Request(
         operation.method,
         full,
         params=query,
         json=body if operation.body else None,
         headers=dict(headers),
     )
+    request.extensions["timeout"] = httpx.Timeout(source.timeout_s).as_dict()
+    return request
 
 
 def _query_value(value: Any) -> str:
@@ -146,9 +153,9 @@ def result_of(tool: SourceTool, response: httpx.Response) -> dict[str, Any]:
             details=details,
             retry_after_s=retry_after(response.headers.get("retry-after")),
         )
-    if 400 <= status < 500:
+    if 300 <= status < 500:  # redirects are not followed: a moved API needs its operator
         raise ExternalApiRefused(f"{tool.tool_id}: the API answered {status}", details=details)
-    if status >= 500 or status < 200 or status >= 300:
+    if not 200 <= status < 300:
         raise ExternalApiError(f"{tool.tool_id}: the API answered {status}", details=details)
     if not response.content:
         return {}

@@ -28,6 +28,7 @@ from toolfleet.errors import (
     InvalidParameters,
     PermissionDenied,
     ResultValidationFailed,
+    ToolNotFound,
 )
 from toolfleet.events.envelope import Envelope, new_event
 from toolfleet.events.models import Effect, SourceToolAdded
@@ -39,7 +40,7 @@ from toolfleet.sources import http_tools, mcp_tools
 from toolfleet.sources.models import GLOBAL_TENANT, SourceDefinition, SourceKind, SourceTool
 from toolfleet.sources.naming import is_untrusted
 from toolfleet.sources.pool import ServerSession, SessionPool
-from toolfleet.sources.store import RecordedTools, SourceStore
+from toolfleet.sources.store import Discovery, RecordedTools, SourceStore
 
 log = logging.getLogger(__name__)
 
@@ -206,7 +207,11 @@ class SourceToolProvider:
         parameters: dict[str, Any],
         ctx: ToolContext,
     ) -> dict[str, Any]:
-        operation = next(op for op in source.operations if op.operation_id == tool.remote_name)
+        operation = next(
+            (op for op in source.operations if op.operation_id == tool.remote_name), None
+        )
+        if operation is None:
+            raise ToolNotFound(f"the source {source.name} no longer has {tool.remote_name}")
         if source.credential_headers and ctx.connection_id != source.connection_id:
             raise PermissionDenied(
                 f"the source {source.name} takes its credentials from connection "
@@ -221,7 +226,7 @@ class SourceToolProvider:
         if granted is not None:
             await http_tools.check_host(request, granted, ctx.tenant_id)
         if self.http is None:
-            self.http = httpx.AsyncClient(timeout=source.timeout_s, follow_redirects=False)
+            self.http = httpx.AsyncClient(follow_redirects=False)  # timeouts: per request
         response = await http_tools.send(self.http, request, tool)
         return http_tools.result_of(tool, response)
 
@@ -235,10 +240,10 @@ class SourceCatalog:
     audit: SourceAudit = field(default_factory=LoggedSourceAudit)
     after_record: Callable[[RecordedTools], Awaitable[None]] | None = None
 
-    async def refresh(self, source: SourceDefinition, *, via: str = "add") -> RecordedTools:
+    async def refresh(self, source: SourceDefinition, *, via: Discovery = "add") -> RecordedTools:
         session = None if source.kind is SourceKind.HTTP else self.pool.session(source)
         tools = await list_source_tools(source, session)
-        recorded = await self.store.record(tools, via=via)  # type: ignore[arg-type]
+        recorded = await self.store.record(tools, via=via)
         if via == "list_changed":
             for tool in recorded.new_tools:
                 await self.audit.tool_appeared(tool)

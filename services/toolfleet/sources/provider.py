@@ -135,7 +135,6 @@ class SourceToolProvider:
             redaction_allowlist=tuple(tool.redaction_allowlist),
             timeout_seconds=tool.timeout_seconds,
             description=tool.description,
-            category="mcp" if source.kind is not SourceKind.HTTP else "http",
             credentials=tuple(dict.fromkeys(source.credential_headers.values())),
             input_schema=tool.input_schema,
             output_schema=tool.output_schema,

@@ -12,7 +12,7 @@ from typing import Literal
 
 import asyncpg
 
-from toolfleet.registry.manifest import LifecycleState, ToolManifest
+from toolfleet.registry.manifest import LifecycleState, SourceType, ToolManifest
 from toolfleet.registry.store import RegistryStore
 from toolfleet.sources.models import SourceDefinition, SourceTool
 
@@ -35,8 +35,8 @@ def manifest_of(tool: SourceTool) -> ToolManifest:
         version=tool.version,
         effect=tool.effect,
         description=tool.description,
-        category="mcp" if tool.tool_id.startswith("mcp__") else "http",
         tags=[f"source:{tool.source}"],
+        source_type=SourceType.MCP if tool.tool_id.startswith("mcp__") else SourceType.HTTP,
         input_schema=tool.input_schema,
         output_schema=tool.output_schema,
         redaction_allowlist=tool.redaction_allowlist,

@@ -47,8 +47,13 @@ async def test_an_admin_adds_lists_and_removes_a_source(
     assert gone.status_code == 404
 
 
-async def test_a_source_that_cannot_be_listed_is_a_502(http: httpx.AsyncClient, auth: Auth) -> None:
+async def test_a_source_that_cannot_be_listed_now_is_stored_for_the_executors(
+    http: httpx.AsyncClient, auth: Auth
+) -> None:
     body = {"name": "broken", "kind": "mcp_http", "target": "http://127.0.0.1:9/mcp"}
     answer = await http.post("/v1/sources", json=body, headers=auth("t1", admin=True))
-    assert answer.status_code == 502
-    assert answer.headers["content-type"].startswith("application/problem+json")
+    assert answer.status_code == 202
+    assert answer.json()["tools"] == []
+    assert "could not be listed" in answer.json()["warnings"][0]
+    stored = await http.get("/v1/sources/broken", headers=auth("t1", admin=True))
+    assert stored.status_code == 200

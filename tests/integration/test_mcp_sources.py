@@ -26,9 +26,10 @@ from toolfleet.policy.documents import allowed_by
 from toolfleet.registry.manifest import LifecycleState
 from toolfleet.registry.store import RegistryStore
 from toolfleet.sdk.context import CheckpointInput, ToolContext
+from toolfleet.secrets.store import Secret
 from toolfleet.sources.models import SourceDefinition, SourceKind, SourceTool
 from toolfleet.sources.pool import SessionPool
-from toolfleet.sources.provider import SourceCatalog, SourceToolProvider
+from toolfleet.sources.provider import SourceCatalog, SourceToolProvider, secret_credentials
 from toolfleet.sources.store import SourceStore
 from toolfleet.storage.postgres import create_pool
 
@@ -54,13 +55,21 @@ class Checkpoints:
         return str(uuid.uuid4())
 
 
+class Secrets:
+    """The executor's secret store, for the sources' own credentials."""
+
+    async def resolve(self, tenant_id: str, connection_id: str, name: str) -> Secret:
+        assert (tenant_id, connection_id, name) == ("tenant_a", "gh_conn", "token")
+        return Secret("s3cr3t-value")
+
+
 class Fleet:
     """A sources store, catalog and provider over one database, as an executor has them."""
 
     def __init__(self, pool: asyncpg.Pool) -> None:
         self.store = SourceStore(pool)
         self.registry = RegistryStore(pool)
-        self.sessions = SessionPool()
+        self.sessions = SessionPool(credentials=secret_credentials(Secrets()))
         self.audit = Appeared()
         self.catalog = SourceCatalog(store=self.store, pool=self.sessions, audit=self.audit)
         self.sessions.on_tools_changed = self.catalog.on_tools_changed
@@ -285,6 +294,24 @@ async def test_an_idle_session_is_closed_and_reopened_on_demand(fleet: Fleet, st
     assert text_of(await fleet.call(f"mcp__{source.name}__add", {"a": 1, "b": 1})) == "sum=2"
     assert await eventually(closed, timeout=10)
     assert len((state / "starts").read_text().split()) == 2  # listing, then the call
+
+
+async def test_a_stdio_server_gets_its_credentials_and_nothing_else(
+    fleet: Fleet, state: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SOURCE_TOKEN", "the executor's own, never passed on")
+    bare = stdio_source(state)
+    await fleet.add(bare)
+    assert text_of(await fleet.call(f"mcp__{bare.name}__token_length", {})) == "length=0"
+    source = stdio_source(
+        state,
+        tenant_id="tenant_a",
+        connection_id="gh_conn",
+        credential_env={"SOURCE_TOKEN": "token"},
+    )
+    await fleet.add(source)
+    result = await fleet.call(f"mcp__{source.name}__token_length", {})
+    assert text_of(result) == f"length={len('s3cr3t-value')}"
 
 
 async def test_a_source_of_another_tenant_is_refused(fleet: Fleet, state: Path) -> None:

@@ -38,6 +38,11 @@ def build_server(state: Path) -> MCPServer:
         return f"counted {steps}"
 
     @server.tool()
+    def token_length() -> str:
+        """The length of ``SOURCE_TOKEN`` (a credential the fleet put in the environment)."""
+        return f"length={len(os.environ.get('SOURCE_TOKEN', ''))}"
+
+    @server.tool()
     def fail() -> str:
         """Always a tool error (isError)."""
         raise ValueError("the secret sauce is 42")

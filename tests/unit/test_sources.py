@@ -229,7 +229,9 @@ def test_the_cli_builds_and_checks_the_source(tmp_path: Path) -> None:
     assert stdio.redaction == {"search": ["content", "structured_content.items"]}
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps(SPEC))
-    http = definition("pets", stdio=None, http=None, openapi_file=spec, headers=["X-Key=key"])
+    http = definition(
+        "pets", stdio=None, http=None, openapi_file=spec, headers=["X-Key=key"], connection="c"
+    )
     assert (http.kind, http.target, http.credential_headers) == (
         SourceKind.HTTP,
         "https://pets.test",
@@ -239,6 +241,10 @@ def test_the_cli_builds_and_checks_the_source(tmp_path: Path) -> None:
         definition("x", stdio="a", http="http://b", openapi_file=None)
     with pytest.raises(CliError, match="not a valid source"):
         definition("Bad Name", stdio="a", http=None, openapi_file=None)
+    with pytest.raises(CliError, match="need the connection_id"):
+        definition("gh", stdio="a", http=None, openapi_file=None, env=["TOKEN=token"])
+    with pytest.raises(CliError, match="credential_headers is for"):
+        definition("gh", stdio="a", http=None, openapi_file=None, headers=["A=b"], connection="c")
 
 
 def test_invoke_names_documents_with_optional_versions() -> None:

@@ -53,6 +53,7 @@ def definition(
     connection: str | None = None,
     headers: list[str] | None = None,
     redact: list[str] | None = None,
+    env: list[str] | None = None,
     timeout_s: float = 30.0,
 ) -> SourceDefinition:
     """The source ``add`` sends, validated here so a typo fails before any request."""
@@ -64,6 +65,7 @@ def definition(
         "tenant_id": tenant,
         "connection_id": connection,
         "credential_headers": _pairs(headers or [], "--header"),
+        "credential_env": _pairs(env or [], "--env"),
         "redaction": {
             tool: [f for f in fields_.split(",") if f]
             for tool, fields_ in _pairs(redact or [], "--redact").items()
@@ -130,6 +132,10 @@ def add(
         list[str] | None,
         typer.Option("--redact", help="TOOL=field,...: result fields clients may see."),
     ] = None,
+    env: Annotated[
+        list[str] | None,
+        typer.Option("--env", help="VAR=CREDENTIAL: a credential in a stdio server's env."),
+    ] = None,
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds per call.")] = 30.0,
     json_: JsonOption = False,
     token: TokenOption = None,
@@ -145,6 +151,7 @@ def add(
         connection=connection,
         headers=header,
         redact=redact,
+        env=env,
         timeout_s=timeout,
     )
     body = _session(token).call("POST", "/v1/sources", json=source.model_dump(mode="json"))
@@ -152,6 +159,8 @@ def add(
         print_json(body)
         return
     console.print(f"{name}: {len(body['tools'])} tools registered", markup=False)
+    for warning in body.get("warnings", []):
+        console.print(f"  warning: {warning}", markup=False)
     _print_tools(body["tools"])
     console.print("none is callable until a policy names it in allow_tools", markup=False)
 

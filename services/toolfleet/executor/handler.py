@@ -39,7 +39,12 @@ from toolfleet.secrets.file import FileSecretStore
 from toolfleet.secrets.store import SecretStore
 from toolfleet.secrets.vault import VaultConfig, VaultSecretStore
 from toolfleet.sources.pool import SessionPool
-from toolfleet.sources.provider import EventSourceAudit, SourceCatalog, SourceToolProvider
+from toolfleet.sources.provider import (
+    EventSourceAudit,
+    SourceCatalog,
+    SourceToolProvider,
+    secret_credentials,
+)
 from toolfleet.sources.store import SourceStore
 from toolfleet.storage.at_rest import RESULT_CACHE, TRANSFER_BLOB, AtRestCipher
 from toolfleet.storage.blobs import PostgresBlobStore
@@ -78,12 +83,15 @@ def secret_store(settings: ExecutorSettings) -> SecretStore:
     return EnvSecretStore()
 
 
-def source_tools(res: Resources) -> SourceToolProvider:
-    """MCP and HTTP tool sources; a server's ``list_changed`` registers its new tools."""
+def source_tools(res: Resources, secrets: SecretStore) -> SourceToolProvider:
+    """MCP and HTTP tool sources; a server's ``list_changed`` registers its new tools,
+    and sources added while they could not be listed are listed in the background."""
     store = SourceStore(res.pool)
-    pool = SessionPool()
+    pool = SessionPool(credentials=secret_credentials(secrets))
     audit = EventSourceAudit(emitter=_ProducerEmitter(res.producer, res))
-    pool.on_tools_changed = SourceCatalog(store=store, pool=pool, audit=audit).on_tools_changed
+    catalog = SourceCatalog(store=store, pool=pool, audit=audit)
+    pool.on_tools_changed = catalog.on_tools_changed
+    res.background(catalog.list_unlisted)
     return SourceToolProvider(lookup=store, pool=pool)
 
 
@@ -107,7 +115,8 @@ async def build(res: Resources) -> list[EventConsumer]:
         source=settings.document_source_name,
         ttl_s=settings.document_cache_ttl_s,
     )
-    sources = source_tools(res)
+    secrets = secret_store(settings)
+    sources = source_tools(res, secrets)
     service = ExecutorService(
         catalog=catalog,
         providers=(sources,),
@@ -123,7 +132,7 @@ async def build(res: Resources) -> list[EventConsumer]:
         emitter=_ProducerEmitter(res.producer, res),
         worker_id=res.worker_id,
         cancel_grace_s=settings.cancel_grace_s,
-        secrets=secret_store(settings),
+        secrets=secrets,
         grants=GrantVerifier.from_settings(settings),
         revocations=revocations,
         slots=RedisAgentSlots(res.redis),

@@ -81,7 +81,10 @@ class SourceDefinition(BaseModel):
     connection_id: str | None = Field(default=None, max_length=200)
     """Connection whose credentials are sent as headers (HTTP kinds)."""
     credential_headers: dict[str, str] = Field(default_factory=dict)
-    """Header name → credential name of the connection (``Authorization: api_token``)."""
+    """Header name → credential name of the connection (``Authorization: api_token``):
+    sent with every call (``http``) or on the session (``mcp_http``)."""
+    credential_env: dict[str, str] = Field(default_factory=dict)
+    """Environment variable → credential name, for a ``mcp_stdio`` server's process."""
     redaction: dict[str, list[str]] = Field(default_factory=dict)
     """Tool name on the source → result fields clients may see (none: ``content`` only)."""
     operations: list[HttpOperation] = Field(default_factory=list)
@@ -98,6 +101,12 @@ class SourceDefinition(BaseModel):
                 raise ValueError("an http source's target is its base URL (http or https)")
         elif self.operations:
             raise ValueError("only http sources declare operations")
+        if self.credential_env and self.kind is not SourceKind.MCP_STDIO:
+            raise ValueError("credential_env is for mcp_stdio sources (their process)")
+        if self.credential_headers and self.kind is SourceKind.MCP_STDIO:
+            raise ValueError("credential_headers is for http and mcp_http sources")
+        if (self.credential_env or self.credential_headers) and not self.connection_id:
+            raise ValueError("credentials need the connection_id that holds them")
         if self.kind is SourceKind.MCP_HTTP and not self.target.startswith(("http://", "https://")):
             raise ValueError("an mcp_http source's target is its URL (http or https)")
         return self

@@ -20,11 +20,15 @@ import logging
 import shlex
 import time
 from collections.abc import Callable, Coroutine
+from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx2
 from mcp import Client
+from mcp.client import Transport
 from mcp.client.stdio import StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
 from mcp.client.subscriptions import ListenNotSupportedError
 from mcp.shared.dispatcher import ProgressFnT
 from mcp.types import CallToolResult, Tool, ToolListChangedNotification
@@ -37,14 +41,31 @@ log = logging.getLogger(__name__)
 ToolsChanged = Callable[[SourceDefinition], Coroutine[Any, Any, None]]
 
 
-def server_of(source: SourceDefinition) -> StdioServerParameters | str:
-    """What ``mcp.Client`` connects to for ``source``."""
+#: Resolves a source's own credentials (credential name → value) when a session opens.
+SourceCredentials = Callable[[SourceDefinition], Coroutine[Any, Any, dict[str, str]]]
+
+
+def server_of(
+    source: SourceDefinition,
+    credentials: dict[str, str] | None = None,
+    http_client: httpx2.AsyncClient | None = None,
+) -> StdioServerParameters | str | Transport:
+    """What ``mcp.Client`` connects to for ``source``.
+
+    A stdio server's process gets the SDK's safe default environment plus
+    ``credential_env``; an HTTP server's session sends ``credential_headers`` (through
+    ``http_client``). Nothing else of the executor's environment reaches either.
+    """
+    values = credentials or {}
     if source.kind is SourceKind.MCP_HTTP:
-        return source.target
+        if http_client is None:
+            return source.target
+        return streamable_http_client(source.target, http_client=http_client)
     argv = shlex.split(source.target)
     if not argv:
         raise ValueError(f"source {source.name}: empty command")
-    return StdioServerParameters(command=argv[0], args=argv[1:])
+    env = {var: values[name] for var, name in source.credential_env.items() if name in values}
+    return StdioServerParameters(command=argv[0], args=argv[1:], env=env or None)
 
 
 class ServerLost(ExternalApiError):
@@ -57,6 +78,8 @@ class ServerSession:
 
     source: SourceDefinition
     on_tools_changed: ToolsChanged | None = None
+    credentials: SourceCredentials | None = None
+    """Resolves ``credential_env`` / ``credential_headers`` when a session opens."""
     max_backoff_s: float = 5.0
     clock: Callable[[], float] = time.monotonic
     starts: int = 0
@@ -213,12 +236,8 @@ class ServerSession:
             self._broken.clear()
             opened = False
             try:
-                async with Client(
-                    server_of(self.source),
-                    read_timeout_seconds=None,
-                    message_handler=self._on_message,
-                    cache=None,
-                ) as client:
+                async with AsyncExitStack() as stack:
+                    client = await stack.enter_async_context(await self._client_of(stack))
                     self.starts += 1
                     opened = True
                     self._open_failed.clear()
@@ -256,6 +275,29 @@ class ServerSession:
                 await asyncio.wait_for(self._stop.wait(), timeout=backoff)
             backoff = min(backoff * 2, self.max_backoff_s)
 
+    async def _client_of(self, stack: AsyncExitStack) -> Client:
+        """An unopened client of the server, its credentials resolved now."""
+        source = self.source
+        names = {*source.credential_env.values(), *source.credential_headers.values()}
+        values = await self.credentials(source) if names and self.credentials else {}
+        missing = names - set(values)
+        if missing:
+            raise ServerLost(
+                f"the credentials of source {source.name} are not available", retry_after_s=5.0
+            )
+        http_client = None
+        if source.kind is SourceKind.MCP_HTTP and source.credential_headers:
+            headers = {h: values[name] for h, name in source.credential_headers.items()}
+            http_client = await stack.enter_async_context(
+                httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30, read=300))
+            )
+        return Client(
+            server_of(source, values, http_client),
+            read_timeout_seconds=None,
+            message_handler=self._on_message,
+            cache=None,
+        )
+
     async def _hold(self) -> None:
         """Until stopped, broken, or idle for ``idle_s``."""
         tick = min(1.0, self.source.idle_s / 4)
@@ -269,6 +311,7 @@ class SessionPool:
     """The executor's sessions, one per (tenant, source); sessions are made on first use."""
 
     on_tools_changed: ToolsChanged | None = None
+    credentials: SourceCredentials | None = None
     max_backoff_s: float = 5.0
     _sessions: dict[tuple[str, str], ServerSession] = field(default_factory=dict)
 
@@ -283,6 +326,7 @@ class SessionPool:
             found = ServerSession(
                 source=source,
                 on_tools_changed=self.on_tools_changed,
+                credentials=self.credentials,
                 max_backoff_s=self.max_backoff_s,
             )
             self._sessions[key] = found

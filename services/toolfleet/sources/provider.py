@@ -13,6 +13,7 @@ request, which makes the SDK send ``notifications/cancelled``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
@@ -28,6 +29,7 @@ from toolfleet.errors import (
     InvalidParameters,
     PermissionDenied,
     ResultValidationFailed,
+    ToolfleetError,
     ToolNotFound,
 )
 from toolfleet.events.envelope import Envelope, new_event
@@ -36,10 +38,11 @@ from toolfleet.events.types import EventType, Source, TopicName
 from toolfleet.registry.schemas import CompiledSchemas
 from toolfleet.sdk.context import ToolContext
 from toolfleet.sdk.tool import ToolSpec
+from toolfleet.secrets.store import SecretStore
 from toolfleet.sources import http_tools, mcp_tools
 from toolfleet.sources.models import GLOBAL_TENANT, SourceDefinition, SourceKind, SourceTool
 from toolfleet.sources.naming import is_untrusted
-from toolfleet.sources.pool import ServerSession, SessionPool
+from toolfleet.sources.pool import ServerSession, SessionPool, SourceCredentials
 from toolfleet.sources.store import Discovery, RecordedTools, SourceStore
 
 log = logging.getLogger(__name__)
@@ -250,6 +253,24 @@ class SourceCatalog:
             await self.after_record(recorded)
         return recorded
 
+    async def list_unlisted(self, stop: asyncio.Event, *, every_s: float = 30.0) -> None:
+        """Until ``stop``: list the tools of sources added while they could not be listed
+        (unreachable, or their credentials only resolve on executors)."""
+        while not stop.is_set():
+            try:
+                for source in await self.store.unlisted():
+                    try:
+                        await self.refresh(source, via="refresh")
+                    except ToolfleetError as exc:
+                        log.info(
+                            "source not listed yet",
+                            extra={"source": source.name, "error": exc.code},
+                        )
+            except Exception as exc:  # Postgres away: try again next round
+                log.warning("listing sources failed", extra={"error": type(exc).__name__})
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=every_s)
+
     async def on_tools_changed(self, source: SourceDefinition) -> None:
         """The ``notifications/tools/list_changed`` handler of the pool's sessions."""
         current = await self.store.get(source.name)
@@ -270,6 +291,23 @@ _TOOL_ADDED_IDS = uuid.UUID("0b6c8f3e-5d41-4a8e-9a57-7f3c2e1d9b64")
 
 #: Tenant (message key) of events about a source that serves every tenant.
 FLEET_TENANT = "toolfleet"
+
+
+def secret_credentials(store: SecretStore) -> SourceCredentials:
+    """A source's own credentials from the executor's secret store: the source's tenant
+    (``toolfleet`` for a global source) and ``connection_id``."""
+
+    async def resolve(source: SourceDefinition) -> dict[str, str]:
+        if source.connection_id is None:
+            return {}
+        tenant = FLEET_TENANT if source.tenant_id == GLOBAL_TENANT else source.tenant_id
+        names = {*source.credential_env.values(), *source.credential_headers.values()}
+        return {
+            name: (await store.resolve(tenant, source.connection_id, name)).reveal()
+            for name in sorted(names)
+        }
+
+    return resolve
 
 
 @dataclass(kw_only=True)

@@ -80,6 +80,15 @@ class SourceStore:
         )
         return [SourceDefinition.model_validate(r["d"]) for r in rows]
 
+    async def unlisted(self) -> list[SourceDefinition]:
+        """Sources none of whose tools is known yet (added while unreachable)."""
+        rows = await self._pool.fetch(
+            """SELECT s.definition AS d FROM tool_sources s
+               WHERE NOT EXISTS (SELECT 1 FROM tool_source_tools t WHERE t.source_name = s.name)
+               ORDER BY s.name"""
+        )
+        return [SourceDefinition.model_validate(r["d"]) for r in rows]
+
     async def remove(self, name: str) -> bool:
         """Forget the source; its tools' versions are marked removed in the registry."""
         async with self._pool.acquire() as conn, conn.transaction():

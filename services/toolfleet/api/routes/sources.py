@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Path
+from fastapi import APIRouter, Depends, Path, Response
 from pydantic import BaseModel, ConfigDict
 
 from toolfleet.api.auth import Caller, CallerDep
@@ -39,6 +39,8 @@ class SourceView(BaseModel):
 
     source: SourceDefinition
     tools: list[SourceTool]
+    warnings: list[str] = []
+    """Why the tools are not listed yet, when they are not."""
 
 
 class SourceList(BaseModel):
@@ -54,23 +56,33 @@ def _require_admin(caller: Caller) -> None:
         )
 
 
-@router.post("", response_model=SourceView, status_code=201, responses=problem_responses(502))
-async def add_source(source: SourceDefinition, res: ResourcesDep, caller: CallerDep) -> SourceView:
-    """Store the source (replacing one of the same name) and register its tools."""
+@router.post("", response_model=SourceView, status_code=201)
+async def add_source(
+    source: SourceDefinition, res: ResourcesDep, caller: CallerDep, response: Response
+) -> SourceView:
+    """Store the source (replacing one of the same name) and register its tools.
+
+    A source the API cannot list now (unreachable, or credentials only executors
+    resolve) is stored all the same (``202``, with a warning): executors list it in the
+    background once they can.
+    """
     _require_admin(caller)
     store = SourceStore(res.pool)
     pool = SessionPool()
+    warnings: list[str] = []
     try:
         await store.put(source)
         await SourceCatalog(store=store, pool=pool).refresh(source, via="add")
     except ToolfleetError as exc:
         log.warning("source not listed", extra={"source": source.name, "error": exc.code})
-        raise ProblemError(
-            502, f"could not list the tools of {source.name}: {exc.message}", code=exc.code
-        ) from None
+        response.status_code = 202
+        warnings.append(
+            f"stored, but its tools could not be listed now ({exc.message}); executors "
+            "list them once the source answers"
+        )
     finally:
         await pool.close()
-    return SourceView(source=source, tools=await store.tools(source.name))
+    return SourceView(source=source, tools=await store.tools(source.name), warnings=warnings)
 
 
 @router.get("", response_model=SourceList)

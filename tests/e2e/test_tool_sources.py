@@ -21,7 +21,7 @@ from toolfleet.events.models import AgentContext, InvocationStatus, InvokeReques
 from toolfleet.events.types import EventType, TopicName
 from toolfleet.policy.cache import RedisPolicyCache
 from toolfleet.policy.documents import TenantPolicy
-from toolfleet.policy.store import PolicyStore
+from toolfleet.policy.postgres_policies import PolicyStore
 from toolfleet.registry.store import RegistryStore
 from toolfleet.settings import FleetSettings
 from toolfleet.sources.models import HttpOperation, SourceDefinition, SourceKind

@@ -23,7 +23,7 @@ from toolfleet.errors import ErrorCode, PermissionDenied, ToolExecutionError, To
 from toolfleet.events.models import TOOL_ID_PATTERN
 from toolfleet.policy.documents import allowed_by
 from toolfleet.sources import http_tools, mcp_tools, openapi
-from toolfleet.sources.models import HttpOperation, SourceDefinition, SourceKind
+from toolfleet.sources.models import HttpOperation, SourceDefinition, SourceKind, SourceTool
 from toolfleet.sources.naming import http_tool_id, id_part, mcp_tool_id, schema_version
 
 pytestmark = pytest.mark.unit
@@ -148,7 +148,7 @@ async def test_hosts_follow_the_egress_grammar() -> None:
         await http_tools.check_host(httpx.Request("GET", "http://127.0.0.1:8080/"), ["*"], "t")
 
 
-def mcp_tool() -> mcp_tools.SourceTool:
+def mcp_tool() -> SourceTool:
     src = SourceDefinition(name="gh", kind=SourceKind.MCP_STDIO, target="server")
     return mcp_tools.source_tool(
         src, Tool(name="Search", input_schema={"type": "object"}, description="d")

@@ -20,6 +20,7 @@ from toolfleet.cli.errors import CliError
 from toolfleet.cli.invoke import document_context
 from toolfleet.cli.sources import definition
 from toolfleet.errors import ErrorCode, PermissionDenied, ToolExecutionError, ToolfleetError
+from toolfleet.events.identity import CallRef
 from toolfleet.events.models import TOOL_ID_PATTERN
 from toolfleet.policy.documents import allowed_by
 from toolfleet.sources import http_tools, mcp_tools, openapi
@@ -57,24 +58,25 @@ def test_no_glob_allows_a_source_tool() -> None:
 
 
 def test_grants_carry_the_tokens_network_permissions() -> None:
-    call: dict[str, Any] = {
-        "invocation_id": "i",
-        "tenant_id": "t",
-        "agent_did": "did:agent:a",
-        "tool_id": "http__pets__get",
-        "tool_version": "1.0.0",
-        "parameters": {},
-    }
-    signer = GrantSigner(b"k" * 32)
+    call = CallRef(
+        invocation_id="i",
+        tenant_id="t",
+        agent_did="did:agent:a",
+        tool_id="http__pets__get",
+        tool_version="1.0.0",
+    )
+    signer, verifier = GrantSigner(b"k" * 32), GrantVerifier([b"k" * 32])
     signed = signer.sign(
-        **call, capability_jti="j", timeout_s=30, network_permissions=["api.example.com"]
+        call=call,
+        parameters={},
+        capability_jti="j",
+        timeout_s=30,
+        network_permissions=["api.example.com"],
     )
-    grant = GrantVerifier([b"k" * 32]).decode(signed, **call)
+    grant = verifier.decode(signed, call=call, parameters={})
     assert grant.network_permissions == ("api.example.com",)
-    bare = GrantVerifier([b"k" * 32]).decode(
-        signer.sign(**call, capability_jti="j", timeout_s=30), **call
-    )
-    assert bare.network_permissions == ()
+    bare = signer.sign(call=call, parameters={}, capability_jti="j", timeout_s=30)
+    assert verifier.decode(bare, call=call, parameters={}).network_permissions == ()
 
 
 def source(**operation: Any) -> tuple[SourceDefinition, HttpOperation]:

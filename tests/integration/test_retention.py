@@ -116,6 +116,11 @@ async def test_rows_past_their_age_go_younger_and_running_ones_stay(
     )
     old_marks = [await _dedupe_row(pool, timedelta(days=8)) for _ in range(5)]
     young_mark = await _dedupe_row(pool, timedelta(days=1))
+    for pinned in (with_blob, fresh):
+        await pool.execute(
+            "INSERT INTO document_pins (invocation_id, document_id, version) VALUES ($1, 'd', '1')",
+            str(pinned),
+        )
 
     pauses: list[float] = []
 
@@ -155,6 +160,11 @@ async def test_rows_past_their_age_go_younger_and_running_ones_stay(
     }
     assert checkpoints == {fresh: 2, running: 2}
     assert await _count(pool, "SELECT count(*) FROM result_blobs WHERE tenant_id = $1", tenant) == 0
+    pins = await pool.fetch(
+        "SELECT invocation_id FROM document_pins WHERE invocation_id = ANY($1::text[])",
+        [str(with_blob), str(fresh)],
+    )
+    assert [r["invocation_id"] for r in pins] == [str(fresh)]  # a finished call's pins go
     marks = {
         r["event_id"]
         for r in await pool.fetch(

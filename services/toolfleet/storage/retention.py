@@ -181,6 +181,8 @@ RETURNING i.*
 """
 _CHECKPOINTS_OF = "DELETE FROM tool_checkpoints WHERE invocation_id = ANY($1::uuid[]) RETURNING *"
 _BLOBS_OF = "DELETE FROM result_blobs WHERE invocation_id = ANY($1::uuid[])"
+# A finished call resumes no more: its document version pins go with it.
+_PINS_OF = "DELETE FROM document_pins WHERE invocation_id = ANY($1::text[])"
 _DEDUPE_ROWS = """
 DELETE FROM projected_events WHERE ctid = ANY(ARRAY(
     SELECT ctid FROM projected_events WHERE projected_at < $1
@@ -257,6 +259,7 @@ class RetentionJob:
             ids = [r["invocation_id"] for r in rows]
             checkpoints = await conn.fetch(_CHECKPOINTS_OF, ids)
             blobs = _count(await conn.execute(_BLOBS_OF, ids))
+            await conn.execute(_PINS_OF, [str(i) for i in ids])
             await self._archive("tool_checkpoints", checkpoints, day)
             await self._archive("tool_invocations", rows, day)
         return PruneReport(

@@ -6,8 +6,7 @@ What goes, oldest first, in small batches:
   ``checkpoints_after`` ago (default 7 days); running calls keep every checkpoint.
 * **invocations** (``tool_invocations``) that finished more than ``invocations_after``
   ago (default 90 days), with their remaining checkpoints, result blobs and document
-  pins (``document_pins``). A call
-  that has not finished is never touched, however old.
+  pins (``document_pins``). A call that has not finished is never touched, however old.
 * **dedupe rows** (``projected_events``) projected more than ``dedupe_after`` ago
   (``TOOLFLEET_DEDUPE_TTL_S``): a redelivery older than that is no longer recognised,
   as with the runtime's Redis markers.

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import json
 import os
@@ -53,6 +54,9 @@ from toolfleet.events.models import AgentContext, InvokeRequested
 from toolfleet.events.types import EventType, Source
 from toolfleet.settings import FleetSettings
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from probes import CpuMeter, CpuReading, children_named, rss_mb
+
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 WORKERS = ("policy", "executor", "validator", "audit", "status")
 MAX_N = 100_000
@@ -69,6 +73,29 @@ class BenchConfig:
     linger_ms: int
     warmup: int
     timeout_s: float
+    paced: int = 200
+    """Calls made one at a time after the saturated run (p50/p99 at 1 in flight)."""
+    idle_s: float = 60.0
+    """How long the fleet idles before the first call after idle; 0 skips the idle phase."""
+    celery: bool = True
+    """Run the Celery peer (``celery_peer.py``) after the fleet."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Costs:
+    """What a run cost beyond its latencies (psutil readings of its processes)."""
+
+    cpu_ms_per_inv: float
+    """CPU (user + system) of the broker and the workers per saturated invocation."""
+    cpu_ms_by_process: dict[str, float]
+    paced_p50_ms: float
+    paced_p99_ms: float
+    idle_cores: dict[str, float] | None = None
+    """Average share of one core each process used over the idle phase."""
+    first_after_idle_ms: list[float] | None = None
+    """Latency of the first call after the idle phase, then after short idles (3 s)."""
+    rss_mb_after_warmup: dict[str, float] | None = None
+    rss_mb_after_run: dict[str, float] | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -84,6 +111,7 @@ class RunResult:
     max_ms: float
     outcomes: dict[str, int]
     """How the calls ended: ``success``, other statuses, or ``no_outcome`` (timed out)."""
+    costs: Costs | None = None
 
 
 def free_port() -> int:
@@ -229,15 +257,18 @@ async def create_topics(bootstrap: str, names: list[str], partitions: int) -> No
 
 
 @contextlib.contextmanager
-def processes(commands: list[tuple[str, list[str], dict[str, str]]], logs: Path) -> Iterator[None]:
-    """Start child processes (their output to ``logs``); SIGTERM then kill them on exit."""
+def processes(
+    commands: list[tuple[str, list[str], dict[str, str]]], logs: Path
+) -> Iterator[dict[str, int]]:
+    """Start child processes (their output to ``logs``), yield their pids by name;
+    SIGTERM then kill them on exit."""
     started: list[tuple[str, subprocess.Popen[bytes]]] = []
     try:
         for name, argv, env in commands:
             with (logs / f"{name}.log").open("wb") as out:
                 proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
             started.append((name, proc))
-        yield
+        yield {name: proc.pid for name, proc in started}
     finally:
         for _, proc in started:
             if proc.poll() is None:
@@ -263,16 +294,18 @@ async def run_baseline(bootstrap: str, cfg: BenchConfig, work: Path) -> RunResul
         argv = [sys.executable, __file__, "--relay", src, dst, f"{prefix}hop{i}", bootstrap,
                 json.dumps(knobs)]  # fmt: skip
         commands.append((f"relay{i}", argv, {**os.environ, "BENCH_READY_FILE": str(ready)}))
-    with processes(commands, work):
+    with processes(commands, work) as pids:
         deadline = time.monotonic() + 60
         while not all(f.exists() for f in ready_files):
             if time.monotonic() > deadline:
                 raise TimeoutError("baseline relays did not get their partitions in 60 s")
             await asyncio.sleep(0.05)
-        return await measure_baseline(bootstrap, topics, cfg)
+        return await measure_baseline(bootstrap, topics, cfg, list(pids.values()))
 
 
-async def measure_baseline(bootstrap: str, topics: list[str], cfg: BenchConfig) -> RunResult:
+async def measure_baseline(
+    bootstrap: str, topics: list[str], cfg: BenchConfig, relays: list[int]
+) -> RunResult:
     producer = AIOKafkaProducer(**_kafka(bootstrap), acks="all", linger_ms=cfg.linger_ms)
     watcher = AIOKafkaConsumer(
         **_kafka(bootstrap), group_id=None, fetch_max_wait_ms=cfg.fetch_max_wait_ms
@@ -311,16 +344,34 @@ async def measure_baseline(bootstrap: str, topics: list[str], cfg: BenchConfig) 
         return arrived - start, "success"
 
     task = asyncio.create_task(watch())
+    meter = CpuMeter({"broker": children_named("--listener-url"), "relays": relays})
     try:
         await drive(cfg.warmup, cfg.concurrency, one)
+        meter.start()
         latencies, outcomes, elapsed = await drive(cfg.n, cfg.concurrency, one)
+        cpu = meter.stop()
+        paced, _, _ = await drive(cfg.paced, 1, one)
     finally:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
         await watcher.stop()
         await producer.stop()
-    return summarize("baseline (bare aiokafka, 4 hops)", latencies, outcomes, elapsed)
+    result = summarize("baseline (bare aiokafka, 4 hops)", latencies, outcomes, elapsed)
+    return dataclasses.replace(result, costs=costs_of(cpu, result.completed, paced))
+
+
+def costs_of(cpu: dict[str, CpuReading], completed: int, paced: list[float]) -> Costs:
+    per = max(completed, 1)
+    ordered = sorted(paced)
+    return Costs(
+        cpu_ms_per_inv=sum(r.cpu_s for r in cpu.values()) / per * 1000,
+        cpu_ms_by_process={name: r.cpu_s / per * 1000 for name, r in cpu.items()},
+        paced_p50_ms=ordered[len(ordered) // 2] * 1000 if ordered else float("nan"),
+        paced_p99_ms=ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] * 1000
+        if ordered
+        else float("nan"),
+    )
 
 
 # --- fleet ------------------------------------------------------------------------------
@@ -393,12 +444,16 @@ async def run_fleet(bootstrap: str, cfg: BenchConfig, work: Path) -> RunResult:
             )
             for i in range(cfg.tenants)
         }
-        with processes(commands, work):
-            return await measure_fleet(settings, cfg, tokens, work)
+        with processes(commands, work) as pids:
+            return await measure_fleet(settings, cfg, tokens, work, pids)
 
 
 async def measure_fleet(
-    settings: FleetSettings, cfg: BenchConfig, tokens: dict[str, str], work: Path
+    settings: FleetSettings,
+    cfg: BenchConfig,
+    tokens: dict[str, str],
+    work: Path,
+    workers: dict[str, int],
 ) -> RunResult:
     from toolfleet.client import ToolfleetClient
 
@@ -429,8 +484,29 @@ async def measure_fleet(
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the fleet answered no warm-up call; see logs in {work}")
         await drive(cfg.warmup, cfg.concurrency, one)
+        rss_warm = {name: rss_mb([pid]).get(pid, 0.0) for name, pid in workers.items()}
+        groups = {"broker": children_named("--listener-url")}
+        groups.update({name: [pid] for name, pid in workers.items()})
+        meter = CpuMeter(groups)
+        meter.start()
         latencies, outcomes, elapsed = await drive(cfg.n, cfg.concurrency, one)
-    return summarize("fleet (toolfleet, core__echo)", latencies, outcomes, elapsed)
+        cpu = meter.stop()
+        paced, _, _ = await drive(cfg.paced, 1, one)
+        costs = costs_of(cpu, len(latencies), paced)
+        if cfg.idle_s > 0:
+            idle = CpuMeter({**groups, "client": [os.getpid()]}, alone=["client"])
+            idle.start()
+            await asyncio.sleep(cfg.idle_s)
+            idle_cores = {name: r.cores for name, r in idle.stop().items()}
+            first = [(await one(0))[0] * 1000]
+            for _ in range(3):  # past TOOLFLEET_IDLE_AFTER_MS: every consumer rests again
+                await asyncio.sleep(3)
+                first.append((await one(0))[0] * 1000)
+            costs = dataclasses.replace(costs, idle_cores=idle_cores, first_after_idle_ms=first)
+        rss_end = {name: rss_mb([pid]).get(pid, 0.0) for name, pid in workers.items()}
+        costs = dataclasses.replace(costs, rss_mb_after_warmup=rss_warm, rss_mb_after_run=rss_end)
+    result = summarize("fleet (toolfleet, core__echo)", latencies, outcomes, elapsed)
+    return dataclasses.replace(result, costs=costs)
 
 
 # --- report -----------------------------------------------------------------------------
@@ -461,6 +537,79 @@ def table(results: list[RunResult]) -> str:
     return "\n".join(lines)
 
 
+def run_celery(cfg: BenchConfig) -> dict[str, Any] | None:
+    """The Celery peer's figures (``celery_peer.py`` in a process of its own), or None."""
+    argv = [sys.executable, str(Path(__file__).resolve().parent / "celery_peer.py"),
+            "--n", str(cfg.n), "--paced", str(cfg.paced)]  # fmt: skip
+    try:
+        done = subprocess.run(argv, capture_output=True, timeout=600, check=True)
+    except (subprocess.SubprocessError, OSError) as exc:
+        print(f"celery peer failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return None
+    peer: dict[str, Any] = json.loads(done.stdout.decode().strip().splitlines()[-1])
+    return peer
+
+
+def costs_table(fleet: RunResult | None, base: RunResult, celery: dict[str, Any] | None) -> str:
+    """CPU, paced latency, idle and memory figures, and the ratios the goals are stated in."""
+    lines = []
+    bc = base.costs
+    fc = fleet.costs if fleet is not None else None
+    if bc is not None:
+        lines.append(f"baseline: {bc.cpu_ms_per_inv:.2f} ms CPU/inv "
+                     f"(by process: {_fmt(bc.cpu_ms_by_process)}), paced p50/p99 "
+                     f"{bc.paced_p50_ms:.1f}/{bc.paced_p99_ms:.1f} ms")  # fmt: skip
+    if fc is not None:
+        lines.append(f"fleet:    {fc.cpu_ms_per_inv:.2f} ms CPU/inv "
+                     f"(by process: {_fmt(fc.cpu_ms_by_process)}), paced p50/p99 "
+                     f"{fc.paced_p50_ms:.1f}/{fc.paced_p99_ms:.1f} ms")  # fmt: skip
+        if fc.idle_cores is not None:
+            total = sum(fc.idle_cores.values())
+            lines.append(f"idle fleet: {total * 100:.1f}% of one core "
+                         f"({_fmt({k: v * 100 for k, v in fc.idle_cores.items()})} %)")  # fmt: skip
+        if fc.first_after_idle_ms is not None:
+            lines.append("first call after idle (ms): "
+                         + ", ".join(f"{v:.1f}" for v in fc.first_after_idle_ms))  # fmt: skip
+        if fc.rss_mb_after_run is not None and fc.rss_mb_after_warmup is not None:
+            lines.append(f"worker RSS MB after warm-up: {_fmt(fc.rss_mb_after_warmup)}; "
+                         f"after the run: {_fmt(fc.rss_mb_after_run)}")  # fmt: skip
+    if celery is not None:
+        lines.append(f"celery:   {celery['throughput_per_s']:.1f} tasks/s, "
+                     f"{celery['cpu_ms_per_task']:.2f} ms CPU/task, paced p50/p99 "
+                     f"{celery['paced_p50_ms']:.1f}/{celery['paced_p99_ms']:.1f} ms")  # fmt: skip
+    ratios = goal_ratios(fleet, base, celery)
+    if ratios:
+        lines.append("ratios: " + _fmt(ratios, digits=2))
+    return "\n".join(lines)
+
+
+def goal_ratios(
+    fleet: RunResult | None, base: RunResult, celery: dict[str, Any] | None
+) -> dict[str, float]:
+    """The issue's goals as ratios of figures taken in this run."""
+    if fleet is None or fleet.costs is None or base.costs is None:
+        return {}
+    fc, bc = fleet.costs, base.costs
+    ratios = {
+        "throughput fleet/baseline": fleet.throughput_per_s / base.throughput_per_s,
+        "cpu per inv fleet/baseline": fc.cpu_ms_per_inv / bc.cpu_ms_per_inv,
+        "paced p50 fleet-baseline (ms)": fc.paced_p50_ms - bc.paced_p50_ms,
+        "paced p99 fleet/baseline": fc.paced_p99_ms / bc.paced_p99_ms,
+    }
+    if fc.first_after_idle_ms:
+        ratios["first after idle max / paced p99"] = max(fc.first_after_idle_ms) / fc.paced_p99_ms
+    if fc.idle_cores is not None:
+        ratios["idle cores (sum)"] = sum(fc.idle_cores.values())
+    if celery is not None:
+        ratios["throughput fleet/celery"] = fleet.throughput_per_s / celery["throughput_per_s"]
+        ratios["cpu per inv fleet/celery"] = fc.cpu_ms_per_inv / celery["cpu_ms_per_task"]
+    return ratios
+
+
+def _fmt(values: dict[str, float], digits: int = 1) -> str:
+    return ", ".join(f"{k} {v:.{digits}f}" for k, v in values.items())
+
+
 def print_log_tails(work: Path, lines: int = 15) -> None:
     for log in sorted(work.glob("*.log")):
         tail = log.read_text(errors="replace").splitlines()[-lines:]
@@ -484,20 +633,24 @@ async def bench(cfg: BenchConfig, *, baseline_only: bool) -> dict[str, Any]:
                 error = f"{type(exc).__name__}: {exc}"
                 print_log_tails(work)
         results.append(baseline)
+    celery = run_celery(cfg) if cfg.celery and not baseline_only else None
     print(table(results))
     for result in results:
         print(f"{result.name}: {result.outcomes}")
+    fleet = results[0] if len(results) == 2 else None
+    print(costs_table(fleet, baseline, celery))
     if error:
         print(f"\nfleet run failed: {error}", file=sys.stderr)
     ratios = {}
-    if len(results) == 2:
-        fleet, base = results
+    if fleet is not None:
         ratios = {
-            "throughput": fleet.throughput_per_s / base.throughput_per_s,
-            "p50": fleet.p50_ms / base.p50_ms,
-            "p99": fleet.p99_ms / base.p99_ms,
+            "throughput": fleet.throughput_per_s / baseline.throughput_per_s,
+            "p50": fleet.p50_ms / baseline.p50_ms,
+            "p99": fleet.p99_ms / baseline.p99_ms,
         }
     return {
+        "goal_ratios": goal_ratios(fleet, baseline, celery),
+        "celery": celery,
         "timestamp": datetime.now(UTC).isoformat(),
         "config": asdict(cfg),
         "results": [asdict(r) for r in results],
@@ -526,6 +679,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fetch-max-wait-ms", type=int, default=FleetSettings().fetch_max_wait_ms)
     parser.add_argument("--linger-ms", type=int, default=FleetSettings().linger_ms)
     parser.add_argument("--timeout", type=float, default=60.0, help="per-invocation limit (s)")
+    parser.add_argument("--paced", type=int, default=200, help="calls made one at a time")
+    parser.add_argument("--idle-s", type=float, default=60.0, help="idle phase (0: skip)")
+    parser.add_argument("--no-celery", action="store_true", help="skip the Celery peer")
     parser.add_argument("--baseline-only", action="store_true", help="skip the fleet run")
     parser.add_argument("--no-save", action="store_true", help="do not write bench/results")
     args = parser.parse_args(argv)
@@ -540,6 +696,9 @@ def main(argv: list[str] | None = None) -> int:
         linger_ms=args.linger_ms,
         warmup=min(args.warmup, args.n),
         timeout_s=args.timeout,
+        paced=args.paced,
+        idle_s=args.idle_s,
+        celery=not args.no_celery,
     )
     report = asyncio.run(bench(cfg, baseline_only=args.baseline_only))
     if not args.no_save:

@@ -1,0 +1,108 @@
+"""CPU and memory of the processes a benchmark runs, read with psutil.
+
+A :class:`CpuMeter` reads the CPU time (user + system) of a set of processes, their
+children included, at the start and end of a phase: the difference is the CPU the phase
+cost, whatever else the machine runs meanwhile (wall-clock throughput is noisy on a
+shared box; CPU seconds per unit of work much less so).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import psutil
+
+
+def _tree(pids: Iterable[int], *, children: bool = True) -> list[psutil.Process]:
+    procs: list[psutil.Process] = []
+    for pid in pids:
+        try:
+            proc = psutil.Process(pid)
+            procs.append(proc)
+            if children:
+                procs.extend(proc.children(recursive=True))
+        except psutil.NoSuchProcess:
+            continue
+    return procs
+
+
+def cpu_seconds(pids: Iterable[int], *, children: bool = True) -> dict[int, float]:
+    """CPU seconds so far of each process under ``pids`` (children too, unless told), by pid."""
+    seconds: dict[int, float] = {}
+    for proc in _tree(pids, children=children):
+        try:
+            times = proc.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        seconds[proc.pid] = times.user + times.system
+    return seconds
+
+
+@dataclass(frozen=True, kw_only=True)
+class CpuReading:
+    """CPU a group of processes used over one phase."""
+
+    cpu_s: float
+    wall_s: float
+
+    @property
+    def cores(self) -> float:
+        """Average cores busy over the phase (1.0 = one core fully)."""
+        return self.cpu_s / self.wall_s if self.wall_s > 0 else 0.0
+
+
+class CpuMeter:
+    """CPU used by ``groups`` of processes between :meth:`start` and :meth:`stop`.
+
+    Each group counts its processes' children too, but for the groups named in ``alone``
+    (the benchmark's own process, whose children are the fleet).
+    """
+
+    def __init__(self, groups: dict[str, Sequence[int]], *, alone: Sequence[str] = ()) -> None:
+        self._groups = groups
+        self._alone = set(alone)
+        self._before: dict[str, dict[int, float]] = {}
+        self._started = 0.0
+
+    def start(self) -> None:
+        self._before = {
+            name: cpu_seconds(pids, children=name not in self._alone)
+            for name, pids in self._groups.items()
+        }
+        self._started = time.perf_counter()
+
+    def stop(self) -> dict[str, CpuReading]:
+        wall = time.perf_counter() - self._started
+        readings: dict[str, CpuReading] = {}
+        for name, pids in self._groups.items():
+            after = cpu_seconds(pids, children=name not in self._alone)
+            before = self._before.get(name, {})
+            # A process born during the phase counts from zero.
+            used = sum(after[pid] - before.get(pid, 0.0) for pid in after)
+            readings[name] = CpuReading(cpu_s=max(used, 0.0), wall_s=wall)
+        return readings
+
+
+def rss_mb(pids: Iterable[int]) -> dict[int, float]:
+    """Resident set size of each process under ``pids`` (children included), in MB."""
+    sizes: dict[int, float] = {}
+    for proc in _tree(pids):
+        try:
+            sizes[proc.pid] = proc.memory_info().rss / 1_048_576
+        except psutil.NoSuchProcess:
+            continue
+    return sizes
+
+
+def children_named(fragment: str) -> list[int]:
+    """Pids of this process's children whose command line contains ``fragment``."""
+    found = []
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            if any(fragment in part for part in proc.cmdline()):
+                found.append(proc.pid)
+        except psutil.NoSuchProcess:
+            continue
+    return found

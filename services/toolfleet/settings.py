@@ -40,6 +40,13 @@ class FleetSettings(BaseSettings):
     observer_fetch_max_wait_ms: int = Field(default=50, ge=0)
     """``fetch_max_wait_ms`` of audit and status, which are off the outcome's critical path:
     a little lag there saves the CPU of polling six topics every few milliseconds."""
+    idle_after_ms: int = Field(default=1000, ge=0)
+    """A consumer that fetched nothing for this long rests: partitions paused, one short
+    fetch per ``TOOLFLEET_IDLE_FETCH_INTERVAL_MS``, woken at once by the fleet's traffic
+    announcements (Redis pub/sub). 0: never rest."""
+    idle_fetch_interval_ms: int = Field(default=250, ge=10)
+    """How often a resting consumer looks for records nobody announced (the most a lost
+    announcement adds to a call's latency)."""
     linger_ms: int = Field(default=0, ge=0)
     """Producer batching delay, added to every hop (0 by default)."""
     enable_idempotence: bool = False

@@ -22,6 +22,7 @@ import asyncpg
 from redis.asyncio import Redis
 
 from toolfleet.bus.dedupe import RedisProcessedEvents
+from toolfleet.bus.fetch_wait import TrafficSignal, traffic_signal
 from toolfleet.bus.producer import EventProducer
 from toolfleet.bus.runtime import ConsumerSpec, EventConsumer, Handler
 from toolfleet.events import routing
@@ -55,6 +56,8 @@ class Resources:
     redis: Redis
     pool: asyncpg.Pool
     worker_id: str
+    traffic: TrafficSignal | None = None
+    """The fleet's traffic channel: sends announce on it, idle consumers rest and wake."""
     jobs: list[Job] = field(default_factory=list)
     """Background jobs of the service (listeners, sweepers), run until the worker stops."""
 
@@ -100,6 +103,7 @@ class Resources:
             producer=self.producer,
             processed=processed,
             dlq_topic=self.topic(TopicName.DLQ),
+            traffic=self.traffic,
         )
 
 
@@ -109,16 +113,27 @@ def worker_id() -> str:
 
 @asynccontextmanager
 async def open_resources(settings: FleetSettings, *, service: str) -> AsyncIterator[Resources]:
-    producer = EventProducer(settings, client_id=f"toolfleet-{service}")
     redis = connect_redis(settings.redis_url)
+    traffic = traffic_signal(redis, settings)
+    producer = EventProducer(settings, client_id=f"toolfleet-{service}", traffic=traffic)
     pool = await create_pool(settings.database_url)
     try:
         await producer.start()
-        yield Resources(
-            settings=settings, producer=producer, redis=redis, pool=pool, worker_id=worker_id()
+        res = Resources(
+            settings=settings,
+            producer=producer,
+            redis=redis,
+            pool=pool,
+            worker_id=worker_id(),
+            traffic=traffic,
         )
+        if traffic is not None:
+            res.background(traffic.listen)
+        yield res
     finally:
         await producer.stop()
+        if traffic is not None:
+            await traffic.close()
         await redis.aclose()
         await pool.close()
 

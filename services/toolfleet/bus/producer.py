@@ -10,6 +10,7 @@ from aiokafka import AIOKafkaProducer
 from opentelemetry.trace import SpanKind
 
 from toolfleet.bus.connection import connection_kwargs
+from toolfleet.bus.fetch_wait import TrafficAnnouncer
 from toolfleet.events.codec import ContentMode, WireMessage, encode
 from toolfleet.events.envelope import Envelope
 from toolfleet.observability.tracing import span
@@ -28,7 +29,16 @@ class Outbound:
 class EventProducer:
     """A started aiokafka producer tuned for low latency (``linger_ms`` 0 by default)."""
 
-    def __init__(self, settings: FleetSettings, *, client_id: str = "toolfleet") -> None:
+    def __init__(
+        self,
+        settings: FleetSettings,
+        *,
+        client_id: str = "toolfleet",
+        traffic: TrafficAnnouncer | None = None,
+    ) -> None:
+        """``traffic``: told of every send, so resting consumers wake
+        (:mod:`toolfleet.bus.fetch_wait`)."""
+        self.traffic = traffic
         self._producer = AIOKafkaProducer(
             **connection_kwargs(settings),
             client_id=client_id,
@@ -66,6 +76,8 @@ class EventProducer:
 
     async def send_wire(self, topic: str, message: WireMessage) -> asyncio.Future[object]:
         """Enqueue raw bytes (DLQ records, replays); await the returned future for the ack."""
+        if self.traffic is not None:
+            self.traffic.announce(topic)
         future: asyncio.Future[object] = await self._producer.send(
             topic, value=message.value, key=message.key, headers=message.headers
         )

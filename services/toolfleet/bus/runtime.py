@@ -35,6 +35,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_ran
 from toolfleet.bus.connection import connection_kwargs
 from toolfleet.bus.dedupe import ProcessedEvents
 from toolfleet.bus.dlq import dlq_message
+from toolfleet.bus.fetch_wait import CHECK_FETCH_MS, FetchPace, TrafficSignal
 from toolfleet.bus.offsets import OffsetTracker, Partition
 from toolfleet.bus.producer import EventProducer, Outbound
 from toolfleet.bus.scheduler import Backlog, Placement
@@ -151,7 +152,11 @@ class EventConsumer:
         producer: EventProducer,
         processed: ProcessedEvents | None,
         dlq_topic: str,
+        traffic: TrafficSignal | None = None,
     ) -> None:
+        """``traffic``: the process's traffic channel; with it (and a non-zero
+        ``TOOLFLEET_IDLE_AFTER_MS``) the consumer rests while idle
+        (:mod:`~toolfleet.bus.fetch_wait`)."""
         self.spec = spec
         self._handler = handler
         self._settings = settings
@@ -171,6 +176,15 @@ class EventConsumer:
             else None
         )
         self._stop_requested: asyncio.Event | None = None
+        self._traffic = traffic
+        self._pace: FetchPace | None = (
+            FetchPace(
+                idle_after_s=settings.idle_after_ms / 1000,
+                interval_s=settings.idle_fetch_interval_ms / 1000,
+            )
+            if traffic is not None and settings.idle_after_ms > 0
+            else None
+        )
         self.assigned = asyncio.Event()
         """Set once the consumer has been assigned partitions (tests and readiness)."""
 
@@ -264,14 +278,28 @@ class EventConsumer:
 
     async def _poll_loop(self, consumer: AIOKafkaConsumer, stop: asyncio.Event) -> None:
         stopped = asyncio.create_task(stop.wait())
+        pace = self._pace
+        if pace is not None and self._traffic is not None:
+            self._traffic.register(pace)
         try:
             while not stop.is_set():
                 free = self.spec.max_in_flight - len(self._tasks)
                 if self._backlog is not None:
                     free += self.spec.backlog_limit - len(self._backlog)
+                timeout_ms = 100
+                if pace is not None and free <= 0:
+                    pace.saw_traffic()  # too busy to fetch is not idle
+                elif pace is not None and pace.should_rest():
+                    # Idle: no fetch requests until woken or the interval is up, then
+                    # one short look (the partitions resume below).
+                    self._apply_backpressure(consumer, full=True)
+                    await pace.rest(stopped)
+                    if stop.is_set():
+                        return
+                    timeout_ms = CHECK_FETCH_MS
                 self._apply_backpressure(consumer, full=free <= 0)
                 fetch = asyncio.ensure_future(
-                    consumer.getmany(timeout_ms=100, max_records=max(free, 1))
+                    consumer.getmany(timeout_ms=timeout_ms, max_records=max(free, 1))
                 )
                 # A fetch can block for a whole group join; a stop must not wait for it.
                 await asyncio.wait([fetch, stopped], return_when=asyncio.FIRST_COMPLETED)
@@ -280,9 +308,14 @@ class EventConsumer:
                     with contextlib.suppress(asyncio.CancelledError):
                         await fetch
                     return
-                self._dispatch_batch(consumer, fetch.result())
+                batch = fetch.result()
+                if batch and pace is not None:
+                    pace.saw_traffic()
+                self._dispatch_batch(consumer, batch)
         finally:
             stopped.cancel()
+            if pace is not None and self._traffic is not None:
+                self._traffic.unregister(pace)
 
     def _dispatch_batch(
         self,

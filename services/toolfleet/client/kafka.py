@@ -4,7 +4,10 @@ waits for outcomes (needs the ``fleet`` extra: aiokafka and the bus).
 The CLI and the HTTP API publish through it, so there is one way to build an invoke
 CloudEvent (key, extensions, trace context). Waiting reads the results and events
 topics directly, only the partition the tenant's key maps to, positioned before
-publishing so no outcome can be missed.
+publishing so no outcome can be missed. While nobody waits, the watcher's partitions
+are paused (it costs the broker nothing); registering a wait resumes it where it
+stopped. Publishing announces traffic so that resting consumers of the fleet wake
+(:mod:`toolfleet.bus.fetch_wait`).
 """
 
 from __future__ import annotations
@@ -16,9 +19,11 @@ from types import TracebackType
 from typing import Any, Self
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from redis.asyncio import Redis
 
 from toolfleet.auth.control import ControlSigner, control_claims
 from toolfleet.bus.connection import connection_kwargs
+from toolfleet.bus.fetch_wait import TrafficAnnouncer, TrafficSignal, traffic_signal
 from toolfleet.bus.producer import EventProducer, Outbound
 from toolfleet.client.handles import InvocationHandle, Progress, ProgressCallback
 from toolfleet.client.requests import invoke_request
@@ -37,18 +42,35 @@ from toolfleet.events.models import (
 from toolfleet.events.types import TERMINAL_TYPES, EventType, Source, TopicName, topic
 from toolfleet.observability.tracing import current_traceparent
 from toolfleet.settings import FleetSettings
+from toolfleet.storage.redis import connect_redis
 
 
 class ToolfleetClient:
     """Async producer client. Use as ``async with ToolfleetClient(settings) as client``."""
 
     def __init__(
-        self, settings: FleetSettings, *, source: Source | str = Source.CLIENT, watch: bool = True
+        self,
+        settings: FleetSettings,
+        *,
+        source: Source | str = Source.CLIENT,
+        watch: bool = True,
+        traffic: TrafficAnnouncer | None = None,
     ) -> None:
+        """``traffic``: where sends are announced; unset, the client announces on the
+        fleet's Redis (``TOOLFLEET_REDIS_URL``) itself, in the background: a Redis it
+        cannot reach costs the first call after an idle period some latency, nothing else.
+        """
         self._settings = settings
         self._source = str(source)
         self._watch = watch
-        self._producer = EventProducer(settings, client_id="toolfleet-client")
+        self._own_redis: Redis | None = None
+        self._own_traffic: TrafficSignal | None = None
+        if traffic is None and settings.idle_after_ms > 0:
+            self._own_redis = connect_redis(settings.redis_url, max_connections=2, wait_s=5.0)
+            self._own_traffic = traffic_signal(self._own_redis, settings)
+            traffic = self._own_traffic
+        self._producer = EventProducer(settings, client_id="toolfleet-client", traffic=traffic)
+        self._waiting = asyncio.Event()
         self._watcher: AIOKafkaConsumer | None = None
         self._watch_task: asyncio.Task[None] | None = None
         self._outcomes: dict[str, asyncio.Future[ToolOutcome]] = {}
@@ -92,6 +114,10 @@ class ToolfleetClient:
         if self._watcher is not None:
             await self._watcher.stop()
         await self._producer.stop()
+        if self._own_traffic is not None:
+            await self._own_traffic.close()
+        if self._own_redis is not None:
+            await self._own_redis.aclose()
 
     # --- publishing -----------------------------------------------------------------
 
@@ -159,6 +185,7 @@ class ToolfleetClient:
         if self._watcher is not None:
             # Registered before publishing: a fast tool's outcome may beat ``wait``.
             self._outcomes[invocation_id] = asyncio.get_running_loop().create_future()
+            self._waiting.set()
         await self._producer.send(
             Outbound(envelope=envelope, topic=self._topic(TopicName.REQUESTED))
         )
@@ -284,6 +311,7 @@ class ToolfleetClient:
         if self._watcher is None:
             raise RuntimeError("this client was started with watch=False")
         self._outcomes.setdefault(invocation_id, asyncio.get_running_loop().create_future())
+        self._waiting.set()
         return InvocationHandle(
             invocation_id=invocation_id, tenant_id=tenant_id, event_id="", traceparent=""
         )
@@ -304,6 +332,7 @@ class ToolfleetClient:
             self._outcomes[handle.invocation_id] = future
         if on_progress is not None:
             self._progress[handle.invocation_id] = on_progress
+        self._waiting.set()
         try:
             return await asyncio.wait_for(asyncio.shield(future), timeout)
         finally:
@@ -352,6 +381,13 @@ class ToolfleetClient:
 
     async def _watch_loop(self, consumer: AIOKafkaConsumer) -> None:
         while True:
+            if not self._outcomes and not self._progress:
+                # Nobody waits: no fetches until someone does. Paused partitions keep
+                # their position, so nothing published meanwhile is skipped.
+                consumer.pause(*consumer.assignment())
+                self._waiting.clear()
+                await self._waiting.wait()
+                consumer.resume(*consumer.assignment())
             batch = await consumer.getmany(timeout_ms=200)
             for records in batch.values():
                 for record in records:

@@ -204,6 +204,29 @@ async def test_small_states_are_plain_json(pool: asyncpg.Pool) -> None:
     assert [r["encoding"] for r in await rows_of(pool, inv)] == ["json"] * 3
 
 
+async def test_runs_starting_together_each_find_their_own_newest_checkpoint(
+    pool: asyncpg.Pool,
+) -> None:
+    store = PostgresCheckpointStore(pool)
+    with_rows = [str(uuid.uuid4()) for _ in range(3)]
+    for i, inv in enumerate(with_rows):
+        for step in range(i + 1):
+            await store.save(checkpoint(inv, {"inv": i, "step": step}))
+    never = [str(uuid.uuid4()) for _ in range(20)]
+    asked = [*never[:10], *with_rows, *never[10:], with_rows[0], "not-a-uuid"]
+    found = await asyncio.gather(*(PostgresCheckpointStore(pool).latest(i) for i in asked))
+    shared = PostgresCheckpointStore(pool)  # one store: the lookups share one query
+    found_shared = await asyncio.gather(*(shared.latest(i) for i in asked))
+    for answers in (found, found_shared):
+        by_id = dict(zip(asked, answers, strict=True))
+        assert all(by_id[inv] is None for inv in [*never, "not-a-uuid"])
+        for i, inv in enumerate(with_rows):
+            newest = by_id[inv]
+            assert newest is not None
+            assert newest.invocation_id == inv
+            assert newest.state == {"inv": i, "step": i}
+
+
 # --- tiers and the fallback ------------------------------------------------------------
 
 

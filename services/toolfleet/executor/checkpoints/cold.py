@@ -14,12 +14,14 @@ from __future__ import annotations
 import json
 import uuid
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
+from toolfleet.coalescing import Coalescer
 from toolfleet.errors import CheckpointFailed
 from toolfleet.executor.checkpoints.codec import decode, encode
 from toolfleet.executor.checkpoints.store import Checkpoint
@@ -45,6 +47,13 @@ WITH RECURSIVE chain AS (
       AND c.tenant_id = chain.tenant_id AND chain.depth < 1000
 )
 SELECT * FROM chain ORDER BY depth DESC
+"""
+
+#: The newest checkpoint id of each of a batch of invocations (those that have one).
+_NEWEST_SQL = """
+SELECT DISTINCT ON (invocation_id) invocation_id, checkpoint_id
+FROM tool_checkpoints WHERE invocation_id = ANY($1::uuid[])
+ORDER BY invocation_id, created_at DESC, checkpoint_id DESC
 """
 
 #: A connection of the pool (asyncpg hands out proxies of its connections).
@@ -84,6 +93,7 @@ class PostgresCheckpointStore:
         # The newest durable state this process wrote per invocation: saves the decode
         # of the parent's chain when the next delta is computed here too.
         self._heads: OrderedDict[str, _Head] = OrderedDict()
+        self._newest: Coalescer[uuid.UUID, str | None] = Coalescer(self._newest_of)
 
     async def save(self, checkpoint: Checkpoint, *, fence: Fence | None = None) -> None:
         """Insert a durable checkpoint as the child of the invocation's newest one.
@@ -158,17 +168,26 @@ class PostgresCheckpointStore:
         self._remember(checkpoint.invocation_id, _Head(checkpoint.checkpoint_id, state, deltas))
 
     async def latest(self, invocation_id: str) -> Checkpoint | None:
-        """The invocation's newest durable checkpoint, decoded (None: it has none)."""
+        """The invocation's newest durable checkpoint, decoded (None: it has none).
+
+        Almost every call asks about an invocation that never checkpointed (its first
+        run): the runs that start together share one query for the newest ids, and only
+        an invocation that has one costs a second round trip to decode its chain.
+        """
         invocation = _uuid(invocation_id)
         if invocation is None:
             return None
+        newest = await self._newest.submit(invocation)
+        if newest is None:
+            return None
         async with self._pool.acquire() as conn:
-            newest = await conn.fetchval(
-                """SELECT checkpoint_id FROM tool_checkpoints WHERE invocation_id = $1
-                   ORDER BY created_at DESC, checkpoint_id DESC LIMIT 1""",
-                invocation,
-            )
-            return None if newest is None else await self._read(conn, newest)
+            return await self._read(conn, newest)
+
+    async def _newest_of(self, invocations: Sequence[uuid.UUID]) -> list[str | None]:
+        async with self._pool.acquire() as conn:
+            rows = await conn.fetch(_NEWEST_SQL, list(set(invocations)))
+        found: dict[uuid.UUID, str] = {row["invocation_id"]: row["checkpoint_id"] for row in rows}
+        return [found.get(invocation) for invocation in invocations]
 
     async def get(self, checkpoint_id: str) -> Checkpoint | None:
         """A durable checkpoint by id, decoded (None: no such checkpoint)."""

@@ -44,7 +44,7 @@ class FleetSettings(BaseSettings):
     """A consumer that fetched nothing for this long rests: partitions paused, one short
     fetch per ``TOOLFLEET_IDLE_FETCH_INTERVAL_MS``, woken at once by the fleet's traffic
     announcements (Redis pub/sub). 0: never rest."""
-    idle_fetch_interval_ms: int = Field(default=250, ge=10)
+    idle_fetch_interval_ms: int = Field(default=500, ge=10)
     """How often a resting consumer looks for records nobody announced (the most a lost
     announcement adds to a call's latency)."""
     linger_ms: int = Field(default=0, ge=0)

@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 
 _POLL_S = 0.5
 #: How long the fetch that a resting consumer makes each interval may take (ms).
-CHECK_FETCH_MS = 20
+CHECK_FETCH_MS = 10
 
 
 def traffic_channel(topic_prefix: str) -> str:

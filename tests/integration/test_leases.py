@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 from redis.asyncio import Redis
+from redis.exceptions import ResponseError
 
 from tests.support.lifecycle import Lifecycle
 from toolfleet.events.envelope import Emitted
@@ -16,6 +17,7 @@ from toolfleet.events.types import TopicName
 from toolfleet.executor.leasing.fencing import Fence, epoch_key, lease_key
 from toolfleet.executor.leasing.guard import LeaseGuard, LeaseLost
 from toolfleet.executor.leasing.leases import Finished, Held, OutgoingEvent, RedisLeases, Taken
+from toolfleet.storage.lua import CoalescedScripts, LuaScript
 
 pytestmark = pytest.mark.integration
 
@@ -49,6 +51,40 @@ async def test_epochs_grow_and_a_live_lease_is_held(redis: Redis) -> None:
     second = await leases.acquire(inv, "b")
     assert second == Taken(Fence(inv, first.fence.epoch + 1, run=2))
     assert int(await redis.get(epoch_key(inv))) == first.fence.epoch + 1
+
+
+async def test_leases_taken_together_each_get_their_own_answer(redis: Redis) -> None:
+    leases = RedisLeases(redis, ttl_s=5)
+    invocations = [new_id() for _ in range(20)]
+    assert isinstance(await leases.acquire(invocations[0], "other"), Taken)
+    replies = await asyncio.gather(*(leases.acquire(inv, "a") for inv in invocations))
+    assert isinstance(replies[0], Held)
+    assert replies[0].owner == "other"
+    for inv, reply in zip(invocations[1:], replies[1:], strict=True):
+        assert isinstance(reply, Taken)
+        assert (reply.fence.invocation_id, reply.fence.run) == (inv, 1)
+    fences = [r.fence for r in replies[1:] if isinstance(r, Taken)]
+    assert all(await asyncio.gather(*(leases.renew(f, "a") for f in fences)))
+    await asyncio.gather(*(leases.release(f) for f in fences))
+    assert not any(
+        await asyncio.gather(*(redis.exists(lease_key(f.invocation_id)) for f in fences))
+    )
+
+
+async def test_scripts_sent_together_survive_a_server_without_them_and_fail_alone(
+    redis: Redis,
+) -> None:
+    marker = uuid.uuid4().hex  # a script no server has seen: NOSCRIPT, then sent in full
+    fresh = LuaScript("probe", source=f"return {{KEYS[1], ARGV[1], '{marker}'}}")
+    broken = LuaScript("broken", source="return redis.call('NO_SUCH_COMMAND')")
+    scripts = CoalescedScripts(redis)
+    replies = await asyncio.gather(
+        *(scripts.run(fresh, [f"k{i}"], [i]) for i in range(5)),
+        scripts.run(broken, [], []),
+        return_exceptions=True,
+    )
+    assert replies[:5] == [[f"k{i}".encode(), str(i).encode(), marker.encode()] for i in range(5)]
+    assert isinstance(replies[5], ResponseError)
 
 
 async def test_epochs_keep_growing_after_redis_loses_them(redis: Redis) -> None:

@@ -4,6 +4,10 @@ A script is either a file of this package's ``scripts/`` folder (``LuaScript("ra
 loads ``storage/scripts/ratelimit.lua``) or source given inline, for the short scripts
 that are built from a shared prelude (the lease fence check). Every multi-key step of
 every service runs as one script, so concurrent replicas see it as atomic.
+
+:class:`CoalescedScripts` sends the script calls that many tasks make at about the same
+time (the executor's leases of the records of one fetch) in one pipelined round trip;
+each script is still atomic on its own, and each caller gets its own reply or error.
 """
 
 from __future__ import annotations
@@ -16,7 +20,11 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.exceptions import NoScriptError
 
-__all__ = ["LuaScript"]
+from toolfleet.coalescing import Coalescer
+
+_Call = tuple["LuaScript", tuple[str, ...], tuple[str | int | float, ...]]
+
+__all__ = ["CoalescedScripts", "LuaScript"]
 
 
 class LuaScript:
@@ -40,3 +48,32 @@ class LuaScript:
             return await redis.evalsha(self.sha, len(keys), *keys, *args)
         except NoScriptError:
             return await redis.eval(self.source, len(keys), *keys, *args)
+
+
+class CoalescedScripts:
+    """Script calls made at about the same time, sent as one pipeline (not a transaction)."""
+
+    def __init__(self, redis: Redis) -> None:
+        self._redis = redis
+        self._batches: Coalescer[_Call, Any] = Coalescer(self._send)
+
+    async def run(
+        self, script: LuaScript, keys: Sequence[str], args: Sequence[str | int | float]
+    ) -> Any:
+        """Run ``script`` in the next batch; its reply, or the error it raised."""
+        return await self._batches.submit((script, tuple(keys), tuple(args)))
+
+    async def _send(self, calls: Sequence[_Call]) -> list[Any]:
+        pipe = self._redis.pipeline(transaction=False)
+        for script, keys, args in calls:
+            pipe.evalsha(script.sha, len(keys), *keys, *args)
+        replies: list[Any] = await pipe.execute(raise_on_error=False)
+        missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
+        if missing:  # a server that lost its script cache: EVAL caches them again
+            pipe = self._redis.pipeline(transaction=False)
+            for i in missing:
+                script, keys, args = calls[i]
+                pipe.eval(script.source, len(keys), *keys, *args)
+            for i, reply in zip(missing, await pipe.execute(raise_on_error=False), strict=True):
+                replies[i] = reply
+        return replies

@@ -347,10 +347,10 @@ async def measure_baseline(
     meter = CpuMeter({"broker": children_named("--listener-url"), "relays": relays})
     try:
         await drive(cfg.warmup, cfg.concurrency, one)
+        paced, _, _ = await drive(cfg.paced, 1, one)
         meter.start()
         latencies, outcomes, elapsed = await drive(cfg.n, cfg.concurrency, one)
         cpu = meter.stop()
-        paced, _, _ = await drive(cfg.paced, 1, one)
     finally:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -359,6 +359,20 @@ async def measure_baseline(
         await producer.stop()
     result = summarize("baseline (bare aiokafka, 4 hops)", latencies, outcomes, elapsed)
     return dataclasses.replace(result, costs=costs_of(cpu, result.completed, paced))
+
+
+async def settle(
+    groups: dict[str, list[int]], *, quiet: float = 0.25, limit_s: float = 180
+) -> None:
+    """Wait until the processes use less than ``quiet`` of a core (consumers that lag
+    behind, audit and status under load, have caught up), for at most ``limit_s``."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        meter = CpuMeter(groups)
+        meter.start()
+        await asyncio.sleep(1.0)
+        if sum(r.cores for r in meter.stop().values()) < quiet:
+            return
 
 
 def costs_of(cpu: dict[str, CpuReading], completed: int, paced: list[float]) -> Costs:
@@ -487,11 +501,14 @@ async def measure_fleet(
         rss_warm = {name: rss_mb([pid]).get(pid, 0.0) for name, pid in workers.items()}
         groups = {"broker": children_named("--listener-url")}
         groups.update({name: [pid] for name, pid in workers.items()})
+        observers = {name: groups[name] for name in ("audit", "status")}
+        await settle(observers)  # audit and status catch up with the warm-up first
+        paced, _, _ = await drive(cfg.paced, 1, one)
         meter = CpuMeter(groups)
         meter.start()
         latencies, outcomes, elapsed = await drive(cfg.n, cfg.concurrency, one)
+        await settle(observers)  # the observers' backlog is part of the run's cost
         cpu = meter.stop()
-        paced, _, _ = await drive(cfg.paced, 1, one)
         costs = costs_of(cpu, len(latencies), paced)
         if cfg.idle_s > 0:
             idle = CpuMeter({**groups, "client": [os.getpid()]}, alone=["client"])

@@ -293,7 +293,12 @@ class EventConsumer:
                     # Idle: no fetch requests until woken or the interval is up, then
                     # one short look (the partitions resume below).
                     self._apply_backpressure(consumer, full=True)
-                    await pace.rest(stopped)
+                    resting = metrics.CONSUMERS_RESTING.labels(self.spec.service)
+                    resting.inc()
+                    try:
+                        await pace.rest(stopped)
+                    finally:
+                        resting.dec()
                     if stop.is_set():
                         return
                     timeout_ms = CHECK_FETCH_MS

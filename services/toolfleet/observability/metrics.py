@@ -19,6 +19,11 @@ DLQ_RECORDS = Counter(
     "toolfleet_dlq_records_total", "Messages a service sent to the DLQ.", ["service", "reason"]
 )
 IN_FLIGHT = Gauge("toolfleet_in_flight_events", "Events being processed now.", ["service"])
+CONSUMERS_RESTING = Gauge(
+    "toolfleet_consumers_resting",
+    "Consumers resting while idle (partitions paused until traffic is announced).",
+    ["service"],
+)
 DUPLICATES_SKIPPED = Counter(
     "toolfleet_duplicate_events_total", "Redelivered events skipped by dedupe.", ["service"]
 )

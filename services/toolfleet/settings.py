@@ -41,9 +41,9 @@ class FleetSettings(BaseSettings):
     """``fetch_max_wait_ms`` of audit and status, which are off the outcome's critical path:
     a little lag there saves the CPU of polling six topics every few milliseconds."""
     idle_after_ms: int = Field(default=1000, ge=0)
-    """A consumer that fetched nothing for this long rests: partitions paused, one short
-    fetch per ``TOOLFLEET_IDLE_FETCH_INTERVAL_MS``, woken at once by the fleet's traffic
-    announcements (Redis pub/sub). 0: never rest."""
+    """A consumer that fetched nothing for this long rests: partitions paused, end offsets
+    checked every ``TOOLFLEET_IDLE_FETCH_INTERVAL_MS``, woken at once by the fleet's
+    traffic announcements (Redis pub/sub). 0: never rest."""
     idle_fetch_interval_ms: int = Field(default=500, ge=10)
     """How often a resting consumer looks for records nobody announced (the most a lost
     announcement adds to a call's latency)."""

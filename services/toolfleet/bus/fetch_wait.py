@@ -5,8 +5,9 @@ Real Kafka long-polls, so that costs little; the dev broker does not wake a wait
 fetch promptly, so an idle fleet polling every 5 ms keeps most of a core busy. So:
 
 - a consumer that has fetched nothing for ``TOOLFLEET_IDLE_AFTER_MS`` **rests**: its
-  partitions are paused (no fetch requests at all) and it looks for records once every
-  ``TOOLFLEET_IDLE_FETCH_INTERVAL_MS``, a short fetch then back to rest;
+  partitions are paused (no fetch requests at all) and once every
+  ``TOOLFLEET_IDLE_FETCH_INTERVAL_MS`` it compares the partitions' end offsets with its
+  positions (one ``ListOffsets`` request, no fetch): records past them wake it;
 - every producer of the fleet (workers and ``ToolfleetClient``) **announces traffic** on
   a Redis pub/sub channel when it sends to a topic it has not announced for half of
   ``TOOLFLEET_IDLE_AFTER_MS``; each worker's :class:`TrafficSignal` listener then wakes
@@ -41,8 +42,6 @@ from toolfleet.settings import FleetSettings
 log = logging.getLogger(__name__)
 
 _POLL_S = 0.5
-#: How long the fetch that a resting consumer makes each interval may take (ms).
-CHECK_FETCH_MS = 10
 
 
 def traffic_channel(topic_prefix: str) -> str:

@@ -35,7 +35,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_ran
 from toolfleet.bus.connection import connection_kwargs
 from toolfleet.bus.dedupe import ProcessedEvents
 from toolfleet.bus.dlq import dlq_message
-from toolfleet.bus.fetch_wait import CHECK_FETCH_MS, FetchPace, TrafficSignal
+from toolfleet.bus.fetch_wait import FetchPace, TrafficSignal
 from toolfleet.bus.offsets import OffsetTracker, Partition
 from toolfleet.bus.producer import EventProducer, Outbound
 from toolfleet.bus.scheduler import Backlog, Placement
@@ -286,12 +286,12 @@ class EventConsumer:
                 free = self.spec.max_in_flight - len(self._tasks)
                 if self._backlog is not None:
                     free += self.spec.backlog_limit - len(self._backlog)
-                timeout_ms = 100
+                timeout_ms, still_idle = 100, False
                 if pace is not None and free <= 0:
                     pace.saw_traffic()  # too busy to fetch is not idle
                 elif pace is not None and pace.should_rest():
-                    # Idle: no fetch requests until woken or the interval is up, then
-                    # one short look (the partitions resume below).
+                    # Idle: no fetch requests until woken or the interval is up; then,
+                    # unless woken, one look at the end offsets decides.
                     self._apply_backpressure(consumer, full=True)
                     resting = metrics.CONSUMERS_RESTING.labels(self.spec.service)
                     resting.inc()
@@ -301,8 +301,12 @@ class EventConsumer:
                         resting.dec()
                     if stop.is_set():
                         return
-                    timeout_ms = CHECK_FETCH_MS
-                self._apply_backpressure(consumer, full=free <= 0)
+                    if pace.should_rest() and not await _unread(consumer):
+                        # Still paused: the poll below only keeps the membership alive.
+                        timeout_ms, still_idle = 0, True
+                    else:
+                        pace.saw_traffic()
+                self._apply_backpressure(consumer, full=free <= 0 or still_idle)
                 fetch = asyncio.ensure_future(
                     consumer.getmany(timeout_ms=timeout_ms, max_records=max(free, 1))
                 )
@@ -647,6 +651,27 @@ class EventConsumer:
                 await asyncio.wait(pending)
         await self._commit(list(revoked_set))
         self._tracker.forget(revoked_set)
+
+
+async def _unread(consumer: AIOKafkaConsumer, *, timeout_s: float = 2.0) -> bool:
+    """Whether any assigned partition has records past the consumer's position (read
+    from the brokers' end offsets, no fetch). When in doubt (no answer, no position
+    yet), True: the consumer then fetches as usual."""
+
+    async def look() -> bool:
+        parts = list(consumer.assignment())
+        if not parts:
+            return False
+        ends = await consumer.end_offsets(parts)
+        for tp in parts:
+            if ends.get(tp, 0) > await consumer.position(tp):
+                return True
+        return False
+
+    try:
+        return await asyncio.wait_for(look(), timeout_s)
+    except (TimeoutError, KafkaError, AssertionError):  # AssertionError: unassigned now
+        return True
 
 
 def _header_traceparent(headers: Sequence[tuple[str, bytes]]) -> str | None:

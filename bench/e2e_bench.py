@@ -79,6 +79,8 @@ class BenchConfig:
     """How long the fleet idles before the first call after idle; 0 skips the idle phase."""
     celery: bool = True
     """Run the Celery peer (``celery_peer.py``) after the fleet."""
+    short_idles: int = 3
+    """Calls after 3-second pauses, after the first call after the idle phase."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -94,6 +96,8 @@ class Costs:
     """Average share of one core each process used over the idle phase."""
     first_after_idle_ms: list[float] | None = None
     """Latency of the first call after the idle phase, then after short idles (3 s)."""
+    paced_after_idle_ms: list[float] | None = None
+    """Latencies of calls made right after each of those (the fleet awake): their twins."""
     rss_mb_after_warmup: dict[str, float] | None = None
     rss_mb_after_run: dict[str, float] | None = None
 
@@ -516,10 +520,14 @@ async def measure_fleet(
             await asyncio.sleep(cfg.idle_s)
             idle_cores = {name: r.cores for name, r in idle.stop().items()}
             first = [(await one(0))[0] * 1000]
-            for _ in range(3):  # past TOOLFLEET_IDLE_AFTER_MS: every consumer rests again
+            awake = [(await one(0))[0] * 1000]
+            for _ in range(cfg.short_idles):  # past TOOLFLEET_IDLE_AFTER_MS: all rest again
                 await asyncio.sleep(3)
                 first.append((await one(0))[0] * 1000)
-            costs = dataclasses.replace(costs, idle_cores=idle_cores, first_after_idle_ms=first)
+                awake.append((await one(0))[0] * 1000)
+            costs = dataclasses.replace(
+                costs, idle_cores=idle_cores, first_after_idle_ms=first, paced_after_idle_ms=awake
+            )
         rss_end = {name: rss_mb([pid]).get(pid, 0.0) for name, pid in workers.items()}
         costs = dataclasses.replace(costs, rss_mb_after_warmup=rss_warm, rss_mb_after_run=rss_end)
     result = summarize("fleet (toolfleet, core__echo)", latencies, outcomes, elapsed)
@@ -587,6 +595,9 @@ def costs_table(fleet: RunResult | None, base: RunResult, celery: dict[str, Any]
         if fc.first_after_idle_ms is not None:
             lines.append("first call after idle (ms): "
                          + ", ".join(f"{v:.1f}" for v in fc.first_after_idle_ms))  # fmt: skip
+        if fc.paced_after_idle_ms is not None:
+            lines.append("the call right after each (ms): "
+                         + ", ".join(f"{v:.1f}" for v in fc.paced_after_idle_ms))  # fmt: skip
         if fc.rss_mb_after_run is not None and fc.rss_mb_after_warmup is not None:
             lines.append(f"worker RSS MB after warm-up: {_fmt(fc.rss_mb_after_warmup)}; "
                          f"after the run: {_fmt(fc.rss_mb_after_run)}")  # fmt: skip
@@ -699,6 +710,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--paced", type=int, default=200, help="calls made one at a time")
     parser.add_argument("--idle-s", type=float, default=60.0, help="idle phase (0: skip)")
     parser.add_argument("--no-celery", action="store_true", help="skip the Celery peer")
+    parser.add_argument("--short-idles", type=int, default=3, help="calls after 3 s pauses")
     parser.add_argument("--baseline-only", action="store_true", help="skip the fleet run")
     parser.add_argument("--no-save", action="store_true", help="do not write bench/results")
     args = parser.parse_args(argv)
@@ -716,6 +728,7 @@ def main(argv: list[str] | None = None) -> int:
         paced=args.paced,
         idle_s=args.idle_s,
         celery=not args.no_celery,
+        short_idles=args.short_idles,
     )
     report = asyncio.run(bench(cfg, baseline_only=args.baseline_only))
     if not args.no_save:

@@ -106,12 +106,16 @@ async def test_an_announcement_wakes_this_process_s_resting_consumers_at_once() 
     await signal.close()
 
 
-async def test_a_failed_announcement_is_retried_by_the_next_send() -> None:
-    redis = Publishes(fail=True)
-    signal = TrafficSignal(redis, channel="c", idle_after_s=1.0)  # type: ignore[arg-type]
+async def test_a_failed_announcement_is_tried_again_after_half_a_spell() -> None:
+    clock, redis = Clock(), Publishes(fail=True)
+    signal = TrafficSignal(redis, channel="c", idle_after_s=1.0, clock=clock)  # type: ignore[arg-type]
     signal.announce("t")
     await signal.close()
     redis.fail = False
+    signal.announce("t")  # an unreachable Redis is not hammered by every send
+    await signal.close()
+    assert redis.sent == []
+    clock.now += 0.5
     signal.announce("t")
     await signal.close()
     assert redis.sent == [("c", "t")]

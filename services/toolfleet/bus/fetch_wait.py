@@ -159,9 +159,10 @@ class TrafficSignal:
         try:
             await self._redis.publish(self._channel, topic)
         except (RedisError, OSError) as exc:
-            # Only latency is lost: resting consumers look for records every interval.
+            # Only latency is lost: resting consumers look for records every interval. Not
+            # retried before the next half spell: a client without a reachable Redis (a
+            # remote CLI) pays one failed attempt per topic per half spell, no more.
             log.debug("traffic announcement not sent", extra={"error": type(exc).__name__})
-            self._announced.pop(topic, None)
 
     def _wake_local(self) -> None:
         for pace in self._paces:

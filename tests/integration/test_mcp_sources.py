@@ -207,7 +207,7 @@ async def test_tool_errors_and_malformed_results_are_typed(fleet: Fleet, state: 
     assert failed.error is not None
     assert failed.error.code is ErrorCode.TOOL_EXECUTION_ERROR
     assert failed.error.retryable is False
-    assert "42" not in failed.error.model_dump_json()  # the server's text stays out
+    assert "secret sauce" not in failed.error.model_dump_json()  # the server's text stays out
 
     malformed = await fleet.call(f"mcp__{source.name}__malformed", {})
     assert malformed.error is not None

@@ -20,6 +20,7 @@ from toolfleet.events.codec import ContentMode, encode
 from toolfleet.events.envelope import new_event
 from toolfleet.events.models import (
     AgentContext,
+    AnomalyDetected,
     ApprovalDecision,
     ApprovalRequested,
     AuditRecord,
@@ -188,6 +189,20 @@ def sample(event_type: EventType) -> BaseModel:
                 consumer_group="toolfleet.policy",
                 error=ErrorInfo(code=ErrorCode.INVALID_EVENT, message="bad"),
                 failed_at=NOW,
+            )
+        case EventType.ANOMALY:
+            return AnomalyDetected(
+                anomaly_id="f1",
+                kind="denial_spike",
+                tenant_id="tenant_acme",
+                agent_did="did:agent:x",
+                window_start=NOW,
+                window_end=NOW,
+                observed=10,
+                threshold=10,
+                summary="agent did:agent:x was denied 10 times in one minute",
+                detected_at=NOW,
+                ocsf={"class_uid": 2004},
             )
     raise AssertionError(f"no sample for {event_type}")
 

@@ -473,6 +473,31 @@ class AuditRecord(_Internal):
     """OCSF 1.8 API Activity (class 6003) projection of the same fact."""
 
 
+class AnomalyDetected(_Internal):
+    """``data`` of ``ai.agent.tool.anomaly`` on ``toolfleet.audit``: a detector's finding."""
+
+    anomaly_id: str
+    """Deterministic per rule, subject and window: a replay re-emits the same id."""
+    kind: Literal["denial_spike", "error_rate_jump", "novel_tools"]
+    """Which rule fired."""
+    tenant_id: str
+    agent_did: str | None = None
+    """The agent concerned (``denial_spike``, ``novel_tools``)."""
+    tool_id: str | None = None
+    """The tool concerned (``error_rate_jump``)."""
+    window_start: datetime
+    window_end: datetime
+    observed: float
+    """The value that crossed the threshold (a count, or an error rate)."""
+    threshold: float
+    baseline: float | None = None
+    """What the value is compared with, where the rule has one (the hour's error rate)."""
+    summary: str
+    detected_at: datetime
+    ocsf: dict[str, Any]
+    """OCSF 1.8 Detection Finding (class 2004) projection of the same finding."""
+
+
 class DlqHeader(_Internal):
     key: str
     value_b64: str

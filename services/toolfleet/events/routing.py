@@ -272,8 +272,36 @@ SIEM = Party(
     ),
 )
 
+ANALYTICS = Party(
+    name="analytics",
+    source=Source.ANALYTICS,
+    receives=(
+        Route(
+            topic=TopicName.AUDIT,
+            types=(),
+            summary="Windowed tables per tenant and tool (a faust-streaming app).",
+        ),
+    ),
+    sends=(
+        Route(
+            topic=TopicName.AUDIT,
+            types=(EventType.ANOMALY,),
+            summary="Anomalies the detectors found, for SIEMs (structured content mode).",
+        ),
+    ),
+)
+
 #: Every party, producers first, then the pipeline in order, then readers outside it.
-ROUTING: tuple[Party, ...] = (PRODUCER, POLICY, EXECUTOR, VALIDATOR, AUDIT, STATUS, SIEM)
+ROUTING: tuple[Party, ...] = (
+    PRODUCER,
+    POLICY,
+    EXECUTOR,
+    VALIDATOR,
+    AUDIT,
+    STATUS,
+    ANALYTICS,
+    SIEM,
+)
 
 #: What a consumer writes for a record it cannot decode or process.
 DEAD_LETTER = Route(

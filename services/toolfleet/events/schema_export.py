@@ -29,6 +29,7 @@ from pydantic_core import core_schema
 from toolfleet.events.envelope import Envelope
 from toolfleet.events.models import (
     TENANT_ID_PATTERN,
+    AnomalyDetected,
     ApprovalDecision,
     ApprovalRequested,
     AuditRecord,
@@ -164,6 +165,13 @@ EVENTS: dict[EventType, EventDoc] = {
         description="A message a consumer could not decode or process: original key, "
         "headers and value (base64), where it came from and the error.",
     ),
+    EventType.ANOMALY: EventDoc(
+        model=AnomalyDetected,
+        description="A detector of the analytics app found an anomaly in the audit stream "
+        "(a denial spike for an agent, a tool's error-rate jump, an agent calling tools it "
+        "never called before at a high rate). On the audit topic in structured mode, with "
+        "an OCSF 1.8 Detection Finding (class 2004) projection in the ocsf member.",
+    ),
 }
 
 AUDIT_DOC = EventDoc(
@@ -209,7 +217,8 @@ TOPIC_DOCS: dict[TopicName, str] = {
     "SDK that checked the decider (data.signature). Written by the API, CLI and SDK.",
     TopicName.AUDIT: "One audit event per lifecycle event, for SIEMs: same type, data "
     "with the audit fields plus an OCSF 1.8 API Activity (6003) projection. Written by the "
-    "audit service.",
+    "audit service; the analytics app adds ai.agent.tool.anomaly findings (OCSF Detection "
+    "Finding, 2004).",
     TopicName.DLQ: "Messages a consumer could not decode or process. Written by any consumer.",
 }
 
@@ -510,12 +519,26 @@ def _messages() -> dict[str, Any]:
         "bindings": _kafka_message_binding(ORIGINAL_KEY_SCHEMA),
         "x-cloudevents-content-mode": "structured",
     }
+    anomaly = EVENTS[EventType.ANOMALY]
+    messages[_message_id(EventType.ANOMALY)] = {
+        "name": EventType.ANOMALY.value,
+        "title": EventType.ANOMALY.value,
+        "summary": (inspect.getdoc(anomaly.model) or "").split("\n")[0],
+        "description": anomaly.description,
+        "contentType": STRUCTURED_CONTENT_TYPE,
+        "headers": {"$ref": "#/components/schemas/structuredModeHeaders"},
+        "payload": _structured_payload(
+            event_schema_path(EventType.ANOMALY), [EventType.ANOMALY.value]
+        ),
+        "bindings": _kafka_message_binding(TENANT_KEY_SCHEMA),
+        "x-cloudevents-content-mode": "structured",
+    }
     return messages
 
 
 def _channel_messages(name: TopicName) -> list[str]:
     if name is TopicName.AUDIT:
-        return ["auditRecord"]
+        return ["auditRecord", _message_id(EventType.ANOMALY)]
     return [_message_id(t) for t in types_on(name)]
 
 
@@ -558,7 +581,8 @@ def _operations_doc() -> dict[str, Any]:
     for op in operations():
         route = op.route
         channel = _channel_id(route.topic)
-        mids = [_message_id(t) for t in route.types] or _channel_messages(route.topic)
+        # An untyped route is the audit topic's one message for every lifecycle type.
+        mids = [_message_id(t) for t in route.types] or _channel_messages(route.topic)[:1]
         op_id = f"{op.service}{op.action.capitalize()}{channel[0].upper()}{channel[1:]}"
         doc[op_id] = {
             "action": op.action,

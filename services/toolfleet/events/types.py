@@ -27,6 +27,7 @@ class EventType(StrEnum):
     APPROVAL_GRANTED = "ai.agent.tool.approval.granted"
     APPROVAL_DENIED = "ai.agent.tool.approval.denied"
     DLQ_RECORD = "ai.agent.toolfleet.dlq.record"
+    ANOMALY = "ai.agent.tool.anomaly"
 
 
 TERMINAL_TYPES: frozenset[EventType] = frozenset(
@@ -67,6 +68,7 @@ TOPIC_OF_TYPE: dict[EventType, TopicName] = {
     EventType.APPROVAL_GRANTED: TopicName.CONTROL,
     EventType.APPROVAL_DENIED: TopicName.CONTROL,
     EventType.DLQ_RECORD: TopicName.DLQ,
+    EventType.ANOMALY: TopicName.AUDIT,
 }
 
 #: Topics whose events are lifecycle facts (audited and projected into status).
@@ -91,6 +93,7 @@ class Source(StrEnum):
     API = "/toolfleet/api"
     CLIENT = "/toolfleet/client"
     CLI = "/toolfleet/cli"
+    ANALYTICS = "/toolfleet/analytics"
 
 
 def topic(prefix: str, name: TopicName) -> str:

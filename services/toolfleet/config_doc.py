@@ -19,6 +19,7 @@ SETTINGS_CLASSES = (
     ("toolfleet.executor.settings", "ExecutorSettings"),
     ("toolfleet.api.settings", "ApiSettings"),
     ("toolfleet.maintenance.settings", "MaintenanceSettings"),
+    ("toolfleet.analytics.settings", "AnalyticsSettings"),
 )
 START, END = "<!-- config-table:start -->", "<!-- config-table:end -->"
 

@@ -137,7 +137,7 @@ def test_bad_setting_names_the_variable() -> None:
 
 
 def test_worker_names_are_checked() -> None:
-    assert {name.value for name in WorkerName} == set(SERVICES + AUXILIARY)
+    assert {name.value for name in WorkerName} == {*SERVICES, *AUXILIARY, "analytics"}
     result = CliRunner().invoke(app, ["worker", "bogus"])
     assert result.exit_code == 2
 

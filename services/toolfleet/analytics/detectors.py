@@ -71,9 +71,7 @@ class Finding:
 
 def finding_id(finding: Finding) -> str:
     """Deterministic id: one per rule, subject and window."""
-    name = "|".join(
-        [finding.kind, finding.tenant_id, finding.subject, f"{finding.window[0]:.0f}"]
-    )
+    name = "|".join([finding.kind, finding.tenant_id, finding.subject, f"{finding.window[0]:.0f}"])
     return str(uuid.uuid5(_NAMESPACE, name))
 
 
@@ -152,6 +150,5 @@ def novel_tools(
         window=window,
         observed=after,
         threshold=settings.novel_tools,
-        summary=f"agent {fact.agent_did} called {after} tools it never called before "
-        "in one minute",
+        summary=f"agent {fact.agent_did} called {after} tools it never called before in one minute",
     )

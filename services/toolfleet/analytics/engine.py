@@ -168,13 +168,15 @@ class Analyzer:
     def _remember(self, fact: AuditFact) -> KnownTools | None:
         """Record the agent's call of ``fact.tool_id``; the agent's record before it if
         the tool is new to the agent, else None."""
-        assert fact.agent_did is not None and fact.tool_id is not None
+        assert fact.agent_did is not None
+        assert fact.tool_id is not None
         key = f"{fact.tenant_id}{SEP}{fact.agent_did}"
         raw = self.tables.known.get(key)
         if raw is None:
             known = KnownTools(first_seen=fact.at)
-            self.tables.known.set(key, KnownTools(first_seen=fact.at, tools=[fact.tool_id])
-                                  .model_dump(mode="json"))
+            self.tables.known.set(
+                key, KnownTools(first_seen=fact.at, tools=[fact.tool_id]).model_dump(mode="json")
+            )
             return known
         known = KnownTools.model_validate(raw)
         if fact.tool_id in known.tools or len(known.tools) >= MAX_KNOWN_TOOLS:

@@ -9,7 +9,7 @@ stream gives the same snapshot whenever it runs. Pure, except :class:`RedisSnaps
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any, Final, Protocol
 
@@ -100,7 +100,7 @@ def build_snapshots(
     *,
     minute: WindowTable,
     hour: WindowTable,
-    anomalies: dict[str, list[AnomalyView]],
+    anomalies: Mapping[str, list[AnomalyView]],
     now: datetime,
     minute_spec: WindowSpec = MINUTE,
     hour_spec: WindowSpec = HOUR,

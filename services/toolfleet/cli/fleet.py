@@ -28,6 +28,8 @@ class WorkerName(StrEnum):
     STATUS = "status"
     MAINTENANCE = "maintenance"
     """Retention: prunes (and optionally archives) rows past their age."""
+    ANALYTICS = "analytics"
+    """The stream analytics app (faust-streaming; ``toolfleet[analytics]``)."""
 
 
 def _devstack(module: str, attribute: str) -> object:
@@ -99,6 +101,14 @@ def worker(
     name: Annotated[WorkerName, typer.Argument(help="Which service to run.", show_default=False)],
 ) -> None:
     """Run one service (shown as `toolfleet worker NAME` in ps); SIGTERM drains."""
+    if name is WorkerName.ANALYTICS:
+        from toolfleet.analytics.app import run
+        from toolfleet.analytics.settings import AnalyticsSettings
+
+        analytics = load_settings(AnalyticsSettings)
+        with reaching_fleet(analytics):
+            run(analytics)
+        return
     from toolfleet.worker import run_worker
 
     settings = load_settings(FleetSettings)

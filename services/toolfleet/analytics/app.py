@@ -1,0 +1,199 @@
+"""The faust-streaming adapter: ``toolfleet worker analytics``.
+
+One faust app (its id and consumer group: ``{prefix}analytics``) reads
+``toolfleet.audit``, hands every event to :class:`~.service.AnalyticsService` inside
+the stream, publishes the anomaly events it returns (structured mode, acknowledged
+before the offset can be committed), and writes snapshots from a timer. The tables
+are faust tables in memory, each backed by a changelog topic
+(``{prefix}analytics-{table}-changelog``) from which a restarted app restores them.
+
+Settings that make faust work with the dev broker (memory-only, no idempotent
+producer): at-least-once processing (faust then never asks for idempotence or
+transactions), no standby replicas (each worker holds only its own partitions, so its
+snapshots never mix in a stale copy), a 10 s session and rebalance timeout (faust's
+defaults wait a minute for a join), and commits every second.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import tempfile
+from collections.abc import Iterator, Mapping
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import faust
+import mode
+
+from toolfleet.analytics.engine import AnalyticsTables, Analyzer
+from toolfleet.analytics.metrics import AnalyticsCollector
+from toolfleet.analytics.service import AnalyticsService
+from toolfleet.analytics.settings import AnalyticsSettings
+from toolfleet.analytics.snapshot import RedisSnapshots
+from toolfleet.analytics.windows import HOUR, MINUTE, Window
+from toolfleet.errors import InvalidEvent, ToolfleetError
+from toolfleet.events.codec import ContentMode, decode, encode
+from toolfleet.events.types import TopicName, topic
+from toolfleet.observability.logs import configure_logging
+from toolfleet.storage.redis import connect_redis
+
+log = logging.getLogger(__name__)
+
+#: How long windows stay in the tables after they close (event time).
+MINUTE_RETENTION = timedelta(minutes=10)
+HOUR_RETENTION = timedelta(hours=2)
+
+
+class FaustWindowTable:
+    """:class:`~.engine.WindowTable` on a windowed faust table, keyed ``(key, window)``
+    like faust's own windowed keys, so faust expires closed windows."""
+
+    def __init__(self, wrapper: Any) -> None:
+        self._table = wrapper.table
+
+    def get(self, key: str, window: Window) -> dict[str, Any] | None:
+        value = self._table.get((key, window))
+        return value if isinstance(value, dict) else None
+
+    def set(self, key: str, window: Window, value: dict[str, Any]) -> None:
+        self._table[(key, window)] = value
+
+    def entries(self) -> Iterator[tuple[str, Window, dict[str, Any]]]:
+        for (key, window), value in list(self._table.items()):
+            yield key, (float(window[0]), float(window[1])), value
+
+
+class FaustKeyTable:
+    """:class:`~.engine.KeyTable` on a faust table."""
+
+    def __init__(self, table: Any) -> None:
+        self._table = table
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        value = self._table.get(key)
+        return value if isinstance(value, dict) else None
+
+    def set(self, key: str, value: dict[str, Any]) -> None:
+        self._table[key] = value
+
+
+def faust_settings(settings: AnalyticsSettings, data_dir: Path) -> dict[str, Any]:
+    """The faust app's configuration (see the module docstring)."""
+    if settings.kafka_security_protocol != "PLAINTEXT":
+        raise ToolfleetError(
+            "toolfleet worker analytics supports TOOLFLEET_KAFKA_SECURITY_PROTOCOL=PLAINTEXT "
+            f"only so far, not {settings.kafka_security_protocol}"
+        )
+    return {
+        "broker": [f"kafka://{host.strip()}" for host in settings.kafka_bootstrap.split(",")],
+        "store": "memory://",
+        "datadir": str(data_dir),
+        "processing_guarantee": "at_least_once",
+        "topic_partitions": settings.topic_partitions,
+        "topic_replication_factor": settings.topic_replication,
+        "table_standby_replicas": 0,
+        "broker_session_timeout": 10.0,
+        "broker_rebalance_timeout": 10.0,
+        "broker_heartbeat_interval": 1.0,
+        "broker_commit_interval": 1.0,
+        "broker_client_id": "toolfleet-analytics",
+        "consumer_auto_offset_reset": "earliest",
+        "table_cleanup_interval": 30.0,
+        "web_enabled": False,
+    }
+
+
+def create_app(
+    settings: AnalyticsSettings, *, data_dir: Path
+) -> tuple[faust.App, AnalyticsService]:
+    """The faust app and the service it feeds (not started)."""
+    app = faust.App(f"{settings.topic_prefix}analytics", **faust_settings(settings, data_dir))
+    audit_name = topic(settings.topic_prefix, TopicName.AUDIT)
+    audit = app.topic(
+        audit_name, key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw"
+    )
+    tables = AnalyticsTables(
+        minute=FaustWindowTable(
+            app.Table("minute", default=None).tumbling(MINUTE.size_s, expires=MINUTE_RETENTION)
+        ),
+        hour=FaustWindowTable(
+            app.Table("hour", default=None).hopping(
+                HOUR.size_s, HOUR.step_s, expires=HOUR_RETENTION
+            )
+        ),
+        subjects=FaustWindowTable(
+            app.Table("subjects", default=None).tumbling(MINUTE.size_s, expires=MINUTE_RETENTION)
+        ),
+        known=FaustKeyTable(app.Table("known", default=None)),
+    )
+    redis = connect_redis(settings.redis_url)
+    service = AnalyticsService(
+        analyzer=Analyzer(tables, settings=settings.detectors()),
+        tables=tables,
+        store=RedisSnapshots(redis),
+        clock=lambda: datetime.now(UTC),
+    )
+
+    @app.agent(audit)
+    async def count(stream: Any) -> None:
+        async for event in stream.events():
+            message = event.message
+            try:
+                envelope = decode(
+                    key=message.key, value=message.value, headers=_headers(message.headers)
+                )
+            except InvalidEvent as exc:
+                log.warning("skipped an undecodable audit message", extra={"error": str(exc)})
+                continue
+            for anomaly in service.on_audit(envelope):
+                wire = encode(anomaly, ContentMode.STRUCTURED)
+                sent = await audit.send(key=wire.key, value=wire.value, headers=wire.headers)
+                await sent  # acknowledged before this offset can be committed
+
+    @app.timer(settings.analytics_snapshot_interval_s)  # type: ignore[untyped-decorator]
+    async def publish() -> None:
+        await service.publish()
+
+    @app.service
+    class Clients(mode.Service):
+        """Closes the Redis client when the app stops."""
+
+        async def on_stop(self) -> None:
+            await redis.aclose()
+
+    return app, service
+
+
+def _headers(headers: Any) -> list[tuple[str, bytes]]:
+    items = headers.items() if isinstance(headers, Mapping) else headers or []
+    return [(str(k), bytes(v)) for k, v in items if v is not None]
+
+
+def run(settings: AnalyticsSettings) -> None:
+    """Entry point of ``toolfleet worker analytics``; returns when SIGTERM stopped it."""
+    configure_logging(service="analytics", level=settings.log_level, fmt=settings.log_format)
+    with contextlib.suppress(ImportError):
+        import setproctitle
+
+        setproctitle.setproctitle("toolfleet worker analytics")
+    with contextlib.ExitStack() as stack:
+        data_dir = settings.analytics_data_dir or Path(
+            stack.enter_context(tempfile.TemporaryDirectory(prefix="toolfleet-analytics-"))
+        )
+        app, service = create_app(settings, data_dir=data_dir)
+        if settings.metrics_port:
+            from prometheus_client import REGISTRY, start_http_server
+
+            REGISTRY.register(
+                AnalyticsCollector(
+                    lambda: service.latest,
+                    lambda: service.found,
+                    max_tenants=settings.analytics_metrics_max_tenants,
+                )
+            )
+            start_http_server(settings.metrics_port, addr="127.0.0.1")
+        worker = faust.Worker(app, loglevel=settings.log_level, override_logging=False, quiet=True)
+        with contextlib.suppress(SystemExit):
+            worker.execute_from_commandline()

@@ -158,6 +158,8 @@ def _details(event: Envelope) -> dict[str, Any]:
     options = _dict(data.get("execution_options"))
     picked: dict[str, Any] = {
         "duration_ms": meta.get("duration_ms"),
+        "cpu_used_millicore_seconds": meta.get("cpu_used_millicore_seconds"),
+        "memory_peak_mb": meta.get("memory_peak_mb"),
         "attempts": meta.get("attempts", data.get("attempt")),
         "cached": meta.get("cached"),
         "truncated": meta.get("truncated"),

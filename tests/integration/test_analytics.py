@@ -7,7 +7,6 @@ the app in the middle of the stream (restored from their changelog topics).
 
 from __future__ import annotations
 
-import json
 import math
 import signal
 import subprocess
@@ -207,11 +206,13 @@ async def test_windows_count_a_scripted_stream_and_a_denial_spike_fires_once_acr
         assert minute.totals.by_status == {"success": 3, "permission_denied": SPIKE - 1}
         assert minute.totals.by_error_code == {"permission_denied": SPIKE - 1}
         assert minute.totals.denials == SPIKE - 1
-        assert minute.totals.p50_ms is not None and 200 <= minute.totals.p50_ms <= 220
+        assert minute.totals.p50_ms is not None
+        assert 200 <= minute.totals.p50_ms <= 220
         assert minute.totals.cpu_millicore_s == 6
         assert minute.totals.memory_peak_mb == 64
         assert minute.tools["core__echo"].outcomes == 3
-        assert first.hour is not None and first.hour.totals.calls == 4
+        assert first.hour is not None
+        assert first.hour.totals.calls == 4
         assert first.anomalies == []
 
         assert analytics.stop() == 0  # mid-stream: a graceful restart

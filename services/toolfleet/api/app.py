@@ -15,7 +15,7 @@ from toolfleet.api.mcp import MCP_PATH, McpService
 from toolfleet.api.metrics import HttpMetricsMiddleware
 from toolfleet.api.problems import install_problem_handlers, problem_media_types
 from toolfleet.api.resources import open_resources
-from toolfleet.api.routes import events, health, invocations, policies, sources, tools
+from toolfleet.api.routes import analytics, events, health, invocations, policies, sources, tools
 from toolfleet.api.settings import ApiSettings
 
 
@@ -46,6 +46,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
     app.include_router(tools.router)
     app.include_router(policies.router)
     app.include_router(sources.router)
+    app.include_router(analytics.router)
     # MCP's transport answers GET, POST and DELETE itself (405 where stateless has none).
     app.router.routes.append(
         Route(MCP_PATH, mcp.endpoint, methods=["GET", "POST", "DELETE"], include_in_schema=False)

@@ -1,0 +1,146 @@
+"""``GET /v1/analytics/...``: the API serves the snapshots the analytics app writes,
+tenant scoped (an admin sees all), without running faust itself."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime
+
+import httpx
+import pytest
+from fastapi import FastAPI
+from redis.asyncio import Redis
+
+from toolfleet.analytics.detectors import DetectorSettings
+from toolfleet.analytics.engine import Analyzer, memory_tables
+from toolfleet.analytics.facts import AuditFact
+from toolfleet.analytics.snapshot import RedisSnapshots, build_snapshots
+from toolfleet.api import ApiSettings, create_app
+from toolfleet.auth.grants import ensure_grant_key
+from toolfleet.auth.keys import generate_key_pair
+from toolfleet.auth.tokens import TokenIssuer
+from toolfleet.events.types import EventType
+from toolfleet.settings import FleetSettings
+
+pytestmark = pytest.mark.integration
+
+NOW = datetime(2027, 1, 15, 8, 0, tzinfo=UTC)
+
+
+@pytest.fixture(scope="module")
+def issuer_and_settings(
+    settings: FleetSettings, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[TokenIssuer, ApiSettings]:
+    pair = generate_key_pair()
+    folder = tmp_path_factory.mktemp("analytics-api-keys")
+    private, public = folder / "private.pem", folder / "public.pem"
+    private.write_bytes(pair.private_pem)
+    public.write_bytes(pair.public_pem)
+    grant_key = folder / "grant.key"
+    ensure_grant_key(grant_key)
+    fleet = settings.model_copy(
+        update={
+            "jwt_private_key_file": private,
+            "jwt_public_key_file": public,
+            "grant_key_file": grant_key,
+        }
+    )
+    api = ApiSettings(**fleet.model_dump())
+    issuer = TokenIssuer(
+        pair.private_pem, pair.public_pem, issuer=api.jwt_issuer, audience=api.jwt_audience
+    )
+    return issuer, api
+
+
+@pytest.fixture(scope="module")
+async def app(issuer_and_settings: tuple[TokenIssuer, ApiSettings]) -> AsyncIterator[FastAPI]:
+    application = create_app(issuer_and_settings[1])
+    async with application.router.lifespan_context(application):
+        yield application
+
+
+@pytest.fixture
+async def http(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://api.test") as client:
+        yield client
+
+
+@pytest.fixture
+def auth(issuer_and_settings: tuple[TokenIssuer, ApiSettings]) -> Callable[..., dict[str, str]]:
+    issuer = issuer_and_settings[0]
+
+    def headers(tenant: str, *, admin: bool = False) -> dict[str, str]:
+        token = issuer.issue(
+            tenant_id=tenant, agent_did="did:agent:ops", scopes=["admin"] if admin else None
+        )
+        return {"Authorization": f"Bearer {token}"}
+
+    return headers
+
+
+async def write_snapshots(settings: FleetSettings, *tenants: str) -> None:
+    """What the analytics app writes after counting one call per tenant."""
+    engine = Analyzer(memory_tables(), settings=DetectorSettings())
+    for tenant in tenants:
+        engine.observe(
+            AuditFact(
+                audit_id=str(uuid.uuid4()),
+                tenant_id=tenant,
+                at=NOW.timestamp(),
+                event_type=EventType.INVOKE_REQUESTED,
+                agent_did="did:agent:a",
+                tool_id="core__echo",
+            )
+        )
+    snaps = build_snapshots(
+        minute=engine.tables.minute, hour=engine.tables.hour, anomalies={}, now=NOW
+    )
+    redis = Redis.from_url(settings.redis_url)
+    try:
+        await RedisSnapshots(redis).write(snaps.values())
+    finally:
+        await redis.aclose()
+
+
+async def test_a_tenant_reads_its_own_analytics_and_no_one_elses(
+    settings: FleetSettings, http: httpx.AsyncClient, auth: Callable[..., dict[str, str]]
+) -> None:
+    mine, theirs = f"tenant_{uuid.uuid4().hex[:8]}", f"tenant_{uuid.uuid4().hex[:8]}"
+    await write_snapshots(settings, mine, theirs)
+
+    answer = await http.get(f"/v1/analytics/tenants/{mine}", headers=auth(mine))
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    assert body["tenant_id"] == mine
+    assert body["minutes"][0]["window"] == "1m"
+    assert body["minutes"][0]["totals"]["calls"] == 1
+    assert body["minutes"][0]["tools"]["core__echo"]["calls"] == 1
+    assert body["hour"]["window"] == "1h"
+
+    other = await http.get(f"/v1/analytics/tenants/{theirs}", headers=auth(mine))
+    assert other.status_code == 404
+    listed = await http.get("/v1/analytics/tenants", headers=auth(mine))
+    assert listed.json()["tenants"] == [mine]
+
+
+async def test_an_admin_sees_every_tenant_and_unseen_tenants_are_empty(
+    settings: FleetSettings, http: httpx.AsyncClient, auth: Callable[..., dict[str, str]]
+) -> None:
+    seen = f"tenant_{uuid.uuid4().hex[:8]}"
+    await write_snapshots(settings, seen)
+    admin = auth("tenant_ops", admin=True)
+    answer = await http.get(f"/v1/analytics/tenants/{seen}", headers=admin)
+    assert answer.json()["minutes"][0]["totals"]["calls"] == 1
+    assert seen in (await http.get("/v1/analytics/tenants", headers=admin)).json()["tenants"]
+    unseen = await http.get("/v1/analytics/tenants/tenant_quiet", headers=admin)
+    assert unseen.status_code == 200
+    assert unseen.json() == {
+        "tenant_id": "tenant_quiet",
+        "generated_at": None,
+        "minutes": [],
+        "hour": None,
+        "anomalies": [],
+    }
+    assert (await http.get(f"/v1/analytics/tenants/{seen}")).status_code == 401

@@ -239,6 +239,8 @@ async def test_windows_count_a_scripted_stream_and_a_denial_spike_fires_once_acr
         assert event["data"]["ocsf"]["finding_info"]["uid"] == event["id"]
     except BaseException:
         print(analytics.logs())
+        last = await snapshots.read(tenant)
+        print("last snapshot:", last.model_dump_json(indent=1) if last else None)
         raise
     finally:
         await snapshots._redis.aclose()

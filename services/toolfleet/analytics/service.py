@@ -82,6 +82,7 @@ class AnalyticsService:
         )
         await self._store.write(snapshots.values())
         self.latest = snapshots
+        log.debug("snapshots written", extra={"tenants": len(snapshots)})
         return len(snapshots)
 
     async def _anomaly_history(self) -> Mapping[str, list[AnomalyView]]:

@@ -30,7 +30,7 @@ from toolfleet.events.types import EventType, Source
 
 pytestmark = pytest.mark.unit
 
-T0 = 1_800_000_000.0  # a minute boundary (divisible by 60 and by 300)
+T0 = 1_800_000_000.0  # a minute boundary, and a quarter hour's
 TENANT = "tenant_acme"
 AGENT = "did:agent:a"
 NOW = datetime(2027, 1, 15, 8, 0, tzinfo=UTC)
@@ -79,11 +79,11 @@ def test_a_tumbling_minute_holds_its_start_but_not_its_end() -> None:
     assert MINUTE.ranges(T0 + 60) == [(T0 + 60, T0 + 120)]
 
 
-def test_an_hour_hops_every_five_minutes() -> None:
+def test_an_hour_hops_every_fifteen_minutes() -> None:
     ranges = HOUR.ranges(T0 + 1)
-    assert len(ranges) == 12
+    assert len(ranges) == 4
     assert ranges[-1] == (T0, T0 + 3600) == HOUR.current(T0 + 1)
-    assert ranges[0] == (T0 - 3300, T0 + 300) == HOUR.earliest(T0 + 1)
+    assert ranges[0] == (T0 - 2700, T0 + 900) == HOUR.earliest(T0 + 1)
 
 
 @given(st.floats(min_value=0, max_value=4e9), st.sampled_from([(60, 60), (3600, 300), (10, 3)]))
@@ -269,7 +269,7 @@ def test_tables_count_per_tenant_and_tool_in_every_window() -> None:
     assert snap.minutes[1].tools["a"].p50_ms is not None
     assert snap.minutes[0].tools["b"].error_rate == 1.0
     assert snap.hour is not None
-    assert snap.hour.start.timestamp() == T0 - 3300
+    assert snap.hour.start.timestamp() == T0 - 2700
     assert (snap.hour.totals.calls, snap.hour.totals.outcomes) == (1, 2)
 
 

@@ -1,9 +1,9 @@
 """What one window knows about one tenant or tool: :class:`WindowStats`. Pure.
 
 Values are small and mergeable so a windowed table can hold them: counts by status and
-error code (both bounded label sets), a log-bucket duration histogram for p50/p95
-(relative error under 5 %, at most ~400 buckets whatever the traffic), CPU summed and
-memory peak as a maximum.
+error code (both bounded label sets), a log-bucket duration histogram for p50/p95 (a
+quantile reads at most 10 % above the truth; about 200 buckets whatever the traffic),
+CPU summed and memory peak as a maximum.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from toolfleet.analytics.facts import AuditFact
 
-#: Bucket growth factor: a quantile read from a bucket is within 5 % of the truth.
+#: Bucket growth factor: a quantile read from a bucket is at most 10 % above the truth.
 _GROWTH: Final = 1.1
 _LOG_GROWTH: Final = math.log(_GROWTH)
 

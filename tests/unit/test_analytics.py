@@ -216,6 +216,17 @@ def test_a_denial_spike_fires_once_per_agent_and_minute() -> None:
     assert finding_id(later[0]) != finding_id(found[0])
 
 
+def test_a_redelivered_event_is_counted_once() -> None:
+    engine = analyzer()
+    fact = denial(T0)
+    for _ in range(5):  # at-least-once: the same audit event again after a rebalance
+        assert engine.observe(fact) == []
+    snap = build_snapshots(
+        minute=engine.tables.minute, hour=engine.tables.hour, anomalies={}, now=NOW
+    )[TENANT]
+    assert snap.minutes[0].totals.denials == 1
+
+
 def test_a_tool_error_rate_jump_fires_against_the_hour_baseline() -> None:
     engine = analyzer(error_rate_min_outcomes=4, error_rate=0.5, error_rate_jump=0.3)
     # a calm hour: 20 successes, 1 error, spread over earlier minutes
@@ -360,7 +371,7 @@ def test_metric_labels_stay_bounded() -> None:
     engine = analyzer()
     for i in range(5):
         fact = request("t", T0)
-        engine.observe(dataclasses.replace(fact, tenant_id=f"t{i}"))
+        engine.observe(dataclasses.replace(fact, tenant_id=f"t{i}", audit_id=f"a{i}"))
     snaps = build_snapshots(
         minute=engine.tables.minute, hour=engine.tables.hour, anomalies={}, now=NOW
     )

@@ -127,6 +127,9 @@ def create_app(
             app.Table("subjects", default=None).tumbling(MINUTE.size_s, expires=MINUTE_RETENTION)
         ),
         known=FaustKeyTable(app.Table("known", default=None)),
+        seen=FaustWindowTable(
+            app.Table("seen", default=None).tumbling(MINUTE.size_s, expires=MINUTE_RETENTION)
+        ),
     )
     redis = connect_redis(settings.redis_url)
     service = AnalyticsService(

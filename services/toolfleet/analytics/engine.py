@@ -13,6 +13,8 @@ table          key                      value
 ``subjects``   ``agent|tenant|did``,    :class:`SubjectMinute` per 1 min window
                ``tool|tenant|tool``     (detector counts, fired markers)
 ``known``      ``tenant|did``           :class:`KnownTools` (first seen, tools called)
+``seen``       audit id                 marker per 1 min window: a redelivered
+                                        event (at-least-once) is counted once
 =============  =======================  ==========================================
 """
 
@@ -86,6 +88,7 @@ class AnalyticsTables:
     hour: WindowTable
     subjects: WindowTable
     known: KeyTable
+    seen: WindowTable
 
 
 def tool_key(tenant_id: str, tool_id: str) -> str:
@@ -118,6 +121,10 @@ class Analyzer:
         """Count ``fact`` and return the findings it triggers (usually none)."""
         if not (fact.is_request or fact.is_outcome):
             return []
+        minute = self.minute.current(fact.at)
+        if self.tables.seen.get(fact.audit_id, minute) is not None:
+            return []  # redelivered after a rebalance or a crash: counted already
+        self.tables.seen.set(fact.audit_id, minute, {})
         keys = [fact.tenant_id]
         if fact.tool_id:
             keys.append(tool_key(fact.tenant_id, fact.tool_id))
@@ -256,4 +263,5 @@ def memory_tables() -> AnalyticsTables:
         hour=MemoryWindowTable(),
         subjects=MemoryWindowTable(),
         known=MemoryKeyTable(),
+        seen=MemoryWindowTable(),
     )

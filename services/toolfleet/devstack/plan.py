@@ -150,6 +150,11 @@ def build_plan(stack: contextlib.ExitStack, *, home: Path, say: Callable[[str], 
         services.append(
             ServiceSpec(name="analytics", argv=(*command, "worker", "analytics"), env=env)
         )
+    # Retention too, so a long-lived dev fleet does not grow without bound: one pass of a
+    # few small queries per interval.
+    services.append(
+        ServiceSpec(name="maintenance", argv=(*command, "worker", "maintenance"), env=env)
+    )
     services.append(ServiceSpec(name="api", argv=(*command, "api"), env=env))
     return DevPlan(
         home=home,

@@ -140,6 +140,10 @@ class ToolSummary(_Body):
     """Whether calls of ``latest_version`` always wait for an approver."""
     versions: list[VersionSummary]
     """Newest first; removed versions are left out."""
+    score: float | None = None
+    """With ``q``: cosine similarity of the tool to the query (1: same meaning)."""
+    low_relevance: bool = False
+    """With ``q``: the score is low (under 0.25), a weak match at best."""
 
 
 class ToolPage(_Body):

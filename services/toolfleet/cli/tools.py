@@ -87,16 +87,15 @@ def search(
         print_json(items)
         return
     if not items:
-        console.print("no tools are registered that this token may call")
+        console.print("no tool this token may call matches that")
         return
     _print_tools(items, ranked=True)
 
 
 def _print_tools(items: list[dict[str, Any]], *, ranked: bool = False) -> None:
     columns: list[Column | str] = [Column("tool", no_wrap=True), "versions", "effect"]
-    table = Table(
-        *([Column("#", justify="right")] if ranked else []), *columns, "category", "description"
-    )
+    ranks: list[Column | str] = [Column("#", justify="right"), Column("score", justify="right")]
+    table = Table(*(ranks if ranked else []), *columns, "category", "description")
     for rank, tool in enumerate(items, start=1):
         versions = ", ".join(
             v["version"] if v["lifecycle_state"] == "active" else _marked(v)
@@ -106,8 +105,14 @@ def _print_tools(items: list[dict[str, Any]], *, ranked: bool = False) -> None:
         if tool.get("requires_approval"):
             effect += " (approval)"
         row = [tool["tool_id"], versions, effect, Text(tool["category"]), Text(tool["description"])]
-        table.add_row(*([str(rank)] if ranked else []), *row)
+        table.add_row(*([str(rank), _score(tool)] if ranked else []), *row)
     console.print(table)
+
+
+def _score(tool: dict[str, Any]) -> str:
+    score = tool.get("score")
+    text = "" if score is None else f"{score:.2f}"
+    return f"{text} (weak)" if tool.get("low_relevance") else text
 
 
 def _marked(version: dict[str, Any]) -> str:

@@ -32,6 +32,7 @@ from toolfleet.events.models import ToolLifecycleChanged
 from toolfleet.events.types import EventType, Source, TopicName
 from toolfleet.policy.catalog import visible_page
 from toolfleet.registry.manifest import LifecycleState
+from toolfleet.registry.search import MIN_SCORE
 from toolfleet.registry.store import LifecycleChange
 
 router = APIRouter(prefix="/v1/tools", tags=["tools"], responses=problem_responses(401, 422))
@@ -49,15 +50,29 @@ async def list_tools(
         str | None,
         Query(max_length=256, description="What the tool should do; results rank by meaning."),
     ] = None,
+    min_score: Annotated[
+        float,
+        Query(
+            ge=-1,
+            le=1,
+            description="With q: leave out tools scoring under this (-1: rank them all).",
+        ),
+    ] = MIN_SCORE,
     page: Annotated[int, Query(ge=1, le=100_000)] = 1,
     page_size: Annotated[int, Query(ge=1, le=200)] = 50,
 ) -> ToolPage:
     """Registered tools with their versions and lifecycle states: by tool id, or with
-    ``q`` most relevant first. Removed versions are left out."""
+    ``q`` the ones that match, most relevant first, each with its ``score`` (weak
+    matches marked ``low_relevance``). Removed versions are left out."""
 
     async def fetch(limit: int, offset: int) -> tuple[list[dict[str, Any]], int]:
         return await res.registry.list_tools(
-            category=category, tag=tag, q=q or None, limit=limit, offset=offset
+            category=category,
+            tag=tag,
+            q=q or None,
+            min_score=min_score,
+            limit=limit,
+            offset=offset,
         )
 
     rows, total = await visible_page(

@@ -219,3 +219,49 @@ async def test_tools_registered_before_search_existed_are_embedded_on_first_sear
     assert await pool.fetchval(
         "SELECT embedding_model FROM tool_definitions WHERE tool_id = 'eval__generate_password'"
     )
+
+
+# pgvector's type and cosine-distance operator, rebuilt in SQL in a schema of their own:
+# the pgvector query runs on this server as it would with the extension.
+STANDIN = "vector_standin"
+STANDIN_SQL = f"""
+DROP SCHEMA IF EXISTS {STANDIN} CASCADE;
+CREATE SCHEMA {STANDIN};
+CREATE DOMAIN {STANDIN}.vector AS real[];
+CREATE FUNCTION {STANDIN}.cosine_distance(a {STANDIN}.vector, b {STANDIN}.vector)
+    RETURNS float8 LANGUAGE sql IMMUTABLE AS $$
+    SELECT 1 - sum(x * y) / (sqrt(sum(x * x)) * sqrt(sum(y * y)))
+    FROM unnest(a::real[], b::real[]) AS t(x, y) $$;
+CREATE OPERATOR {STANDIN}.<=> (LEFTARG = {STANDIN}.vector, RIGHTARG = {STANDIN}.vector,
+    FUNCTION = {STANDIN}.cosine_distance);
+"""
+
+
+class _StandInPgvector(RegistryStore):
+    async def detect_pgvector(self) -> str | None:
+        return STANDIN
+
+
+async def test_the_pgvector_query_ranks_as_the_in_process_ranking_does(app: FastAPI) -> None:
+    pool: asyncpg.Pool = app.state.resources.pool
+    async with pool.acquire() as conn, conn.transaction():
+        await conn.execute(STANDIN_SQL)
+    in_process, pgvector = RegistryStore(pool), _StandInPgvector(pool)
+    for q in [query["q"] for query in EVAL["queries"][:15]] + EVAL["nonsense"][:5]:
+        for filters in ({}, {"category": "finance"}, {"tag": "filesystem"}):
+            want, want_total = await in_process.list_tools(q=q, limit=5, **filters)
+            got, got_total = await pgvector.list_tools(q=q, limit=5, **filters)
+            assert got_total == want_total, (q, filters)
+            assert [t["tool_id"] for t in got] == [t["tool_id"] for t in want], (q, filters)
+            for g, w in zip(got, want, strict=True):
+                assert g["score"] == pytest.approx(w["score"], abs=1e-3)
+                assert g["low_relevance"] == w["low_relevance"]
+
+
+async def test_pgvector_is_detected_where_the_migration_could_create_it(app: FastAPI) -> None:
+    pool: asyncpg.Pool = app.state.resources.pool
+    installable = await pool.fetchval(
+        "SELECT count(*) FROM pg_available_extensions WHERE name = 'vector'"
+    )
+    schema = await RegistryStore(pool).detect_pgvector()
+    assert (schema is not None) == bool(installable)

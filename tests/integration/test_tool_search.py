@@ -224,16 +224,16 @@ async def test_tools_registered_before_search_existed_are_embedded_on_first_sear
 # pgvector's type and cosine-distance operator, rebuilt in SQL in a schema of their own:
 # the pgvector query runs on this server as it would with the extension.
 STANDIN = "vector_standin"
-STANDIN_SQL = f"""
-DROP SCHEMA IF EXISTS {STANDIN} CASCADE;
-CREATE SCHEMA {STANDIN};
-CREATE DOMAIN {STANDIN}.vector AS real[];
-CREATE FUNCTION {STANDIN}.cosine_distance(a {STANDIN}.vector, b {STANDIN}.vector)
+STANDIN_SQL = """
+DROP SCHEMA IF EXISTS vector_standin CASCADE;
+CREATE SCHEMA vector_standin;
+CREATE DOMAIN vector_standin.vector AS real[];
+CREATE FUNCTION vector_standin.cosine_distance(a vector_standin.vector, b vector_standin.vector)
     RETURNS float8 LANGUAGE sql IMMUTABLE AS $$
     SELECT 1 - sum(x * y) / (sqrt(sum(x * x)) * sqrt(sum(y * y)))
     FROM unnest(a::real[], b::real[]) AS t(x, y) $$;
-CREATE OPERATOR {STANDIN}.<=> (LEFTARG = {STANDIN}.vector, RIGHTARG = {STANDIN}.vector,
-    FUNCTION = {STANDIN}.cosine_distance);
+CREATE OPERATOR vector_standin.<=> (LEFTARG = vector_standin.vector,
+    RIGHTARG = vector_standin.vector, FUNCTION = vector_standin.cosine_distance);
 """
 
 

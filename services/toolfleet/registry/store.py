@@ -49,6 +49,8 @@ class LifecycleChange:
     """Subject of the operator's token; stored and audited."""
     sunset_date: datetime | None = None
     """``deprecated``: the announced sunset; ``sunset``: when it takes effect (default now)."""
+    deprecation_date: datetime | None = None
+    """From when callers are warned (default: as stored, else now); must precede the sunset."""
     deprecated_in_favor_of: str | None = None
     message: str | None = None
 
@@ -160,7 +162,8 @@ class RegistryStore:
         Raises:
             ToolNotFound: no such tool version.
             StateConflict: the move goes backwards, or the version is removed.
-            InvalidParameters: the successor is not a registered, callable version/tool.
+            InvalidParameters: the successor is not a registered, callable version/tool,
+                or the sunset would not come after the deprecation.
         """
         now = self._clock()
         async with self._pool.acquire() as conn, conn.transaction():
@@ -187,12 +190,23 @@ class RegistryStore:
             successor = change.deprecated_in_favor_of
             if successor is not None:
                 await _check_successor(conn, change.tool_id, change.version, successor)
-            deprecation_date = row["deprecation_date"]
-            if change.state is not LifecycleState.ACTIVE and deprecation_date is None:
-                deprecation_date = now
+            deprecation_date = change.deprecation_date or row["deprecation_date"] or now
             sunset_date = change.sunset_date or row["sunset_date"]
             if change.state is LifecycleState.SUNSET and change.sunset_date is None:
+                # Sunset now: a deprecation announced for later takes effect now too.
                 sunset_date = min(sunset_date, now) if sunset_date is not None else now
+                if change.deprecation_date is None:
+                    deprecation_date = min(deprecation_date, sunset_date)
+            if sunset_date is not None and sunset_date <= deprecation_date:
+                raise InvalidParameters(
+                    f"sunset_date ({sunset_date.isoformat()}) must come after deprecation_date "
+                    f"({deprecation_date.isoformat()})",
+                    details={
+                        "tool_id": change.tool_id,
+                        "deprecation_date": deprecation_date.isoformat(),
+                        "sunset_date": sunset_date.isoformat(),
+                    },
+                )
             await conn.execute(
                 """UPDATE tool_versions SET lifecycle_state = $3,
                        deprecation_message = coalesce($4, deprecation_message),
@@ -429,8 +443,12 @@ async def _check_successor(
 def _summary(row: asyncpg.Record, now: datetime) -> dict[str, Any]:
     versions: list[dict[str, Any]] = []
     for v in row["versions"]:
-        sunset = datetime.fromisoformat(v["sunset_date"]) if v["sunset_date"] else None
-        state = effective_state(LifecycleState(v["lifecycle_state"]), sunset, now)
+        state = effective_state(
+            LifecycleState(v["lifecycle_state"]),
+            now,
+            deprecation_date=_when(v["deprecation_date"]),
+            sunset_date=_when(v["sunset_date"]),
+        )
         versions.append(
             {**v, "lifecycle_state": state.value, "deprecated": state is not LifecycleState.ACTIVE}
         )
@@ -445,6 +463,10 @@ def _summary(row: asyncpg.Record, now: datetime) -> dict[str, Any]:
         "requires_approval": bool(latest and latest["requires_approval"]),
         "versions": versions,
     }
+
+
+def _when(text: str | None) -> datetime | None:
+    return datetime.fromisoformat(text) if text else None
 
 
 def _tags(column: list[str | None] | None) -> list[str]:

@@ -126,12 +126,15 @@ def _lifecycle(version: dict[str, Any]) -> str:
     parts = [f"{version['version']} {state}"]
     deprecation = _day(version.get("deprecation_date"))
     sunset = _day(version.get("sunset_date"))
-    if state == "active" and deprecation:
-        parts.append(f"deprecated from {deprecation}")
-    elif state == "deprecated" and deprecation:
-        parts[0] += f" since {deprecation}"
-    if sunset:
-        parts.append(f"sunset {'since' if state == 'sunset' else 'on'} {sunset}")
+    if state == "sunset":
+        parts[0] += f" since {sunset}" if sunset else ""
+    else:
+        if state == "active" and deprecation:
+            parts.append(f"deprecated from {deprecation}")
+        elif deprecation:
+            parts[0] += f" since {deprecation}"
+        if sunset:
+            parts.append(f"sunset on {sunset}")
     if version.get("deprecated_in_favor_of"):
         parts.append(f"use {version['deprecated_in_favor_of']}")
     return ", ".join(parts)

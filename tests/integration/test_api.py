@@ -636,7 +636,14 @@ async def test_tools_list_and_detail(
         await http.get("/v1/tools", params={"q": "what time is it now"}, headers=headers)
     ).json()
     assert found["items"][0]["tool_id"] == "core__get_current_time"
-    assert found["total"] == listing["total"]  # ranked, not filtered
+    assert found["items"][0]["score"] >= 0.25
+    assert found["total"] < listing["total"]  # tools that do not match are left out
+    everything = (
+        await http.get(
+            "/v1/tools", params={"q": "what time is it now", "min_score": -1}, headers=headers
+        )
+    ).json()
+    assert everything["total"] == listing["total"]
     paged = await http.get("/v1/tools", params={"page_size": 1, "page": 2}, headers=headers)
     assert len(paged.json()["items"]) == 1
 

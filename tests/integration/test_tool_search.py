@@ -1,8 +1,10 @@
 """Semantic tool search through ``GET /v1/tools?q=``, held to a fixed evaluation set.
 
-``tests/data/tool_search_eval.yaml`` holds 45 tools and 45 plain-language queries; a
-query counts as found when a tool it wants ranks in the top three (recall@3). The
-result is printed (``-s``) and recorded as the test property ``recall_at_3``.
+``tests/data/tool_search_eval.yaml`` holds 45 tools, 45 plain-language queries and 12
+nonsense ones; a query counts as found when a tool it wants ranks in the top three
+(recall@3). The result is printed (``-s``) and recorded as the test property
+``recall_at_3``. The same searches run once more through the pgvector query, against a
+stand-in for the extension (this machine has no pgvector package).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from toolfleet.events.models import Effect
 from toolfleet.policy.documents import TenantPolicy
 from toolfleet.policy.postgres_policies import PolicyStore
 from toolfleet.registry.manifest import ToolManifest
+from toolfleet.registry.search import CONFIDENT_SCORE, MIN_SCORE
 from toolfleet.registry.store import RegistryStore
 from toolfleet.settings import FleetSettings
 
@@ -127,12 +130,73 @@ async def test_recall_at_3_on_the_evaluation_set(
     assert recall >= RECALL_FLOOR, misses
 
 
+async def test_a_query_nothing_answers_finds_nothing_or_only_weak_matches(
+    http: httpx.AsyncClient, headers: dict[str, str]
+) -> None:
+    assert len(EVAL["nonsense"]) >= 5
+    empty = 0
+    for q in EVAL["nonsense"]:
+        response = await http.get("/v1/tools", params={"q": q}, headers=headers)
+        body = response.json()
+        assert body["total"] == len(body["items"]), q
+        for item in body["items"]:
+            assert item["low_relevance"], (q, item["tool_id"], item["score"])
+            assert MIN_SCORE <= item["score"] < CONFIDENT_SCORE
+        empty += not body["items"]
+    assert empty >= 3
+
+
+async def test_results_carry_their_score_best_first(
+    http: httpx.AsyncClient, headers: dict[str, str]
+) -> None:
+    items = (
+        await http.get("/v1/tools", params={"q": "zip up these files"}, headers=headers)
+    ).json()["items"]
+    scores = [t["score"] for t in items]
+    assert items[0]["tool_id"] == "eval__compress_archive"
+    assert not items[0]["low_relevance"]
+    assert scores == sorted(scores, reverse=True)
+    assert all(s >= MIN_SCORE for s in scores)
+    listed = (await http.get("/v1/tools", headers=headers)).json()["items"]
+    assert all(t["score"] is None and not t["low_relevance"] for t in listed)  # no q, no score
+
+
+async def test_a_query_ranks_within_the_category_and_tag_asked_for(
+    http: httpx.AsyncClient, headers: dict[str, str]
+) -> None:
+    q = "send a message to someone"
+    everywhere = await _top(http, headers, q, 10)
+    in_category = (
+        await http.get("/v1/tools", params={"q": q, "category": "communication"}, headers=headers)
+    ).json()
+    assert {t["category"] for t in in_category["items"]} == {"communication"}
+    assert in_category["total"] == len(in_category["items"]) > 1
+    assert [t["tool_id"] for t in in_category["items"]] == [
+        t for t in everywhere if t in {i["tool_id"] for i in in_category["items"]}
+    ]
+    tagged = (
+        await http.get("/v1/tools", params={"q": "calendar", "tag": "calendar"}, headers=headers)
+    ).json()
+    assert {t["tool_id"] for t in tagged["items"]} == {
+        "eval__create_calendar_event",
+        "eval__list_calendar_events",
+    }
+    elsewhere = (
+        await http.get("/v1/tools", params={"q": q, "category": "media"}, headers=headers)
+    ).json()
+    # No media tool sends messages: weak matches at best.
+    assert elsewhere["items"], "text to speech and transcription share words with messages"
+    assert all(t["category"] == "media" and t["low_relevance"] for t in elsewhere["items"])
+
+
 async def test_search_ranks_only_the_tenants_allowed_tools(
     http: httpx.AsyncClient, headers: dict[str, str]
 ) -> None:
     found = (
         await http.get(
-            "/v1/tools", params={"q": "is this review positive", "page_size": 200}, headers=headers
+            "/v1/tools",
+            params={"q": "is this review positive", "page_size": 200, "min_score": -1},
+            headers=headers,
         )
     ).json()
     ids = [t["tool_id"] for t in found["items"]]
@@ -155,3 +219,49 @@ async def test_tools_registered_before_search_existed_are_embedded_on_first_sear
     assert await pool.fetchval(
         "SELECT embedding_model FROM tool_definitions WHERE tool_id = 'eval__generate_password'"
     )
+
+
+# pgvector's type and cosine-distance operator, rebuilt in SQL in a schema of their own:
+# the pgvector query runs on this server as it would with the extension.
+STANDIN = "vector_standin"
+STANDIN_SQL = """
+DROP SCHEMA IF EXISTS vector_standin CASCADE;
+CREATE SCHEMA vector_standin;
+CREATE DOMAIN vector_standin.vector AS real[];
+CREATE FUNCTION vector_standin.cosine_distance(a vector_standin.vector, b vector_standin.vector)
+    RETURNS float8 LANGUAGE sql IMMUTABLE AS $$
+    SELECT 1 - sum(x * y) / (sqrt(sum(x * x)) * sqrt(sum(y * y)))
+    FROM unnest(a::real[], b::real[]) AS t(x, y) $$;
+CREATE OPERATOR vector_standin.<=> (LEFTARG = vector_standin.vector,
+    RIGHTARG = vector_standin.vector, FUNCTION = vector_standin.cosine_distance);
+"""
+
+
+class _StandInPgvector(RegistryStore):
+    async def detect_pgvector(self) -> str | None:
+        return STANDIN
+
+
+async def test_the_pgvector_query_ranks_as_the_in_process_ranking_does(app: FastAPI) -> None:
+    pool: asyncpg.Pool = app.state.resources.pool
+    async with pool.acquire() as conn, conn.transaction():
+        await conn.execute(STANDIN_SQL)
+    in_process, pgvector = RegistryStore(pool), _StandInPgvector(pool)
+    for q in [query["q"] for query in EVAL["queries"][:15]] + EVAL["nonsense"][:5]:
+        for filters in ({}, {"category": "finance"}, {"tag": "filesystem"}):
+            want, want_total = await in_process.list_tools(q=q, limit=5, **filters)
+            got, got_total = await pgvector.list_tools(q=q, limit=5, **filters)
+            assert got_total == want_total, (q, filters)
+            assert [t["tool_id"] for t in got] == [t["tool_id"] for t in want], (q, filters)
+            for g, w in zip(got, want, strict=True):
+                assert g["score"] == pytest.approx(w["score"], abs=1e-3)
+                assert g["low_relevance"] == w["low_relevance"]
+
+
+async def test_pgvector_is_detected_where_the_migration_could_create_it(app: FastAPI) -> None:
+    pool: asyncpg.Pool = app.state.resources.pool
+    installable = await pool.fetchval(
+        "SELECT count(*) FROM pg_available_extensions WHERE name = 'vector'"
+    )
+    schema = await RegistryStore(pool).detect_pgvector()
+    assert (schema is not None) == bool(installable)

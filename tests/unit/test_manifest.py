@@ -9,9 +9,16 @@ from pydantic import BaseModel, ValidationError
 
 from toolfleet.errors import RegistrationError
 from toolfleet.events.models import Effect
-from toolfleet.registry.manifest import LifecycleState, ToolManifest, ToolPermissions
+from toolfleet.registry.manifest import (
+    FilesystemAccess,
+    LifecycleState,
+    ResourceDefaults,
+    SourceType,
+    ToolManifest,
+    ToolPermissions,
+)
 from toolfleet.sdk import ToolContext, tool
-from toolfleet.sdk.policies import CircuitPolicy, RetryPolicy
+from toolfleet.sdk.policies import CachePolicy, CircuitPolicy, RetryPolicy
 from toolfleet.sdk.tool import spec_of
 
 pytestmark = pytest.mark.unit
@@ -88,4 +95,80 @@ def test_an_unknown_category_is_refused_at_declaration() -> None:
             category="misc",
         )
         async def odd(params: _In, ctx: ToolContext) -> _Out:
+            return _Out(v=1)
+
+
+def test_what_a_tool_needs_and_how_it_runs_reach_its_manifest() -> None:
+    @tool(
+        id="acme__pay",
+        version="1.0.0",
+        effect="external_side_effect",
+        redaction_allowlist=["v"],
+        credentials=["api_key"],
+        requires_approval=True,
+        permissions=ToolPermissions(
+            filesystem=[FilesystemAccess(path="/data/*", access="write")],
+            network=["api.example.com"],
+            credentials=["signing_key"],
+        ),
+        resource_defaults=ResourceDefaults(cpu_millicore_limit=500, memory_mb_limit=256),
+    )
+    async def pay(params: _In, ctx: ToolContext) -> _Out:
+        return _Out(v=1)
+
+    spec = spec_of(pay)
+    manifest = spec.manifest()
+    assert manifest.requires_approval
+    assert manifest.source_type is SourceType.NATIVE
+    assert manifest.permissions.filesystem == [FilesystemAccess(path="/data/*", access="write")]
+    assert manifest.permissions.network == ["api.example.com"]
+    # Either spelling of a credential is one list, and the executor resolves all of it.
+    assert manifest.permissions.credentials == manifest.credentials == ["api_key", "signing_key"]
+    assert set(spec.credentials) == {"api_key", "signing_key"}
+    assert manifest.resource_defaults == ResourceDefaults(
+        cpu_millicore_limit=500, memory_mb_limit=256
+    )
+    dumped = manifest.model_dump(mode="json")
+    assert dumped["source_type"] == "native"
+    assert dumped["permissions"]["filesystem"] == [{"path": "/data/*", "access": "write"}]
+
+
+def test_a_tool_declares_nothing_it_does_not_say() -> None:
+    @tool(id="acme__plain", version="1.0.0", effect="read_only", redaction_allowlist=["v"])
+    async def plain(params: _In, ctx: ToolContext) -> _Out:
+        return _Out(v=1)
+
+    manifest = spec_of(plain).manifest()
+    assert not manifest.requires_approval
+    assert manifest.permissions == ToolPermissions()
+    assert manifest.resource_defaults == ResourceDefaults()
+    assert manifest.source_type is SourceType.NATIVE
+
+
+def test_a_permission_credential_with_a_bad_name_is_refused() -> None:
+    with pytest.raises(RegistrationError, match="acme__bad"):
+
+        @tool(
+            id="acme__bad",
+            version="1.0.0",
+            effect="read_only",
+            redaction_allowlist=["v"],
+            permissions=ToolPermissions(credentials=["Not A Name"]),
+        )
+        async def bad(params: _In, ctx: ToolContext) -> _Out:
+            return _Out(v=1)
+
+
+def test_a_tool_with_credentials_in_its_permissions_cannot_be_cached() -> None:
+    with pytest.raises(RegistrationError, match="cannot be cached"):
+
+        @tool(
+            id="acme__cached",
+            version="1.0.0",
+            effect="read_only",
+            redaction_allowlist=["v"],
+            permissions=ToolPermissions(credentials=["api_key"]),
+            cache=CachePolicy(mode="ttl", ttl_s=60),
+        )
+        async def cached(params: _In, ctx: ToolContext) -> _Out:
             return _Out(v=1)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from pydantic import BaseModel
 
 from toolfleet.auth.control import ControlSigner, ControlVerifier, control_claims
 from toolfleet.auth.keys import generate_key_pair
@@ -38,6 +39,7 @@ from toolfleet.policy.service import PolicyService
 from toolfleet.registry.lookup import InMemoryManifests, ToolLookup
 from toolfleet.registry.manifest import ToolManifest
 from toolfleet.registry.schemas import CompiledSchemas
+from toolfleet.sdk import ToolContext, spec_of, tool
 from toolfleet.storage.cancel_flags import MemoryCancelFlags
 
 pytestmark = pytest.mark.unit
@@ -93,10 +95,11 @@ class Fleet:
     cancels: MemoryCancelFlags = field(default_factory=MemoryCancelFlags)
     revocations: MemoryRevocationList = field(default_factory=MemoryRevocationList)
     policies: StaticPolicies = field(default_factory=lambda: StaticPolicies({TENANT: POLICY}))
+    manifests: list[ToolManifest] = field(default_factory=lambda: [ECHO, SEND, DROP])
 
     def __post_init__(self) -> None:
         self.service = PolicyService(
-            lookup=ToolLookup(InMemoryManifests([ECHO, SEND, DROP])),
+            lookup=ToolLookup(InMemoryManifests(self.manifests)),
             verifier=TokenVerifier([PAIR.public_pem], issuer="iss", audience="aud"),
             policies=self.policies,
             schemas=CompiledSchemas(),
@@ -226,6 +229,28 @@ async def test_a_side_effect_is_parked_until_an_approver_grants_it(fleet: Fleet)
     assert authorized.data_as(InvokeAuthorized).tool_id == "acme__send"
     assert authorized.traceparent == request.traceparent  # the request's trace, not the API's
     assert fleet.approvals.pending == {}
+
+
+class _Message(BaseModel):
+    message: str
+
+
+@tool(
+    id="acme__wire",
+    version="1.0.0",
+    effect="read_only",
+    redaction_allowlist=["message"],
+    requires_approval=True,
+)
+async def _wire(params: _Message, ctx: ToolContext) -> _Message:
+    return params
+
+
+async def test_a_tool_declared_to_require_approval_is_parked_whatever_its_effect() -> None:
+    fleet = Fleet(manifests=[spec_of(_wire).manifest()])  # POLICY parks side effects only
+    topic, event = _one(await _ask(fleet, _request("acme__wire")))
+    assert (topic, event.type) == (TopicName.EVENTS, EventType.APPROVAL_REQUESTED)
+    assert str(event.data_as(ApprovalRequested).invocation_id) in fleet.approvals.pending
 
 
 async def test_a_denied_approval_ends_the_call(fleet: Fleet) -> None:

@@ -265,4 +265,41 @@ def test_exact_versions_are_told_from_ranges(spec: str, exact: str | None) -> No
 def test_the_state_in_force_follows_the_sunset_date(
     state: LifecycleState, sunset: datetime | None, expected: LifecycleState
 ) -> None:
-    assert effective_state(state, sunset, NOW) is expected
+    assert effective_state(state, NOW, sunset_date=sunset) is expected
+
+
+@pytest.mark.parametrize(
+    ("state", "deprecation", "sunset", "expected"),
+    [
+        (DEPRECATED, NOW + timedelta(days=1), None, ACTIVE),
+        (DEPRECATED, NOW + timedelta(days=1), NOW + timedelta(days=30), ACTIVE),
+        (SUNSET, NOW + timedelta(days=1), NOW + timedelta(days=30), ACTIVE),
+        (DEPRECATED, NOW, NOW + timedelta(days=30), DEPRECATED),
+        (DEPRECATED, NOW - timedelta(days=1), None, DEPRECATED),
+        (DEPRECATED, NOW - timedelta(days=30), NOW, SUNSET),
+        (REMOVED, NOW + timedelta(days=1), None, REMOVED),
+    ],
+)
+def test_a_version_is_deprecated_only_from_its_deprecation_date(
+    state: LifecycleState,
+    deprecation: datetime,
+    sunset: datetime | None,
+    expected: LifecycleState,
+) -> None:
+    assert effective_state(state, NOW, deprecation_date=deprecation, sunset_date=sunset) is expected
+
+
+def test_no_warning_before_the_deprecation_date_and_one_from_it() -> None:
+    announced = VersionInfo(
+        version="1.0.0",
+        state=DEPRECATED,
+        deprecation_date=NOW + timedelta(days=7),
+        sunset_date=NOW + timedelta(days=60),
+        deprecated_in_favor_of="2.0.0",
+    )
+    before = resolve("acme__x", "1.0.0", [announced], now=NOW)
+    assert before.warnings == []
+    on_the_day = resolve("acme__x", "1.0.0", [announced], now=NOW + timedelta(days=7))
+    assert on_the_day.warnings == [
+        "tool acme__x@1.0.0 is deprecated; use 2.0.0; sunset on 2026-07-31"
+    ]

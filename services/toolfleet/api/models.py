@@ -140,6 +140,10 @@ class ToolSummary(_Body):
     """Whether calls of ``latest_version`` always wait for an approver."""
     versions: list[VersionSummary]
     """Newest first; removed versions are left out."""
+    score: float | None = None
+    """With ``q``: cosine similarity of the tool to the query (1: same meaning)."""
+    low_relevance: bool = False
+    """With ``q``: the score is low (under 0.25), a weak match at best."""
 
 
 class ToolPage(_Body):
@@ -169,7 +173,10 @@ class LifecyclePatch(_Body):
     """``deprecated``, ``sunset`` or ``removed`` (never backwards)."""
     sunset_date: datetime | None = None
     """``deprecated``: the sunset date the warnings announce; ``sunset``: when it takes
-    effect (default: now). Timezone-aware ISO 8601."""
+    effect (default: now). Timezone-aware ISO 8601, after ``deprecation_date``."""
+    deprecation_date: datetime | None = None
+    """From when callers are warned (default: as already set, else now); until then the
+    version stays active. Timezone-aware ISO 8601."""
     deprecated_in_favor_of: str | None = Field(default=None, max_length=200)
     """The successor: a version of this tool (``2.0.0``) or a tool (``acme__x@1.0.0``)."""
     message: str | None = Field(default=None, max_length=500)

@@ -93,6 +93,8 @@ async def open_resources(settings: ApiSettings) -> AsyncIterator[ApiResources]:
         # finds its outcome by rechecking.
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(subscribed.wait(), _SUBSCRIBE_WAIT_S)
+        registry = RegistryStore(pool)
+        await registry.detect_pgvector()  # logged: how tool search ranks
         invocations = InvocationQueries(pool)
         feed = InvocationFeed(read_many=invocations.many)
         for job in (feed.listen(settings.database_url, stop), feed.run(stop)):
@@ -104,7 +106,7 @@ async def open_resources(settings: ApiSettings) -> AsyncIterator[ApiResources]:
             client=client,
             verifier=verifier,
             revocations=revocations,
-            registry=RegistryStore(pool),
+            registry=registry,
             invocations=invocations,
             blobs=PostgresBlobStore(pool),
             notices=notices,

@@ -35,6 +35,13 @@ InFavorOfOption = Annotated[
 MessageOption = Annotated[
     str | None, typer.Option("--message", help="Added to the warnings callers see.")
 ]
+DeprecationDateOption = Annotated[
+    str | None,
+    typer.Option(
+        "--deprecation-date",
+        help="From when callers are warned (YYYY-MM-DD, UTC, or ISO 8601; default: now).",
+    ),
+]
 
 
 @app.command("list")
@@ -48,7 +55,7 @@ def list_tools(
     json_: JsonOption = False,
     token: TokenOption = None,
 ) -> None:
-    """List registered tools with their versions and lifecycle states."""
+    """List registered tools with each version's lifecycle state and dates."""
     session = _session(token)
     params: dict[str, Any] = {
         k: v for k, v in {"category": category, "tag": tag, "q": query}.items() if v
@@ -87,34 +94,54 @@ def search(
         print_json(items)
         return
     if not items:
-        console.print("no tools are registered that this token may call")
+        console.print("no tool this token may call matches that")
         return
     _print_tools(items, ranked=True)
 
 
 def _print_tools(items: list[dict[str, Any]], *, ranked: bool = False) -> None:
     columns: list[Column | str] = [Column("tool", no_wrap=True), "versions", "effect"]
-    table = Table(
-        *([Column("#", justify="right")] if ranked else []), *columns, "category", "description"
-    )
+    ranks: list[Column | str] = [Column("#", justify="right"), Column("score", justify="right")]
+    table = Table(*(ranks if ranked else []), *columns, "category", "description")
     for rank, tool in enumerate(items, start=1):
-        versions = ", ".join(
-            v["version"] if v["lifecycle_state"] == "active" else _marked(v)
-            for v in tool["versions"]
-        )
+        versions = Text("\n".join(_lifecycle(v) for v in tool["versions"]))
         effect = tool["versions"][0]["effect"] if tool["versions"] else ""
         if tool.get("requires_approval"):
             effect += " (approval)"
         row = [tool["tool_id"], versions, effect, Text(tool["category"]), Text(tool["description"])]
-        table.add_row(*([str(rank)] if ranked else []), *row)
+        table.add_row(*([str(rank), _score(tool)] if ranked else []), *row)
     console.print(table)
 
 
-def _marked(version: dict[str, Any]) -> str:
-    note = version["lifecycle_state"]
-    if version.get("sunset_date") and note == "deprecated":
-        note += f", sunset {str(version['sunset_date'])[:10]}"
-    return f"{version['version']} ({note})"
+def _score(tool: dict[str, Any]) -> str:
+    score = tool.get("score")
+    text = "" if score is None else f"{score:.2f}"
+    return f"{text} (weak)" if tool.get("low_relevance") else text
+
+
+def _lifecycle(version: dict[str, Any]) -> str:
+    """One version's line: ``1.0.0 deprecated since 2026-11-02, sunset 2027-01-31, use
+    2.0.0`` (an announced deprecation shows on an active version as ``from``)."""
+    state = str(version["lifecycle_state"])
+    parts = [f"{version['version']} {state}"]
+    deprecation = _day(version.get("deprecation_date"))
+    sunset = _day(version.get("sunset_date"))
+    if state == "sunset":
+        parts[0] += f" since {sunset}" if sunset else ""
+    else:
+        if state == "active" and deprecation:
+            parts.append(f"deprecated from {deprecation}")
+        elif deprecation:
+            parts[0] += f" since {deprecation}"
+        if sunset:
+            parts.append(f"sunset on {sunset}")
+    if version.get("deprecated_in_favor_of"):
+        parts.append(f"use {version['deprecated_in_favor_of']}")
+    return ", ".join(parts)
+
+
+def _day(when: object) -> str | None:
+    return str(when)[:10] if when else None
 
 
 def _split(target: str) -> tuple[str, str]:
@@ -124,8 +151,8 @@ def _split(target: str) -> tuple[str, str]:
     return tool_id, version
 
 
-def _when(text: str | None) -> str | None:
-    """``--date``: a day (``2027-01-31``, midnight UTC) or an ISO 8601 time."""
+def _when(text: str | None, *, option: str = "--date") -> str | None:
+    """A date option: a day (``2027-01-31``, midnight UTC) or an ISO 8601 time."""
     if text is None:
         return None
     try:
@@ -133,7 +160,7 @@ def _when(text: str | None) -> str | None:
             return datetime.combine(date.fromisoformat(text), datetime.min.time(), UTC).isoformat()
         when = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
-        raise CliError(f"--date {text!r}: use YYYY-MM-DD or an ISO 8601 time") from None
+        raise CliError(f"{option} {text!r}: use YYYY-MM-DD or an ISO 8601 time") from None
     return (when if when.tzinfo else when.replace(tzinfo=UTC)).isoformat()
 
 
@@ -144,6 +171,7 @@ def _change(
     token: str | None,
     json_: bool,
     sunset_date: str | None = None,
+    deprecation_date: str | None = None,
     in_favor_of: str | None = None,
     message: str | None = None,
 ) -> None:
@@ -151,6 +179,7 @@ def _change(
     payload = {
         "lifecycle_state": state,
         "sunset_date": _when(sunset_date),
+        "deprecation_date": _when(deprecation_date, option="--deprecation-date"),
         "deprecated_in_favor_of": in_favor_of,
         "message": message,
     }
@@ -163,6 +192,8 @@ def _change(
         print_json(body)
         return
     text = f"{tool_id}@{version}: {body['previous_state']} → {body['lifecycle_state']}"
+    if body.get("deprecation_date") and body["lifecycle_state"] == "active":
+        text += f" (deprecated from {body['deprecation_date']})"
     if body.get("sunset_date"):
         text += f" (sunset {body['sunset_date']})"
     if body.get("deprecated_in_favor_of"):
@@ -179,17 +210,20 @@ def deprecate(
         str | None,
         typer.Option("--date", help="Announced sunset date (YYYY-MM-DD, UTC, or ISO 8601)."),
     ] = None,
+    deprecation_date: DeprecationDateOption = None,
     message: MessageOption = None,
     json_: JsonOption = False,
     token: TokenOption = None,
 ) -> None:
-    """Deprecate a version: calls still run, with a warning naming the successor and date."""
+    """Deprecate a version: calls still run, with a warning naming the successor and date
+    (from --deprecation-date on, if given)."""
     _change(
         target,
         "deprecated",
         token=token,
         json_=json_,
         sunset_date=sunset_date,
+        deprecation_date=deprecation_date,
         in_favor_of=in_favor_of,
         message=message,
     )
@@ -204,6 +238,7 @@ def sunset(
         str | None,
         typer.Option("--date", help="When the sunset takes effect (default: now)."),
     ] = None,
+    deprecation_date: DeprecationDateOption = None,
     message: MessageOption = None,
     json_: JsonOption = False,
     token: TokenOption = None,
@@ -215,6 +250,7 @@ def sunset(
         token=token,
         json_=json_,
         sunset_date=sunset_date,
+        deprecation_date=deprecation_date,
         in_favor_of=in_favor_of,
         message=message,
     )

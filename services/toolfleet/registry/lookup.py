@@ -93,6 +93,7 @@ class ToolLookup:
                     version=m.version,
                     state=m.lifecycle_state,
                     deprecation_message=m.deprecation_message,
+                    deprecation_date=m.deprecation_date,
                     sunset_date=m.sunset_date,
                     deprecated_in_favor_of=m.deprecated_in_favor_of,
                 )

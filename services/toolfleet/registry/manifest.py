@@ -25,7 +25,8 @@ class LifecycleState(StrEnum):
     ACTIVE = "active"
     """Resolved normally."""
     DEPRECATED = "deprecated"
-    """Still runs; every call's outcome carries a warning naming the successor and date."""
+    """Still runs; from its ``deprecation_date`` on, every call's outcome carries a warning
+    naming the successor and date (before it, the version reads as active)."""
     SUNSET = "sunset"
     """Runs only for tenants whose policy pins this exact version; else ``tool_removed``."""
     REMOVED = "removed"
@@ -145,7 +146,8 @@ class ToolManifest(BaseModel):
     lifecycle_state: LifecycleState = LifecycleState.ACTIVE
     deprecation_message: str | None = None
     deprecation_date: datetime | None = None
-    """When the version was deprecated."""
+    """From when the version is deprecated: callers are warned from then on (it may be
+    announced ahead; before it, the version is active)."""
     sunset_date: datetime | None = None
     """From when only tenants pinning it may call it (past it, a deprecated version is
     sunset)."""
@@ -176,16 +178,32 @@ class ToolManifest(BaseModel):
         return schema_hash(self.input_schema, self.output_schema, self.effect)
 
     def state_at(self, now: datetime) -> LifecycleState:
-        """The lifecycle state in force at ``now`` (a passed sunset date sunsets)."""
-        return effective_state(self.lifecycle_state, self.sunset_date, now)
+        """The lifecycle state in force at ``now`` (its dates decide, once deprecated)."""
+        return effective_state(
+            self.lifecycle_state,
+            now,
+            deprecation_date=self.deprecation_date,
+            sunset_date=self.sunset_date,
+        )
 
 
 def effective_state(
-    state: LifecycleState, sunset_date: datetime | None, now: datetime
+    state: LifecycleState,
+    now: datetime,
+    *,
+    deprecation_date: datetime | None = None,
+    sunset_date: datetime | None = None,
 ) -> LifecycleState:
-    """``state`` as of ``now``: deprecated and sunset versions follow their sunset date."""
-    if state in {LifecycleState.DEPRECATED, LifecycleState.SUNSET} and sunset_date is not None:
-        return LifecycleState.SUNSET if sunset_date <= now else LifecycleState.DEPRECATED
+    """``state`` as of ``now``: a deprecated or sunset version follows its dates (sunset
+    from ``sunset_date``, deprecated from ``deprecation_date``, active before)."""
+    if state not in {LifecycleState.DEPRECATED, LifecycleState.SUNSET}:
+        return state
+    if sunset_date is not None and sunset_date <= now:
+        return LifecycleState.SUNSET
+    if deprecation_date is not None and now < deprecation_date:
+        return LifecycleState.ACTIVE
+    if sunset_date is not None:
+        return LifecycleState.DEPRECATED
     return state
 
 

@@ -6,6 +6,14 @@ nothing is downloaded at run time (the files are opened from the installed packa
 never through wordllama's loader, which looks for the tokenizer in the wrong folder and
 then goes to the network). The store keeps one vector per tool in Postgres and ranks
 with pgvector when the server has it, else with :func:`rank` here.
+
+Scores are cosine similarities. ``wordllama``'s similarities of unrelated texts stay low
+but not near zero, so two thresholds, calibrated on ``tests/data/tool_search_eval.yaml``:
+a tool under :data:`MIN_SCORE` is not a match at all, and one under
+:data:`CONFIDENT_SCORE` is returned marked as a weak match. There, every wanted tool in
+a top three scores ≥ 0.19 but two (0.07, 0.08: lost, recall@3 0.93 → 0.89), and no tool
+scores 0.25 or more for any of twelve nonsense queries (highest 0.24; four of them
+return nothing).
 """
 
 from __future__ import annotations
@@ -14,8 +22,27 @@ import math
 import re
 import threading
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from importlib.resources import files
 from typing import Any, Protocol
+
+MIN_SCORE = 0.15
+"""Tools scoring under this do not match the query and are left out."""
+CONFIDENT_SCORE = 0.25
+"""Tools scoring under this are returned marked ``low_relevance``."""
+
+
+@dataclass(frozen=True, slots=True)
+class Match:
+    """One tool as a query ranks it."""
+
+    tool_id: str
+    score: float
+    """Cosine similarity of the tool's text to the query (1: same meaning)."""
+
+    @property
+    def low_relevance(self) -> bool:
+        return self.score < CONFIDENT_SCORE
 
 
 class TextEmbedder(Protocol):
@@ -89,7 +116,13 @@ def cosine(a: Sequence[float], b: Sequence[float]) -> float:
     return dot / norms if norms else 0.0
 
 
-def rank(query: Sequence[float], candidates: Iterable[tuple[str, Sequence[float]]]) -> list[str]:
-    """Candidate ids, most similar to ``query`` first (ties by id, for stable pages)."""
-    scored = [(-cosine(query, vector), key) for key, vector in candidates]
-    return [key for _, key in sorted(scored)]
+def rank(
+    query: Sequence[float],
+    candidates: Iterable[tuple[str, Sequence[float]]],
+    *,
+    min_score: float = MIN_SCORE,
+) -> list[Match]:
+    """Candidates scoring at least ``min_score``, most similar to ``query`` first (ties by
+    id, for stable pages)."""
+    scored = [Match(key, cosine(query, vector)) for key, vector in candidates]
+    return sorted((m for m in scored if m.score >= min_score), key=lambda m: (-m.score, m.tool_id))

@@ -21,7 +21,14 @@ from toolfleet.registry.manifest import (
     ToolManifest,
     effective_state,
 )
-from toolfleet.registry.search import TextEmbedder, rank, shared_embedder, tool_text
+from toolfleet.registry.search import (
+    MIN_SCORE,
+    Match,
+    TextEmbedder,
+    rank,
+    shared_embedder,
+    tool_text,
+)
 from toolfleet.storage.pg_text import escape_array, unescape_array
 
 log = logging.getLogger(__name__)
@@ -42,6 +49,8 @@ class LifecycleChange:
     """Subject of the operator's token; stored and audited."""
     sunset_date: datetime | None = None
     """``deprecated``: the announced sunset; ``sunset``: when it takes effect (default now)."""
+    deprecation_date: datetime | None = None
+    """From when callers are warned (default: as stored, else now); must precede the sunset."""
     deprecated_in_favor_of: str | None = None
     message: str | None = None
 
@@ -67,7 +76,8 @@ class RegistryStore:
         self._pool = pool
         self._embedder = embedder
         self._clock = clock
-        self._pgvector: bool | None = None
+        self._vector_schema: str | None = None
+        self._detected = False
 
     @property
     def embedder(self) -> TextEmbedder:
@@ -152,7 +162,8 @@ class RegistryStore:
         Raises:
             ToolNotFound: no such tool version.
             StateConflict: the move goes backwards, or the version is removed.
-            InvalidParameters: the successor is not a registered, callable version/tool.
+            InvalidParameters: the successor is not a registered, callable version/tool,
+                or the sunset would not come after the deprecation.
         """
         now = self._clock()
         async with self._pool.acquire() as conn, conn.transaction():
@@ -179,12 +190,23 @@ class RegistryStore:
             successor = change.deprecated_in_favor_of
             if successor is not None:
                 await _check_successor(conn, change.tool_id, change.version, successor)
-            deprecation_date = row["deprecation_date"]
-            if change.state is not LifecycleState.ACTIVE and deprecation_date is None:
-                deprecation_date = now
+            deprecation_date = change.deprecation_date or row["deprecation_date"] or now
             sunset_date = change.sunset_date or row["sunset_date"]
             if change.state is LifecycleState.SUNSET and change.sunset_date is None:
+                # Sunset now: a deprecation announced for later takes effect now too.
                 sunset_date = min(sunset_date, now) if sunset_date is not None else now
+                if change.deprecation_date is None:
+                    deprecation_date = min(deprecation_date, sunset_date)
+            if sunset_date is not None and sunset_date <= deprecation_date:
+                raise InvalidParameters(
+                    f"sunset_date ({sunset_date.isoformat()}) must come after deprecation_date "
+                    f"({deprecation_date.isoformat()})",
+                    details={
+                        "tool_id": change.tool_id,
+                        "deprecation_date": deprecation_date.isoformat(),
+                        "sunset_date": sunset_date.isoformat(),
+                    },
+                )
             await conn.execute(
                 """UPDATE tool_versions SET lifecycle_state = $3,
                        deprecation_message = coalesce($4, deprecation_message),
@@ -237,12 +259,14 @@ class RegistryStore:
         category: str | None = None,
         tag: str | None = None,
         q: str | None = None,
+        min_score: float = MIN_SCORE,
         limit: int = 50,
         offset: int = 0,
     ) -> tuple[list[dict[str, Any]], int]:
         """Tool summaries matching the filters, and the total count.
 
-        Without ``q`` by tool id; with it, most similar in meaning first. Removed
+        Without ``q`` by tool id; with it, the tools scoring at least ``min_score``, most
+        similar in meaning first, each with its ``score`` and ``low_relevance``. Removed
         versions, and tools with nothing else, are left out.
         """
         where: list[str] = [_LISTED]
@@ -255,9 +279,17 @@ class RegistryStore:
             where.append(f"${len(args)} = ANY(d.tags)")
         clause = " AND ".join(where)
         if q:
-            ranked = await self._ranked(q, clause, args)
-            page = ranked[offset : offset + limit]
-            return await self._summaries(page), len(ranked)
+            matches = await self._ranked(q, clause, args, min_score=min_score)
+            page = {m.tool_id: m for m in matches[offset : offset + limit]}
+            summaries = await self._summaries(list(page))
+            return [
+                {
+                    **summary,
+                    "score": round(page[summary["tool_id"]].score, 4),
+                    "low_relevance": page[summary["tool_id"]].low_relevance,
+                }
+                for summary in summaries
+            ], len(matches)
         # Only placeholders ($n) are interpolated into the SQL; values travel as arguments.
         count_sql = f"SELECT count(*) FROM tool_definitions d WHERE {clause}"  # noqa: S608
         total = await self._pool.fetchval(count_sql, *args)
@@ -269,24 +301,27 @@ class RegistryStore:
         )
         return await self._summaries([r["tool_id"] for r in ids]), int(total)
 
-    async def _ranked(self, q: str, clause: str, args: list[object]) -> list[str]:
-        """Every tool id matching ``clause``, most similar to ``q`` first."""
+    async def _ranked(
+        self, q: str, clause: str, args: list[object], *, min_score: float
+    ) -> list[Match]:
+        """Every tool matching ``clause`` and scoring ``min_score``, most similar first."""
         await self._backfill_embeddings()
         (query,) = await self._embed([q])
-        if await self._has_pgvector():
-            n = len(args) + 1
+        schema = await self.detect_pgvector()
+        if schema is not None:
             rows = await self._pool.fetch(
-                f"""SELECT d.tool_id FROM tool_definitions d WHERE {clause}
-                    ORDER BY d.embedding::vector <=> ${n}::real[]::vector, d.tool_id""",  # noqa: S608
+                pgvector_ranking(clause, arg_count=len(args), schema=schema),
                 *args,
                 query,
+                min_score,
             )
-            return [r["tool_id"] for r in rows]
+            return [Match(r["tool_id"], float(r["score"])) for r in rows]
         rows = await self._pool.fetch(
-            f"SELECT d.tool_id, d.embedding FROM tool_definitions d WHERE {clause}",  # noqa: S608
+            f"SELECT d.tool_id, d.embedding FROM tool_definitions d WHERE {clause}"  # noqa: S608
+            " AND d.embedding IS NOT NULL",
             *args,
         )
-        return rank(query, ((r["tool_id"], r["embedding"]) for r in rows))
+        return rank(query, ((r["tool_id"], r["embedding"]) for r in rows), min_score=min_score)
 
     async def _backfill_embeddings(self) -> None:
         """Embed tools registered before search existed, or with another model."""
@@ -308,12 +343,21 @@ class RegistryStore:
         )
         log.info("tool embeddings backfilled", extra={"tools": len(rows)})
 
-    async def _has_pgvector(self) -> bool:
-        if self._pgvector is None:
-            self._pgvector = bool(
-                await self._pool.fetchval("SELECT 1 FROM pg_extension WHERE extname = 'vector'")
+    async def detect_pgvector(self) -> str | None:
+        """The schema of the ``vector`` extension in this database, or None without it.
+
+        Asked once (the API asks at start-up and logs how search ranks); the queries
+        name the extension's schema, so it ranks whatever the ``search_path``.
+        """
+        if not self._detected:
+            self._vector_schema = await self._pool.fetchval(
+                """SELECT n.nspname FROM pg_extension e
+                   JOIN pg_namespace n ON n.oid = e.extnamespace WHERE e.extname = 'vector'"""
             )
-        return self._pgvector
+            self._detected = True
+            backend = "pgvector" if self._vector_schema else "in_process"
+            log.info("tool search ranking", extra={"backend": backend})
+        return self._vector_schema
 
     async def _summaries(self, tool_ids: list[str]) -> list[dict[str, Any]]:
         """Summaries of ``tool_ids``, in that order."""
@@ -354,6 +398,20 @@ class RegistryStore:
         }
 
 
+def pgvector_ranking(clause: str, *, arg_count: int, schema: str) -> str:
+    """SQL ranking the tools matching ``clause`` (placeholders ``$1..$arg_count``) by
+    cosine similarity to ``$arg_count+1`` (a ``real[]``), those scoring at least
+    ``$arg_count+2``, best first (ties by id); columns ``tool_id``, ``score``."""
+    ext = '"' + schema.replace('"', '""') + '"'
+    query, floor = arg_count + 1, arg_count + 2
+    distance = f"d.embedding::{ext}.vector OPERATOR({ext}.<=>) ${query}::real[]::{ext}.vector"
+    # Only placeholders and the quoted schema are interpolated; values travel as arguments.
+    return f"""SELECT tool_id, score FROM (
+                   SELECT d.tool_id, 1 - ({distance}) AS score FROM tool_definitions d
+                   WHERE {clause} AND d.embedding IS NOT NULL) AS ranked
+               WHERE score >= ${floor} ORDER BY score DESC, tool_id"""  # noqa: S608
+
+
 async def _check_successor(
     conn: asyncpg.Connection | PoolConnectionProxy, tool_id: str, version: str, successor: str
 ) -> None:
@@ -385,8 +443,12 @@ async def _check_successor(
 def _summary(row: asyncpg.Record, now: datetime) -> dict[str, Any]:
     versions: list[dict[str, Any]] = []
     for v in row["versions"]:
-        sunset = datetime.fromisoformat(v["sunset_date"]) if v["sunset_date"] else None
-        state = effective_state(LifecycleState(v["lifecycle_state"]), sunset, now)
+        state = effective_state(
+            LifecycleState(v["lifecycle_state"]),
+            now,
+            deprecation_date=_when(v["deprecation_date"]),
+            sunset_date=_when(v["sunset_date"]),
+        )
         versions.append(
             {**v, "lifecycle_state": state.value, "deprecated": state is not LifecycleState.ACTIVE}
         )
@@ -401,6 +463,10 @@ def _summary(row: asyncpg.Record, now: datetime) -> dict[str, Any]:
         "requires_approval": bool(latest and latest["requires_approval"]),
         "versions": versions,
     }
+
+
+def _when(text: str | None) -> datetime | None:
+    return datetime.fromisoformat(text) if text else None
 
 
 def _tags(column: list[str | None] | None) -> list[str]:

@@ -1,6 +1,7 @@
 """Semver resolution of a requested version (``1.2.3``, ``^1.2``, ``~1.2``, ``*``).
 
-Pure logic. The newest active version in range wins; a deprecated one is used only
+Pure logic. The newest active version in range wins (one deprecated from a date still
+to come is active until then); a deprecated one is used only
 when no active one matches, with a warning naming its successor and sunset date; a
 sunset one only when the tenant's policy pins that exact version (with a warning); a
 removed one never.
@@ -23,11 +24,16 @@ class VersionInfo:
     version: str
     state: LifecycleState
     deprecation_message: str | None = None
+    deprecation_date: datetime | None = None
     sunset_date: datetime | None = None
     deprecated_in_favor_of: str | None = None
 
     def state_at(self, now: datetime | None) -> LifecycleState:
-        return self.state if now is None else effective_state(self.state, self.sunset_date, now)
+        if now is None:
+            return self.state
+        return effective_state(
+            self.state, now, deprecation_date=self.deprecation_date, sunset_date=self.sunset_date
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -20,9 +20,12 @@ from toolfleet.errors import RegistrationError
 from toolfleet.events.models import TOOL_ID_PATTERN, Effect
 from toolfleet.registry.manifest import (
     CircuitSettings,
+    ResourceDefaults,
     RetrySettings,
+    SourceType,
     ToolCategory,
     ToolManifest,
+    ToolPermissions,
 )
 from toolfleet.results.rules import ResultRules, SanitizeRule
 from toolfleet.sdk.context import ToolContext
@@ -69,6 +72,14 @@ class ToolSpec:
     """Result cache (default: none)."""
     result_rules: ResultRules = field(default_factory=ResultRules)
     """Result validation mode, sanitization and limits the validator applies."""
+    requires_approval: bool = False
+    """Every call waits for an approver, whatever the tenant's policy says."""
+    permissions: ToolPermissions = field(default_factory=ToolPermissions)
+    """What the tool reaches outside its process: files, hosts, credentials."""
+    resource_defaults: ResourceDefaults = field(default_factory=ResourceDefaults)
+    """CPU and memory limits a call runs under unless its request asks for less."""
+    source_type: SourceType = SourceType.NATIVE
+    """Where the code lives: ``@tool`` functions run in the executor's process."""
 
     @property
     def circuit_name(self) -> str:
@@ -86,11 +97,15 @@ class ToolSpec:
             description=self.description,
             category=self.category,
             tags=list(self.tags),
+            source_type=self.source_type,
             input_schema=self.input_schema,
             output_schema=self.output_schema,
             redaction_allowlist=list(self.redaction_allowlist),
             timeout_seconds=self.timeout_seconds,
             credentials=list(self.credentials),
+            permissions=self.permissions,
+            requires_approval=self.requires_approval,
+            resource_defaults=self.resource_defaults,
             retry_policy=RetrySettings(
                 max_attempts=self.retry.max_attempts,
                 initial_backoff_s=self.retry.initial_backoff_s,
@@ -127,6 +142,9 @@ def tool(
     result_validation: str = "strict",
     sanitize: dict[str, str | SanitizeRule | dict[str, Any]] | None = None,
     max_result_bytes: int | None = None,
+    requires_approval: bool = False,
+    permissions: ToolPermissions | None = None,
+    resource_defaults: ResourceDefaults | None = None,
 ) -> Callable[[F], F]:
     """Declare a tool; the decorated function is returned unchanged, still callable.
 
@@ -167,6 +185,14 @@ def tool(
     {"$.body": "escape", "*": "reject"}`` checks string fields for HTML, SQL, shell and
     prompt injection and invisible characters, by field path; ``max_result_bytes``
     caps the result's size.
+
+    What the registry records (:mod:`toolfleet.registry.manifest`):
+    ``requires_approval=True`` parks every call until an approver decides, whatever the
+    tenant's policy says; ``permissions=ToolPermissions(filesystem=[FilesystemAccess(
+    path="/data/*", access="read")], network=["api.example.com"])`` declares what the tool
+    reaches (its ``credentials`` join the ``credentials`` above);
+    ``resource_defaults=ResourceDefaults(memory_mb_limit=256)`` sets the limits a call
+    runs under unless its request asks for less.
     """
 
     def decorate(fn: F) -> F:
@@ -214,7 +240,18 @@ def tool(
             )
         _check_allowlist(id, list(redaction_allowlist), output_schema)
         _check_credentials(id, credentials)
-        if cache is not None and credentials:
+        if not isinstance(permissions, ToolPermissions | None) or not isinstance(
+            resource_defaults, ResourceDefaults | None
+        ):
+            raise RegistrationError(
+                f"{id}: permissions and resource_defaults take ToolPermissions and "
+                "ResourceDefaults (from toolfleet.registry.manifest)"
+            )
+        declared_permissions = permissions or ToolPermissions()
+        # One list, as the manifest keeps it: either spelling makes the executor resolve it.
+        needed = tuple(dict.fromkeys([*credentials, *declared_permissions.credentials]))
+        _check_credentials(id, declared_permissions.credentials)
+        if cache is not None and needed:
             raise RegistrationError(f"{id}: a tool that uses credentials cannot be cached")
         if circuit is not None and not re.fullmatch(r"[A-Za-z0-9._:-]{1,200}", circuit):
             raise RegistrationError(f"{id}: circuit names are letters, digits and '._:-'")
@@ -230,7 +267,10 @@ def tool(
             description=description if description is not None else inspect.getdoc(fn) or "",
             category=category,
             tags=tuple(tags),
-            credentials=tuple(credentials),
+            credentials=needed,
+            permissions=declared_permissions.model_copy(update={"credentials": sorted(needed)}),
+            requires_approval=requires_approval,
+            resource_defaults=resource_defaults or ResourceDefaults(),
             retry=retry or RetryPolicy(),
             circuit=circuit or "",
             circuit_breaker=circuit_breaker or CircuitPolicy(),

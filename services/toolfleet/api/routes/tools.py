@@ -32,6 +32,7 @@ from toolfleet.events.models import ToolLifecycleChanged
 from toolfleet.events.types import EventType, Source, TopicName
 from toolfleet.policy.catalog import visible_page
 from toolfleet.registry.manifest import LifecycleState
+from toolfleet.registry.search import MIN_SCORE
 from toolfleet.registry.store import LifecycleChange
 
 router = APIRouter(prefix="/v1/tools", tags=["tools"], responses=problem_responses(401, 422))
@@ -49,15 +50,29 @@ async def list_tools(
         str | None,
         Query(max_length=256, description="What the tool should do; results rank by meaning."),
     ] = None,
+    min_score: Annotated[
+        float,
+        Query(
+            ge=-1,
+            le=1,
+            description="With q: leave out tools scoring under this (-1: rank them all).",
+        ),
+    ] = MIN_SCORE,
     page: Annotated[int, Query(ge=1, le=100_000)] = 1,
     page_size: Annotated[int, Query(ge=1, le=200)] = 50,
 ) -> ToolPage:
     """Registered tools with their versions and lifecycle states: by tool id, or with
-    ``q`` most relevant first. Removed versions are left out."""
+    ``q`` the ones that match, most relevant first, each with its ``score`` (weak
+    matches marked ``low_relevance``). Removed versions are left out."""
 
     async def fetch(limit: int, offset: int) -> tuple[list[dict[str, Any]], int]:
         return await res.registry.list_tools(
-            category=category, tag=tag, q=q or None, limit=limit, offset=offset
+            category=category,
+            tag=tag,
+            q=q or None,
+            min_score=min_score,
+            limit=limit,
+            offset=offset,
         )
 
     rows, total = await visible_page(
@@ -110,12 +125,7 @@ async def change_lifecycle(
         raise ProblemError(
             409, "a version cannot be made active again", code=ErrorCode.STATE_CONFLICT
         )
-    if patch.sunset_date is not None and patch.sunset_date.tzinfo is None:
-        raise ProblemError(
-            422,
-            "sunset_date needs a timezone (e.g. 2027-01-31T00:00:00Z)",
-            code=ErrorCode.INVALID_PARAMETERS,
-        )
+    _check_dates(patch)
     try:
         changed = await res.registry.change_lifecycle(
             LifecycleChange(
@@ -124,6 +134,7 @@ async def change_lifecycle(
                 state=patch.lifecycle_state,
                 operator=caller.subject,
                 sunset_date=patch.sunset_date,
+                deprecation_date=patch.deprecation_date,
                 deprecated_in_favor_of=patch.deprecated_in_favor_of,
                 message=patch.message,
             )
@@ -133,7 +144,7 @@ async def change_lifecycle(
     except StateConflict as exc:
         raise ProblemError(409, exc.message, code=exc.code, extensions=exc.details) from None
     except InvalidParameters as exc:
-        raise ProblemError(422, exc.message, code=exc.code) from None
+        raise ProblemError(422, exc.message, code=exc.code, extensions=exc.details) from None
     manifest = changed.manifest
     now = datetime.now(UTC)
     notice = ToolLifecycleChanged(
@@ -170,3 +181,38 @@ async def change_lifecycle(
         deprecated_in_favor_of=manifest.deprecated_in_favor_of,
         changed_by=caller.subject,
     )
+
+
+def _check_dates(patch: LifecyclePatch) -> None:
+    """Dates are timezone-aware, the sunset comes after the deprecation, and a removal
+    has none (the store checks the dates against those already set)."""
+    dates = {"deprecation_date": patch.deprecation_date, "sunset_date": patch.sunset_date}
+    given = {name: when for name, when in dates.items() if when is not None}
+    if given and patch.lifecycle_state is LifecycleState.REMOVED:
+        raise ProblemError(
+            422,
+            f"a removal takes effect now and has no dates (got {', '.join(given)})",
+            code=ErrorCode.INVALID_PARAMETERS,
+        )
+    for name, when in given.items():
+        if when.tzinfo is None:
+            raise ProblemError(
+                422,
+                f"{name} needs a timezone (e.g. 2027-01-31T00:00:00Z)",
+                code=ErrorCode.INVALID_PARAMETERS,
+                extensions={"field": name},
+            )
+    if (
+        patch.deprecation_date is not None
+        and patch.sunset_date is not None
+        and patch.sunset_date <= patch.deprecation_date
+    ):
+        raise ProblemError(
+            422,
+            "sunset_date must come after deprecation_date",
+            code=ErrorCode.INVALID_PARAMETERS,
+            extensions={
+                "deprecation_date": patch.deprecation_date.isoformat(),
+                "sunset_date": patch.sunset_date.isoformat(),
+            },
+        )

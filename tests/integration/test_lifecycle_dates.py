@@ -1,0 +1,187 @@
+"""Lifecycle dates through ``PATCH /v1/tools/{id}/versions/{v}``: a deprecation announced
+ahead warns callers only from its date, and dates that contradict each other are refused
+with RFC 9457 problems."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import httpx
+import pytest
+from fastapi import FastAPI
+
+from toolfleet.api import ApiSettings, create_app
+from toolfleet.api.resources import ApiResources
+from toolfleet.auth.keys import generate_key_pair
+from toolfleet.auth.tokens import TokenIssuer
+from toolfleet.events.models import Effect
+from toolfleet.registry.lookup import ToolLookup
+from toolfleet.registry.manifest import ToolManifest
+from toolfleet.registry.store import RegistryStore
+from toolfleet.settings import FleetSettings
+
+pytestmark = pytest.mark.integration
+
+TOOL = "dates__report"
+
+
+@pytest.fixture(scope="module")
+async def app_and_issuer(
+    settings: FleetSettings, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[tuple[FastAPI, TokenIssuer]]:
+    pair = generate_key_pair()
+    folder = tmp_path_factory.mktemp("dates-keys")
+    (folder / "private.pem").write_bytes(pair.private_pem)
+    (folder / "public.pem").write_bytes(pair.public_pem)
+    api_settings = ApiSettings(
+        **settings.model_copy(
+            update={
+                "jwt_private_key_file": folder / "private.pem",
+                "jwt_public_key_file": folder / "public.pem",
+            }
+        ).model_dump()
+    )
+    issuer = TokenIssuer(
+        pair.private_pem,
+        pair.public_pem,
+        issuer=api_settings.jwt_issuer,
+        audience=api_settings.jwt_audience,
+    )
+    application = create_app(api_settings)
+    async with application.router.lifespan_context(application):
+        res: ApiResources = application.state.resources
+        store = RegistryStore(res.pool)
+        for version in ("1.0.0", "1.1.0", "2.0.0"):
+            await store.register(
+                ToolManifest(
+                    tool_id=TOOL,
+                    version=version,
+                    effect=Effect.READ_ONLY,
+                    input_schema={"type": "object"},
+                    output_schema={"type": "object"},
+                    redaction_allowlist=[],
+                    timeout_seconds=5,
+                )
+            )
+        yield application, issuer
+
+
+@pytest.fixture
+async def api(app_and_issuer: tuple[FastAPI, TokenIssuer]) -> AsyncIterator[httpx.AsyncClient]:
+    application, issuer = app_and_issuer
+    token = issuer.issue(tenant_id="ops", agent_did="did:operator:bob", scopes=["admin"])
+    transport = httpx.ASGITransport(app=application)
+    async with httpx.AsyncClient(
+        transport=transport,
+        base_url="http://api.test",
+        headers={"Authorization": f"Bearer {token}"},
+    ) as client:
+        yield client
+
+
+def _day(days: int) -> datetime:
+    return (datetime.now(UTC) + timedelta(days=days)).replace(microsecond=0)
+
+
+async def _patch(api: httpx.AsyncClient, version: str, body: dict[str, Any]) -> httpx.Response:
+    return await api.patch(f"/v1/tools/{TOOL}/versions/{version}", json=body)
+
+
+async def _listed(api: httpx.AsyncClient, version: str) -> dict[str, Any]:
+    tool = (await api.get(f"/v1/tools/{TOOL}")).json()
+    found: dict[str, Any] = next(v for v in tool["versions"] if v["version"] == version)
+    return found
+
+
+async def test_a_deprecation_announced_ahead_warns_only_from_its_date(
+    api: httpx.AsyncClient, app_and_issuer: tuple[FastAPI, TokenIssuer]
+) -> None:
+    starts, ends = _day(7), _day(60)
+    response = await _patch(
+        api,
+        "1.0.0",
+        {
+            "lifecycle_state": "deprecated",
+            "deprecation_date": starts.isoformat(),
+            "sunset_date": ends.isoformat(),
+            "deprecated_in_favor_of": "2.0.0",
+        },
+    )
+    assert response.status_code == 200, response.text
+    assert response.json()["lifecycle_state"] == "active"  # as of now
+    listed = (await api.get("/v1/tools")).json()["items"]
+    summary = next(t for t in listed if t["tool_id"] == TOOL)
+    old = next(v for v in summary["versions"] if v["version"] == "1.0.0")
+    assert (old["lifecycle_state"], old["deprecated"]) == ("active", False)
+    assert old["deprecation_date"].startswith(starts.date().isoformat())
+    assert (await _listed(api, "1.0.0"))["deprecation_date"] is not None
+
+    pool = app_and_issuer[0].state.resources.pool
+    warning = f"tool {TOOL}@1.0.0 is deprecated; use 2.0.0; sunset on {ends.date()}"
+    for at, warnings in (
+        (datetime.now(UTC), []),
+        (starts - timedelta(seconds=1), []),
+        (starts, [warning]),
+        (ends - timedelta(seconds=1), [warning]),
+    ):
+        lookup = ToolLookup(RegistryStore(pool), ttl_s=0, clock=lambda at=at: at)
+        resolved = await lookup.resolve(TOOL, "1.0.0")
+        assert resolved.warnings == warnings, at
+
+
+async def test_a_sunset_before_the_deprecation_is_refused(api: httpx.AsyncClient) -> None:
+    response = await _patch(
+        api,
+        "1.1.0",
+        {
+            "lifecycle_state": "deprecated",
+            "deprecation_date": _day(30).isoformat(),
+            "sunset_date": _day(10).isoformat(),
+        },
+    )
+    assert response.status_code == 422
+    assert response.headers["content-type"].startswith("application/problem+json")
+    problem = response.json()
+    assert problem["code"] == "invalid_parameters"
+    assert problem["status"] == 422
+    assert "sunset_date must come after deprecation_date" in problem["detail"]
+    assert (await _listed(api, "1.1.0"))["lifecycle_state"] == "active"  # nothing changed
+
+
+async def test_a_sunset_before_the_stored_deprecation_is_refused(api: httpx.AsyncClient) -> None:
+    first = await _patch(
+        api,
+        "1.1.0",
+        {"lifecycle_state": "deprecated", "deprecation_date": _day(20).isoformat()},
+    )
+    assert first.status_code == 200, first.text
+    earlier = await _patch(
+        api, "1.1.0", {"lifecycle_state": "deprecated", "sunset_date": _day(5).isoformat()}
+    )
+    assert earlier.status_code == 422
+    assert earlier.headers["content-type"].startswith("application/problem+json")
+    assert earlier.json()["code"] == "invalid_parameters"
+    assert "deprecation_date" in earlier.json()
+
+
+@pytest.mark.parametrize(
+    ("body", "detail"),
+    [
+        ({"lifecycle_state": "deprecated", "deprecation_date": "2027-01-01T00:00:00"}, "timezone"),
+        ({"lifecycle_state": "deprecated", "sunset_date": "2027-01-01T00:00:00"}, "timezone"),
+        (
+            {"lifecycle_state": "removed", "sunset_date": "2027-01-01T00:00:00Z"},
+            "has no dates",
+        ),
+    ],
+)
+async def test_dates_without_a_timezone_or_on_a_removal_are_refused(
+    api: httpx.AsyncClient, body: dict[str, Any], detail: str
+) -> None:
+    response = await _patch(api, "2.0.0", body)
+    assert response.status_code == 422
+    assert response.headers["content-type"].startswith("application/problem+json")
+    assert response.json()["code"] == "invalid_parameters"
+    assert detail in response.json()["detail"]

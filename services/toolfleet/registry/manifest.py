@@ -75,6 +75,8 @@ class _Part(BaseModel):
 
 
 class FilesystemAccess(_Part):
+    """One path the tool reads (or writes) inside its sandbox."""
+
     path: str = Field(min_length=1, max_length=1024)
     """A path or glob inside the tool's sandbox."""
     access: Literal["read", "write"] = "read"

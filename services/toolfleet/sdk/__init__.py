@@ -6,6 +6,7 @@ broker, database or web-server client. Publishing invocations is the producer's 
 """
 
 from toolfleet.events.models import Effect
+from toolfleet.registry.manifest import FilesystemAccess, ResourceDefaults, ToolPermissions
 from toolfleet.sdk.context import ToolContext
 from toolfleet.sdk.policies import CachePolicy, CircuitPolicy, RetryPolicy
 from toolfleet.sdk.tool import ToolSpec, spec_of, tool
@@ -14,8 +15,11 @@ __all__ = [
     "CachePolicy",
     "CircuitPolicy",
     "Effect",
+    "FilesystemAccess",
+    "ResourceDefaults",
     "RetryPolicy",
     "ToolContext",
+    "ToolPermissions",
     "ToolSpec",
     "spec_of",
     "tool",

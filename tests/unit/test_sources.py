@@ -169,7 +169,10 @@ def test_mcp_results_keep_text_and_structured_content() -> None:
         structured_content={"n": 1},
     )
     assert mcp_tools.result_of(tool, answer) == {
-        "content": [{"type": "text", "text": "found"}],
+        "content": [
+            {"type": "text", "text": "found"},
+            {"type": "image", "mime_type": "image/png", "bytes": 2, "data": "aGk="},
+        ],
         "structured_content": {"n": 1},
     }
 

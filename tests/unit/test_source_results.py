@@ -1,11 +1,15 @@
 """Source results and rules: every MCP content block kept, checked and redacted like any
-result; policy globs that seem to allow source tools are warned about."""
+result; policy globs that seem to allow source tools are warned about; HTTP tools
+resolve a host once, connect to the checked address and bound the answer's size."""
 
 from __future__ import annotations
 
 import base64
+import ipaddress
+from collections.abc import AsyncIterator
 from typing import Any
 
+import httpx
 import pytest
 from mcp.types import (
     AudioContent,
@@ -19,12 +23,19 @@ from mcp.types import (
     Tool,
 )
 
-from toolfleet.errors import ResultValidationFailed
+from toolfleet.errors import (
+    ErrorCode,
+    ExternalApiError,
+    PermissionDenied,
+    ResultTooLarge,
+    ResultValidationFailed,
+)
+from toolfleet.isolation.egress import IPAddress, StaticResolver
 from toolfleet.registry.enforcement import visible_result
 from toolfleet.registry.redaction import REDACTED
 from toolfleet.registry.schemas import CompiledSchemas
-from toolfleet.sources import mcp_tools
-from toolfleet.sources.models import SourceDefinition, SourceKind, SourceTool
+from toolfleet.sources import http_tools, mcp_tools
+from toolfleet.sources.models import HttpOperation, SourceDefinition, SourceKind, SourceTool
 from toolfleet.sources.naming import glob_warnings
 from toolfleet.sources.store import manifest_of
 
@@ -115,3 +126,89 @@ def test_allow_globs_that_seem_to_allow_source_tools_are_warned_about() -> None:
     assert warnings[0].startswith("allow_tools.2 '*' allows no MCP or HTTP source tool")
     assert "http__pets__get, mcp__gh__issue, mcp__gh__search" in warnings[0]
     assert warnings[1].startswith("agents.did:agent:x.allow_tools.0 'mcp__new__*'")
+
+
+# --- HTTP tools: one resolution, pinned; bounded answers ------------------------------
+
+
+class CountingResolver:
+    def __init__(self, **table: list[str]) -> None:
+        self.table = StaticResolver(table={k.replace("_", "."): v for k, v in table.items()})
+        self.calls = 0
+
+    async def resolve(self, name: str) -> tuple[IPAddress, ...]:
+        self.calls += 1
+        return await self.table.resolve(name)
+
+
+async def test_a_name_is_resolved_once_and_only_a_checked_address_is_returned() -> None:
+    request = httpx.Request("GET", "https://api.test/x")
+    resolver = CountingResolver(api_test=["10.0.0.7", "93.184.216.34"])
+    address = await http_tools.check_host(request, ["api.test"], "t", resolver)
+    assert (str(address), resolver.calls) == ("93.184.216.34", 1)  # the private one skipped
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1", "10.1.2.3", "169.254.169.254", "::1"])
+async def test_a_granted_name_never_reaches_a_private_address_unless_named(address: str) -> None:
+    request = httpx.Request("GET", "https://api.test/x")
+    resolver = CountingResolver(api_test=[address])
+    with pytest.raises(PermissionDenied, match="resolves only to"):
+        await http_tools.check_host(request, ["api.test", "*"], "t", resolver)
+    entry = f"[{address}]" if ":" in address else address
+    named = await http_tools.check_host(request, ["api.test", entry], "t", resolver)
+    assert str(named) == address
+
+
+async def test_a_name_that_does_not_resolve_is_a_retryable_external_error() -> None:
+    request = httpx.Request("GET", "https://gone.test/x")
+    with pytest.raises(ExternalApiError) as caught:
+        await http_tools.check_host(request, ["gone.test"], "t", CountingResolver())
+    assert caught.value.retryable
+
+
+def test_a_pinned_request_names_the_address_and_keeps_the_name_for_host_and_tls() -> None:
+    request = httpx.Request("GET", "https://api.test:8443/pets?x=1")
+    http_tools.pin(request, ipaddress.ip_address("2001:db8::1"))
+    assert str(request.url) == "https://[2001:db8::1]:8443/pets?x=1"
+    assert request.headers["host"] == "api.test:8443"
+    assert request.extensions["sni_hostname"] == "api.test"
+
+
+def http_tool() -> SourceTool:
+    op = HttpOperation(operation_id="get", url="/x")
+    src = SourceDefinition(
+        name="api", kind=SourceKind.HTTP, target="https://api.test", operations=[op]
+    )
+    return http_tools.source_tool(src, op)
+
+
+async def read(content: bytes | AsyncIterator[bytes], limit: int) -> bytes:
+    client = httpx.AsyncClient(
+        transport=httpx.MockTransport(lambda r: httpx.Response(200, content=content))
+    )
+    async with client:
+        response = await client.send(httpx.Request("GET", "https://api.test/x"), stream=True)
+        try:
+            return await http_tools.read_body(http_tool(), response, limit)
+        finally:
+            await response.aclose()
+
+
+async def test_an_answer_over_the_limit_is_result_too_large() -> None:
+    assert await read(b"x" * 100, 100) == b"x" * 100
+    with pytest.raises(ResultTooLarge) as declared:
+        await read(b"x" * 101, 100)  # Content-Length says so: refused before reading
+    assert declared.value.code is ErrorCode.RESULT_TOO_LARGE
+    assert not declared.value.retryable
+
+    chunks_read = 0
+
+    async def endless() -> AsyncIterator[bytes]:
+        nonlocal chunks_read
+        while True:
+            chunks_read += 1
+            yield b"y" * 64
+
+    with pytest.raises(ResultTooLarge):
+        await read(endless(), 1000)  # no Content-Length: counted while streaming
+    assert chunks_read == 16

@@ -22,6 +22,7 @@ from toolfleet.cli.sources import definition
 from toolfleet.errors import ErrorCode, PermissionDenied, ToolExecutionError, ToolfleetError
 from toolfleet.events.identity import CallRef
 from toolfleet.events.models import TOOL_ID_PATTERN
+from toolfleet.isolation.egress import StaticResolver
 from toolfleet.policy.documents import allowed_by
 from toolfleet.sources import http_tools, mcp_tools, openapi
 from toolfleet.sources.models import HttpOperation, SourceDefinition, SourceKind, SourceTool
@@ -143,11 +144,13 @@ def test_retry_after_reads_seconds_and_dates() -> None:
 
 async def test_hosts_follow_the_egress_grammar() -> None:
     request = httpx.Request("GET", "https://10.1.2.3/x")
-    await http_tools.check_host(request, ["10.1.2.3"], "t")
+    resolver = StaticResolver(table={})
+    assert str(await http_tools.check_host(request, ["10.1.2.3"], "t", resolver)) == "10.1.2.3"
     with pytest.raises(PermissionDenied):
-        await http_tools.check_host(request, ["api.example.com"], "t")
+        await http_tools.check_host(request, ["api.example.com"], "t", resolver)
+    local = httpx.Request("GET", "http://127.0.0.1:8080/")
     with pytest.raises(PermissionDenied):
-        await http_tools.check_host(httpx.Request("GET", "http://127.0.0.1:8080/"), ["*"], "t")
+        await http_tools.check_host(local, ["*"], "t", resolver)
 
 
 def mcp_tool() -> SourceTool:

@@ -16,6 +16,7 @@ from toolfleet.events.models import TENANT_ID_PATTERN
 #: Source names become part of tool ids: lower-case words joined by ``_``.
 SOURCE_NAME_PATTERN = r"^[a-z][a-z0-9_]{0,47}$"
 GLOBAL_TENANT = "*"
+DEFAULT_MAX_RESPONSE_BYTES = 10 * 1_048_576
 _TEMPLATE_FIELD = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
@@ -89,6 +90,9 @@ class SourceDefinition(BaseModel):
     """Tool name on the source → result fields clients may see (none: ``content`` only)."""
     operations: list[HttpOperation] = Field(default_factory=list)
     timeout_s: float = Field(default=30.0, gt=0, le=3600)
+    max_response_bytes: int = Field(default=DEFAULT_MAX_RESPONSE_BYTES, ge=1, le=1 << 30)
+    """Largest (decoded) answer body an HTTP operation may return: past it the call is
+    ``result_too_large`` and the rest is not read."""
     idle_s: float = Field(default=300.0, gt=0)
     """A session unused this long is closed (its stdio server stopped)."""
 

@@ -37,6 +37,7 @@ from toolfleet.errors import (
 from toolfleet.isolation.egress import EgressGrant, IPAddress, Resolver, parse_host
 from toolfleet.sources.models import HttpOperation, SourceDefinition, SourceTool
 from toolfleet.sources.naming import http_tool_id, schema_version
+from toolfleet.sources.rules import with_rules
 
 
 class ExternalApiRefused(ExternalApiError):
@@ -46,7 +47,7 @@ class ExternalApiRefused(ExternalApiError):
 
 
 def source_tool(source: SourceDefinition, operation: HttpOperation) -> SourceTool:
-    return SourceTool(
+    found = SourceTool(
         tool_id=http_tool_id(source.name, operation.operation_id),
         version=schema_version(operation.input_schema, operation.output_schema),
         source=source.name,
@@ -56,11 +57,10 @@ def source_tool(source: SourceDefinition, operation: HttpOperation) -> SourceToo
         effect=operation.tool_effect,
         input_schema=operation.input_schema,
         output_schema=operation.output_schema,
-        redaction_allowlist=source.redaction.get(
-            operation.operation_id, list(operation.output_schema.get("properties", {}))
-        ),
+        redaction_allowlist=[],
         timeout_seconds=source.timeout_s,
     )
+    return with_rules(source, found)
 
 
 def build_request(

@@ -38,9 +38,7 @@ from mcp.types import (
 from toolfleet.errors import ResultValidationFailed, ToolExecutionError
 from toolfleet.sources.models import SourceDefinition, SourceTool
 from toolfleet.sources.naming import mcp_tool_id, schema_version
-
-#: What clients see of an MCP tool whose allowlist the operator did not set.
-DEFAULT_ALLOWLIST = ("content",)
+from toolfleet.sources.rules import with_rules
 
 _STRING = {"type": "string"}
 _SIZE = {"type": "integer", "minimum": 0}
@@ -106,7 +104,7 @@ def source_tool(source: SourceDefinition, tool: Tool) -> SourceTool:
     input_schema = dict(tool.input_schema)
     output_schema = output_schema_of(tool)
     read_only = bool(tool.annotations and tool.annotations.read_only_hint)
-    return SourceTool(
+    found = SourceTool(
         tool_id=mcp_tool_id(source.name, tool.name),
         version=schema_version(input_schema, output_schema),
         source=source.name,
@@ -116,9 +114,10 @@ def source_tool(source: SourceDefinition, tool: Tool) -> SourceTool:
         effect="read_only" if read_only else "external_side_effect",
         input_schema=input_schema,
         output_schema=output_schema,
-        redaction_allowlist=list(source.redaction.get(tool.name, DEFAULT_ALLOWLIST)),
+        redaction_allowlist=[],
         timeout_seconds=source.timeout_s,
     )
+    return with_rules(source, found)
 
 
 def result_of(tool: SourceTool, answer: CallToolResult) -> dict[str, Any]:

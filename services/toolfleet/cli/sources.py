@@ -274,12 +274,13 @@ def configure(
     changed = [t for t in body["tools"] if tool in (t["remote_name"], t["tool_id"])]
     for found in changed:
         rules_now = found["result_rules"]
-        allowed = ", ".join(found["redaction_allowlist"])
+        console.print(f"{found['tool_id']}@{found['version']}", markup=False)
+        console.print(f"  allow: {', '.join(found['redaction_allowlist'])}", markup=False)
         console.print(
-            f"{found['tool_id']}@{found['version']}: allow {allowed}"
-            f"; {rules_now['mode']}; sanitize {len(rules_now['sanitize'])} paths"
-            f"; max {rules_now['max_bytes'] or 'fleet default'} bytes",
+            f"  result_validation: {rules_now['mode']}, sanitize: {len(rules_now['sanitize'])} "
+            f"paths, max_result_bytes: {rules_now['max_bytes'] or 'fleet default'}",
             markup=False,
+            soft_wrap=True,
         )
 
 

@@ -104,6 +104,7 @@ def test_a_request_puts_each_field_where_the_operation_says() -> None:
     assert str(request.url) == "https://api.test/v1/pets/a%2Fb/notes?verbose=true"
     assert json.loads(request.content) == {"text": "hi"}
     assert request.headers["x-key"] == "k"
+    assert request.headers["accept-encoding"] == "identity"
 
 
 def test_an_operation_must_place_every_template_field() -> None:

@@ -84,7 +84,9 @@ def build_request(
         full,
         params=query,
         json=body if operation.body else None,
-        headers=dict(headers),
+        # Uncompressed: a small compressed body must not inflate past the size limit
+        # in memory before it is counted.
+        headers={"Accept-Encoding": "identity", **headers},
     )
     request.extensions["timeout"] = httpx.Timeout(source.timeout_s).as_dict()
     return request

@@ -106,9 +106,9 @@ async def test_an_admin_sets_a_tools_result_rules_and_globs_are_warned_about(
     missing = await http.put(f"/v1/sources/{name}/tools/nope/rules", json={}, headers=admin)
     assert missing.status_code == 404
 
-    policy = {"allow_tools": ["core__*", "mcp__*", f"mcp__{name}__add"]}
+    policy = {"allow_tools": ["core__*", f"mcp__{name}__*", f"mcp__{name}__add"]}
     put = await http.put("/v1/policies/t_src2", json=policy, headers=admin)
     assert put.status_code == 200, put.text
     [warning] = put.json()["warnings"]
-    assert warning.startswith("allow_tools.1 'mcp__*' allows no MCP or HTTP source tool")
+    assert warning.startswith(f"allow_tools.1 'mcp__{name}__*' allows no MCP or HTTP source")
     assert f"mcp__{name}__add" in warning

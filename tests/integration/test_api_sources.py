@@ -1,4 +1,5 @@
-"""``/v1/sources`` against real Postgres and a real stdio MCP server (admin scope)."""
+"""``/v1/sources`` against real Postgres and a real stdio MCP server (admin scope): add,
+list, remove, a tool's result rules; and the policy warning about source-tool globs."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import httpx
 import pytest
 
 from tests.integration.test_api_policies import Auth, api_settings, app, auth, http, keys
+from toolfleet.registry.store import RegistryStore
+from toolfleet.storage.postgres import create_pool
 
 pytestmark = pytest.mark.integration
 
@@ -57,3 +60,55 @@ async def test_a_source_that_cannot_be_listed_now_is_stored_for_the_executors(
     assert "could not be listed" in answer.json()["warnings"][0]
     stored = await http.get("/v1/sources/broken", headers=auth("t1", admin=True))
     assert stored.status_code == 200
+
+
+async def test_an_admin_sets_a_tools_result_rules_and_globs_are_warned_about(
+    http: httpx.AsyncClient, auth: Auth, tmp_path: Path, module_database_url: str
+) -> None:
+    name = f"s{uuid.uuid4().hex[:8]}"
+    body = {
+        "name": name,
+        "kind": "mcp_stdio",
+        "target": f"{sys.executable} -m tests.support.source_servers {tmp_path}",
+    }
+    admin = auth("t1", admin=True)
+    assert (await http.post("/v1/sources", json=body, headers=admin)).status_code == 201
+    rules = {
+        "allow": ["content.text"],
+        "result_validation": "coerce",
+        "sanitize": {"$.content[*].text": "redact"},
+        "max_result_bytes": 2048,
+    }
+    path = f"/v1/sources/{name}/tools/add/rules"
+    assert (await http.put(path, json=rules, headers=auth("t1"))).status_code == 403
+    answer = await http.put(path, json=rules, headers=admin)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["source"]["redaction"] == {"add": ["content.text"]}
+    [add] = [t for t in answer.json()["tools"] if t["remote_name"] == "add"]
+    assert add["redaction_allowlist"] == ["content.text"]
+    assert add["result_rules"]["mode"] == "coerce"
+    # The registry's manifest (what validators read) follows.
+    pool = await create_pool(module_database_url)
+    try:
+        [manifest] = await RegistryStore(pool).versions(f"mcp__{name}__add")
+    finally:
+        await pool.close()
+    assert manifest.redaction_allowlist == ["content.text"]
+    assert manifest.result_rules.max_bytes == 2048
+    # The fleet's tool id names the tool too; empty rules are the defaults again.
+    again = await http.put(
+        f"/v1/sources/{name}/tools/mcp__{name}__add/rules", json={}, headers=admin
+    )
+    assert again.json()["source"]["redaction"] == {}
+
+    bad = await http.put(path, json={"sanitize": {"*": "shred"}}, headers=admin)
+    assert bad.status_code == 422
+    missing = await http.put(f"/v1/sources/{name}/tools/nope/rules", json={}, headers=admin)
+    assert missing.status_code == 404
+
+    policy = {"allow_tools": ["core__*", f"mcp__{name}__*", f"mcp__{name}__add"]}
+    put = await http.put("/v1/policies/t_src2", json=policy, headers=admin)
+    assert put.status_code == 200, put.text
+    [warning] = put.json()["warnings"]
+    assert warning.startswith(f"allow_tools.1 'mcp__{name}__*' allows no MCP or HTTP source")
+    assert f"mcp__{name}__add" in warning

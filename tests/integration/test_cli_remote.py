@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import sys
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
@@ -365,3 +366,32 @@ async def test_invoke_wait_human_output(cli_env: dict[str, str], settings: Fleet
     assert "success" in result.stdout
     assert "core__echo@1.0.0" in result.stdout
     assert '"length": 2' in result.stdout
+
+
+async def test_sources_configure_and_the_policy_glob_warning(
+    server: ApiResources, cli_env: dict[str, str], tmp_path: Path
+) -> None:
+    name = f"s{uuid.uuid4().hex[:8]}"
+    command = f"{sys.executable} -m tests.support.source_servers {tmp_path / 'server'}"
+    added = await run_cli(cli_env, "sources", "add", name, "--stdio", command)
+    assert added.exit_code == 0, added.output
+    configured = await run_cli(
+        cli_env,
+        *("sources", "configure", name, "add", "--allow", "content.text"),
+        *("--result-validation", "coerce", "--sanitize", "$.content[*].text=escape"),
+        *("--max-result-bytes", "4096"),
+    )
+    assert configured.exit_code == 0, configured.output
+    assert "  allow: content.text\n" in configured.stdout
+    assert "result_validation: coerce, sanitize: 1 paths, max_result_bytes: 4096" in (
+        configured.stdout
+    )
+    typo = await run_cli(cli_env, "sources", "configure", name, "add", "--sanitize", "*=shred")
+    assert typo.exit_code != 0
+    assert "not valid result rules" in typo.stderr
+
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(f'allow_tools: ["mcp__{name}__*", "mcp__{name}__add"]\n')
+    applied = await run_cli(cli_env, "policy", "apply", str(policy), "--tenant", "t_cli_src")
+    assert applied.exit_code == 0, applied.output
+    assert f"warning: allow_tools.0 'mcp__{name}__*' allows no MCP or HTTP" in applied.stdout

@@ -10,19 +10,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import ssl
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from tests.support.servers import free_port
+from tests.support.tls import make_pki
 from toolfleet.executor.runner import RunResult, run_tool
+from toolfleet.isolation.egress import IPAddress, StaticResolver
 from toolfleet.registry.store import RegistryStore
 from toolfleet.sdk.context import ToolContext
 from toolfleet.secrets.store import Secret
@@ -69,6 +73,22 @@ async def boom(request: Request) -> Response:
     return Response("stack trace with secrets", status_code=500)
 
 
+async def host(request: Request) -> Response:
+    return JSONResponse({"host": request.headers["host"]})
+
+
+async def big(request: Request) -> Response:
+    return JSONResponse({"blob": "x" * 2000})
+
+
+async def endless(request: Request) -> Response:
+    async def chunks() -> AsyncIterator[bytes]:
+        for _ in range(10_000):
+            yield b"y" * 1024
+
+    return StreamingResponse(chunks(), media_type="application/json")
+
+
 APP = Starlette(
     routes=[
         Route("/pets/{pet_id}", get_pet),
@@ -77,6 +97,9 @@ APP = Starlette(
         Route("/unavailable", unavailable),
         Route("/boom", boom),
         Route("/hello", hello),
+        Route("/host", host),
+        Route("/big", big),
+        Route("/endless", endless),
     ]
 )
 
@@ -156,26 +179,42 @@ async def api() -> AsyncIterator[str]:
 
 
 @contextlib.asynccontextmanager
-async def serving(app: Starlette) -> AsyncIterator[str]:
-    """``app`` under uvicorn on a free loopback port, until the block ends."""
+async def serving(app: Starlette, *, tls: tuple[Path, Path] | None = None) -> AsyncIterator[str]:
+    """``app`` under uvicorn on a free loopback port (HTTPS with ``tls``: certificate
+    and key files), until the block ends."""
     port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
+    config = uvicorn.Config(
+        app,
+        host="127.0.0.1",
+        port=port,
+        log_level="warning",
+        lifespan="off",
+        ssl_certfile=str(tls[0]) if tls else None,
+        ssl_keyfile=str(tls[1]) if tls else None,
     )
+    server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve())
     while not server.started:  # noqa: ASYNC110 (uvicorn has no started event to await)
         await asyncio.sleep(0.02)
-    yield f"http://127.0.0.1:{port}"
+    yield f"{'https' if tls else 'http'}://127.0.0.1:{port}"
     server.should_exit = True
     await task
 
 
 class Http:
-    def __init__(self, store: SourceStore, registry: RegistryStore, granted: list[str]) -> None:
+    def __init__(
+        self,
+        store: SourceStore,
+        registry: RegistryStore,
+        granted: list[str],
+        **provider: Any,
+    ) -> None:
         self.store = store
         self.registry = registry
         self.granted = granted
-        self.provider = SourceToolProvider(lookup=store, network_permissions=lambda ctx: granted)
+        self.provider = SourceToolProvider(
+            lookup=store, network_permissions=lambda ctx: granted, **provider
+        )
         self.catalog = SourceCatalog(store=store, pool=self.provider.pool)
 
     async def add(self, source: SourceDefinition) -> None:
@@ -196,6 +235,9 @@ class Http:
             connection_id="pets_conn",
         )
         return await run_tool(spec, parameters, ctx, timeout_s=10)
+
+    async def close(self) -> None:
+        await self.provider.close()
 
 
 @pytest.fixture
@@ -311,3 +353,81 @@ async def test_operations_imported_from_openapi(http: Http, api: str) -> None:
     assert manifest.redaction_allowlist == ["id", "name"]  # "owner" is redacted downstream
     refused = error_of(await http.call(f"http__{name}__createpet", {}))
     assert refused["code"] == "invalid_parameters"
+
+
+class CountingResolver:
+    """Names the system cannot resolve, answered from a table; counts the questions."""
+
+    def __init__(self, table: dict[str, list[str]]) -> None:
+        self.table = StaticResolver(table=table)
+        self.calls = 0
+
+    async def resolve(self, name: str) -> tuple[IPAddress, ...]:
+        self.calls += 1
+        return await self.table.resolve(name)
+
+
+def plain(base: str, name: str, **extra: Any) -> SourceDefinition:
+    ops = [HttpOperation(operation_id=op, url=f"/{op}") for op in ("host", "big", "endless")]
+    return SourceDefinition(name=name, kind=SourceKind.HTTP, target=base, operations=ops, **extra)
+
+
+async def test_the_host_is_resolved_once_and_the_checked_address_is_the_one_used(
+    database_url: str, api: str
+) -> None:
+    port = api.rsplit(":", 1)[1]
+    resolver = CountingResolver({"pets.test": ["127.0.0.1"]})
+    pool = await create_pool(database_url)
+    http = Http(SourceStore(pool), RegistryStore(pool), ["pets.test:*"], resolver=resolver)
+    try:
+        name = f"pin{uuid.uuid4().hex[:6]}"
+        await http.add(plain(f"http://pets.test:{port}", name))
+        # A granted name alone never reaches loopback, whatever it resolves to.
+        refused = error_of(await http.call(f"http__{name}__host", {}))
+        assert refused["code"] == "permission_denied"
+        http.granted.append("127.0.0.1:*")
+        # pets.test exists in no DNS: the call reaches the address the check resolved,
+        # and the server still sees the name.
+        reached = await http.call(f"http__{name}__host", {})
+        assert reached.result == {"host": f"pets.test:{port}"}
+        assert resolver.calls == 2  # once per call, never again to connect
+    finally:
+        await http.close()
+        await pool.close()
+
+
+async def test_tls_is_checked_against_the_name_not_the_pinned_address(
+    database_url: str, tmp_path: Path
+) -> None:
+    pki = make_pki(tmp_path)  # the server's certificate names localhost and 127.0.0.1
+    context = ssl.create_default_context(cafile=str(pki.ca))
+    resolver = CountingResolver({"localhost": ["127.0.0.1"], "pets.test": ["127.0.0.1"]})
+    pool = await create_pool(database_url)
+    granted = ["localhost:*", "pets.test:*", "127.0.0.1:*"]
+    http = Http(
+        SourceStore(pool), RegistryStore(pool), granted, resolver=resolver, ssl_context=context
+    )
+    try:
+        async with serving(APP, tls=(pki.server_cert, pki.server_key)) as url:
+            port = url.rsplit(":", 1)[1]
+            good, bad = f"tls{uuid.uuid4().hex[:6]}", f"tls{uuid.uuid4().hex[:6]}"
+            await http.add(plain(f"https://localhost:{port}", good))
+            await http.add(plain(f"https://pets.test:{port}", bad))
+            ok = await http.call(f"http__{good}__host", {})
+            assert ok.result == {"host": f"localhost:{port}"}
+            # Same address, but the certificate does not name pets.test: refused.
+            wrong = error_of(await http.call(f"http__{bad}__host", {}))
+            assert wrong["code"] == "external_api_error"
+    finally:
+        await http.close()
+        await pool.close()
+
+
+async def test_an_answer_over_the_sources_limit_is_result_too_large(http: Http, api: str) -> None:
+    name = f"big{uuid.uuid4().hex[:6]}"
+    await http.add(plain(api, name, max_response_bytes=1000))
+    declared = error_of(await http.call(f"http__{name}__big", {}))
+    assert (declared["code"], declared["retryable"]) == ("result_too_large", False)
+    streamed = error_of(await http.call(f"http__{name}__endless", {}))
+    assert streamed["code"] == "result_too_large"
+    assert streamed["details"]["max"] == 1000

@@ -22,6 +22,7 @@ from toolfleet.cli.sources import definition
 from toolfleet.errors import ErrorCode, PermissionDenied, ToolExecutionError, ToolfleetError
 from toolfleet.events.identity import CallRef
 from toolfleet.events.models import TOOL_ID_PATTERN
+from toolfleet.isolation.egress import StaticResolver
 from toolfleet.policy.documents import allowed_by
 from toolfleet.sources import http_tools, mcp_tools, openapi
 from toolfleet.sources.models import HttpOperation, SourceDefinition, SourceKind, SourceTool
@@ -103,6 +104,7 @@ def test_a_request_puts_each_field_where_the_operation_says() -> None:
     assert str(request.url) == "https://api.test/v1/pets/a%2Fb/notes?verbose=true"
     assert json.loads(request.content) == {"text": "hi"}
     assert request.headers["x-key"] == "k"
+    assert request.headers["accept-encoding"] == "identity"
 
 
 def test_an_operation_must_place_every_template_field() -> None:
@@ -143,11 +145,13 @@ def test_retry_after_reads_seconds_and_dates() -> None:
 
 async def test_hosts_follow_the_egress_grammar() -> None:
     request = httpx.Request("GET", "https://10.1.2.3/x")
-    await http_tools.check_host(request, ["10.1.2.3"], "t")
+    resolver = StaticResolver(table={})
+    assert str(await http_tools.check_host(request, ["10.1.2.3"], "t", resolver)) == "10.1.2.3"
     with pytest.raises(PermissionDenied):
-        await http_tools.check_host(request, ["api.example.com"], "t")
+        await http_tools.check_host(request, ["api.example.com"], "t", resolver)
+    local = httpx.Request("GET", "http://127.0.0.1:8080/")
     with pytest.raises(PermissionDenied):
-        await http_tools.check_host(httpx.Request("GET", "http://127.0.0.1:8080/"), ["*"], "t")
+        await http_tools.check_host(local, ["*"], "t", resolver)
 
 
 def mcp_tool() -> SourceTool:
@@ -169,7 +173,10 @@ def test_mcp_results_keep_text_and_structured_content() -> None:
         structured_content={"n": 1},
     )
     assert mcp_tools.result_of(tool, answer) == {
-        "content": [{"type": "text", "text": "found"}],
+        "content": [
+            {"type": "text", "text": "found"},
+            {"type": "image", "mime_type": "image/png", "bytes": 2, "data": "aGk="},
+        ],
         "structured_content": {"n": 1},
     }
 

@@ -1,9 +1,11 @@
-"""``toolfleet sources add|list|remove|tools``: MCP servers and HTTP APIs as tool sources.
+"""``toolfleet sources add|list|configure|remove|tools``: MCP servers and HTTP APIs as tool
+sources.
 
 Through the API (admin token). ``add`` names exactly one of ``--stdio "CMD ..."``,
 ``--http URL`` (an MCP server) or ``--openapi SPEC`` (an OpenAPI 3 file whose
 operations become HTTP tools). The answer lists the tools registered; none is callable
-until a policy names it.
+until a policy names it. ``configure NAME TOOL`` sets what clients see of one tool's
+results.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from toolfleet.cli.output import console, print_json
 from toolfleet.cli.remote import ApiSession, JsonOption, TokenOption
 from toolfleet.settings import FleetSettings
 from toolfleet.sources import openapi
-from toolfleet.sources.models import SourceDefinition, SourceKind
+from toolfleet.sources.models import DEFAULT_MAX_RESPONSE_BYTES, SourceDefinition, SourceKind
+from toolfleet.sources.rules import ToolRules
 
 app = typer.Typer(
     help="Tool sources: MCP servers and HTTP APIs (admin token).", no_args_is_help=True
@@ -55,6 +58,7 @@ def definition(
     redact: list[str] | None = None,
     env: list[str] | None = None,
     timeout_s: float = 30.0,
+    max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
 ) -> SourceDefinition:
     """The source ``add`` sends, validated here so a typo fails before any request."""
     chosen = [x for x in (stdio, http, openapi_file) if x is not None]
@@ -71,6 +75,7 @@ def definition(
             for tool, fields_ in _pairs(redact or [], "--redact").items()
         },
         "timeout_s": timeout_s,
+        "max_response_bytes": max_response_bytes,
     }
     if stdio is not None:
         fields |= {"kind": SourceKind.MCP_STDIO, "target": stdio}
@@ -92,11 +97,41 @@ def definition(
     try:
         return SourceDefinition.model_validate(fields)
     except ValidationError as exc:
-        problems = [
-            f"  {'.'.join(str(p) for p in err['loc']) or '(source)'}: {err['msg']}"
-            for err in exc.errors(include_url=False, include_input=False)
-        ]
-        raise CliError("not a valid source:\n" + "\n".join(problems)) from None
+        raise CliError("not a valid source:\n" + _problems(exc, "(source)")) from None
+
+
+def _problems(exc: ValidationError, whole: str) -> str:
+    return "\n".join(
+        f"  {'.'.join(str(p) for p in err['loc']) or whole}: {err['msg']}"
+        for err in exc.errors(include_url=False, include_input=False)
+    )
+
+
+def tool_rules(
+    *,
+    allow: list[str] | None,
+    result_validation: str,
+    sanitize: list[str] | None,
+    max_result_bytes: int | None,
+) -> ToolRules:
+    """The rules ``configure`` sends, validated here so a typo fails before any request."""
+    actions: dict[str, str] = {}
+    for value in sanitize or []:
+        path, sep, action = value.rpartition("=")
+        if not sep or not path or not action:
+            raise CliError(f"--sanitize takes PATH=ACTION, got {value!r}")
+        actions[path] = action
+    try:
+        return ToolRules.model_validate(
+            {
+                "allow": allow,
+                "result_validation": result_validation,
+                "sanitize": actions,
+                "max_result_bytes": max_result_bytes,
+            }
+        )
+    except ValidationError as exc:
+        raise CliError("not valid result rules:\n" + _problems(exc, "(rules)")) from None
 
 
 def _print_tools(tools: list[dict[str, Any]]) -> None:
@@ -137,6 +172,10 @@ def add(
         typer.Option("--env", help="VAR=CREDENTIAL: a credential in a stdio server's env."),
     ] = None,
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds per call.")] = 30.0,
+    max_response_bytes: Annotated[
+        int,
+        typer.Option("--max-response-bytes", help="Largest answer of an HTTP operation."),
+    ] = DEFAULT_MAX_RESPONSE_BYTES,
     json_: JsonOption = False,
     token: TokenOption = None,
 ) -> None:
@@ -153,6 +192,7 @@ def add(
         redact=redact,
         env=env,
         timeout_s=timeout,
+        max_response_bytes=max_response_bytes,
     )
     body = _session(token).call("POST", "/v1/sources", json=source.model_dump(mode="json"))
     if json_:
@@ -193,6 +233,55 @@ def tools(
         print_json(body["tools"])
         return
     _print_tools(body["tools"])
+
+
+@app.command("configure")
+@friendly
+def configure(
+    name: Annotated[str, typer.Argument(help="Source name.")],
+    tool: Annotated[str, typer.Argument(help="The tool's name on the source, or its tool id.")],
+    allow: Annotated[
+        list[str] | None,
+        typer.Option("--allow", help="A result field clients may see (repeat; default kept)."),
+    ] = None,
+    result_validation: Annotated[
+        str, typer.Option("--result-validation", help="strict or coerce.")
+    ] = "strict",
+    sanitize: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--sanitize", help="PATH=ACTION (allow, escape, redact, reject); PATH may be *."
+        ),
+    ] = None,
+    max_result_bytes: Annotated[
+        int | None, typer.Option("--max-result-bytes", help="Largest result clients get.")
+    ] = None,
+    json_: JsonOption = False,
+    token: TokenOption = None,
+) -> None:
+    """Set one tool's result rules (replacing its previous ones), for every version."""
+    rules = tool_rules(
+        allow=allow,
+        result_validation=result_validation,
+        sanitize=sanitize,
+        max_result_bytes=max_result_bytes,
+    )
+    path = f"/v1/sources/{quote(name, safe='')}/tools/{quote(tool, safe='')}/rules"
+    body = _session(token).call("PUT", path, json=rules.model_dump(mode="json"))
+    if json_:
+        print_json(body)
+        return
+    changed = [t for t in body["tools"] if tool in (t["remote_name"], t["tool_id"])]
+    for found in changed:
+        rules_now = found["result_rules"]
+        console.print(f"{found['tool_id']}@{found['version']}", markup=False)
+        console.print(f"  allow: {', '.join(found['redaction_allowlist'])}", markup=False)
+        console.print(
+            f"  result_validation: {rules_now['mode']}, sanitize: {len(rules_now['sanitize'])} "
+            f"paths, max_result_bytes: {rules_now['max_bytes'] or 'fleet default'}",
+            markup=False,
+            soft_wrap=True,
+        )
 
 
 @app.command("remove")

@@ -29,6 +29,7 @@ from toolfleet.registry.search import (
     shared_embedder,
     tool_text,
 )
+from toolfleet.results.rules import ResultRules
 from toolfleet.storage.pg_text import escape_array, unescape_array
 
 log = logging.getLogger(__name__)
@@ -243,6 +244,31 @@ class RegistryStore:
         )
         if updated.endswith(" 0"):
             raise ToolNotFound(f"{tool_id}@{version} is not registered")
+
+    async def set_result_rules(
+        self,
+        tool_id: str,
+        version: str,
+        *,
+        redaction_allowlist: list[str],
+        result_rules: ResultRules,
+        conn: PoolConnectionProxy | None = None,
+    ) -> None:
+        """Restate what clients see of one version's results (an operator's rules for a
+        source tool); the schemas, so the version's contract, do not change. ``conn``:
+        inside the caller's transaction."""
+        await (conn or self._pool).execute(
+            """UPDATE tool_versions SET redaction_allowlist = $3,
+                   manifest = manifest || jsonb_build_object(
+                       'redaction_allowlist', $4::jsonb, 'result_rules', $5::jsonb),
+                   updated_at = now()
+               WHERE tool_id = $1 AND version = $2""",
+            tool_id,
+            version,
+            escape_array(redaction_allowlist),
+            redaction_allowlist,
+            result_rules.model_dump(mode="json"),
+        )
 
     async def versions(self, tool_id: str) -> list[ToolManifest]:
         rows = await self._pool.fetch(

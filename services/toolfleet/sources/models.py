@@ -12,10 +12,12 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from toolfleet.events.models import TENANT_ID_PATTERN
+from toolfleet.results.rules import ResultRules
 
 #: Source names become part of tool ids: lower-case words joined by ``_``.
 SOURCE_NAME_PATTERN = r"^[a-z][a-z0-9_]{0,47}$"
 GLOBAL_TENANT = "*"
+DEFAULT_MAX_RESPONSE_BYTES = 10 * 1_048_576
 _TEMPLATE_FIELD = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
@@ -86,9 +88,16 @@ class SourceDefinition(BaseModel):
     credential_env: dict[str, str] = Field(default_factory=dict)
     """Environment variable → credential name, for a ``mcp_stdio`` server's process."""
     redaction: dict[str, list[str]] = Field(default_factory=dict)
-    """Tool name on the source → result fields clients may see (none: ``content`` only)."""
+    """Tool name on the source → result fields clients may see (none: ``content`` for an
+    MCP tool, the output schema's fields for an HTTP operation)."""
+    result_rules: dict[str, ResultRules] = Field(default_factory=dict)
+    """Tool name on the source → what the validator checks besides the schema
+    (validation mode, sanitization, size limit); none: strict, unsanitized."""
     operations: list[HttpOperation] = Field(default_factory=list)
     timeout_s: float = Field(default=30.0, gt=0, le=3600)
+    max_response_bytes: int = Field(default=DEFAULT_MAX_RESPONSE_BYTES, ge=1, le=1 << 30)
+    """Largest (decoded) answer body an HTTP operation may return: past it the call is
+    ``result_too_large`` and the rest is not read."""
     idle_s: float = Field(default=300.0, gt=0)
     """A session unused this long is closed (its stdio server stopped)."""
 
@@ -128,4 +137,5 @@ class SourceTool(BaseModel):
     input_schema: dict[str, Any]
     output_schema: dict[str, Any]
     redaction_allowlist: list[str]
+    result_rules: ResultRules = Field(default_factory=ResultRules)
     timeout_seconds: float

@@ -8,9 +8,11 @@ current schema.
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import json
 import re
+from collections.abc import Collection, Iterable
 from typing import Any
 
 MCP_PREFIX = "mcp__"
@@ -51,3 +53,27 @@ def pattern_allows(tool_id: str, pattern: str, *, glob_matches: bool) -> bool:
     if is_untrusted(tool_id):
         return pattern == tool_id
     return glob_matches
+
+
+def glob_warnings(allow_patterns: Iterable[tuple[str, str]], known: Collection[str]) -> list[str]:
+    """Why an allow glob does less than it seems: it never allows a source tool.
+
+    ``allow_patterns`` are ``(location, pattern)`` pairs of a policy's allow lists;
+    ``known`` the registered tool ids. A glob that matches registered source tools, or
+    that is written for them (``mcp__*``, ``http__pets__*``), gets one warning naming
+    a few of the ids it leaves out.
+    """
+    warnings = []
+    untrusted = sorted(t for t in known if is_untrusted(t))
+    for where, pattern in allow_patterns:
+        if not any(c in pattern for c in "*?["):
+            continue
+        missed = [t for t in untrusted if fnmatch.fnmatchcase(t, pattern)]
+        if not missed and not pattern.startswith((MCP_PREFIX, HTTP_PREFIX)):
+            continue
+        shown = ", ".join(missed[:3]) + (f" and {len(missed) - 3} more" if len(missed) > 3 else "")
+        warnings.append(
+            f"{where} {pattern!r} allows no MCP or HTTP source tool: those are allowed only "
+            "by their exact id" + (f" (it does not allow {shown})" if missed else "")
+        )
+    return warnings

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -35,6 +36,7 @@ from toolfleet.errors import (
 from toolfleet.events.envelope import Envelope, new_event
 from toolfleet.events.models import Effect, SourceToolAdded
 from toolfleet.events.types import EventType, Source, TopicName
+from toolfleet.isolation.egress import Resolver, SystemResolver
 from toolfleet.registry.schemas import CompiledSchemas
 from toolfleet.sdk.context import ToolContext
 from toolfleet.sdk.tool import ToolSpec
@@ -110,8 +112,10 @@ class SourceToolProvider:
 
     lookup: ToolLookup
     pool: SessionPool = field(default_factory=SessionPool)
-    http: httpx.AsyncClient | None = None
-    """Shared HTTP client of HTTP tools (made on first use)."""
+    resolver: Resolver = field(default_factory=SystemResolver)
+    """Resolves an HTTP tool's host once per call (the address checked is the one used)."""
+    ssl_context: ssl.SSLContext | None = None
+    """TLS settings of HTTP tools (default: the system's CAs, made on first use)."""
     schemas: CompiledSchemas = field(default_factory=CompiledSchemas)
     network_permissions: Callable[[ToolContext], Sequence[str] | None] = lambda ctx: None
     """The call's granted hosts, from its execution grant (policy signs the token's
@@ -146,8 +150,6 @@ class SourceToolProvider:
 
     async def close(self) -> None:
         await self.pool.close()
-        if self.http is not None:
-            await self.http.aclose()
 
     async def _run(
         self,
@@ -226,11 +228,23 @@ class SourceToolProvider:
         request = http_tools.build_request(source, operation, parameters, headers)
         granted = self.network_permissions(ctx)
         if granted is not None:
-            await http_tools.check_host(request, granted, ctx.tenant_id)
-        if self.http is None:
-            self.http = httpx.AsyncClient(follow_redirects=False)  # timeouts: per request
-        response = await http_tools.send(self.http, request, tool)
-        return http_tools.result_of(tool, response)
+            address = await http_tools.check_host(request, granted, ctx.tenant_id, self.resolver)
+            http_tools.pin(request, address)
+        if self.ssl_context is None:
+            self.ssl_context = httpx.create_ssl_context()
+        # One connection per call: a pooled one could carry this call to an address
+        # checked for another call's grant, or under another name's certificate.
+        # No proxy from the environment either: it would resolve the name again.
+        async with httpx.AsyncClient(
+            verify=self.ssl_context, follow_redirects=False, trust_env=False
+        ) as client:
+            response = await http_tools.send(client, request, tool)
+            try:
+                http_tools.check_status(tool, response)
+                body = await http_tools.read_body(tool, response, source.max_response_bytes)
+            finally:
+                await response.aclose()
+        return http_tools.parse_body(tool, body)
 
 
 @dataclass(kw_only=True)

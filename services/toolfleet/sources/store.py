@@ -7,6 +7,7 @@ schema changed, so ``*`` resolves to the current one.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -15,6 +16,7 @@ import asyncpg
 from toolfleet.registry.manifest import LifecycleState, SourceType, ToolManifest
 from toolfleet.registry.store import RegistryStore
 from toolfleet.sources.models import SourceDefinition, SourceTool
+from toolfleet.sources.rules import with_rules
 
 Discovery = Literal["add", "list_changed", "refresh"]
 
@@ -40,6 +42,7 @@ def manifest_of(tool: SourceTool) -> ToolManifest:
         input_schema=tool.input_schema,
         output_schema=tool.output_schema,
         redaction_allowlist=tool.redaction_allowlist,
+        result_rules=tool.result_rules,
         timeout_seconds=tool.timeout_seconds,
     )
 
@@ -66,6 +69,25 @@ class SourceStore:
             source.connection_id,
             source.model_dump(mode="json"),
         )
+
+    async def update(
+        self, name: str, change: Callable[[SourceDefinition], SourceDefinition]
+    ) -> SourceDefinition | None:
+        """Store ``change(source)`` in place of the source, read and written under its
+        row lock (two operators configuring two tools both keep their change)."""
+        async with self._pool.acquire() as conn, conn.transaction():
+            raw = await conn.fetchval(
+                "SELECT definition FROM tool_sources WHERE name = $1 FOR UPDATE", name
+            )
+            if raw is None:
+                return None
+            updated = change(SourceDefinition.model_validate(raw))
+            await conn.execute(
+                "UPDATE tool_sources SET definition = $2, updated_at = now() WHERE name = $1",
+                name,
+                updated.model_dump(mode="json"),
+            )
+        return updated
 
     async def get(self, name: str) -> SourceDefinition | None:
         raw = await self._pool.fetchval("SELECT definition FROM tool_sources WHERE name = $1", name)
@@ -126,6 +148,42 @@ class SourceStore:
             SourceTool.model_validate(row["t"]),
             SourceDefinition.model_validate(row["d"]),
         )
+
+    async def restate_rules(self, name: str) -> list[SourceTool]:
+        """Give every recorded version of the source's tools the allowlist and result
+        rules the source now sets, here and in the registry (which the validator reads),
+        under the source's row lock; return the versions that changed."""
+        changed: list[SourceTool] = []
+        async with self._pool.acquire() as conn, conn.transaction():
+            raw = await conn.fetchval(
+                "SELECT definition FROM tool_sources WHERE name = $1 FOR UPDATE", name
+            )
+            if raw is None:
+                return []
+            source = SourceDefinition.model_validate(raw)
+            rows = await conn.fetch(
+                "SELECT tool AS t FROM tool_source_tools WHERE source_name = $1", name
+            )
+            for row in rows:
+                stored = SourceTool.model_validate(row["t"])
+                wanted = with_rules(source, stored)
+                if wanted == stored:
+                    continue
+                await conn.execute(
+                    "UPDATE tool_source_tools SET tool = $3 WHERE tool_id = $1 AND version = $2",
+                    wanted.tool_id,
+                    wanted.version,
+                    wanted.model_dump(mode="json"),
+                )
+                await self._registry.set_result_rules(
+                    wanted.tool_id,
+                    wanted.version,
+                    redaction_allowlist=wanted.redaction_allowlist,
+                    result_rules=wanted.result_rules,
+                    conn=conn,
+                )
+                changed.append(wanted)
+        return changed
 
     async def record(self, tools: list[SourceTool], *, via: Discovery) -> RecordedTools:
         """Store and register ``tools``; return what is new."""

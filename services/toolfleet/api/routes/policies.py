@@ -1,9 +1,11 @@
 """``/v1/policies/{tenant}``: read and replace a tenant's policy (admin scope only).
 
 A write is checked against the registry (a literal tool id it does not know is a 422
-naming it), stored with a new version, and announced on ``policy:updates`` so every
-policy process drops its cached copy within a second. ``If-Match: "<version>"`` makes
-the write conditional (412 when the policy changed meanwhile).
+naming it; an allow glob that seems to allow MCP or HTTP source tools, which only their
+exact ids allow, is stored with a warning), stored with a new version, and announced on
+``policy:updates`` so every policy process drops its cached copy within a second.
+``If-Match: "<version>"`` makes the write conditional (412 when the policy changed
+meanwhile).
 """
 
 from __future__ import annotations
@@ -23,12 +25,18 @@ from toolfleet.api.resources import ApiResources, resources
 from toolfleet.errors import ErrorCode
 from toolfleet.events.models import TENANT_ID_PATTERN
 from toolfleet.policy.cache import RedisPolicyCache
-from toolfleet.policy.documents import TenantPolicy, UnknownTools, check_known_tools
+from toolfleet.policy.documents import (
+    TenantPolicy,
+    UnknownTools,
+    check_known_tools,
+    named_tools,
+)
 from toolfleet.policy.postgres_policies import (
     PolicyStore,
     PolicyVersionConflict,
     registered_tool_ids,
 )
+from toolfleet.sources.naming import glob_warnings
 
 log = logging.getLogger(__name__)
 
@@ -101,8 +109,9 @@ async def put_policy(
     """Replace the tenant's policy; the answer carries the new version."""
     _require_admin(caller)
     expected = _expected_version(if_match)
+    known = await registered_tool_ids(res.pool)
     try:
-        check_known_tools(policy, await registered_tool_ids(res.pool))
+        check_known_tools(policy, known)
     except UnknownTools as exc:
         return problem_response(
             request,
@@ -125,7 +134,8 @@ async def put_policy(
         )
     except PolicyVersionConflict as exc:
         raise ProblemError(412, exc.message, code=exc.code, extensions=exc.details) from None
-    warnings: list[str] = []
+    allows = [(w, p) for w, p in named_tools(policy) if ".allow_tools." in f".{w}"]
+    warnings = glob_warnings(allows, known)
     try:
         await RedisPolicyCache(res.redis).announce(tenant_id)
     except (RedisError, OSError):

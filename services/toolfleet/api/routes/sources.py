@@ -1,8 +1,10 @@
-"""``/v1/sources``: register, list and remove tool sources (admin scope only).
+"""``/v1/sources``: register, list, configure and remove tool sources (admin scope only).
 
 Adding a source lists its tools at once (an MCP server is started or reached for that,
 then let go) and registers each in the tool registry, so a policy can name them; no
 policy allows them before it does. The answer lists the tools and their versions.
+``PUT /v1/sources/{name}/tools/{tool}/rules`` sets what clients see of one tool's
+results (allowlist, validation mode, sanitization, size limit), for every version.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from toolfleet.errors import ErrorCode, ToolfleetError
 from toolfleet.sources.models import SOURCE_NAME_PATTERN, SourceDefinition, SourceTool
 from toolfleet.sources.pool import SessionPool
 from toolfleet.sources.provider import SourceCatalog
+from toolfleet.sources.rules import ToolRules, configured
 from toolfleet.sources.store import SourceStore
 
 log = logging.getLogger(__name__)
@@ -30,6 +33,10 @@ router = APIRouter(
 
 ResourcesDep = Annotated[ApiResources, Depends(resources)]
 NamePath = Annotated[str, Path(pattern=SOURCE_NAME_PATTERN, description="Source name.")]
+ToolPath = Annotated[
+    str,
+    Path(max_length=200, description="The tool's name on the source, or its fleet tool id."),
+]
 
 
 class SourceView(BaseModel):
@@ -72,6 +79,7 @@ async def add_source(
     warnings: list[str] = []
     try:
         await store.put(source)
+        await store.restate_rules(source.name)  # a replaced source's known versions follow it
         await SourceCatalog(store=store, pool=pool).refresh(source, via="add")
     except ToolfleetError as exc:
         log.warning("source not listed", extra={"source": source.name, "error": exc.code})
@@ -100,6 +108,32 @@ async def get_source(name: NamePath, res: ResourcesDep, caller: CallerDep) -> So
     if source is None:
         raise ProblemError(404, f"no source {name!r}", code=ErrorCode.TOOL_NOT_FOUND)
     return SourceView(source=source, tools=await store.tools(name))
+
+
+@router.put(
+    "/{name}/tools/{tool}/rules", response_model=SourceView, responses=problem_responses(404)
+)
+async def configure_tool(
+    name: NamePath, tool: ToolPath, rules: ToolRules, res: ResourcesDep, caller: CallerDep
+) -> SourceView:
+    """Replace one tool's result rules; every version of it, and versions listed later,
+    follow them. Validators apply them within their registry cache's lifetime (5 s)."""
+    _require_admin(caller)
+    store = SourceStore(res.pool)
+    source = await store.get(name)
+    if source is None:
+        raise ProblemError(404, f"no source {name!r}", code=ErrorCode.TOOL_NOT_FOUND)
+    tools = await store.tools(name)
+    remote = next((t.remote_name for t in tools if tool in (t.remote_name, t.tool_id)), None)
+    if remote is None:
+        raise ProblemError(
+            404, f"the source {name!r} has no tool {tool!r}", code=ErrorCode.TOOL_NOT_FOUND
+        )
+    updated = await store.update(name, lambda current: configured(current, remote, rules))
+    if updated is None:
+        raise ProblemError(404, f"no source {name!r}", code=ErrorCode.TOOL_NOT_FOUND)
+    await store.restate_rules(name)
+    return SourceView(source=updated, tools=await store.tools(name))
 
 
 class Removed(BaseModel):

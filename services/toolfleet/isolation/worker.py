@@ -149,18 +149,20 @@ class Worker:
                 return
 
     def _on_exit(self) -> None:
-        with contextlib.suppress(ChildProcessError):
+        try:
             pid, status, usage = os.wait4(self.pid, os.WNOHANG)
-            if pid == 0:
-                return
-            if not self._exited.done():
-                self._exited.set_result(
-                    Exit(
-                        status=status,
-                        cpu_s=usage.ru_utime + usage.ru_stime,
-                        maxrss_kb=int(usage.ru_maxrss),
-                    )
+        except ChildProcessError:  # reaped elsewhere: its figures are gone, not its end
+            pid, status, usage = self.pid, 0, None
+        if pid == 0:
+            return
+        if not self._exited.done():
+            self._exited.set_result(
+                Exit(
+                    status=status,
+                    cpu_s=usage.ru_utime + usage.ru_stime if usage else 0.0,
+                    maxrss_kb=int(usage.ru_maxrss) if usage else 0,
                 )
+            )
         asyncio.get_running_loop().remove_reader(self._pidfd)
 
     @property
@@ -203,6 +205,13 @@ class Worker:
         self._drain.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._drain
+        # An fd closed while the selector still watches it leaves a stale key behind: the
+        # next socket given that number would never be read. Unregister first, always.
+        loop = asyncio.get_running_loop()
+        for fd in (self._rpc.fileno(), self._output.fileno(), self._pidfd):
+            if fd >= 0:
+                loop.remove_reader(fd)
+                loop.remove_writer(fd)
         self._rpc.close()
         self._output.close()
         with contextlib.suppress(OSError):

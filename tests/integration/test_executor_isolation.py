@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from tests.support import hostile_tools
+from toolfleet.audit.records import audit_record
 from toolfleet.auth.grants import GrantSigner, GrantVerifier
 from toolfleet.events.envelope import Envelope, new_event
 from toolfleet.events.identity import CallRef
@@ -30,7 +31,9 @@ from toolfleet.events.models import (
 )
 from toolfleet.events.types import EventType, Source, TopicName
 from toolfleet.executor.checkpoints.store import MemoryCheckpointStore
+from toolfleet.executor.isolated import EgressEvents
 from toolfleet.executor.service import ExecutorService
+from toolfleet.isolation.egress import EgressProxy
 from toolfleet.isolation.limits import FleetLimits
 from toolfleet.isolation.runtime import IsolationRuntime, RuntimeConfig
 from toolfleet.registry.catalog import ToolCatalog
@@ -86,6 +89,7 @@ def authorized(
     *,
     timeout_s: float = 5,
     filesystem: list[str] | None = None,
+    network: list[str] | None = None,
     **fields: Any,
 ) -> Envelope:
     invocation_id = uuid.uuid4()
@@ -101,6 +105,7 @@ def authorized(
         capability_jti="jti-1",
         timeout_s=timeout_s,
         filesystem_permissions=filesystem or [],
+        network_permissions=network or [],
     )
     data = InvokeAuthorized(
         invocation_id=invocation_id,
@@ -218,3 +223,55 @@ async def test_checkpoints_and_cancel_cross_into_the_sandbox(service: ExecutorSe
     _, data = await running
     assert status(data) == "cancelled"
     assert data["execution_metadata"]["checkpoints_created"]
+
+
+async def test_egress_decisions_become_events_audit_can_record(tmp_path: Path) -> None:
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+        await writer.drain()
+        writer.close()
+
+    emitter = Emitter()
+    events = EgressEvents(emitter=emitter)
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    async with (
+        server,
+        EgressProxy(audit=events) as proxy,
+        IsolationRuntime(config=RuntimeConfig(warm_sandboxes=0), egress=proxy) as runtime,
+    ):
+        service = ExecutorService(
+            catalog=ToolCatalog([hostile_tools.connect]),
+            checkpoints=MemoryCheckpointStore(),
+            cancels=MemoryCancelFlags(),
+            emitter=emitter,
+            worker_id="w-egress",
+            grants=GrantVerifier([KEY]),
+            isolation=runtime,
+            egress_events=events,
+        )
+        grant = [f"127.0.0.1:{port}"]
+        allowed = authorized(
+            "hostile__connect", {"host": "127.0.0.1", "port": port, "use_proxy": True},
+            network=grant,
+        )  # fmt: skip
+        refused = authorized(
+            "hostile__connect", {"host": "127.0.0.1", "port": port + 1, "use_proxy": True},
+            network=grant,
+        )  # fmt: skip
+        _, ok = await outcome(service, allowed)
+        _, no = await outcome(service, refused)
+    assert ok["result"] == {"text": "200 ok"}
+    assert no["result"] == {"text": "403 refused"}
+    egress = [env for topic, env in emitter.emitted if env.type == EventType.EGRESS]
+    assert [(e.data["port"], e.data["decision"], e.data["reason"]) for e in egress] == [
+        (port, "allowed", "granted"),
+        (port + 1, "refused", "not_granted"),
+    ]
+    assert egress[0].traceparent == allowed.traceparent  # the call's trace
+    assert events.parents == {}  # released with the call
+    record = audit_record(egress[1], topic="invoke.events", audit_id="a1", now=datetime.now(UTC))
+    assert record.outcome == "failure"
+    assert record.error_code == "permission_denied"
+    assert record.invocation_id == str(refused.data_as(InvokeAuthorized).invocation_id)

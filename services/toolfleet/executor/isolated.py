@@ -18,14 +18,17 @@ import logging
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+from uuid import UUID
 
 from pydantic import ValidationError
 
 from toolfleet.auth.grants import GrantVerifier
 from toolfleet.errors import InvalidParameters, SandboxFailure, ToolfleetError
-from toolfleet.events.envelope import field_errors
+from toolfleet.events.envelope import Envelope, field_errors, new_event
 from toolfleet.events.identity import CallRef
-from toolfleet.events.models import InvokeAuthorized
+from toolfleet.events.models import EgressDecided, InvokeAuthorized
+from toolfleet.events.types import EventType, Source, TopicName
+from toolfleet.executor.ports import Emitter
 from toolfleet.executor.runner import RunResult, run_tool
 from toolfleet.isolation.egress import EgressGrant, EgressProxy, EgressRecord
 from toolfleet.isolation.limits import AgentLimits, FleetLimits, Isolation, bound_limits
@@ -126,10 +129,39 @@ class IsolatedRunner:
         return RunResult(result=outcome.result, error=outcome.error, usage=outcome.usage)
 
 
-class LoggedEgressAudit:
-    """Egress records as structured log lines (``toolfleet.executor.isolated``, INFO)."""
+class EgressEvents:
+    """The egress proxy's audit port: every record an ``ai.agent.tool.egress`` event on
+    ``invoke.events`` (a child of its call's event, so it carries the call's trace),
+    which audit turns into an audit event on ``toolfleet.audit``; also a log line.
+
+    The executor registers a call in :attr:`parents` while its sandbox may connect."""
+
+    def __init__(self, emitter: Emitter | None = None) -> None:
+        self.emitter = emitter
+        self.parents: dict[str, Envelope] = {}
 
     async def record(self, entry: EgressRecord) -> None:
+        parent = self.parents.get(entry.invocation_id)
+        if self.emitter is not None and parent is not None:
+            event = new_event(
+                event_type=EventType.EGRESS,
+                source=Source.EXECUTOR,
+                data=EgressDecided(
+                    invocation_id=UUID(entry.invocation_id),
+                    tenant_id=entry.tenant_id,
+                    host=entry.host,
+                    port=entry.port,
+                    method=entry.method,
+                    decision=entry.decision.value,
+                    reason=entry.reason.value,
+                    address=entry.address,
+                    at=entry.at,
+                ),
+                tenant_id=entry.tenant_id,
+                invocation_id=entry.invocation_id,
+                parent=parent,
+            )
+            await (await self.emitter.emit(TopicName.EVENTS, event))
         log.info(
             "egress %s",
             entry.decision.value,
@@ -147,10 +179,10 @@ class LoggedEgressAudit:
 
 
 def build_runtime(
-    settings: ExecutorSettings,
+    settings: ExecutorSettings, events: EgressEvents
 ) -> tuple[IsolationRuntime, FleetLimits, Callable[[asyncio.Event], Coroutine[Any, Any, None]]]:
     """The executor's runtime, its limits, and the background job that runs it."""
-    proxy = EgressProxy(audit=LoggedEgressAudit())
+    proxy = EgressProxy(audit=events)
     runtime = IsolationRuntime(
         config=RuntimeConfig(
             warm_sandboxes=settings.isolation_warm_sandboxes,

@@ -52,7 +52,7 @@ from toolfleet.executor.checkpoints.sink import CheckpointSink
 from toolfleet.executor.checkpoints.store import CheckpointStore
 from toolfleet.executor.circuits.breaker import CircuitBreaker, Transition
 from toolfleet.executor.concurrency import AgentSlots
-from toolfleet.executor.isolated import IsolatedRunner, sandbox_grants
+from toolfleet.executor.isolated import EgressEvents, IsolatedRunner, sandbox_grants
 from toolfleet.executor.leasing.guard import LeaseGuard, Suspended
 from toolfleet.executor.ports import Emitter, ToolProvider
 from toolfleet.executor.result_transfer import ResultTransfer
@@ -128,6 +128,8 @@ class ExecutorService:
     """Worker processes and sandboxes; None runs only ``isolation="none"`` tools."""
     isolation_limits: FleetLimits = field(default_factory=FleetLimits)
     """Defaults and ceilings of isolated runs."""
+    egress_events: EgressEvents | None = None
+    """Turns the egress proxy's records of this executor's calls into events."""
 
     @property
     def admission(self) -> Admission:
@@ -209,6 +211,9 @@ class ExecutorService:
             )
         except ToolfleetError as exc:
             return self._stopped(run, Refused(error=exc))
+        if self.egress_events is not None and runner.grants.egress is not None:
+            self.egress_events.parents[invocation_id] = run.event
+            stack.callback(self.egress_events.parents.pop, invocation_id, None)
         resume = admitted.resume
         resumed_from = resume.checkpoint_id if resume else None
         capability = admitted.capability

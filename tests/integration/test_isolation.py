@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from tests.support import hostile_tools
+from tests.support.eventually import eventually
 from toolfleet.errors import ErrorCode, PermissionDenied, SandboxFailure
 from toolfleet.isolation.builtin import RunPythonInput, run_python
 from toolfleet.isolation.egress import EgressDecision, EgressGrant, EgressProxy, InMemoryEgressAudit
@@ -407,3 +408,29 @@ async def test_command_tool_reads_stdin_prints_json_and_checkpoints_on_a_side_ch
     assert code(failed) == ErrorCode.TOOL_EXECUTION_ERROR
     assert failed.error is not None
     assert "status 3" in failed.error.message
+
+
+async def test_a_cancelled_run_kills_its_sandbox_at_once(runtime: IsolationRuntime) -> None:
+    def pooled() -> int:
+        return runtime.warm(Isolation.SANDBOX) + runtime.warm(Isolation.PROCESS)
+
+    async def idle() -> bool:
+        return runtime.alive == pooled() == 2  # only the warm ones
+
+    async def running_one() -> bool:
+        return runtime.alive > pooled()
+
+    await eventually(idle, timeout=30)
+    ctx = ToolContext(
+        tenant_id="tenant_a",
+        agent_did="did:agent:a",
+        invocation_id="inv-lost-lease",
+        tool_id="hostile__blocking_sleep",
+        tool_version="1.0.0",
+    )
+    running = asyncio.create_task(run(runtime, hostile_tools.blocking_sleep, ctx=ctx, timeout_s=60))
+    await eventually(running_one, timeout=10)
+    running.cancel()  # what a lost lease or the executor's forced cancel does
+    with pytest.raises(asyncio.CancelledError):
+        await running
+    await eventually(idle, timeout=5)  # killed and reaped, far before its 60 s

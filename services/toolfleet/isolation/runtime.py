@@ -184,6 +184,11 @@ class IsolationRuntime:
         """Workers waiting in the pool of ``isolation``."""
         return self._warm[isolation].qsize()
 
+    @property
+    def alive(self) -> int:
+        """Workers alive now (warm ones included), each holding a slot."""
+        return self.config.max_workers - self._free_slots.qsize()
+
     async def run(self, call: IsolatedCall, ctx: ToolContext) -> IsolatedResult:
         """Run ``call`` with ``ctx``'s identities, checkpoints, cancel and credentials."""
         if call.isolation is Isolation.SANDBOX and not self.sandboxes:
@@ -349,6 +354,9 @@ class IsolationRuntime:
                     await asyncio.shield(worker.exited)
         except OSError:
             outcome = None  # the worker closed its socket: judged by its exit below
+        except asyncio.CancelledError:
+            worker.kill()  # a cancel past its grace, a lost lease, shutdown: at once
+            raise
         finally:
             answered = outcome is not None and "usage" in outcome
             if answered and not worker.output_overflow.is_set():

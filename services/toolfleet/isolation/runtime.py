@@ -283,8 +283,10 @@ class IsolationRuntime:
         task.add_done_callback(self._refills.discard)
 
     async def _release(self, worker: Worker) -> None:
-        await worker.close()
-        self._free_slots.put_nowait(worker.slot)
+        try:
+            await worker.close()
+        finally:
+            self._free_slots.put_nowait(worker.slot)
 
     @asynccontextmanager
     async def _egress(self, call: IsolatedCall) -> AsyncIterator[str]:

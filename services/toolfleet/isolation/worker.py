@@ -199,9 +199,14 @@ class Worker:
             self.signal_group(signal.SIGKILL)
 
     async def close(self) -> Exit:
-        """Kill (if still running), reap and release everything; the worker's exit."""
+        """Kill (if still running), reap and release everything; the worker's exit.
+
+        Idempotent: a second call returns the same exit and closes nothing again (a
+        closed fd number may already belong to someone else)."""
         self.kill()
         exit_ = await asyncio.shield(self._exited)
+        if self._pidfd < 0:
+            return exit_
         self._drain.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._drain
@@ -214,8 +219,9 @@ class Worker:
                 loop.remove_writer(fd)
         self._rpc.close()
         self._output.close()
+        pidfd, self._pidfd = self._pidfd, -1
         with contextlib.suppress(OSError):
-            os.close(self._pidfd)
+            os.close(pidfd)
         return exit_
 
 

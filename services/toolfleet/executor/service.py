@@ -119,17 +119,16 @@ class ExecutorService:
     running: dict[str, _RunningCall] = field(default_factory=dict)
     network_grants: dict[str, tuple[str, ...]] = field(default_factory=dict)
     """Each running call's granted hosts (from its grant; absent: no grant verifier)."""
-
-    def network_permissions(self, invocation_id: str) -> tuple[str, ...] | None:
-        """The hosts a running call may reach, as policy signed them (None: unchecked)."""
-        return self.network_grants.get(invocation_id)
-
     isolation: IsolationRuntime | None = None
     """Worker processes and sandboxes; None runs only ``isolation="none"`` tools."""
     isolation_limits: FleetLimits = field(default_factory=FleetLimits)
     """Defaults and ceilings of isolated runs."""
     egress_events: EgressEvents | None = None
     """Turns the egress proxy's records of this executor's calls into events."""
+
+    def network_permissions(self, invocation_id: str) -> tuple[str, ...] | None:
+        """The hosts a running call may reach, as policy signed them (None: unchecked)."""
+        return self.network_grants.get(invocation_id)
 
     @property
     def admission(self) -> Admission:

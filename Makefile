@@ -4,7 +4,7 @@
 #   make test       unit, then integration, then end-to-end tests
 #   make lint       ruff check + ruff format --check
 #   make typecheck  mypy --strict
-#   make bench      end-to-end, policy-push and revocation-push benchmarks, each beside its baseline
+#   make bench      end-to-end, policy-push, revocation-push and isolation benchmarks
 #   make schemas    regenerate schemas/ from the pydantic models
 #   make clean      caches and build output (keeps .venv and .toolfleet)
 #
@@ -63,6 +63,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/e2e_bench.py
 	$(BIN)/python bench/policy_push_bench.py
 	$(BIN)/python bench/revocation_push_bench.py
+	$(BIN)/python bench/isolation_bench.py
 
 schemas: $(STAMP)
 	$(BIN)/python -m toolfleet.cli.schemas schemas

@@ -22,6 +22,9 @@ from toolfleet.errors import Cancelled
 from toolfleet.events.models import Effect
 from toolfleet.sdk import ToolContext, tool
 
+# These tools run in the executor's loop: they reach Redis, which a sandbox cannot.
+TOOLFLEET_ISOLATION = "none"
+
 #: Environment variable naming the Redis the counters go to.
 COUNTER_URL_ENV = "CHAOS_COUNTER_REDIS_URL"
 

@@ -13,6 +13,10 @@ from pydantic import BaseModel
 from toolfleet.errors import ExternalApiError, ToolExecutionError
 from toolfleet.sdk import CachePolicy, CircuitPolicy, RetryPolicy, ToolContext, tool
 
+# These tools run in the executor's loop: they count runs in this process (RUNS), which
+# the tests read.
+TOOLFLEET_ISOLATION = "none"
+
 
 class Empty(BaseModel):
     pass

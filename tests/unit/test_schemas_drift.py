@@ -31,6 +31,7 @@ from toolfleet.events.models import (
     DlqHeader,
     DlqRecord,
     Effect,
+    EgressDecided,
     ExecutionMetadata,
     InvocationStatus,
     InvokeAuthorized,
@@ -152,6 +153,17 @@ def sample(event_type: EventType) -> BaseModel:
                 reason="policy",
                 parameters_hash="0" * 64,
                 expires_at=NOW,
+            )
+        case EventType.EGRESS:
+            return EgressDecided(
+                invocation_id=INVOCATION,
+                tenant_id="t1",
+                host="api.example.com",
+                port=443,
+                method="CONNECT",
+                decision="refused",
+                reason="not_granted",
+                at=NOW,
             )
         case EventType.CIRCUIT_OPENED | EventType.CIRCUIT_CLOSED:
             return CircuitChanged(circuit_name="api.example", state="open", at=NOW)

@@ -120,6 +120,9 @@ def _shape(event: Envelope) -> tuple[Outcome, str | None, str | None]:
         status = _text(event.data.get("status"))
         code = _text(_dict(event.data.get("error")).get("code"))
         return ("success" if status == "success" else "failure"), status, code
+    if event.type == EventType.EGRESS:
+        allowed = event.data.get("decision") == "allowed"
+        return ("success", None, None) if allowed else ("failure", None, "permission_denied")
     outcome, status = _SHAPE.get(event.type, ("info", None))
     code = _CODE_OF_TYPE.get(event.type)
     return outcome, status, code

@@ -102,8 +102,10 @@ class ExecutionGrant:
     capability_jti: str
     """``jti`` of the capability token policy verified (re-check revocation with it)."""
     expires_at: int
+    filesystem_permissions: tuple[str, ...] = ()
+    """The token's paths a sandbox may see (``fs``), as policy verified them."""
     network_permissions: tuple[str, ...] = ()
-    """The capability token's ``network_permissions``, as policy signed them."""
+    """The token's hosts a sandbox may reach through the egress proxy (``net``)."""
 
 
 class GrantKeyError(ToolfleetError):
@@ -188,13 +190,12 @@ class GrantSigner:
         capability_jti: str,
         timeout_s: float,
         document_context: dict[str, Any] | None = None,
+        filesystem_permissions: Sequence[str] = (),
         network_permissions: Sequence[str] = (),
     ) -> str:
-        """A grant for this call, valid for ``timeout_s`` plus the margin.
-
-        ``network_permissions`` (the capability token's) travel signed as ``net``: the
-        hosts the call may reach (HTTP tools, the sandbox's egress).
-        """
+        """A grant for this call, valid for ``timeout_s`` plus the margin; the token's
+        filesystem and network permissions ride along, so the executor's sandbox can
+        trust them."""
         invocation_id, tenant_id, agent_did = call.invocation_id, call.tenant_id, call.agent_did
         tool_id, tool_version = call.tool_id, call.tool_version or ""
         now = int(self._clock())
@@ -214,6 +215,8 @@ class GrantSigner:
         }
         if document_context is not None:
             claims["docs_sha256"] = documents_hash(document_context)
+        if filesystem_permissions:
+            claims["fs"] = list(filesystem_permissions)
         if network_permissions:
             claims["net"] = list(network_permissions)
         return jwt.encode(
@@ -294,6 +297,7 @@ class GrantVerifier:
             params_sha256=digest,
             capability_jti=claims["cap_jti"],
             expires_at=int(claims["exp"]),
+            filesystem_permissions=_texts(claims, "fs"),
             network_permissions=tuple(network),
         )
 
@@ -338,3 +342,10 @@ class GrantVerifier:
         if iat - LEEWAY_S > now:
             raise PermissionDenied("execution grant was issued in the future (iat)")
         return claims
+
+
+def _texts(claims: dict[str, Any], name: str) -> tuple[str, ...]:
+    value = claims.get(name, [])
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise PermissionDenied(f"execution grant claim {name!r} is malformed")
+    return tuple(value)

@@ -349,6 +349,26 @@ class CircuitChanged(_Internal):
     at: datetime
 
 
+class EgressDecided(_Internal):
+    """``ai.agent.tool.egress``: the sandbox egress proxy allowed or refused a connection.
+
+    Never a header, a path or a body: the host, port, method and why."""
+
+    invocation_id: UUID
+    tenant_id: str
+    host: str
+    """The target host as normalized; empty when the request could not be read."""
+    port: int
+    method: str
+    """``CONNECT`` or the forwarded request's method; empty when unreadable."""
+    decision: Literal["allowed", "refused", "failed"]
+    reason: str
+    """``granted``, ``not_granted``, ``private_address``, ``connect_failed``, ..."""
+    address: str | None = None
+    """The address connected to, or the non-public one refused."""
+    at: datetime
+
+
 class ToolLifecycleChanged(_Internal):
     """``ai.agent.tool.lifecycle.changed``: an operator moved a tool version along its
     lifecycle (``active → deprecated → sunset → removed``)."""

@@ -230,9 +230,10 @@ EXECUTOR = Party(
                 EventType.CIRCUIT_OPENED,
                 EventType.CIRCUIT_CLOSED,
                 EventType.SOURCE_TOOL_ADDED,
+                EventType.EGRESS,
             ),
-            summary="Execution started, checkpoints, circuit changes and tools a source "
-            "added at run time.",
+            summary="Execution started, checkpoints, circuit changes, tools a source "
+            "added at run time and sandbox egress.",
         ),
     ),
     dead_letters=True,

@@ -38,6 +38,7 @@ from toolfleet.events.models import (
     CircuitChanged,
     ControlRefused,
     DlqRecord,
+    EgressDecided,
     InvokeAuthorized,
     InvokeExecuted,
     InvokeRequested,
@@ -127,6 +128,11 @@ EVENTS: dict[EventType, EventDoc] = {
         model=ControlRefused,
         description="Policy refused a control event it could not trust (unsigned, forged, "
         "expired or bound to other fields); the call it named is unchanged.",
+    ),
+    EventType.EGRESS: EventDoc(
+        model=EgressDecided,
+        description="The sandbox egress proxy allowed or refused a connection of an "
+        "isolated tool (host, port, method, decision, reason; never a header or a body).",
     ),
     EventType.CIRCUIT_OPENED: EventDoc(
         model=CircuitChanged,

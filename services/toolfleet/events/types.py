@@ -19,6 +19,7 @@ class EventType(StrEnum):
     CHECKPOINT_CREATED = "ai.agent.tool.checkpoint.created"
     APPROVAL_REQUESTED = "ai.agent.tool.approval.requested"
     CONTROL_REFUSED = "ai.agent.tool.control.refused"
+    EGRESS = "ai.agent.tool.egress"
     CIRCUIT_OPENED = "ai.agent.circuit.opened"
     CIRCUIT_CLOSED = "ai.agent.circuit.closed"
     TOOL_LIFECYCLE_CHANGED = "ai.agent.tool.lifecycle.changed"
@@ -60,6 +61,7 @@ TOPIC_OF_TYPE: dict[EventType, TopicName] = {
     EventType.CHECKPOINT_CREATED: TopicName.EVENTS,
     EventType.APPROVAL_REQUESTED: TopicName.EVENTS,
     EventType.CONTROL_REFUSED: TopicName.EVENTS,
+    EventType.EGRESS: TopicName.EVENTS,
     EventType.CIRCUIT_OPENED: TopicName.EVENTS,
     EventType.CIRCUIT_CLOSED: TopicName.EVENTS,
     EventType.TOOL_LIFECYCLE_CHANGED: TopicName.EVENTS,

@@ -45,6 +45,16 @@ CIRCUIT_FAILURES = frozenset(
 )
 
 
+ToolRunner = Callable[[ToolSpec, dict[str, Any], ToolContext, float], Awaitable[RunResult]]
+"""Runs one attempt: ``(spec, parameters, ctx, timeout_s)`` (isolated or in the loop)."""
+
+
+async def run_in_loop(
+    spec: ToolSpec, parameters: dict[str, Any], ctx: ToolContext, timeout_s: float
+) -> RunResult:
+    return await run_tool(spec, parameters, ctx, timeout_s=timeout_s)
+
+
 @dataclass(frozen=True, kw_only=True)
 class AttemptsInput:
     spec: ToolSpec
@@ -56,6 +66,8 @@ class AttemptsInput:
     breaker: CircuitBreaker | None
     after_transition: Callable[[Transition, int], Awaitable[None]]
     """Called with each transition this call's attempts caused, and the attempt number."""
+    runner: ToolRunner = run_in_loop
+    """Where each attempt runs (:class:`toolfleet.executor.isolated.IsolatedRunner`)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -68,10 +80,12 @@ class AttemptsResult:
 class _AttemptFailed(Exception):
     """Carries a failed attempt through tenacity; retried when its error class is retryable."""
 
-    def __init__(self, info: ErrorInfo) -> None:
+    def __init__(self, info: ErrorInfo, result: RunResult) -> None:
         super().__init__(info.message)
         self.info = info
         self.error = error_from(info)
+        self.result = result
+        """The failed run as it was (its usage figures included)."""
 
 
 class _Refused(Exception):
@@ -118,10 +132,10 @@ async def run_attempts(job: AttemptsInput) -> AttemptsResult:
                 result = await _one_attempt(job, number)
                 ran = number
                 if result.error is not None:
-                    raise _AttemptFailed(result.error)
+                    raise _AttemptFailed(result.error, result)
                 return AttemptsResult(result=result, attempts=ran)
     except _AttemptFailed as exc:
-        return AttemptsResult(result=RunResult(error=exc.info), attempts=ran)
+        return AttemptsResult(result=exc.result, attempts=ran)
     except (_Refused, Cancelled) as exc:
         error = exc.error if isinstance(exc, _Refused) else exc
         return AttemptsResult(result=RunResult(error=error.to_error_info()), attempts=ran)
@@ -148,7 +162,7 @@ async def _one_attempt(job: AttemptsInput, number: int) -> RunResult:
     started = time.monotonic()
     # A cancelled attempt reports nothing: a half-open permit it held goes stale and is
     # handed out again (see circuits.admit).
-    result = await run_tool(job.spec, job.parameters, ctx, timeout_s=job.timeout_s)
+    result = await job.runner(job.spec, job.parameters, ctx, job.timeout_s)
     if job.breaker is not None:
         outcome = CallOutcome(verdict=verdict_of(result), duration_s=time.monotonic() - started)
         step = await job.breaker.after_call(name, policy, outcome)

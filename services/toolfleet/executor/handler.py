@@ -26,6 +26,7 @@ from toolfleet.executor.checkpoints.store import RedisCheckpointStore, TieredChe
 from toolfleet.executor.circuits.breaker import CircuitBreaker
 from toolfleet.executor.circuits.store import RedisCircuitStore
 from toolfleet.executor.concurrency import RedisAgentSlots
+from toolfleet.executor.isolated import EgressEvents, build_runtime
 from toolfleet.executor.leasing.guard import LeaseGuard, LeaseLost
 from toolfleet.executor.leasing.leases import RedisLeases
 from toolfleet.executor.registration import register_catalog
@@ -156,6 +157,12 @@ async def build(res: Resources) -> list[EventConsumer]:
         ),
     )
     sources.network_permissions = lambda ctx: service.network_permissions(ctx.invocation_id)
+    if settings.isolation_enabled:
+        service.egress_events = EgressEvents(emitter=service.emitter)
+        service.isolation, service.isolation_limits, isolation_job = build_runtime(
+            settings, service.egress_events
+        )
+        res.background(isolation_job)
 
     async def suspend_at_stop(stop: asyncio.Event) -> None:
         await stop.wait()

@@ -27,6 +27,7 @@ from toolfleet.errors import (
 )
 from toolfleet.events.envelope import field_errors
 from toolfleet.executor.leasing.fencing import StaleLease
+from toolfleet.isolation.runtime import Usage
 from toolfleet.sdk.context import ToolContext
 from toolfleet.sdk.tool import ToolSpec
 
@@ -37,6 +38,8 @@ log = logging.getLogger(__name__)
 class RunResult:
     result: dict[str, Any] | None = None
     error: ErrorInfo | None = None
+    usage: Usage | None = None
+    """CPU and peak memory of an isolated run (None: it ran in the executor's loop)."""
 
 
 async def run_tool(

@@ -30,7 +30,7 @@ from toolfleet.documents.cache import DocumentCache
 from toolfleet.documents.pins import MemoryPinBook, PinBook
 from toolfleet.documents.reader import CallDocuments
 from toolfleet.documents.source import DocumentSource
-from toolfleet.errors import Cancelled, ResourceExhausted
+from toolfleet.errors import Cancelled, ResourceExhausted, ToolfleetError
 from toolfleet.events.envelope import Emitted, Envelope
 from toolfleet.events.models import CancelRequested, ExecutionMetadata, InvokeAuthorized
 from toolfleet.events.types import TopicName
@@ -52,10 +52,13 @@ from toolfleet.executor.checkpoints.sink import CheckpointSink
 from toolfleet.executor.checkpoints.store import CheckpointStore
 from toolfleet.executor.circuits.breaker import CircuitBreaker, Transition
 from toolfleet.executor.concurrency import AgentSlots
+from toolfleet.executor.isolated import EgressEvents, IsolatedRunner, sandbox_grants
 from toolfleet.executor.leasing.guard import LeaseGuard, Suspended
 from toolfleet.executor.ports import Emitter, ToolProvider
 from toolfleet.executor.result_transfer import ResultTransfer
 from toolfleet.executor.runner import RunResult
+from toolfleet.isolation.limits import AgentLimits, FleetLimits
+from toolfleet.isolation.runtime import IsolationRuntime
 from toolfleet.observability import metrics
 from toolfleet.observability.tracing import span
 from toolfleet.registry.catalog import ToolCatalog
@@ -116,6 +119,12 @@ class ExecutorService:
     running: dict[str, _RunningCall] = field(default_factory=dict)
     network_grants: dict[str, tuple[str, ...]] = field(default_factory=dict)
     """Each running call's granted hosts (from its grant; absent: no grant verifier)."""
+    isolation: IsolationRuntime | None = None
+    """Worker processes and sandboxes; None runs only ``isolation="none"`` tools."""
+    isolation_limits: FleetLimits = field(default_factory=FleetLimits)
+    """Defaults and ceilings of isolated runs."""
+    egress_events: EgressEvents | None = None
+    """Turns the egress proxy's records of this executor's calls into events."""
 
     def network_permissions(self, invocation_id: str) -> tuple[str, ...] | None:
         """The hosts a running call may reach, as policy signed them (None: unchecked)."""
@@ -189,6 +198,21 @@ class ExecutorService:
         if not isinstance(admitted, Admitted):
             return self._stopped(run, admitted)
         spec, call, invocation_id = admitted.tool, run.call, run.invocation_id
+        try:
+            runner = IsolatedRunner(
+                runtime=self.isolation,
+                fleet=self.isolation_limits,
+                agent=AgentLimits(
+                    memory_mb=call.resource_limits.memory_mb_limit,
+                    cpu_millicores=call.resource_limits.cpu_millicore_limit,
+                ),
+                grants=sandbox_grants(self.grants, call),
+            )
+        except ToolfleetError as exc:
+            return self._stopped(run, Refused(error=exc))
+        if self.egress_events is not None and runner.grants.egress is not None:
+            self.egress_events.parents[invocation_id] = run.event
+            stack.callback(self.egress_events.parents.pop, invocation_id, None)
         resume = admitted.resume
         resumed_from = resume.checkpoint_id if resume else None
         capability = admitted.capability
@@ -266,6 +290,7 @@ class ExecutorService:
                         context_for=context_for,
                         breaker=self.breaker,
                         after_transition=after_transition,
+                        runner=runner,
                     )
                 )
                 result, attempts = done.result, done.attempts
@@ -281,6 +306,7 @@ class ExecutorService:
             self.running.pop(invocation_id, None)
         if cancel_event.is_set() and result.error is None:
             result = RunResult(error=Cancelled("cancelled while running").to_error_info())
+        usage = result.usage
         result, encoded = outcomes.screened(run, result, leaks, spec.tool_id)
 
         await asyncio.gather(invoked_ack, *sink.acks)
@@ -292,6 +318,9 @@ class ExecutorService:
             attempts=run.prior_runs + attempts,
             checkpoints_created=sink.refs,
             resumed_from_checkpoint_id=resumed_from,
+            # Measured for isolated runs; 0 for tools in the executor's loop.
+            cpu_used_millicore_seconds=usage.cpu_millicore_seconds if usage else 0,
+            memory_peak_mb=usage.memory_peak_mb if usage else 0,
         )
         status = "success" if result.error is None else str(result.error.code)
         metrics.TOOL_EXECUTIONS.labels(call.tool_id, status).inc()

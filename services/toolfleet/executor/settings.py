@@ -89,6 +89,33 @@ class ExecutorSettings(FleetSettings):
     vault_timeout_s: int = Field(default=5, ge=1)
     """HTTP timeout of one Vault request, in seconds."""
 
+    isolation_enabled: bool = True
+    """Run tools where their ``isolation`` says (worker processes, sandboxes). Off: every
+    Python tool runs in the executor's loop and sandbox-only tools are refused."""
+    isolation_warm_sandboxes: int = Field(default=2, ge=0)
+    """Sandboxes started ahead of calls (those without file or network grants take one)."""
+    isolation_warm_processes: int = Field(default=1, ge=0)
+    """Worker processes started ahead for ``isolation="process"`` tools."""
+    isolation_max_workers: int = Field(default=64, ge=1)
+    """Worker processes and sandboxes alive at once, warm ones included."""
+    isolation_uid_base: int = Field(default=200_000, ge=1000)
+    """When the executor is root, the sandbox in slot ``n`` runs as uid ``base + n``."""
+    isolation_memory_mb: int = Field(default=512, ge=16)
+    """Address space of an isolated run whose tool and agent set none (``RLIMIT_AS``)."""
+    isolation_cpu_millicores: int = Field(default=1000, ge=1)
+    """CPU share of an isolated run whose tool and agent set none; enforced as CPU time
+    (``millicores / 1000 x timeout``, ``RLIMIT_CPU``)."""
+    isolation_max_processes: int = Field(default=64, ge=1)
+    """Processes and threads of one sandbox (``RLIMIT_NPROC`` of its uid)."""
+    isolation_max_file_mb: int = Field(default=64, ge=1)
+    """Largest file an isolated tool may write (``RLIMIT_FSIZE``); also its tmpfs size."""
+    isolation_max_open_files: int = Field(default=256, ge=16)
+    """Open files of an isolated tool (``RLIMIT_NOFILE``)."""
+    isolation_max_output_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
+    """stdout and stderr an isolated tool may write before it is killed."""
+    isolation_kill_grace_s: float = Field(default=1.0, ge=0)
+    """After a timeout's SIGTERM, how long before the process group is SIGKILLed."""
+
     @model_validator(mode="after")
     def _check_secret_backend(self) -> ExecutorSettings:
         if self.secret_backend is SecretBackend.FILE and self.secret_dir is None:

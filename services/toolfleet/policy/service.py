@@ -179,7 +179,8 @@ class PolicyService:
                 capability.subject,
                 capability.jti,
                 tenant,
-                network=capability.network_permissions,
+                filesystem_permissions=capability.filesystem_permissions,
+                network_permissions=capability.network_permissions,
             )
         ]
 
@@ -226,7 +227,8 @@ class PolicyService:
         tenant: str,
         *,
         traceparent: str | None = None,
-        network: tuple[str, ...] = (),
+        filesystem_permissions: tuple[str, ...] = (),
+        network_permissions: tuple[str, ...] = (),
     ) -> Emitted:
         """The ``invoke.authorized`` event, with a fresh execution grant when configured."""
         if self.grants is not None:
@@ -238,7 +240,8 @@ class PolicyService:
                         capability_jti=capability_jti,
                         timeout_s=authorized.timeout_seconds,
                         document_context=_json(authorized.document_context),
-                        network_permissions=network,
+                        filesystem_permissions=filesystem_permissions,
+                        network_permissions=network_permissions,
                     )
                 }
             )
@@ -498,7 +501,7 @@ class PolicyService:
                 pending.capability_jti,
                 pending.tenant_id,
                 traceparent=pending.traceparent,
-                network=pending.network_permissions,
+                network_permissions=pending.network_permissions,
             )
         ]
 

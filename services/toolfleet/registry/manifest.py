@@ -145,6 +145,10 @@ class ToolManifest(BaseModel):
     requires_approval: bool = False
     """Every call waits for an approver, whatever the tenant's policy says."""
     resource_defaults: ResourceDefaults = Field(default_factory=ResourceDefaults)
+    isolation: str = Field(default="sandbox", pattern="^(none|process|sandbox)$")
+    """Where the executor runs it: ``none``, ``process`` or ``sandbox``."""
+    command: list[str] = Field(default_factory=list)
+    """A command tool's executable and arguments (empty: a Python tool)."""
     lifecycle_state: LifecycleState = LifecycleState.ACTIVE
     deprecation_message: str | None = None
     deprecation_date: datetime | None = None

@@ -11,6 +11,7 @@ from pydantic import BaseModel, Field
 
 from toolfleet.errors import Cancelled, InvalidParameters
 from toolfleet.events.models import Effect
+from toolfleet.isolation.builtin import run_python
 from toolfleet.sdk.context import ToolContext
 from toolfleet.sdk.tool import tool
 
@@ -114,4 +115,5 @@ async def long_running(params: LongRunningInput, ctx: ToolContext) -> LongRunnin
     )
 
 
-TOOLS = [get_current_time, echo, long_running]
+TOOLS = [get_current_time, echo, long_running, run_python]
+"""``core__run_python`` lives with the sandbox it needs (:mod:`toolfleet.isolation.builtin`)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 import re
+import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, get_type_hints
@@ -18,6 +19,7 @@ from pydantic import BaseModel, ValidationError
 
 from toolfleet.errors import RegistrationError
 from toolfleet.events.models import TOOL_ID_PATTERN, Effect
+from toolfleet.isolation.limits import Isolation, ToolLimits
 from toolfleet.registry.manifest import (
     CircuitSettings,
     ResourceDefaults,
@@ -34,6 +36,9 @@ from toolfleet.secrets.store import check_name
 
 ToolFunction = Callable[[Any, ToolContext], Awaitable[Any]]
 F = TypeVar("F", bound=ToolFunction)
+
+#: A tool module may set this to its tools' default isolation (``"none"``, ``"process"``).
+MODULE_DEFAULT = "TOOLFLEET_ISOLATION"
 
 #: The attribute ``@tool`` sets on the function it declares.
 SPEC_ATTRIBUTE = "__toolfleet_spec__"
@@ -80,6 +85,17 @@ class ToolSpec:
     """CPU and memory limits a call runs under unless its request asks for less."""
     source_type: SourceType = SourceType.NATIVE
     """Where the code lives: ``@tool`` functions run in the executor's process."""
+    isolation: Isolation = Isolation.SANDBOX
+    """Where it runs: ``none`` (the executor's loop), ``process`` or ``sandbox``."""
+    limits: ToolLimits = field(default_factory=ToolLimits)
+    """What it needs (memory, CPU, processes, files), within its agent's limits."""
+    command: tuple[str, ...] = ()
+    """A command tool's executable and arguments (:func:`toolfleet.isolation.command_tool`)."""
+
+    @property
+    def target(self) -> str:
+        """``module:qualname``, how an isolated worker imports the tool."""
+        return f"{self.fn.__module__}:{self.fn.__qualname__}"
 
     @property
     def circuit_name(self) -> str:
@@ -121,6 +137,8 @@ class ToolSpec:
                 half_open_calls=self.circuit_breaker.half_open_calls,
             ),
             result_rules=self.result_rules,
+            isolation=self.isolation.value,
+            command=list(self.command),
         )
 
 
@@ -145,6 +163,8 @@ def tool(
     requires_approval: bool = False,
     permissions: ToolPermissions | None = None,
     resource_defaults: ResourceDefaults | None = None,
+    isolation: Isolation | str | None = None,
+    limits: ToolLimits | None = None,
 ) -> Callable[[F], F]:
     """Declare a tool; the decorated function is returned unchanged, still callable.
 
@@ -193,6 +213,13 @@ def tool(
     reaches (its ``credentials`` join the ``credentials`` above);
     ``resource_defaults=ResourceDefaults(memory_mb_limit=256)`` sets the limits a call
     runs under unless its request asks for less.
+    Isolation (:mod:`toolfleet.isolation`): ``isolation="sandbox"`` (the default for
+    tools from outside toolfleet) runs each call in a bubblewrap sandbox with kernel
+    limits, only the token's files and hosts; ``"process"`` in a worker process (a
+    blocking or crashing tool cannot stall the executor); ``"none"`` in the executor's
+    event loop (toolfleet's own awaiting built-ins); a module's ``TOOLFLEET_ISOLATION =
+    "process"`` sets the default of its tools. ``limits=ToolLimits(memory_mb=256)``
+    declares what the tool needs; a call whose agent has less is refused.
     """
 
     def decorate(fn: F) -> F:
@@ -276,6 +303,8 @@ def tool(
             circuit_breaker=circuit_breaker or CircuitPolicy(),
             cache=cache,
             result_rules=result_rules,
+            isolation=_isolation_of(fn, isolation),
+            limits=limits or ToolLimits(),
             input_schema={
                 "$schema": "https://json-schema.org/draft/2020-12/schema",
                 **input_schema,
@@ -289,6 +318,22 @@ def tool(
         return declared
 
     return decorate
+
+
+def _isolation_of(fn: ToolFunction, isolation: Isolation | str | None) -> Isolation:
+    """The declared runtime; undeclared: the module's ``TOOLFLEET_ISOLATION`` if it sets
+    one, else ``none`` for toolfleet's own tools and ``sandbox`` for every other."""
+    if isolation is None:
+        isolation = getattr(sys.modules.get(fn.__module__), MODULE_DEFAULT, None)
+    if isolation is not None:
+        try:
+            return Isolation(isolation)
+        except ValueError:
+            raise RegistrationError(
+                f"isolation must be one of {[i.value for i in Isolation]}"
+            ) from None
+    trusted = fn.__module__.startswith("toolfleet.")
+    return Isolation.NONE if trusted else Isolation.SANDBOX
 
 
 def spec_of(tool_fn: ToolFunction | ToolSpec) -> ToolSpec:

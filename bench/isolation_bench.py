@@ -1,0 +1,132 @@
+"""Isolation benchmark: what a sandbox costs a ``core__echo``-sized call.
+
+    python bench/isolation_bench.py [--n 50]
+
+Three ways to run the same echo tool, each N times one after the other, latency from
+the runtime's ``run`` call to its result (the executor's view of one attempt):
+
+* in-process: ``run_tool`` in this event loop (``isolation="none"``);
+* warm sandbox: a bubblewrap sandbox started ahead by the warm pool (the pool refills
+  in the background between calls, as it does in the executor);
+* cold sandbox: a sandbox started for the call (what calls with file or network grants
+  get, and every call once the pool is drained).
+
+Prints p50/p95 of each and the ratios to in-process. Only local processes; nothing is
+sent anywhere. Results go to ``bench/results/isolation-<timestamp>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.support.hostile_tools import echo
+
+from toolfleet.executor.runner import run_tool
+from toolfleet.isolation.limits import AgentLimits, FleetLimits, bound_limits
+from toolfleet.isolation.runtime import (
+    IsolatedCall,
+    IsolationRuntime,
+    RuntimeConfig,
+)
+from toolfleet.sdk.context import ToolContext
+from toolfleet.sdk.tool import spec_of
+
+SPEC = spec_of(echo)
+LIMITS = bound_limits(
+    tool_id=SPEC.tool_id, tool=SPEC.limits, agent=AgentLimits(), fleet=FleetLimits(), timeout_s=10
+)
+
+
+def context(n: int) -> ToolContext:
+    return ToolContext(
+        tenant_id="bench",
+        agent_did="did:agent:bench",
+        invocation_id=f"bench-{n}",
+        tool_id=SPEC.tool_id,
+        tool_version=SPEC.version,
+    )
+
+
+def call() -> IsolatedCall:
+    return IsolatedCall(
+        isolation=SPEC.isolation,
+        tool_id=SPEC.tool_id,
+        target=SPEC.target,
+        parameters={"text": "hello"},
+        limits=LIMITS,
+    )
+
+
+async def in_process(n: int) -> list[float]:
+    times = []
+    for i in range(n):
+        start = time.perf_counter()
+        result = await run_tool(SPEC, {"text": "hello"}, context(i), timeout_s=10)
+        times.append(time.perf_counter() - start)
+        assert result.result == {"text": "hello"}
+    return times
+
+
+async def sandboxed(n: int, *, warm: bool) -> list[float]:
+    config = RuntimeConfig(warm_sandboxes=1 if warm else 0, warm_processes=0)
+    async with IsolationRuntime(config=config) as runtime:
+        times = []
+        for i in range(n):
+            if warm:
+                while runtime.warm(SPEC.isolation) == 0:  # noqa: ASYNC110 (refilled between calls)
+                    await asyncio.sleep(0.01)
+            start = time.perf_counter()
+            result = await runtime.run(call(), context(i))
+            times.append(time.perf_counter() - start)
+            assert result.result == {"text": "hello"}, result.error
+        return times
+
+
+def summary(times: list[float]) -> dict[str, float]:
+    ordered = sorted(times)
+    return {
+        "p50_ms": round(statistics.median(ordered) * 1000, 3),
+        "p95_ms": round(ordered[int(0.95 * (len(ordered) - 1))] * 1000, 3),
+    }
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--n", type=int, default=50)
+    args = parser.parse_args()
+    runs: dict[str, Any] = {
+        "in_process": summary(await in_process(args.n)),
+        "warm_sandbox": summary(await sandboxed(args.n, warm=True)),
+        "cold_sandbox": summary(await sandboxed(args.n, warm=False)),
+    }
+    base = runs["in_process"]["p50_ms"]
+    for name in ("warm_sandbox", "cold_sandbox"):
+        runs[name]["p50_vs_in_process"] = round(runs[name]["p50_ms"] / base, 1)
+    runs["cold_vs_warm_p50"] = round(
+        runs["cold_sandbox"]["p50_ms"] / runs["warm_sandbox"]["p50_ms"], 1
+    )
+    report = {"n": args.n, "host": platform.node(), "cores": _cores(), **runs}
+    print(json.dumps(report, indent=2))
+    out = Path(__file__).parent / "results"
+    out.mkdir(exist_ok=True)
+    (out / f"isolation-{time.strftime('%Y%m%dT%H%M%S')}.json").write_text(json.dumps(report))
+
+
+def _cores() -> int:
+    import os
+
+    return len(os.sched_getaffinity(0))
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,221 @@
+"""The isolated worker: ``python -I -m toolfleet.isolation.child --fd 3 [--uid U]``.
+
+Until it loads the tool this is trusted code: it drops to its own uid (``--uid``, when
+started as root), sets no-new-privileges, imports the SDK (so a warm worker answers in
+milliseconds), says ``ready`` and waits for one job. Then it applies the job's limits
+with ``setrlimit`` (they only go down, and the hard limit with them), and runs the tool
+once: a Python tool (``module:qualname``) in its own event loop, or a command tool
+(:mod:`toolfleet.isolation.command`). ``ctx.checkpoint()``, ``ctx.credential()`` and
+``ctx.cancelled`` travel over the RPC socket (:mod:`toolfleet.isolation.protocol`).
+One job per worker: a sandbox never serves a second call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import concurrent.futures
+import ctypes
+import importlib
+import itertools
+import math
+import os
+import resource
+import sys
+import threading
+from typing import Any
+
+from toolfleet.isolation.protocol import read_frame, write_frame
+
+_PR_SET_NO_NEW_PRIVS = 38
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="toolfleet.isolation.child")
+    parser.add_argument("--fd", type=int, required=True)
+    parser.add_argument("--uid", type=int, default=None)
+    parser.add_argument("--workdir", default=None)
+    args = parser.parse_args(argv)
+    fd: int = args.fd
+    os.set_inheritable(fd, False)  # commands the tool starts never see the RPC socket
+    if args.uid is not None and os.geteuid() == 0:
+        _drop_privileges(args.uid, args.workdir)
+    _no_new_privs()
+    import toolfleet.sdk  # noqa: F401  (preloaded: the part of a start a warm worker saves)
+
+    write_frame(fd, {"kind": "ready", "cpu_s": _cpu_seconds()})
+    job = read_frame(fd)
+    if job is None or job.get("kind") != "run":
+        return 0
+    channel = Channel(fd)
+    outcome = _run_job(job, channel)
+    own, children = (
+        resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+    )
+    usage = {
+        "cpu_s": own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime,
+        "maxrss_kb": max(own.ru_maxrss, children.ru_maxrss),
+    }
+    channel.send({"kind": "done", "usage": usage, **outcome})
+    sys.stdout.flush()
+    os._exit(0)  # no interpreter teardown: the tool's threads or atexit hooks do not run
+
+
+def _drop_privileges(uid: int, workdir: str | None) -> None:
+    for path in (workdir,):
+        if path and os.path.isdir(path):
+            os.chown(path, uid, uid)
+            os.chmod(path, 0o700)
+    os.setgroups([])
+    os.setresgid(uid, uid, uid)
+    os.setresuid(uid, uid, uid)
+
+
+def _no_new_privs() -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+
+
+def _cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def apply_limits(limits: dict[str, Any]) -> None:
+    """``setrlimit`` soft = hard (a tool cannot raise them back), CPU counted from now."""
+    mib = 1024 * 1024
+    cpu = math.ceil(_cpu_seconds()) + int(limits["cpu_seconds"])
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))  # SIGXCPU, then SIGKILL
+    for name, value in (
+        (resource.RLIMIT_AS, int(limits["memory_mb"]) * mib),
+        (resource.RLIMIT_NPROC, int(limits["max_processes"])),
+        (resource.RLIMIT_FSIZE, int(limits["max_file_mb"]) * mib),
+        (resource.RLIMIT_NOFILE, int(limits["max_open_files"])),
+        (resource.RLIMIT_CORE, 0),
+    ):
+        resource.setrlimit(name, (value, value))
+
+
+class Channel:
+    """The worker's side of the RPC: calls the executor answers, and its cancel."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._lock = threading.Lock()
+        self._ids = itertools.count(1)
+        self._pending: dict[int, concurrent.futures.Future[Any]] = {}
+        self.cancelled = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._cancel_event: asyncio.Event | None = None
+        threading.Thread(target=self._read, name="toolfleet-rpc", daemon=True).start()
+
+    def bind(self, loop: asyncio.AbstractEventLoop, cancel_event: asyncio.Event) -> None:
+        self._loop, self._cancel_event = loop, cancel_event
+        if self.cancelled.is_set():
+            cancel_event.set()
+
+    def send(self, message: dict[str, Any]) -> None:
+        with self._lock:
+            write_frame(self._fd, message)
+
+    def call(self, method: str, args: dict[str, Any]) -> concurrent.futures.Future[Any]:
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        call_id = next(self._ids)
+        self._pending[call_id] = future
+        self.send({"kind": "call", "id": call_id, "method": method, "args": args})
+        return future
+
+    def _read(self) -> None:
+        while True:
+            try:
+                frame = read_frame(self._fd)
+            except Exception:
+                frame = None
+            if frame is None:
+                os._exit(0)  # the executor is gone: so is this run
+            if frame.get("kind") == "cancel":
+                self.cancelled.set()
+                if self._loop is not None and self._cancel_event is not None:
+                    self._loop.call_soon_threadsafe(self._cancel_event.set)
+            elif frame.get("kind") == "reply":
+                future = self._pending.pop(int(frame.get("id", 0)), None)
+                if future is not None:
+                    if "error" in frame:
+                        future.set_exception(_error(frame["error"]))
+                    else:
+                        future.set_result(frame.get("value"))
+
+
+def _error(info: dict[str, Any]) -> Exception:
+    from toolfleet.errors import ErrorInfo, error_from
+
+    return error_from(ErrorInfo.model_validate(info))
+
+
+def _run_job(job: dict[str, Any], channel: Channel) -> dict[str, Any]:
+    from toolfleet.errors import ResourceExhausted, ToolExecutionError, ToolfleetError
+
+    try:
+        apply_limits(job["limits"])
+        os.environ.clear()
+        os.environ.update(job.get("env", {}))
+        sys.path[:] = [p for p in job.get("sys_path", sys.path) if p]
+        result = asyncio.run(_run_tool(job, channel))
+    except ToolfleetError as exc:
+        return {"error": exc.to_error_info().model_dump(mode="json")}
+    except MemoryError:
+        return {
+            "error": ResourceExhausted(
+                f"{job.get('tool_id')} ran out of memory ({job['limits']['memory_mb']} MB)"
+            )
+            .to_error_info()
+            .model_dump(mode="json")
+        }
+    except BaseException as exc:
+        return {
+            "error": ToolExecutionError(f"{job.get('tool_id')} failed: {type(exc).__name__}")
+            .to_error_info()
+            .model_dump(mode="json")
+        }
+    return {"result": result}
+
+
+async def _run_tool(job: dict[str, Any], channel: Channel) -> dict[str, Any]:
+    from pydantic import BaseModel
+
+    from toolfleet.isolation.remote import remote_context
+
+    cancel_event = asyncio.Event()
+    channel.bind(asyncio.get_running_loop(), cancel_event)
+    ctx = remote_context(job, channel, cancel_event)
+    bridge = None
+    if job.get("egress_socket"):
+        from toolfleet.isolation.bridge import start_bridge
+
+        bridge = await start_bridge(job["egress_socket"])
+    try:
+        if job.get("command"):
+            from toolfleet.isolation.command import run_command
+
+            return await run_command(job, ctx)
+        from toolfleet.sdk.tool import spec_of
+
+        module_name, _, qualname = str(job["target"]).partition(":")
+        target: Any = importlib.import_module(module_name)
+        for part in qualname.split("."):
+            target = getattr(target, part)
+        spec = spec_of(target)
+        params = spec.input_model.model_validate(job["parameters"])
+        output = await spec.fn(params, ctx)
+    finally:
+        if bridge is not None:
+            bridge.close()
+    if isinstance(output, BaseModel):
+        return output.model_dump(mode="json")
+    if isinstance(output, dict):
+        return output
+    return {"value": output}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

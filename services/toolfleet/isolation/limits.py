@@ -1,0 +1,122 @@
+"""Runtimes and limits of isolated tool runs, and how BC-1 nests them in the agent's.
+
+A tool declares what it needs (:class:`ToolLimits`, its manifest's ``limits``); the
+request's ``resource_limits`` are what its agent has. A tool asking more than the agent
+has is refused before it runs (:class:`AgentLimitExceeded`); what the tool leaves unset
+is the agent's, then the fleet's default. Without cgroups a CPU *rate* cannot be
+enforced, so ``cpu_millicores`` bounds CPU *time*: ``millicores / 1000 x timeout``
+seconds of CPU (``RLIMIT_CPU``), at least one second.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import StrEnum
+
+from toolfleet.errors import ResourceExhausted
+
+
+class Isolation(StrEnum):
+    """Where a tool runs."""
+
+    NONE = "none"
+    """In the executor's event loop: trusted built-ins that only await."""
+    PROCESS = "process"
+    """A pre-forked worker process: a blocking or crashing tool cannot stall the executor."""
+    SANDBOX = "sandbox"
+    """A worker process under bubblewrap and seccomp, with the token's files and hosts only."""
+
+
+class AgentLimitExceeded(ResourceExhausted):
+    """The tool asks more than its agent's ``resource_limits`` grant (BC-1); no retry helps."""
+
+    retryable = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ToolLimits:
+    """What a tool declares it needs (``@tool(limits=...)``); None: the agent's or default."""
+
+    memory_mb: int | None = None
+    cpu_millicores: int | None = None
+    max_processes: int | None = None
+    max_file_mb: int | None = None
+    max_open_files: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AgentLimits:
+    """The request's ``resource_limits``: what the calling agent has."""
+
+    memory_mb: int | None = None
+    cpu_millicores: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FleetLimits:
+    """The executor's defaults and ceilings (``TOOLFLEET_ISOLATION_*``)."""
+
+    memory_mb: int = 512
+    cpu_millicores: int = 1000
+    max_processes: int = 64
+    max_file_mb: int = 64
+    max_open_files: int = 256
+    max_output_bytes: int = 4 * 1024 * 1024
+    kill_grace_s: float = 1.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunLimits:
+    """What the kernel enforces on one run (``setrlimit`` in the worker, wall clock here)."""
+
+    timeout_s: float
+    """Wall clock; then SIGTERM to the process group and SIGKILL after ``kill_grace_s``."""
+    kill_grace_s: float
+    cpu_seconds: int
+    """RLIMIT_CPU, counted from the moment the tool starts."""
+    memory_mb: int
+    """RLIMIT_AS (address space)."""
+    max_processes: int
+    """RLIMIT_NPROC of the sandbox's own uid: a fork bomb stops there."""
+    max_file_mb: int
+    """RLIMIT_FSIZE: the largest file the tool may write."""
+    max_open_files: int
+    """RLIMIT_NOFILE."""
+    max_output_bytes: int
+    """Bytes the worker may write to stdout and stderr together before it is killed."""
+
+
+def bound_limits(
+    *, tool_id: str, tool: ToolLimits, agent: AgentLimits, fleet: FleetLimits, timeout_s: float
+) -> RunLimits:
+    """The limits of one run, nested in the agent's (BC-1).
+
+    Raises:
+        AgentLimitExceeded: the tool asks more memory or CPU than the agent has.
+    """
+    memory = _nested(tool_id, "memory_mb", tool.memory_mb, agent.memory_mb, fleet.memory_mb)
+    cpu = _nested(
+        tool_id, "cpu_millicores", tool.cpu_millicores, agent.cpu_millicores, fleet.cpu_millicores
+    )
+    return RunLimits(
+        timeout_s=timeout_s,
+        kill_grace_s=fleet.kill_grace_s,
+        cpu_seconds=max(1, math.ceil(cpu / 1000 * timeout_s)),
+        memory_mb=memory,
+        max_processes=min(tool.max_processes or fleet.max_processes, fleet.max_processes),
+        max_file_mb=min(tool.max_file_mb or fleet.max_file_mb, fleet.max_file_mb),
+        max_open_files=min(tool.max_open_files or fleet.max_open_files, fleet.max_open_files),
+        max_output_bytes=fleet.max_output_bytes,
+    )
+
+
+def _nested(tool_id: str, name: str, asks: int | None, has: int | None, default: int) -> int:
+    if asks is not None and has is not None and asks > has:
+        raise AgentLimitExceeded(
+            f"{tool_id} needs {name}={asks} but the calling agent's limit is {has}",
+            details={"limit": name, "tool": asks, "agent": has},
+        )
+    if asks is not None:
+        return asks
+    return has if has is not None else default

@@ -1,0 +1,498 @@
+"""Runs one tool call in a worker process or a sandbox, and reports what it used.
+
+:class:`IsolationRuntime` owns the warm pools, the slots (one uid each) and the egress
+proxy sessions. :meth:`IsolationRuntime.run` sends the job, answers the worker's RPC
+calls with the executor's real :class:`~toolfleet.sdk.context.ToolContext` (checkpoints,
+credentials), forwards a cancel, and enforces the wall clock: at the timeout the
+process group gets SIGTERM, and SIGKILL after the grace period. A cancelled run (an
+executor cancel after its grace, a lost lease, shutdown) kills the group at once.
+
+Failures map to the contract's codes:
+
+    wall clock or RLIMIT_CPU (SIGXCPU)       timeout
+    MemoryError under RLIMIT_AS              resource_exhausted
+    stdout + stderr over the limit           resource_exhausted
+    worker died without an answer (SIGSEGV,  sandbox_failure (the signal is named)
+    SIGKILL, ...), or never became ready
+    the tool raised                          its own code, or tool_execution_error
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import tempfile
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from toolfleet.errors import (
+    ErrorInfo,
+    ResourceExhausted,
+    SandboxFailure,
+    ToolfleetError,
+    ToolTimeout,
+)
+from toolfleet.isolation import seccomp
+from toolfleet.isolation.bridge import PROXY_URL
+from toolfleet.isolation.egress import EgressGrant, EgressProxy
+from toolfleet.isolation.limits import Isolation, RunLimits
+from toolfleet.isolation.sandbox import (
+    EGRESS_SOCKET,
+    WORKDIR,
+    Bind,
+    HostSupport,
+    SandboxPlan,
+    bwrap_argv,
+    import_paths,
+    probe,
+)
+from toolfleet.isolation.worker import Worker, worker_command
+from toolfleet.sdk.context import ToolContext
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RuntimeConfig:
+    """The runtime's knobs (the executor builds it from ``TOOLFLEET_ISOLATION_*``)."""
+
+    warm_sandboxes: int = 2
+    """Sandboxes started ahead, waiting for a call without file or network grants."""
+    warm_processes: int = 1
+    """Worker processes started ahead for ``process`` tools."""
+    max_workers: int = 64
+    """Workers alive at once (warm ones included); one more call waits for a slot."""
+    uid_base: int = 200_000
+    """When root: the sandbox in slot ``n`` runs as uid ``uid_base + n``."""
+    start_timeout_s: float = 30.0
+    """A worker not ready this long after its start is a ``sandbox_failure``."""
+    workdir_mb: int = 64
+    """Size of a sandbox's tmpfs work dir."""
+    seccomp: bool = True
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Grants:
+    """What the token grants the sandbox (bound into policy's signed grant)."""
+
+    binds: tuple[Bind, ...] = ()
+    egress: EgressGrant | None = None
+
+    @property
+    def empty(self) -> bool:
+        return not self.binds and (self.egress is None or not self.egress.allows_network)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class IsolatedCall:
+    """One call for :meth:`IsolationRuntime.run`."""
+
+    isolation: Isolation
+    tool_id: str
+    target: str = ""
+    """``module:qualname`` of a Python tool."""
+    command: tuple[str, ...] = ()
+    """The executable and its arguments, for a command tool."""
+    parameters: dict[str, Any]
+    limits: RunLimits
+    grants: Grants = field(default_factory=Grants)
+    credentials: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Usage:
+    """What a run used, from the kernel."""
+
+    cpu_millicore_seconds: int = 0
+    memory_peak_mb: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class IsolatedResult:
+    result: dict[str, Any] | None = None
+    error: ErrorInfo | None = None
+    usage: Usage = field(default_factory=Usage)
+
+
+class IsolationRuntime:
+    """Workers and sandboxes for one executor. ``async with IsolationRuntime(...)``."""
+
+    def __init__(
+        self,
+        *,
+        config: RuntimeConfig | None = None,
+        egress: EgressProxy | None = None,
+        support: HostSupport | None = None,
+    ) -> None:
+        self.config = config or RuntimeConfig()
+        self.egress = egress
+        self.support = support or probe()
+        self._free_slots = asyncio.Queue[int]()
+        for slot in range(self.config.max_workers):
+            self._free_slots.put_nowait(slot)
+        self._warm: dict[Isolation, asyncio.Queue[Worker]] = {
+            Isolation.SANDBOX: asyncio.Queue(),
+            Isolation.PROCESS: asyncio.Queue(),
+        }
+        self._refills: set[asyncio.Task[None]] = set()
+        self._socket_dir = tempfile.mkdtemp(prefix="toolfleet-egress-")
+        self._seccomp = (
+            seccomp.compile_filter() if self.config.seccomp and self.support.sandboxes else None
+        )
+        self._imports = import_paths()
+        self._closed = False
+
+    @property
+    def sandboxes(self) -> bool:
+        """Whether sandboxes can run on this host."""
+        return self.support.sandboxes
+
+    async def __aenter__(self) -> IsolationRuntime:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def start(self) -> None:
+        """Fill the warm pools."""
+        for isolation, size in (
+            (Isolation.SANDBOX, self.config.warm_sandboxes if self.sandboxes else 0),
+            (Isolation.PROCESS, self.config.warm_processes),
+        ):
+            for _ in range(size):
+                self._refill(isolation)
+
+    async def aclose(self) -> None:
+        self._closed = True
+        for task in list(self._refills):
+            task.cancel()
+        await asyncio.gather(*self._refills, return_exceptions=True)
+        for queue in self._warm.values():
+            while not queue.empty():
+                worker = queue.get_nowait()
+                await worker.close()
+        with contextlib.suppress(OSError):
+            os.rmdir(self._socket_dir)
+
+    def warm(self, isolation: Isolation) -> int:
+        """Workers waiting in the pool of ``isolation``."""
+        return self._warm[isolation].qsize()
+
+    @property
+    def alive(self) -> int:
+        """Workers alive now (warm ones included), each holding a slot."""
+        return self.config.max_workers - self._free_slots.qsize()
+
+    async def run(self, call: IsolatedCall, ctx: ToolContext) -> IsolatedResult:
+        """Run ``call`` with ``ctx``'s identities, checkpoints, cancel and credentials."""
+        if call.isolation is Isolation.SANDBOX and not self.sandboxes:
+            return _failed(SandboxFailure(f"no sandbox on this host: {self.support.problem}"))
+        async with AsyncExitStack() as stack:
+            egress_host: str | None = None
+            if call.grants.egress is not None and call.grants.egress.allows_network:
+                egress_host = await stack.enter_async_context(self._egress(call))
+            try:
+                worker = await self._worker(call, egress_host)
+            except ToolfleetError as exc:
+                return _failed(exc)
+            stack.callback(self._release_later, worker)
+            return await self._drive(call, ctx, worker, egress_host is not None)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    # --- workers ----------------------------------------------------------------------
+
+    async def _worker(self, call: IsolatedCall, egress_host: str | None) -> Worker:
+        pool = self._warm[call.isolation]
+        if call.grants.empty and not pool.empty():
+            worker = pool.get_nowait()
+            self._refill(call.isolation)
+            if not worker.exited.done():
+                return worker
+            await self._release(worker)
+        return await self._start(call.isolation, call.grants.binds, egress_host)
+
+    async def _start(
+        self, isolation: Isolation, binds: tuple[Bind, ...], egress_host: str | None
+    ) -> Worker:
+        slot = await self._free_slots.get()
+        try:
+            if isolation is Isolation.SANDBOX:
+                uid = self.config.uid_base + slot if self.support.root else None
+                plan = SandboxPlan(
+                    binds=binds,
+                    egress_socket=egress_host,
+                    workdir_mb=self.config.workdir_mb,
+                    import_paths=self._imports,
+                )
+                argv = bwrap_argv(
+                    support=self.support,
+                    plan=plan,
+                    worker=worker_command(uid=uid, workdir=WORKDIR),
+                    seccomp=self._seccomp is not None,
+                )
+                if egress_host is not None and uid is not None:
+                    os.chown(egress_host, uid, uid)  # the sandbox's uid may connect
+                filter_fd = seccomp.filter_fd(self._seccomp) if self._seccomp else None
+                try:
+                    worker = await Worker.spawn(argv, slot=slot, seccomp_fd=filter_fd)
+                finally:
+                    if filter_fd is not None:
+                        os.close(filter_fd)
+            else:
+                worker = await Worker.spawn(worker_command(uid=None, workdir=None), slot=slot)
+        except BaseException:
+            self._free_slots.put_nowait(slot)
+            raise
+        try:
+            await worker.ready(self.config.start_timeout_s)
+        except BaseException:
+            await self._release(worker)
+            raise
+        return worker
+
+    def _refill(self, isolation: Isolation) -> None:
+        if self._closed:
+            return
+
+        async def refill() -> None:
+            try:
+                worker = await self._start(isolation, (), None)
+            except Exception as exc:
+                log.warning("warm worker did not start: %s", exc)
+                return
+            if self._closed:
+                await self._release(worker)
+            else:
+                self._warm[isolation].put_nowait(worker)
+
+        task = asyncio.create_task(refill())
+        self._refills.add(task)
+        task.add_done_callback(self._refills.discard)
+
+    def _release_later(self, worker: Worker) -> None:
+        """Kill, reap and free the slot after the call returned (a worker that answered
+        exits by itself; nobody waits for that)."""
+        task = asyncio.create_task(self._release(worker))
+        self._refills.add(task)
+        task.add_done_callback(self._refills.discard)
+
+    async def _release(self, worker: Worker) -> None:
+        try:
+            await worker.close()
+        finally:
+            self._free_slots.put_nowait(worker.slot)
+
+    @asynccontextmanager
+    async def _egress(self, call: IsolatedCall) -> AsyncIterator[str]:
+        grant = call.grants.egress
+        assert grant is not None
+        if self.egress is None:
+            raise SandboxFailure("network granted but the executor runs no egress proxy")
+        path = os.path.join(self._socket_dir, f"{grant.invocation_id}.sock")
+        async with self.egress.session(grant, unix_path=_path(path)):
+            yield path
+
+    # --- one run ----------------------------------------------------------------------
+
+    async def _drive(
+        self, call: IsolatedCall, ctx: ToolContext, worker: Worker, network: bool
+    ) -> IsolatedResult:
+        limits = call.limits
+        worker.output_limit = limits.max_output_bytes
+        env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
+        if call.isolation is Isolation.SANDBOX:
+            env.update(HOME=WORKDIR, TOOLFLEET_SANDBOX="1")
+        if network:
+            env.update(HTTPS_PROXY=PROXY_URL, HTTP_PROXY=PROXY_URL)
+            env.update(https_proxy=PROXY_URL, http_proxy=PROXY_URL)
+        job = {
+            "kind": "run",
+            "tool_id": call.tool_id,
+            "target": call.target,
+            "command": list(call.command),
+            "parameters": call.parameters,
+            "limits": {
+                "cpu_seconds": limits.cpu_seconds,
+                "memory_mb": limits.memory_mb,
+                "max_processes": limits.max_processes,
+                "max_file_mb": limits.max_file_mb,
+                "max_open_files": limits.max_open_files,
+                "max_output_bytes": limits.max_output_bytes,
+            },
+            "env": env,
+            "sys_path": list(_sys_path()),
+            "egress_socket": EGRESS_SOCKET if network else None,
+            "tenant_id": ctx.tenant_id,
+            "agent_did": ctx.agent_did,
+            "invocation_id": ctx.invocation_id,
+            "tool_version": ctx.tool_version,
+            "attempt": ctx.attempt,
+            "resume_state": ctx.resume_state(),
+            "checkpointing": ctx._checkpoints is not None,
+            "credentials": call.credentials,
+            "connection_id": ctx.connection_id,
+        }
+        outcome: dict[str, Any] | None = None
+        timed_out = False
+        seen = (0.0, 0)
+        try:
+            await worker.send(job)
+            async with asyncio.timeout(limits.timeout_s) as deadline:
+                outcome = await self._serve(worker, ctx)
+        except TimeoutError:
+            timed_out = deadline.expired()
+            if not timed_out:
+                raise
+            seen = worker.snapshot()
+            worker.signal_group(signal.SIGTERM)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(limits.kill_grace_s):
+                    await asyncio.shield(worker.exited)
+        except OSError:
+            outcome = None  # the worker closed its socket: judged by its exit below
+        except asyncio.CancelledError:
+            worker.kill()  # a cancel past its grace, a lost lease, shutdown: at once
+            raise
+        finally:
+            answered = outcome is not None and "usage" in outcome
+            if answered and not worker.output_overflow.is_set():
+                pass  # it answered and exits by itself: reaped after the call returns
+            elif outcome is None and not timed_out:
+                # It closed its socket without an answer: let it finish dying on its own.
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(limits.kill_grace_s):
+                        await asyncio.shield(worker.exited)
+            if not answered and not worker.exited.done():
+                seen = max(seen, worker.snapshot())
+            if not answered:
+                worker.kill()
+        reported = (outcome or {}).get("usage") or {}
+        if answered and outcome is not None and not worker.output_overflow.is_set():
+            usage = _usage(
+                cpu_s=float(reported.get("cpu_s", 0.0)),
+                maxrss_kb=int(reported.get("maxrss_kb", 0)),
+                baseline_cpu_s=worker.ready_cpu_s,
+            )
+            if "result" in outcome:
+                return IsolatedResult(result=outcome["result"], usage=usage)
+            return IsolatedResult(error=ErrorInfo.model_validate(outcome["error"]), usage=usage)
+        exit_ = await worker.close()
+        usage = _usage(
+            cpu_s=max(exit_.cpu_s, seen[0], float(reported.get("cpu_s", 0.0))),
+            maxrss_kb=max(exit_.maxrss_kb, seen[1], int(reported.get("maxrss_kb", 0))),
+            baseline_cpu_s=worker.ready_cpu_s,
+        )
+        if timed_out:
+            error: ToolfleetError = ToolTimeout(
+                f"{call.tool_id} did not finish within {limits.timeout_s:g}s"
+            )
+        elif worker.output_overflow.is_set():
+            error = ResourceExhausted(
+                f"{call.tool_id} wrote more than {limits.max_output_bytes} bytes of output"
+            )
+        elif outcome is not None and "result" in outcome:
+            return IsolatedResult(result=outcome["result"], usage=usage)
+        elif outcome is not None and "error" in outcome:
+            return IsolatedResult(error=ErrorInfo.model_validate(outcome["error"]), usage=usage)
+        elif exit_.signal == signal.SIGXCPU or (
+            exit_.signal == signal.SIGKILL and exit_.cpu_s >= limits.cpu_seconds
+        ):
+            error = ToolTimeout(f"{call.tool_id} used its {limits.cpu_seconds}s of CPU time")
+        else:
+            how = (
+                f"signal {signal.Signals(exit_.signal).name}"
+                if exit_.signal is not None
+                else f"status {exit_.code}"
+            )
+            error = SandboxFailure(f"{call.tool_id}'s worker ended without an answer ({how})")
+        return IsolatedResult(error=error.to_error_info(), usage=usage)
+
+    async def _serve(self, worker: Worker, ctx: ToolContext) -> dict[str, Any] | None:
+        """Answer the worker's calls until it is done; forward a cancel.
+
+        A call whose answer raises something other than a tool error (``StaleLease``,
+        ``Suspended``: the run is discarded or handed over) ends the run with it, as
+        it would in-process.
+        """
+        cancel_sent = False
+        calls: set[asyncio.Task[None]] = set()
+        receive: asyncio.Future[dict[str, Any] | None] | None = None
+        try:
+            while True:
+                if receive is None:
+                    receive = asyncio.ensure_future(worker.receive())
+                if not cancel_sent and ctx.cancelled:
+                    await worker.send({"kind": "cancel"})
+                    cancel_sent = True
+                waiting: set[asyncio.Future[Any]] = {receive, *calls}
+                await asyncio.wait(
+                    waiting,
+                    timeout=None if cancel_sent else 0.05,
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+                for task in [t for t in calls if t.done()]:
+                    calls.discard(task)
+                    task.result()
+                if not receive.done():
+                    continue
+                frame, receive = receive.result(), None
+                if frame is None or frame.get("kind") == "done":
+                    return frame
+                if frame.get("kind") == "call":
+                    calls.add(asyncio.create_task(self._answer(worker, ctx, frame)))
+        finally:
+            if receive is not None and not receive.done():
+                receive.cancel()
+            for task in calls:
+                task.cancel()
+
+    async def _answer(self, worker: Worker, ctx: ToolContext, frame: dict[str, Any]) -> None:
+        args = frame.get("args") or {}
+        reply: dict[str, Any] = {"kind": "reply", "id": frame.get("id")}
+        try:
+            match frame.get("method"):
+                case "checkpoint":
+                    reply["value"] = await ctx.checkpoint(
+                        dict(args.get("state") or {}),
+                        float(args.get("progress_percent", 0.0)),
+                        str(args.get("current_phase", "")),
+                        name=args.get("name"),
+                    )
+                case "credential":
+                    reply["value"] = ctx.credential(str(args.get("name", ""))).reveal()
+                case _:
+                    raise SandboxFailure("unknown call from the worker")
+        except ToolfleetError as exc:
+            reply.pop("value", None)
+            reply["error"] = exc.to_error_info().model_dump(mode="json")
+        await worker.send(reply)
+
+
+def _failed(exc: ToolfleetError) -> IsolatedResult:
+    return IsolatedResult(error=exc.to_error_info())
+
+
+def _usage(*, cpu_s: float, maxrss_kb: int, baseline_cpu_s: float) -> Usage:
+    """CPU since the worker was ready (a warm worker's start is not the call's), peak RSS."""
+    return Usage(
+        cpu_millicore_seconds=max(1, round(max(0.0, cpu_s - baseline_cpu_s) * 1000)),
+        memory_peak_mb=max(1, round(maxrss_kb / 1024)),
+    )
+
+
+def _sys_path() -> list[str]:
+    import sys
+
+    return [p for p in sys.path if p and os.path.isabs(p)]
+
+
+def _path(text: str) -> Any:
+    from pathlib import Path
+
+    return Path(text)

@@ -1,0 +1,242 @@
+"""One worker process as the executor holds it: spawn, RPC socket, output drain, reaping.
+
+Spawned with ``posix_spawn`` in a session (process group) of its own; its RPC socket is
+its fd 3, the seccomp filter its fd 4, stdout and stderr one socket the executor drains
+and counts (never logs: output may hold anything). Reaped with ``wait4`` through a
+pidfd, so the run's CPU time and peak memory come from the kernel's ``rusage`` of the
+worker and every descendant it waited for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from toolfleet.errors import SandboxFailure
+from toolfleet.isolation.protocol import FrameDecoder, ProtocolError, encode
+from toolfleet.isolation.sandbox import RPC_FD, SECCOMP_FD
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Exit:
+    """How a worker ended, from ``wait4``."""
+
+    status: int
+    cpu_s: float
+    """User + system CPU seconds of the worker and its reaped descendants."""
+    maxrss_kb: int
+
+    @property
+    def signal(self) -> int | None:
+        """The signal that ended the tool (bwrap reports it as status 128 + signal)."""
+        if os.WIFSIGNALED(self.status):
+            return os.WTERMSIG(self.status)
+        code = os.WEXITSTATUS(self.status)
+        return code - 128 if 128 < code < 160 else None
+
+    @property
+    def code(self) -> int | None:
+        return os.WEXITSTATUS(self.status) if os.WIFEXITED(self.status) else None
+
+
+def worker_command(*, uid: int | None, workdir: str | None) -> list[str]:
+    argv = [sys.executable, "-I", "-m", "toolfleet.isolation.child", "--fd", str(RPC_FD)]
+    if uid is not None:
+        argv += ["--uid", str(uid)]
+    if workdir is not None:
+        argv += ["--workdir", workdir]
+    return argv
+
+
+class Worker:
+    """A started worker. :meth:`spawn` it, :meth:`ready`, :meth:`send`, :meth:`receive`."""
+
+    def __init__(self, *, pid: int, rpc: socket.socket, output: socket.socket, slot: int) -> None:
+        self.pid = pid
+        self.slot = slot
+        self.ready_cpu_s = 0.0
+        self._rpc = rpc
+        self._output = output
+        self._decoder = FrameDecoder()
+        self._frames: list[dict[str, Any]] = []
+        self.output_bytes = 0
+        self.output_limit: int | None = None
+        self.output_overflow = asyncio.Event()
+        self._pidfd = os.pidfd_open(pid)
+        loop = asyncio.get_running_loop()
+        self._exited: asyncio.Future[Exit] = loop.create_future()
+        loop.add_reader(self._pidfd, self._on_exit)
+        self._drain = asyncio.create_task(self._drain_output())
+
+    @classmethod
+    async def spawn(
+        cls, argv: Sequence[str], *, slot: int, seccomp_fd: int | None = None
+    ) -> Worker:
+        parent_rpc, child_rpc = socket.socketpair()
+        parent_out, child_out = socket.socketpair()
+        actions: list[tuple[Any, ...]] = [
+            (os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
+            (os.POSIX_SPAWN_DUP2, child_out.fileno(), 1),
+            (os.POSIX_SPAWN_DUP2, child_out.fileno(), 2),
+            (os.POSIX_SPAWN_DUP2, child_rpc.fileno(), RPC_FD),
+        ]
+        if seccomp_fd is not None:
+            actions.append((os.POSIX_SPAWN_DUP2, seccomp_fd, SECCOMP_FD))
+        env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
+        try:
+            # posix_spawn returns as soon as the child exists (vfork): no await needed.
+            pid = os.posix_spawn(  # noqa: ASYNC221
+                argv[0], list(argv), env, file_actions=actions, setsid=True
+            )
+        except OSError as exc:
+            parent_rpc.close()
+            parent_out.close()
+            raise SandboxFailure(f"the worker could not start ({exc.strerror})") from None
+        finally:
+            child_rpc.close()
+            child_out.close()
+        parent_rpc.setblocking(False)
+        parent_out.setblocking(False)
+        return cls(pid=pid, rpc=parent_rpc, output=parent_out, slot=slot)
+
+    async def ready(self, timeout_s: float) -> None:
+        """Wait for the worker's ``ready`` frame."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                frame = await self.receive()
+        except TimeoutError:
+            raise SandboxFailure(f"the worker was not ready within {timeout_s:g}s") from None
+        if frame is None or frame.get("kind") != "ready":
+            raise SandboxFailure("the worker ended before it was ready")
+        self.ready_cpu_s = float(frame.get("cpu_s", 0.0))
+
+    async def send(self, message: dict[str, Any]) -> None:
+        await asyncio.get_running_loop().sock_sendall(self._rpc, encode(message))
+
+    async def receive(self) -> dict[str, Any] | None:
+        """The next frame, or None once the worker closed its socket (ended)."""
+        loop = asyncio.get_running_loop()
+        while not self._frames:
+            try:
+                data = await loop.sock_recv(self._rpc, 1 << 20)
+            except OSError:
+                data = b""
+            if not data:
+                return None
+            self._frames.extend(self._decoder.feed(data))
+        return self._frames.pop(0)
+
+    async def _drain_output(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                data = await loop.sock_recv(self._output, 1 << 20)
+            except OSError:
+                return
+            if not data:
+                return
+            self.output_bytes += len(data)
+            if self.output_limit is not None and self.output_bytes > self.output_limit:
+                self.output_overflow.set()
+                self.kill()
+                return
+
+    def _on_exit(self) -> None:
+        try:
+            pid, status, usage = os.wait4(self.pid, os.WNOHANG)
+        except ChildProcessError:  # reaped elsewhere: its figures are gone, not its end
+            pid, status, usage = self.pid, 0, None
+        if pid == 0:
+            return
+        if not self._exited.done():
+            self._exited.set_result(
+                Exit(
+                    status=status,
+                    cpu_s=usage.ru_utime + usage.ru_stime if usage else 0.0,
+                    maxrss_kb=int(usage.ru_maxrss) if usage else 0,
+                )
+            )
+        asyncio.get_running_loop().remove_reader(self._pidfd)
+
+    @property
+    def exited(self) -> asyncio.Future[Exit]:
+        return self._exited
+
+    def snapshot(self) -> tuple[float, int]:
+        """CPU seconds and peak memory (kB) of the worker's live descendants, from /proc.
+
+        Taken before a kill: a PID namespace's init does not pass its children's
+        ``rusage`` on, so a sandbox killed mid-run is measured here."""
+        cpu, peak = 0.0, 0
+        ticks = os.sysconf("SC_CLK_TCK")
+        for pid in _descendants(self.pid):
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                with open(f"/proc/{pid}/stat") as handle:
+                    fields = handle.read().rsplit(")", 1)[1].split()
+                cpu += sum(int(f) for f in fields[11:15]) / ticks
+                with open(f"/proc/{pid}/status") as handle:
+                    for line in handle:
+                        if line.startswith("VmHWM:"):
+                            peak = max(peak, int(line.split()[1]))
+        return cpu, peak
+
+    def signal_group(self, sig: int) -> None:
+        """Signal the worker's whole process group (its session)."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, sig)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        if not self._exited.done():
+            self.signal_group(signal.SIGKILL)
+
+    async def close(self) -> Exit:
+        """Kill (if still running), reap and release everything; the worker's exit.
+
+        Idempotent: a second call returns the same exit and closes nothing again (a
+        closed fd number may already belong to someone else)."""
+        self.kill()
+        exit_ = await asyncio.shield(self._exited)
+        if self._pidfd < 0:
+            return exit_
+        self._drain.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._drain
+        # An fd closed while the selector still watches it leaves a stale key behind: the
+        # next socket given that number would never be read. Unregister first, always.
+        loop = asyncio.get_running_loop()
+        for fd in (self._rpc.fileno(), self._output.fileno(), self._pidfd):
+            if fd >= 0:
+                loop.remove_reader(fd)
+                loop.remove_writer(fd)
+        self._rpc.close()
+        self._output.close()
+        pidfd, self._pidfd = self._pidfd, -1
+        with contextlib.suppress(OSError):
+            os.close(pidfd)
+        return exit_
+
+
+def _descendants(root: int) -> list[int]:
+    found: list[int] = []
+    queue = [root]
+    while queue:
+        pid = queue.pop()
+        with contextlib.suppress(OSError):
+            for task in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{task}/children") as handle:
+                    children = [int(c) for c in handle.read().split()]
+                found.extend(children)
+                queue.extend(children)
+    return found
+
+
+__all__ = ["Exit", "ProtocolError", "Worker", "worker_command"]

@@ -1,0 +1,436 @@
+"""The isolation runtime on this host: real bubblewrap sandboxes, real kernel limits.
+
+Every hostile tool ends with its typed outcome, and the runtime goes on serving: each
+test runs a plain echo afterwards through the same runtime.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support import hostile_tools
+from tests.support.eventually import eventually
+from toolfleet.errors import ErrorCode, PermissionDenied, SandboxFailure
+from toolfleet.isolation.builtin import RunPythonInput, run_python
+from toolfleet.isolation.egress import EgressDecision, EgressGrant, EgressProxy, InMemoryEgressAudit
+from toolfleet.isolation.limits import Isolation, RunLimits
+from toolfleet.isolation.runtime import (
+    Grants,
+    IsolatedCall,
+    IsolatedResult,
+    IsolationRuntime,
+    RuntimeConfig,
+)
+from toolfleet.isolation.sandbox import parse_filesystem_permissions
+from toolfleet.sdk.context import CheckpointInput, ToolContext
+from toolfleet.sdk.tool import spec_of
+from toolfleet.secrets.store import Secret
+
+pytestmark = pytest.mark.integration
+
+AUDIT = InMemoryEgressAudit()
+
+
+def limits(**overrides: Any) -> RunLimits:
+    values: dict[str, Any] = {
+        "timeout_s": 5.0,
+        "kill_grace_s": 0.5,
+        "cpu_seconds": 5,
+        "memory_mb": 512,
+        "max_processes": 32,
+        "max_file_mb": 16,
+        "max_open_files": 128,
+        "max_output_bytes": 1024 * 1024,
+    }
+    values.update(overrides)
+    return RunLimits(**values)
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.saved: list[CheckpointInput] = []
+
+    async def save(self, checkpoint: CheckpointInput) -> str:
+        self.saved.append(checkpoint)
+        return f"cp-{len(self.saved)}"
+
+
+class Credentials:
+    def get(self, name: str) -> Secret:
+        if name != "api_key":
+            raise PermissionDenied(f"{name} not declared")
+        return Secret("s3cr3t-value")
+
+
+@pytest.fixture(scope="module")
+async def runtime() -> AsyncIterator[IsolationRuntime]:
+    async with (
+        EgressProxy(audit=AUDIT) as proxy,
+        IsolationRuntime(
+            config=RuntimeConfig(warm_sandboxes=1, warm_processes=1), egress=proxy
+        ) as runtime,
+    ):
+        assert runtime.sandboxes, runtime.support.problem
+        yield runtime
+
+
+async def run(
+    runtime: IsolationRuntime,
+    fn: Any,
+    parameters: dict[str, Any] | None = None,
+    *,
+    grants: Grants | None = None,
+    ctx: ToolContext | None = None,
+    isolation: Isolation | None = None,
+    **limit_overrides: Any,
+) -> IsolatedResult:
+    spec = spec_of(fn)
+    ctx = ctx or ToolContext(
+        tenant_id="tenant_a",
+        agent_did="did:agent:a",
+        invocation_id="inv-1",
+        tool_id=spec.tool_id,
+        tool_version=spec.version,
+    )
+    return await runtime.run(
+        IsolatedCall(
+            isolation=isolation or spec.isolation,
+            tool_id=spec.tool_id,
+            target=spec.target,
+            command=spec.command,
+            parameters=parameters or {},
+            limits=limits(**limit_overrides),
+            grants=grants or Grants(),
+            credentials=bool(spec.credentials),
+        ),
+        ctx,
+    )
+
+
+async def still_serving(runtime: IsolationRuntime) -> None:
+    outcome = await run(runtime, hostile_tools.echo, {"text": "still here"})
+    assert outcome.result == {"text": "still here"}
+
+
+def code(outcome: IsolatedResult) -> str | None:
+    return None if outcome.error is None else str(outcome.error.code)
+
+
+async def test_echo_runs_sandboxed_as_its_own_uid_in_its_own_pid_namespace(
+    runtime: IsolationRuntime,
+) -> None:
+    outcome = await run(runtime, hostile_tools.whoami)
+    assert outcome.result is not None
+    uid, pid, cwd = outcome.result["text"].split()
+    assert int(uid) != 0
+    assert int(pid) < 10
+    assert cwd == "/home/tool"
+    assert outcome.usage.cpu_millicore_seconds > 0
+    assert outcome.usage.memory_peak_mb > 5
+
+
+async def test_busy_loop_past_its_timeout_is_a_timeout(runtime: IsolationRuntime) -> None:
+    outcome = await run(runtime, hostile_tools.busy_loop, timeout_s=1.5, cpu_seconds=30)
+    assert code(outcome) == ErrorCode.TIMEOUT
+    assert outcome.usage.cpu_millicore_seconds >= 100  # it did spin
+    await still_serving(runtime)
+
+
+async def test_cpu_time_limit_stops_a_busy_loop(runtime: IsolationRuntime) -> None:
+    outcome = await run(runtime, hostile_tools.busy_loop, timeout_s=30, cpu_seconds=1)
+    assert code(outcome) == ErrorCode.TIMEOUT
+    assert outcome.error is not None
+    assert "CPU" in outcome.error.message
+
+
+async def test_blocking_sleep_in_sync_code_is_a_timeout(runtime: IsolationRuntime) -> None:
+    other = asyncio.create_task(run(runtime, hostile_tools.echo, {"text": "meanwhile"}))
+    outcome = await run(runtime, hostile_tools.blocking_sleep, timeout_s=1.0)
+    assert code(outcome) == ErrorCode.TIMEOUT
+    assert (await other).result == {"text": "meanwhile"}  # undisturbed
+
+
+async def test_memory_hog_is_resource_exhausted(runtime: IsolationRuntime) -> None:
+    outcome = await run(runtime, hostile_tools.memory_hog, memory_mb=256)
+    assert code(outcome) == ErrorCode.RESOURCE_EXHAUSTED
+    assert 100 <= outcome.usage.memory_peak_mb <= 300
+    await still_serving(runtime)
+
+
+async def test_fork_bomb_stops_at_the_process_limit(runtime: IsolationRuntime) -> None:
+    outcome = await run(runtime, hostile_tools.fork_bomb, max_processes=16)
+    assert outcome.result is not None
+    children, refused = outcome.result["text"].split()
+    assert int(children) < 16
+    assert refused == "BlockingIOError"
+    await still_serving(runtime)
+
+
+async def test_writing_outside_the_work_dir_is_refused(
+    runtime: IsolationRuntime, tmp_path: Path
+) -> None:
+    for path in ("/usr/pwned", "/etc/pwned", str(tmp_path / "pwned")):
+        outcome = await run(runtime, hostile_tools.write_file, {"path": path})
+        assert code(outcome) == ErrorCode.TOOL_EXECUTION_ERROR
+    assert not (tmp_path / "pwned").exists()
+    inside = await run(runtime, hostile_tools.write_file, {"path": "/home/tool/ok"})
+    assert inside.result == {"text": "written"}
+
+
+async def test_host_secrets_are_out_of_sight(runtime: IsolationRuntime) -> None:
+    os.environ["TOOLFLEET_TEST_EXECUTOR_SECRET"] = "executor-only"
+    try:
+        env = await run(runtime, hostile_tools.environment)
+    finally:
+        del os.environ["TOOLFLEET_TEST_EXECUTOR_SECRET"]
+    assert env.result is not None
+    assert "executor-only" not in env.result["text"]
+    for path in ("/proc/1/environ", f"/proc/{os.getpid()}/environ", "/root/.bashrc"):
+        outcome = await run(runtime, hostile_tools.read_file, {"path": path})
+        assert code(outcome) == ErrorCode.TOOL_EXECUTION_ERROR, path
+
+
+async def test_only_granted_paths_are_bound(runtime: IsolationRuntime, tmp_path: Path) -> None:
+    mine, theirs = tmp_path / "tenant_a", tmp_path / "tenant_b"
+    for root in (mine, theirs):
+        root.mkdir()
+        (root / "data.txt").write_text(f"data of {root.name}")
+        root.chmod(0o755)
+        (root / "data.txt").chmod(0o644)
+    tmp_path.chmod(0o755)  # noqa: ASYNC240 (test setup)
+    grants = Grants(binds=parse_filesystem_permissions([str(mine)]))
+    own = await run(
+        runtime, hostile_tools.read_file, {"path": str(mine / "data.txt")}, grants=grants
+    )
+    assert own.result == {"text": "data of tenant_a"}
+    other = await run(
+        runtime, hostile_tools.read_file, {"path": str(theirs / "data.txt")}, grants=grants
+    )
+    assert code(other) == ErrorCode.TOOL_EXECUTION_ERROR
+    read_only = await run(
+        runtime, hostile_tools.write_file, {"path": str(mine / "data.txt")}, grants=grants
+    )
+    assert code(read_only) == ErrorCode.TOOL_EXECUTION_ERROR
+    writable = Grants(binds=parse_filesystem_permissions([f"rw:{mine}"]))
+    mine.chmod(0o777)
+    (mine / "data.txt").chmod(0o666)
+    wrote = await run(
+        runtime, hostile_tools.write_file, {"path": str(mine / "data.txt")}, grants=writable
+    )
+    assert wrote.result == {"text": "written"}
+    assert (mine / "data.txt").read_text() == "pwned"
+
+
+async def test_no_network_without_a_grant(runtime: IsolationRuntime) -> None:
+    outcome = await run(runtime, hostile_tools.connect, {"host": "127.0.0.1", "port": 5432})
+    assert code(outcome) == ErrorCode.TOOL_EXECUTION_ERROR
+
+
+async def test_granted_host_is_reached_through_the_proxy_and_others_refused(
+    runtime: IsolationRuntime,
+) -> None:
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    grant = EgressGrant.from_permissions(
+        invocation_id="inv-net", tenant_id="tenant_a", network_permissions=[f"127.0.0.1:{port}"]
+    )
+    async with server:
+        reached = await run(
+            runtime,
+            hostile_tools.connect,
+            {"host": "127.0.0.1", "port": port, "use_proxy": True},
+            grants=Grants(egress=grant),
+        )
+        refused = await run(
+            runtime,
+            hostile_tools.connect,
+            {"host": "127.0.0.1", "port": port + 1, "use_proxy": True},
+            grants=Grants(egress=grant),
+        )
+        direct = await run(
+            runtime,
+            hostile_tools.connect,
+            {"host": "127.0.0.1", "port": port},
+            grants=Grants(egress=grant),
+        )
+    assert reached.result == {"text": "200 hello"}
+    assert refused.result == {"text": "403 refused"}
+    assert code(direct) == ErrorCode.TOOL_EXECUTION_ERROR  # only through the proxy
+    decisions = {(r.port, r.decision) for r in AUDIT.records if r.invocation_id == "inv-net"}
+    assert (port, EgressDecision.ALLOWED) in decisions
+    assert (port + 1, EgressDecision.REFUSED) in decisions
+
+
+async def test_segfault_is_a_sandbox_failure(runtime: IsolationRuntime) -> None:
+    outcome = await run(runtime, hostile_tools.segfault)
+    assert code(outcome) == ErrorCode.SANDBOX_FAILURE
+    assert outcome.error is not None
+    assert "SIGSEGV" in outcome.error.message
+    await still_serving(runtime)
+
+
+async def test_a_gigabyte_on_stdout_is_cut_off(runtime: IsolationRuntime) -> None:
+    outcome = await run(runtime, hostile_tools.flood_stdout, timeout_s=30)
+    assert code(outcome) == ErrorCode.RESOURCE_EXHAUSTED
+    await still_serving(runtime)
+
+
+async def test_seccomp_denies_ptrace(runtime: IsolationRuntime) -> None:
+    outcome = await run(runtime, hostile_tools.ptrace)
+    assert outcome.result == {"text": "-1 1"}  # EPERM
+
+
+async def test_checkpoints_cancel_and_credentials_cross_the_boundary(
+    runtime: IsolationRuntime,
+) -> None:
+    sink = Sink()
+    ctx = ToolContext(
+        tenant_id="tenant_a",
+        agent_did="did:agent:a",
+        invocation_id="inv-cp",
+        tool_id="hostile__steps",
+        tool_version="1.0.0",
+        resume_state={"step": 1},
+        checkpoints=sink,
+    )
+    done = await run(runtime, hostile_tools.steps, {"steps": 3}, ctx=ctx)
+    assert done.result == {"steps_completed": 3, "resumed_from_step": 1, "secret_length": 0}
+    assert [c.state for c in sink.saved] == [{"step": 2}, {"step": 3}]
+
+    cancel = asyncio.Event()
+    ctx = ToolContext(
+        tenant_id="tenant_a",
+        agent_did="did:agent:a",
+        invocation_id="inv-cancel",
+        tool_id="hostile__steps",
+        tool_version="1.0.0",
+        checkpoints=Sink(),
+        cancel_event=cancel,
+    )
+    running = asyncio.create_task(
+        run(runtime, hostile_tools.steps, {"steps": 1000, "step_seconds": 0.05}, ctx=ctx)
+    )
+    await asyncio.sleep(0.5)
+    cancel.set()
+    assert code(await running) == ErrorCode.CANCELLED
+
+    ctx = ToolContext(
+        tenant_id="tenant_a",
+        agent_did="did:agent:a",
+        invocation_id="inv-cred",
+        tool_id="hostile__credential",
+        tool_version="1.0.0",
+        credentials=Credentials(),
+    )
+    read = await run(runtime, hostile_tools.credential, ctx=ctx)
+    assert read.result is not None
+    assert read.result["secret_length"] == len("s3cr3t-value")
+
+
+async def test_process_isolation_keeps_a_blocking_tool_off_the_event_loop(
+    runtime: IsolationRuntime,
+) -> None:
+    ticks = 0
+
+    async def tick() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.05)
+            ticks += 1
+
+    ticker = asyncio.create_task(tick())
+    outcome = await run(
+        runtime, hostile_tools.blocking_sleep, isolation=Isolation.PROCESS, timeout_s=1.0
+    )
+    ticker.cancel()
+    assert code(outcome) == ErrorCode.TIMEOUT
+    assert ticks >= 10  # the loop kept turning while the tool blocked
+
+
+async def test_run_python_runs_code_in_its_work_dir_without_network(
+    runtime: IsolationRuntime,
+) -> None:
+    code_ = "import os; print(os.getcwd()); open('f', 'w').write('x'); print(os.listdir('.'))"
+    ran = await run(runtime, run_python, {"code": code_})
+    assert ran.result == {"stdout": "/home/tool\n['f']\n", "stderr": "", "exit_code": 0}
+    net = "import socket; socket.create_connection(('127.0.0.1', 5432), timeout=2)"
+    refused = await run(runtime, run_python, {"code": net})
+    assert refused.result is not None
+    assert refused.result["exit_code"] == 1
+    assert "ConnectionRefusedError" in refused.result["stderr"]
+    slow = await run(runtime, run_python, {"code": "while True: pass", "timeout_s": 1})
+    assert code(slow) == ErrorCode.TIMEOUT
+    loud = await run(runtime, run_python, {"code": "print('x' * 3_000_000)"})
+    assert loud.result is not None
+    assert loud.result["stdout"].endswith("[output truncated]")
+
+
+async def test_run_python_refuses_to_run_outside_a_sandbox() -> None:
+    ctx = ToolContext(
+        tenant_id="t",
+        agent_did="a",
+        invocation_id="i",
+        tool_id="core__run_python",
+        tool_version="1",
+    )
+    with pytest.raises(SandboxFailure, match="only inside a sandbox"):
+        await run_python(RunPythonInput(code="print(1)"), ctx)
+
+
+async def test_command_tool_reads_stdin_prints_json_and_checkpoints_on_a_side_channel(
+    runtime: IsolationRuntime,
+) -> None:
+    sink = Sink()
+    ctx = ToolContext(
+        tenant_id="tenant_a",
+        agent_did="did:agent:a",
+        invocation_id="inv-cmd",
+        tool_id="hostile__words",
+        tool_version="1.0.0",
+        checkpoints=sink,
+    )
+    counted = await run(runtime, hostile_tools.words, {"text": "three small words"}, ctx=ctx)
+    assert counted.result == {"words": 3}
+    assert [c.state for c in sink.saved] == [{"seen": 17}]
+    failed = await run(runtime, hostile_tools.words, {"text": "fail"})
+    assert code(failed) == ErrorCode.TOOL_EXECUTION_ERROR
+    assert failed.error is not None
+    assert "status 3" in failed.error.message
+
+
+async def test_a_cancelled_run_kills_its_sandbox_at_once(runtime: IsolationRuntime) -> None:
+    def pooled() -> int:
+        return runtime.warm(Isolation.SANDBOX) + runtime.warm(Isolation.PROCESS)
+
+    async def idle() -> bool:
+        return runtime.alive == pooled() == 2  # only the warm ones
+
+    async def running_one() -> bool:
+        return runtime.alive > pooled()
+
+    await eventually(idle, timeout=30)
+    ctx = ToolContext(
+        tenant_id="tenant_a",
+        agent_did="did:agent:a",
+        invocation_id="inv-lost-lease",
+        tool_id="hostile__blocking_sleep",
+        tool_version="1.0.0",
+    )
+    running = asyncio.create_task(run(runtime, hostile_tools.blocking_sleep, ctx=ctx, timeout_s=60))
+    await eventually(running_one, timeout=10)
+    running.cancel()  # what a lost lease or the executor's forced cancel does
+    with pytest.raises(asyncio.CancelledError):
+        await running
+    await eventually(idle, timeout=5)  # killed and reaped, far before its 60 s

@@ -174,7 +174,7 @@ async def test_catalog_shows_only_allowed_tools(http: httpx.AsyncClient, auth: A
 
     policy = {
         "allow_tools": ["core__*"],
-        "deny_tools": ["core__long_running"],
+        "deny_tools": ["core__long_running", "core__run_python"],
         "agents": {"did:agent:intern": {"allow_tools": ["core__echo"]}},
     }
     assert (await http.put(f"/v1/policies/{t}", json=policy, headers=admin)).status_code == 200

@@ -37,6 +37,7 @@ from toolfleet.events.envelope import Envelope, new_event
 from toolfleet.events.models import Effect, SourceToolAdded
 from toolfleet.events.types import EventType, Source, TopicName
 from toolfleet.isolation.egress import Resolver, SystemResolver
+from toolfleet.isolation.limits import Isolation
 from toolfleet.registry.schemas import CompiledSchemas
 from toolfleet.sdk.context import ToolContext
 from toolfleet.sdk.tool import ToolSpec
@@ -146,6 +147,10 @@ class SourceToolProvider:
             input_schema=tool.input_schema,
             output_schema=tool.output_schema,
             circuit=f"source:{source.name}",
+            # The call itself is I/O from the executor's supervised session pool (or an HTTP
+            # request pinned to a granted address); what runs foreign code is the source's
+            # server process, and that is where isolation applies.
+            isolation=Isolation.NONE,
         )
 
     async def close(self) -> None:

@@ -192,17 +192,7 @@ class ToolRunner:
                     details={"errors": errors},
                 )
         if refusal is not None or resolved is None:
-            envelope = self._refused(cid, turn, index, call, started, refusal, resolved)
-            self._emit(
-                AgentEvent(
-                    kind=EventKind.TOOL_CALL_RESULT,
-                    call_id=cid,
-                    tool=call.tool,
-                    turn=turn,
-                    envelope=envelope,
-                )
-            )
-            return envelope
+            return self._reported(self._refused(cid, turn, index, call, started, refusal, resolved))
         return await self._submit(cid, turn, index, call, resolved, started)
 
     def _refusal(self, call: ToolCall, over_limit: bool) -> ToolfleetError | None:
@@ -276,6 +266,19 @@ class ToolRunner:
             ended_at=self.clock(),
         )
 
+    def _reported(self, envelope: ToolEnvelope) -> ToolEnvelope:
+        """``envelope`` (of a call that never ran), reported as the call's result."""
+        self._emit(
+            AgentEvent(
+                kind=EventKind.TOOL_CALL_RESULT,
+                call_id=envelope.call_id,
+                tool=envelope.tool,
+                turn=envelope.turn,
+                envelope=envelope,
+            )
+        )
+        return envelope
+
     async def _submit(
         self,
         cid: str,
@@ -300,17 +303,7 @@ class ToolRunner:
         except ToolfleetError as exc:
             # The fleet refused or could not take the call: the model reads why (a
             # retryable error may succeed when the run, or the same call, is tried again).
-            envelope = self._refused(cid, turn, index, call, started, exc, arguments)
-            self._emit(
-                AgentEvent(
-                    kind=EventKind.TOOL_CALL_RESULT,
-                    call_id=cid,
-                    tool=call.tool,
-                    turn=turn,
-                    envelope=envelope,
-                )
-            )
-            return envelope
+            return self._reported(self._refused(cid, turn, index, call, started, exc, arguments))
         base = {"call_id": cid, "tool": call.tool, "turn": turn}
         self._emit(
             AgentEvent(

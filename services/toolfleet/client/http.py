@@ -27,9 +27,9 @@ import httpx
 
 from toolfleet.api.models import CancelResult, DecisionResult, InvocationView, InvokeAccepted
 from toolfleet.client.handles import InvocationHandle
-from toolfleet.client.requests import invoke_request
+from toolfleet.client.requests import RequestPublisher, invoke_request
 from toolfleet.errors import ToolfleetError
-from toolfleet.events.models import DocumentContext, InvokeRequested, Priority
+from toolfleet.events.models import InvokeRequested
 
 __all__ = ["ApiError", "ApiUnavailable", "ToolfleetHttpClient"]
 
@@ -56,7 +56,7 @@ class ApiUnavailable(ApiError):
     retryable: ClassVar[bool] = True
 
 
-class ToolfleetHttpClient:
+class ToolfleetHttpClient(RequestPublisher):
     """Async client of the HTTP API: ``async with ToolfleetHttpClient(url, token=...)``.
 
     Args:
@@ -104,47 +104,6 @@ class ToolfleetHttpClient:
         await self._http.aclose()
 
     # --- publishing -----------------------------------------------------------------
-
-    async def invoke(
-        self,
-        tool_id: str,
-        parameters: dict[str, Any] | None = None,
-        *,
-        tenant_id: str,
-        agent_did: str,
-        tool_version: str = "*",
-        capability_token: str | None = None,
-        invocation_id: str | None = None,
-        user_did: str | None = None,
-        session_id: str = "",
-        connection_id: str | None = None,
-        timeout_seconds: float | None = None,
-        idempotency_key: str | None = None,
-        require_approval: bool = False,
-        priority: Priority = Priority.NORMAL,
-        enable_checkpointing: bool = True,
-        document_context: DocumentContext | None = None,
-    ) -> InvocationHandle:
-        """Submit an invocation; returns once the API has put it on the bus (202)."""
-        request = invoke_request(
-            tool_id,
-            parameters,
-            tenant_id=tenant_id,
-            agent_did=agent_did,
-            tool_version=tool_version,
-            capability_token=capability_token,
-            invocation_id=invocation_id,
-            user_did=user_did,
-            session_id=session_id,
-            connection_id=connection_id,
-            timeout_seconds=timeout_seconds,
-            idempotency_key=idempotency_key,
-            require_approval=require_approval,
-            priority=priority,
-            enable_checkpointing=enable_checkpointing,
-            document_context=document_context,
-        )
-        return await self.publish(request)
 
     async def publish(
         self, request: InvokeRequested, *, traceparent: str | None = None

@@ -26,7 +26,7 @@ from toolfleet.bus.connection import connection_kwargs
 from toolfleet.bus.fetch_wait import TrafficAnnouncer, TrafficSignal, traffic_signal
 from toolfleet.bus.producer import EventProducer, Outbound
 from toolfleet.client.handles import InvocationHandle, Progress, ProgressCallback
-from toolfleet.client.requests import invoke_request
+from toolfleet.client.requests import RequestPublisher
 from toolfleet.errors import InvalidEvent
 from toolfleet.events.codec import decode
 from toolfleet.events.envelope import Envelope, new_event
@@ -34,9 +34,7 @@ from toolfleet.events.identity import valid_traceparent
 from toolfleet.events.models import (
     ApprovalDecision,
     CancelRequested,
-    DocumentContext,
     InvokeRequested,
-    Priority,
     ToolOutcome,
 )
 from toolfleet.events.types import TERMINAL_TYPES, EventType, Source, TopicName, topic
@@ -45,7 +43,7 @@ from toolfleet.settings import FleetSettings
 from toolfleet.storage.redis import connect_redis
 
 
-class ToolfleetClient:
+class ToolfleetClient(RequestPublisher):
     """Async producer client. Use as ``async with ToolfleetClient(settings) as client``."""
 
     def __init__(
@@ -120,47 +118,6 @@ class ToolfleetClient:
             await self._own_redis.aclose()
 
     # --- publishing -----------------------------------------------------------------
-
-    async def invoke(
-        self,
-        tool_id: str,
-        parameters: dict[str, Any] | None = None,
-        *,
-        tenant_id: str,
-        agent_did: str,
-        tool_version: str = "*",
-        capability_token: str | None = None,
-        invocation_id: str | None = None,
-        user_did: str | None = None,
-        session_id: str = "",
-        connection_id: str | None = None,
-        timeout_seconds: float | None = None,
-        idempotency_key: str | None = None,
-        require_approval: bool = False,
-        priority: Priority = Priority.NORMAL,
-        enable_checkpointing: bool = True,
-        document_context: DocumentContext | None = None,
-    ) -> InvocationHandle:
-        """Publish an ``invoke.requested`` event; returns at the broker's ack."""
-        request = invoke_request(
-            tool_id,
-            parameters,
-            tenant_id=tenant_id,
-            agent_did=agent_did,
-            tool_version=tool_version,
-            capability_token=capability_token,
-            invocation_id=invocation_id,
-            user_did=user_did,
-            session_id=session_id,
-            connection_id=connection_id,
-            timeout_seconds=timeout_seconds,
-            idempotency_key=idempotency_key,
-            require_approval=require_approval,
-            priority=priority,
-            enable_checkpointing=enable_checkpointing,
-            document_context=document_context,
-        )
-        return await self.publish(request)
 
     async def publish(
         self, request: InvokeRequested, *, traceparent: str | None = None

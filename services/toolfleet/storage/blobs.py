@@ -105,7 +105,7 @@ class PostgresBlobStore:
         ``blob_id`` makes the write idempotent: writing the same id again keeps the first
         copy (a redelivered event derives the same id and finds its blob stored).
         """
-        key = uuid.UUID(blob_id) if blob_id is not None else uuid.uuid4()
+        key = _new_key(blob_id)
         expires = timedelta(seconds=ttl_s) if ttl_s else None
         size = len(data)
         data = _seal(self._cipher, data, purpose, tenant_id, invocation_id, str(key))
@@ -138,11 +138,10 @@ class PostgresBlobStore:
     ) -> StoredBlob | None:
         """The blob, if it exists with this ``purpose``, has not expired, and belongs to
         ``tenant_id`` (None: any tenant, for admins) and, when given, ``invocation_id``."""
-        try:
-            key = uuid.UUID(blob_id)
-            invocation = uuid.UUID(invocation_id) if invocation_id is not None else None
-        except ValueError:
+        ids = _read_ids(blob_id, invocation_id)
+        if ids is None:
             return None
+        key, invocation = ids
         async with self._pool.acquire() as conn:
             row = await conn.fetchrow(
                 """SELECT tenant_id, invocation_id, content_type, data FROM result_blobs
@@ -223,7 +222,7 @@ class InMemoryBlobStore:
     ) -> str:
         if self.outage is not None:
             raise self.outage
-        key = str(uuid.UUID(blob_id) if blob_id is not None else uuid.uuid4())
+        key = str(_new_key(blob_id))
         if key not in self._rows:
             invocation = str(uuid.UUID(invocation_id))
             stored = _seal(self._cipher, bytes(data), purpose, tenant_id, invocation, key)
@@ -246,11 +245,10 @@ class InMemoryBlobStore:
     ) -> StoredBlob | None:
         if self.outage is not None:
             raise self.outage
-        try:
-            key = str(uuid.UUID(blob_id))
-            invocation = str(uuid.UUID(invocation_id)) if invocation_id is not None else None
-        except ValueError:
+        ids = _read_ids(blob_id, invocation_id)
+        if ids is None:
             return None
+        key, invocation = str(ids[0]), None if ids[1] is None else str(ids[1])
         row = self._rows.get(key)
         if (
             row is None
@@ -268,6 +266,19 @@ class InMemoryBlobStore:
     def raw(self, blob_id: str) -> bytes:
         """The bytes as stored (sealed or not), as someone reading the table would see them."""
         return self._rows[str(uuid.UUID(blob_id))].blob.data
+
+
+def _new_key(blob_id: str | None) -> uuid.UUID:
+    """The id a write stores under: the caller's (idempotent writes) or a fresh one."""
+    return uuid.UUID(blob_id) if blob_id is not None else uuid.uuid4()
+
+
+def _read_ids(blob_id: str, invocation_id: str | None) -> tuple[uuid.UUID, uuid.UUID | None] | None:
+    """A read's ids parsed; ``None`` when one is not a UUID (no such blob)."""
+    try:
+        return uuid.UUID(blob_id), uuid.UUID(invocation_id) if invocation_id is not None else None
+    except ValueError:
+        return None
 
 
 def _aad(tenant_id: str, invocation_id: str, blob_id: str) -> bytes:

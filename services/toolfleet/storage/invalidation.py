@@ -16,19 +16,14 @@ after dropping whatever it held.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from typing import Any, Protocol
+from typing import Protocol
 
 from redis.asyncio import Redis
-from redis.asyncio.client import PubSub
-from redis.exceptions import RedisError
+
+from toolfleet.storage.pubsub import listen_with_reconnect
 
 log = logging.getLogger(__name__)
-
-SUBSCRIBE_TIMEOUT_S = 5.0
-"""How long the server may take to confirm a subscription before the listener retries."""
-_POLL_S = 0.5
 
 
 class InvalidationTarget(Protocol):
@@ -64,58 +59,27 @@ async def run_invalidation_listener(
     Args:
         subscribed: set while the subscription is live (tests wait on it).
     """
-    backoff = 0.1
-    try:
-        while not stop.is_set():
-            pubsub = redis.pubsub()
-            try:
-                await pubsub.subscribe(channel)
-                await _confirmed(pubsub)
-                target.after_subscribe()
-                if subscribed is not None:
-                    subscribed.set()
-                backoff = 0.1
-                while not stop.is_set():
-                    message = await pubsub.get_message(
-                        ignore_subscribe_messages=True, timeout=_POLL_S
-                    )
-                    if message is not None and message.get("type") == "message":
-                        key = _text(message["data"])
-                        await target.invalidate(key)
-                        log.debug("cache invalidated", extra={"channel": channel, "key": key})
-            except (RedisError, OSError) as exc:
-                target.after_connection_lost()
-                if subscribed is not None:
-                    subscribed.clear()
-                log.warning(
-                    "invalidation subscription lost; reconnecting",
-                    extra={"channel": channel, "error": type(exc).__name__, "retry_in_s": backoff},
-                )
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), timeout=backoff)
-                backoff = min(backoff * 2, max_backoff_s)
-            finally:
-                with contextlib.suppress(RedisError, OSError):
-                    await pubsub.aclose()  # type: ignore[no-untyped-call]  # untyped in redis-py
-    finally:
-        # Stopped (or cancelled): nobody invalidates any more, so nothing may be trusted.
+
+    async def invalidate(key: str) -> None:
+        await target.invalidate(key)
+        log.debug("cache invalidated", extra={"channel": channel, "key": key})
+
+    def live() -> None:
+        target.after_subscribe()
+        if subscribed is not None:
+            subscribed.set()
+
+    def lost() -> None:
         target.after_connection_lost()
         if subscribed is not None:
             subscribed.clear()
 
-
-async def _confirmed(pubsub: PubSub) -> None:
-    """Wait for the server's ``subscribe`` reply: only then are no messages missed."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + SUBSCRIBE_TIMEOUT_S
-    while loop.time() < deadline:
-        message = await pubsub.get_message(timeout=_POLL_S)
-        if message is not None and message.get("type") == "subscribe":
-            return
-    raise TimeoutError("the subscription was not confirmed")
-
-
-def _text(value: Any) -> str:
-    if value is None:
-        return ""
-    return value.decode() if isinstance(value, bytes) else str(value)
+    await listen_with_reconnect(
+        redis,
+        channel,
+        invalidate,
+        stop,
+        after_subscribe=live,
+        after_connection_lost=lost,
+        max_backoff_s=max_backoff_s,
+    )

@@ -21,6 +21,8 @@ from typing import Final, Protocol, TypeVar
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
+from toolfleet.storage.pubsub import listen_with_reconnect
+
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
@@ -140,29 +142,15 @@ class RedisFinishedNotices:
         Args:
             subscribed: called each time the subscription is live (tests wait on it).
         """
-        backoff = 0.1
-        while not stop.is_set():
-            pubsub = self._redis.pubsub()
-            try:
-                await pubsub.subscribe(self._channel)
-                if subscribed is not None:
-                    subscribed()
-                backoff = 0.1
-                while not stop.is_set():
-                    message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=0.5)
-                    if message is not None and message.get("type") == "message":
-                        data = message["data"]
-                        self._waiters.notify(
-                            data.decode() if isinstance(data, bytes) else str(data)
-                        )
-            except (RedisError, OSError) as exc:
-                log.warning(
-                    "finished notice subscription lost; reconnecting",
-                    extra={"error": type(exc).__name__, "retry_in_s": backoff},
-                )
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), timeout=backoff)
-                backoff = min(backoff * 2, max_backoff_s)
-            finally:
-                with contextlib.suppress(RedisError, OSError):
-                    await pubsub.aclose()  # type: ignore[no-untyped-call]  # untyped in redis-py
+
+        async def notify(invocation_id: str) -> None:
+            self._waiters.notify(invocation_id)
+
+        await listen_with_reconnect(
+            self._redis,
+            self._channel,
+            notify,
+            stop,
+            after_subscribe=subscribed,
+            max_backoff_s=max_backoff_s,
+        )

@@ -1,0 +1,97 @@
+"""One Redis pub/sub listener loop: subscribe, confirm, hand on each message, reconnect.
+
+Every channel toolfleet listens on (cache invalidation, finished notices, traffic
+announcements) needs the same loop: pub/sub delivers only to live subscribers, so the
+listener must know when its subscription is live and when it was lost, and must come
+back with backoff when Redis goes away. What differs is only what a message does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.asyncio.client import PubSub
+from redis.exceptions import RedisError
+
+__all__ = ["SUBSCRIBE_TIMEOUT_S", "listen_with_reconnect"]
+
+log = logging.getLogger(__name__)
+
+SUBSCRIBE_TIMEOUT_S = 5.0
+"""How long the server may take to confirm a subscription before the listener retries."""
+_POLL_S = 0.5
+
+
+async def listen_with_reconnect(
+    redis: Redis,
+    channel: str,
+    on_message: Callable[[str], Awaitable[None]],
+    stop: asyncio.Event,
+    *,
+    after_subscribe: Callable[[], None] | None = None,
+    after_connection_lost: Callable[[], None] | None = None,
+    max_backoff_s: float = 5.0,
+) -> None:
+    """Hand every message published on ``channel`` (as text) to ``on_message`` until
+    ``stop`` is set, reconnecting with backoff when Redis goes away.
+
+    Args:
+        after_subscribe: called each time the server has confirmed the subscription
+            (from then on no message is missed).
+        after_connection_lost: called when the subscription is lost, and once more when
+            the listener stops (or is cancelled): messages may be missed from then on.
+    """
+    backoff = 0.1
+    try:
+        while not stop.is_set():
+            pubsub = redis.pubsub()
+            try:
+                await pubsub.subscribe(channel)
+                await _confirmed(pubsub)
+                if after_subscribe is not None:
+                    after_subscribe()
+                backoff = 0.1
+                while not stop.is_set():
+                    message = await pubsub.get_message(
+                        ignore_subscribe_messages=True, timeout=_POLL_S
+                    )
+                    if message is not None and message.get("type") == "message":
+                        await on_message(_text(message["data"]))
+            except (RedisError, OSError) as exc:
+                if after_connection_lost is not None:
+                    after_connection_lost()
+                log.warning(
+                    "subscription lost; reconnecting",
+                    extra={"channel": channel, "error": type(exc).__name__, "retry_in_s": backoff},
+                )
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), timeout=backoff)
+                backoff = min(backoff * 2, max_backoff_s)
+            finally:
+                with contextlib.suppress(RedisError, OSError):
+                    await pubsub.aclose()  # type: ignore[no-untyped-call]  # untyped in redis-py
+    finally:
+        if after_connection_lost is not None:
+            after_connection_lost()
+
+
+async def _confirmed(pubsub: PubSub) -> None:
+    """Wait for the server's ``subscribe`` reply: only then are no messages missed."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + SUBSCRIBE_TIMEOUT_S
+    while loop.time() < deadline:
+        message = await pubsub.get_message(timeout=_POLL_S)
+        if message is not None and message.get("type") == "subscribe":
+            return
+    raise TimeoutError("the subscription was not confirmed")
+
+
+def _text(value: Any) -> str:
+    if value is None:
+        return ""
+    return value.decode() if isinstance(value, bytes) else str(value)

@@ -5,9 +5,8 @@ from __future__ import annotations
 import dataclasses
 import re
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -16,12 +15,13 @@ import pytest
 from aiokafka import AIOKafkaConsumer
 from fastapi import FastAPI
 
+from tests.support.api import BASE_URL, ApiKeys, api_settings_for
 from tests.support.eventually import eventually
-from toolfleet.api import ApiSettings, create_app
+from toolfleet.api import ApiSettings
 from toolfleet.api.resources import ApiResources
 from toolfleet.auth.control import ControlVerifier, control_claims
 from toolfleet.auth.grants import ensure_grant_key
-from toolfleet.auth.keys import KeyPair, generate_key_pair
+from toolfleet.auth.keys import generate_key_pair
 from toolfleet.auth.tokens import TokenIssuer
 from toolfleet.bus.connection import connection_kwargs
 from toolfleet.client import ApiError, InvocationHandle, ToolfleetHttpClient
@@ -58,54 +58,10 @@ _RANK = {"pending": 0, "pending_approval": 1, "running": 2}
 
 
 @pytest.fixture(scope="module")
-def keys(tmp_path_factory: pytest.TempPathFactory) -> tuple[KeyPair, Path, Path]:
-    pair = generate_key_pair()
-    folder = tmp_path_factory.mktemp("api-keys")
-    private, public = folder / "private.pem", folder / "public.pem"
-    private.write_bytes(pair.private_pem)
-    public.write_bytes(pair.public_pem)
-    return pair, private, public
-
-
-@pytest.fixture(scope="module")
-def api_settings(settings: FleetSettings, keys: tuple[KeyPair, Path, Path]) -> ApiSettings:
-    _, private, public = keys
-    grant_key = private.parent / "grant.key"
+def api_settings(settings: FleetSettings, api_keys: ApiKeys) -> ApiSettings:
+    grant_key = api_keys.private_file.parent / "grant.key"
     ensure_grant_key(grant_key)
-    fleet = settings.model_copy(
-        update={
-            "jwt_private_key_file": private,
-            "jwt_public_key_file": public,
-            "grant_key_file": grant_key,
-            "api_url": "http://api.test",
-        }
-    )
-    return ApiSettings(**fleet.model_dump())
-
-
-@pytest.fixture(scope="module")
-def issuer(keys: tuple[KeyPair, Path, Path], api_settings: ApiSettings) -> TokenIssuer:
-    pair, _, _ = keys
-    return TokenIssuer(
-        pair.private_pem,
-        pair.public_pem,
-        issuer=api_settings.jwt_issuer,
-        audience=api_settings.jwt_audience,
-    )
-
-
-@pytest.fixture(scope="module")
-async def app(api_settings: ApiSettings) -> AsyncIterator[FastAPI]:
-    application = create_app(api_settings)
-    async with application.router.lifespan_context(application):
-        yield application
-
-
-@pytest.fixture
-async def http(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
-    transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://api.test") as client:
-        yield client
+    return api_settings_for(settings, api_keys, grant_key_file=grant_key, api_url=BASE_URL)
 
 
 @pytest.fixture

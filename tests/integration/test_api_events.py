@@ -4,62 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
-from pathlib import Path
 
 import httpx
 import pytest
 from fastapi import FastAPI
 
-from toolfleet.api import ApiSettings, create_app
 from toolfleet.api.resources import ApiResources
-from toolfleet.auth.keys import generate_key_pair
 from toolfleet.auth.tokens import TokenIssuer
-from toolfleet.settings import FleetSettings
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module")
-def keys(tmp_path_factory: pytest.TempPathFactory) -> tuple[bytes, bytes, Path, Path]:
-    pair = generate_key_pair()
-    folder = tmp_path_factory.mktemp("events-api-keys")
-    private, public = folder / "private.pem", folder / "public.pem"
-    private.write_bytes(pair.private_pem)
-    public.write_bytes(pair.public_pem)
-    return pair.private_pem, pair.public_pem, private, public
-
-
-@pytest.fixture(scope="module")
-def api_settings(settings: FleetSettings, keys: tuple[bytes, bytes, Path, Path]) -> ApiSettings:
-    _, _, private, public = keys
-    fleet = settings.model_copy(
-        update={"jwt_private_key_file": private, "jwt_public_key_file": public}
-    )
-    return ApiSettings(**fleet.model_dump())
-
-
-@pytest.fixture(scope="module")
-def issuer(keys: tuple[bytes, bytes, Path, Path], api_settings: ApiSettings) -> TokenIssuer:
-    private_pem, public_pem, _, _ = keys
-    return TokenIssuer(
-        private_pem, public_pem, issuer=api_settings.jwt_issuer, audience=api_settings.jwt_audience
-    )
-
-
-@pytest.fixture(scope="module")
-async def app(api_settings: ApiSettings) -> AsyncIterator[FastAPI]:
-    application = create_app(api_settings)
-    async with application.router.lifespan_context(application):
-        yield application
-
-
-@pytest.fixture
-async def http(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
-    transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://api.test") as client:
-        yield client
 
 
 def _headers(issuer: TokenIssuer, tenant: str) -> dict[str, str]:

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator, Callable
-from pathlib import Path
 
 import httpx
 import pytest
 from fastapi import FastAPI
 
-from toolfleet.api import ApiSettings, create_app
+from tests.support.api import ApiKeys, api_settings_for, running_app
+from toolfleet.api import ApiSettings
 from toolfleet.api.resources import ApiResources
-from toolfleet.auth.keys import generate_key_pair
 from toolfleet.auth.tokens import TokenIssuer
 from toolfleet.executor.registration import register_catalog
 from toolfleet.registry.catalog import discover
@@ -25,57 +24,26 @@ Auth = Callable[..., dict[str, str]]
 
 
 @pytest.fixture(scope="module")
-def keys(tmp_path_factory: pytest.TempPathFactory) -> tuple[bytes, bytes, Path, Path]:
-    pair = generate_key_pair()
-    folder = tmp_path_factory.mktemp("policy-api-keys")
-    private, public = folder / "private.pem", folder / "public.pem"
-    private.write_bytes(pair.private_pem)
-    public.write_bytes(pair.public_pem)
-    return pair.private_pem, pair.public_pem, private, public
-
-
-@pytest.fixture(scope="module")
 def api_settings(
-    settings: FleetSettings,
-    module_database_url: str,
-    module_redis_url: str,
-    keys: tuple[bytes, bytes, Path, Path],
+    settings: FleetSettings, module_database_url: str, module_redis_url: str, api_keys: ApiKeys
 ) -> ApiSettings:
     # A fleet of its own (database and Redis): the catalog assertions cover every policy,
     # and the pipeline tests seed a wildcard tenant policy into the session's fleet.
-    fleet = settings.model_copy(
-        update={
-            "database_url": module_database_url,
-            "redis_url": module_redis_url,
-            "jwt_private_key_file": keys[2],
-            "jwt_public_key_file": keys[3],
-        }
+    return api_settings_for(
+        settings, api_keys, database_url=module_database_url, redis_url=module_redis_url
     )
-    return ApiSettings(**fleet.model_dump())
 
 
 @pytest.fixture(scope="module")
 async def app(api_settings: ApiSettings) -> AsyncIterator[FastAPI]:
-    application = create_app(api_settings)
-    async with application.router.lifespan_context(application):
+    async with running_app(api_settings) as application:
         res: ApiResources = application.state.resources
         await register_catalog(res.pool, discover([]))
         yield application
 
 
 @pytest.fixture
-async def http(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
-    transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://api.test") as client:
-        yield client
-
-
-@pytest.fixture
-def auth(keys: tuple[bytes, bytes, Path, Path], api_settings: ApiSettings) -> Auth:
-    issuer = TokenIssuer(
-        keys[0], keys[1], issuer=api_settings.jwt_issuer, audience=api_settings.jwt_audience
-    )
-
+def auth(issuer: TokenIssuer) -> Auth:
     def headers(
         tenant: str, *, admin: bool = False, agent: str = "did:agent:test"
     ) -> dict[str, str]:

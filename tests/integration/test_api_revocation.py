@@ -5,17 +5,16 @@ from __future__ import annotations
 import dataclasses
 import uuid
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import httpx
 import jwt
 import pytest
 from fastapi import FastAPI
 
+from tests.support.api import ApiKeys, api_settings_for, running_app
 from tests.support.eventually import eventually
-from toolfleet.api import ApiSettings, create_app
+from toolfleet.api import ApiSettings
 from toolfleet.api.resources import ApiResources
-from toolfleet.auth.keys import KeyPair, generate_key_pair
 from toolfleet.auth.revocation import CachedRevocationList, RedisRevocationList
 from toolfleet.auth.tokens import TokenIssuer
 from toolfleet.executor.registration import register_catalog
@@ -30,44 +29,14 @@ POLICY = {"allow_tools": ["core__*"]}
 
 
 @pytest.fixture(scope="module")
-def keys(tmp_path_factory: pytest.TempPathFactory) -> tuple[KeyPair, Path, Path]:
-    pair = generate_key_pair()
-    folder = tmp_path_factory.mktemp("revocation-api-keys")
-    private, public = folder / "private.pem", folder / "public.pem"
-    private.write_bytes(pair.private_pem)
-    public.write_bytes(pair.public_pem)
-    return pair, private, public
-
-
-@pytest.fixture(scope="module")
-def api_settings(settings: FleetSettings, keys: tuple[KeyPair, Path, Path]) -> ApiSettings:
-    _, private, public = keys
-    fleet = settings.model_copy(
-        update={
-            "jwt_private_key_file": private,
-            "jwt_public_key_file": public,
-            # A long cache TTL: a refusal within the test's bounds came through the push.
-            "revocation_cache_ttl_s": 300,
-        }
-    )
-    return ApiSettings(**fleet.model_dump())
-
-
-@pytest.fixture(scope="module")
-def issuer(keys: tuple[KeyPair, Path, Path], api_settings: ApiSettings) -> TokenIssuer:
-    pair, _, _ = keys
-    return TokenIssuer(
-        pair.private_pem,
-        pair.public_pem,
-        issuer=api_settings.jwt_issuer,
-        audience=api_settings.jwt_audience,
-    )
+def api_settings(settings: FleetSettings, api_keys: ApiKeys) -> ApiSettings:
+    # A long cache TTL: a refusal within the test's bounds came through the push.
+    return api_settings_for(settings, api_keys, revocation_cache_ttl_s=300)
 
 
 @pytest.fixture(scope="module")
 async def app(api_settings: ApiSettings) -> AsyncIterator[FastAPI]:
-    application = create_app(api_settings)
-    async with application.router.lifespan_context(application):
+    async with running_app(api_settings) as application:
         res: ApiResources = application.state.resources
         await register_catalog(res.pool, discover([]))
 
@@ -76,13 +45,6 @@ async def app(api_settings: ApiSettings) -> AsyncIterator[FastAPI]:
 
         await eventually(listening, timeout=10)
         yield application
-
-
-@pytest.fixture
-async def http(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
-    transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://api.test") as client:
-        yield client
 
 
 async def revoke(settings: ApiSettings, token: str, http: httpx.AsyncClient) -> None:

@@ -4,21 +4,20 @@ tenant scoped (an admin sees all), without running faust itself."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 import httpx
 import pytest
-from fastapi import FastAPI
 from redis.asyncio import Redis
 
+from tests.support.api import ApiKeys, api_settings_for
 from toolfleet.analytics.detectors import DetectorSettings
 from toolfleet.analytics.engine import Analyzer, memory_tables
 from toolfleet.analytics.facts import AuditFact
 from toolfleet.analytics.snapshot import RedisSnapshots, build_snapshots
-from toolfleet.api import ApiSettings, create_app
+from toolfleet.api import ApiSettings
 from toolfleet.auth.grants import ensure_grant_key
-from toolfleet.auth.keys import generate_key_pair
 from toolfleet.auth.tokens import TokenIssuer
 from toolfleet.events.types import EventType
 from toolfleet.settings import FleetSettings
@@ -29,48 +28,14 @@ NOW = datetime(2027, 1, 15, 8, 0, tzinfo=UTC)
 
 
 @pytest.fixture(scope="module")
-def issuer_and_settings(
-    settings: FleetSettings, tmp_path_factory: pytest.TempPathFactory
-) -> tuple[TokenIssuer, ApiSettings]:
-    pair = generate_key_pair()
-    folder = tmp_path_factory.mktemp("analytics-api-keys")
-    private, public = folder / "private.pem", folder / "public.pem"
-    private.write_bytes(pair.private_pem)
-    public.write_bytes(pair.public_pem)
-    grant_key = folder / "grant.key"
+def api_settings(settings: FleetSettings, api_keys: ApiKeys) -> ApiSettings:
+    grant_key = api_keys.private_file.parent / "grant.key"
     ensure_grant_key(grant_key)
-    fleet = settings.model_copy(
-        update={
-            "jwt_private_key_file": private,
-            "jwt_public_key_file": public,
-            "grant_key_file": grant_key,
-        }
-    )
-    api = ApiSettings(**fleet.model_dump())
-    issuer = TokenIssuer(
-        pair.private_pem, pair.public_pem, issuer=api.jwt_issuer, audience=api.jwt_audience
-    )
-    return issuer, api
-
-
-@pytest.fixture(scope="module")
-async def app(issuer_and_settings: tuple[TokenIssuer, ApiSettings]) -> AsyncIterator[FastAPI]:
-    application = create_app(issuer_and_settings[1])
-    async with application.router.lifespan_context(application):
-        yield application
+    return api_settings_for(settings, api_keys, grant_key_file=grant_key)
 
 
 @pytest.fixture
-async def http(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
-    transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://api.test") as client:
-        yield client
-
-
-@pytest.fixture
-def auth(issuer_and_settings: tuple[TokenIssuer, ApiSettings]) -> Callable[..., dict[str, str]]:
-    issuer = issuer_and_settings[0]
-
+def auth(issuer: TokenIssuer) -> Callable[..., dict[str, str]]:
     def headers(tenant: str, *, admin: bool = False) -> dict[str, str]:
         token = issuer.issue(
             tenant_id=tenant, agent_did="did:agent:ops", scopes=["admin"] if admin else None

@@ -14,9 +14,10 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
+from tests.support.api import BASE_URL
 from tests.support.eventually import eventually
 from tests.support.pipeline import Fleet, fleet_settings, in_process_fleet
-from toolfleet.api import ApiSettings, create_app
+from toolfleet.api import ApiSettings
 from toolfleet.client import ToolfleetHttpClient
 from toolfleet.events.types import TopicName
 from toolfleet.settings import FleetSettings
@@ -41,25 +42,15 @@ async def fleet(
 
 
 @pytest.fixture(scope="module")
-async def app(fleet: Fleet) -> AsyncIterator[FastAPI]:
-    api_settings = ApiSettings(
+def api_settings(fleet: Fleet) -> ApiSettings:
+    return ApiSettings(
         **{
             **fleet.settings.model_dump(),
-            "api_url": "http://api.test",
+            "api_url": BASE_URL,
             "sync_invoke_wait_s": 20,
             "sync_invoke_recheck_s": RECHECK_S,
         }
     )
-    application = create_app(api_settings)
-    async with application.router.lifespan_context(application):
-        yield application
-
-
-@pytest.fixture
-async def http(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
-    transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://api.test") as client:
-        yield client
 
 
 def tenant() -> str:

@@ -13,11 +13,11 @@ from typing import Any
 
 import httpx
 import pytest
-from fastapi import FastAPI
 
+from tests.support.api import BASE_URL
 from tests.support.eventually import eventually
 from tests.support.pipeline import Fleet, fleet_settings, in_process_fleet
-from toolfleet.api import ApiSettings, create_app
+from toolfleet.api import ApiSettings
 from toolfleet.auth.control import ControlAction, ControlClaims, ControlSigner
 from toolfleet.auth.grants import parameters_hash
 from toolfleet.auth.revocation import RedisRevocationList
@@ -47,23 +47,13 @@ async def fleet(
         yield running
 
 
-@pytest.fixture(scope="module")
-async def app(fleet: Fleet) -> AsyncIterator[FastAPI]:
-    api_settings = ApiSettings(**{**fleet.settings.model_dump(), "api_url": "http://api.test"})
-    application = create_app(api_settings)
-    async with application.router.lifespan_context(application):
-        yield application
-
-
-@pytest.fixture
-async def http(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
-    transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://api.test") as client:
-        yield client
-
-
 def bearer(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
+
+
+@pytest.fixture(scope="module")
+def api_settings(fleet: Fleet) -> ApiSettings:
+    return ApiSettings(**{**fleet.settings.model_dump(), "api_url": BASE_URL})
 
 
 def tenant() -> str:

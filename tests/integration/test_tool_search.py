@@ -19,9 +19,9 @@ import pytest
 import yaml
 from fastapi import FastAPI
 
-from toolfleet.api import ApiSettings, create_app
+from tests.support.api import running_app
+from toolfleet.api import ApiSettings
 from toolfleet.api.resources import ApiResources
-from toolfleet.auth.keys import generate_key_pair
 from toolfleet.auth.tokens import TokenIssuer
 from toolfleet.events.models import Effect
 from toolfleet.policy.documents import TenantPolicy
@@ -29,7 +29,6 @@ from toolfleet.policy.postgres_policies import PolicyStore
 from toolfleet.registry.manifest import ToolManifest
 from toolfleet.registry.search import CONFIDENT_SCORE, MIN_SCORE
 from toolfleet.registry.store import RegistryStore
-from toolfleet.settings import FleetSettings
 
 pytestmark = pytest.mark.integration
 
@@ -38,33 +37,8 @@ RECALL_FLOOR = 0.8
 
 
 @pytest.fixture(scope="module")
-def issuer_and_settings(
-    settings: FleetSettings, tmp_path_factory: pytest.TempPathFactory
-) -> tuple[TokenIssuer, ApiSettings]:
-    pair = generate_key_pair()
-    folder = tmp_path_factory.mktemp("search-keys")
-    (folder / "private.pem").write_bytes(pair.private_pem)
-    (folder / "public.pem").write_bytes(pair.public_pem)
-    fleet = settings.model_copy(
-        update={
-            "jwt_private_key_file": folder / "private.pem",
-            "jwt_public_key_file": folder / "public.pem",
-        }
-    )
-    api_settings = ApiSettings(**fleet.model_dump())
-    issuer = TokenIssuer(
-        pair.private_pem,
-        pair.public_pem,
-        issuer=api_settings.jwt_issuer,
-        audience=api_settings.jwt_audience,
-    )
-    return issuer, api_settings
-
-
-@pytest.fixture(scope="module")
-async def app(issuer_and_settings: tuple[TokenIssuer, ApiSettings]) -> AsyncIterator[FastAPI]:
-    application = create_app(issuer_and_settings[1])
-    async with application.router.lifespan_context(application):
+async def app(api_settings: ApiSettings) -> AsyncIterator[FastAPI]:
+    async with running_app(api_settings) as application:
         res: ApiResources = application.state.resources
         store = RegistryStore(res.pool)
         for spec in EVAL["tools"]:
@@ -78,15 +52,8 @@ async def app(issuer_and_settings: tuple[TokenIssuer, ApiSettings]) -> AsyncIter
 
 
 @pytest.fixture
-async def http(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
-    transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://api.test") as client:
-        yield client
-
-
-@pytest.fixture
-def headers(issuer_and_settings: tuple[TokenIssuer, ApiSettings]) -> dict[str, str]:
-    token = issuer_and_settings[0].issue(tenant_id="search_tenant", agent_did="did:agent:s")
+def headers(issuer: TokenIssuer) -> dict[str, str]:
+    token = issuer.issue(tenant_id="search_tenant", agent_did="did:agent:s")
     return {"Authorization": f"Bearer {token}"}
 
 

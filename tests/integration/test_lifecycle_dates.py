@@ -12,15 +12,14 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from toolfleet.api import ApiSettings, create_app
+from tests.support.api import running_app
+from toolfleet.api import ApiSettings
 from toolfleet.api.resources import ApiResources
-from toolfleet.auth.keys import generate_key_pair
 from toolfleet.auth.tokens import TokenIssuer
 from toolfleet.events.models import Effect
 from toolfleet.registry.lookup import ToolLookup
 from toolfleet.registry.manifest import ToolManifest
 from toolfleet.registry.store import RegistryStore
-from toolfleet.settings import FleetSettings
 
 pytestmark = pytest.mark.integration
 
@@ -28,29 +27,8 @@ TOOL = "dates__report"
 
 
 @pytest.fixture(scope="module")
-async def app_and_issuer(
-    settings: FleetSettings, tmp_path_factory: pytest.TempPathFactory
-) -> AsyncIterator[tuple[FastAPI, TokenIssuer]]:
-    pair = generate_key_pair()
-    folder = tmp_path_factory.mktemp("dates-keys")
-    (folder / "private.pem").write_bytes(pair.private_pem)
-    (folder / "public.pem").write_bytes(pair.public_pem)
-    api_settings = ApiSettings(
-        **settings.model_copy(
-            update={
-                "jwt_private_key_file": folder / "private.pem",
-                "jwt_public_key_file": folder / "public.pem",
-            }
-        ).model_dump()
-    )
-    issuer = TokenIssuer(
-        pair.private_pem,
-        pair.public_pem,
-        issuer=api_settings.jwt_issuer,
-        audience=api_settings.jwt_audience,
-    )
-    application = create_app(api_settings)
-    async with application.router.lifespan_context(application):
+async def app(api_settings: ApiSettings) -> AsyncIterator[FastAPI]:
+    async with running_app(api_settings) as application:
         res: ApiResources = application.state.resources
         store = RegistryStore(res.pool)
         for version in ("1.0.0", "1.1.0", "2.0.0"):
@@ -65,20 +43,14 @@ async def app_and_issuer(
                     timeout_seconds=5,
                 )
             )
-        yield application, issuer
+        yield application
 
 
 @pytest.fixture
-async def api(app_and_issuer: tuple[FastAPI, TokenIssuer]) -> AsyncIterator[httpx.AsyncClient]:
-    application, issuer = app_and_issuer
+def api(http: httpx.AsyncClient, issuer: TokenIssuer) -> httpx.AsyncClient:
     token = issuer.issue(tenant_id="ops", agent_did="did:operator:bob", scopes=["admin"])
-    transport = httpx.ASGITransport(app=application)
-    async with httpx.AsyncClient(
-        transport=transport,
-        base_url="http://api.test",
-        headers={"Authorization": f"Bearer {token}"},
-    ) as client:
-        yield client
+    http.headers["Authorization"] = f"Bearer {token}"
+    return http
 
 
 def _day(days: int) -> datetime:
@@ -96,7 +68,7 @@ async def _listed(api: httpx.AsyncClient, version: str) -> dict[str, Any]:
 
 
 async def test_a_deprecation_announced_ahead_warns_only_from_its_date(
-    api: httpx.AsyncClient, app_and_issuer: tuple[FastAPI, TokenIssuer]
+    api: httpx.AsyncClient, app: FastAPI
 ) -> None:
     starts, ends = _day(7), _day(60)
     response = await _patch(
@@ -118,7 +90,7 @@ async def test_a_deprecation_announced_ahead_warns_only_from_its_date(
     assert old["deprecation_date"].startswith(starts.date().isoformat())
     assert (await _listed(api, "1.0.0"))["deprecation_date"] is not None
 
-    pool = app_and_issuer[0].state.resources.pool
+    pool = app.state.resources.pool
     warning = f"tool {TOOL}@1.0.0 is deprecated; use 2.0.0; sunset on {ends.date()}"
     for at, warnings in (
         (datetime.now(UTC), []),

@@ -20,14 +20,14 @@ import math
 import time
 from collections.abc import Awaitable, Callable
 from types import TracebackType
-from typing import Any, ClassVar, Self
+from typing import Any, ClassVar, Self, Unpack
 from uuid import UUID
 
 import httpx
 
 from toolfleet.api.models import CancelResult, DecisionResult, InvocationView, InvokeAccepted
 from toolfleet.client.handles import InvocationHandle
-from toolfleet.client.requests import RequestPublisher, invoke_request
+from toolfleet.client.requests import InvokeOptions, RequestPublisher, invoke_request
 from toolfleet.errors import ToolfleetError
 from toolfleet.events.models import InvokeRequested
 
@@ -216,7 +216,7 @@ class ToolfleetHttpClient(RequestPublisher):
         parameters: dict[str, Any] | None = None,
         *,
         timeout: float = 60.0,
-        **kwargs: Any,
+        **kwargs: Unpack[InvokeOptions],
     ) -> InvocationView:
         """Invoke and return the ended call's status view (``status``, ``result``, ...).
 

@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import uuid
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Self, Unpack
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from redis.asyncio import Redis
@@ -26,7 +26,7 @@ from toolfleet.bus.connection import connection_kwargs
 from toolfleet.bus.fetch_wait import TrafficAnnouncer, TrafficSignal, traffic_signal
 from toolfleet.bus.producer import EventProducer, Outbound
 from toolfleet.client.handles import InvocationHandle, Progress, ProgressCallback
-from toolfleet.client.requests import RequestPublisher
+from toolfleet.client.requests import InvokeOptions, RequestPublisher
 from toolfleet.errors import InvalidEvent
 from toolfleet.events.codec import decode
 from toolfleet.events.envelope import Envelope, new_event
@@ -303,7 +303,7 @@ class ToolfleetClient(RequestPublisher):
         parameters: dict[str, Any] | None = None,
         *,
         timeout: float | None = None,
-        **kwargs: Any,
+        **kwargs: Unpack[InvokeOptions],
     ) -> ToolOutcome:
         """``invoke`` then ``wait``."""
         handle = await self.invoke(tool_id, parameters, **kwargs)

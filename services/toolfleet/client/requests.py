@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import uuid
 from abc import ABC, abstractmethod
-from typing import Any
+from typing import Any, Required, TypedDict, Unpack
 
 from toolfleet.client.handles import InvocationHandle
 from toolfleet.events.models import (
@@ -19,47 +19,58 @@ from toolfleet.events.models import (
 )
 
 
-def invoke_request(
-    tool_id: str,
-    parameters: dict[str, Any] | None = None,
-    *,
-    tenant_id: str,
-    agent_did: str,
-    tool_version: str = "*",
-    capability_token: str | None = None,
-    invocation_id: str | None = None,
-    user_did: str | None = None,
-    session_id: str = "",
-    connection_id: str | None = None,
-    timeout_seconds: float | None = None,
-    idempotency_key: str | None = None,
-    require_approval: bool = False,
-    priority: Priority = Priority.NORMAL,
-    enable_checkpointing: bool = True,
-    document_context: DocumentContext | None = None,
-) -> InvokeRequested:
-    """The ``invoke.requested`` data for a call (a fresh invocation id unless given).
+class InvokeOptions(TypedDict, total=False):
+    """The keyword options of an invoke: :func:`invoke_request`, and each client's
+    ``invoke`` and ``call``. Only ``tenant_id`` and ``agent_did`` are required."""
 
-    ``document_context`` names the documents the tool may read (``ctx.documents``),
-    optionally pinned to versions."""
+    tenant_id: Required[str]
+    agent_did: Required[str]
+    tool_version: str
+    """A version or semver range (default ``*``: the newest active version)."""
+    capability_token: str | None
+    invocation_id: str | None
+    """Default: a fresh one."""
+    user_did: str | None
+    session_id: str
+    connection_id: str | None
+    timeout_seconds: float | None
+    idempotency_key: str | None
+    require_approval: bool
+    priority: Priority
+    enable_checkpointing: bool
+    """Default ``True``."""
+    document_context: DocumentContext | None
+    """The documents the tool may read (``ctx.documents``), optionally pinned to versions."""
+
+
+def invoke_request(
+    tool_id: str, parameters: dict[str, Any] | None = None, **options: Unpack[InvokeOptions]
+) -> InvokeRequested:
+    """The ``invoke.requested`` data for a call (a fresh invocation id unless given)."""
+    invocation_id = options.get("invocation_id")
     return InvokeRequested(
         invocation_id=uuid.UUID(invocation_id) if invocation_id else uuid.uuid4(),
         tool_id=tool_id,
-        tool_version=tool_version,
+        tool_version=options.get("tool_version", "*"),
         agent_context=AgentContext(
-            agent_did=agent_did, tenant_id=tenant_id, user_did=user_did, session_id=session_id
+            agent_did=options["agent_did"],
+            tenant_id=options["tenant_id"],
+            user_did=options.get("user_did"),
+            session_id=options.get("session_id", ""),
         ),
         parameters=parameters or {},
-        capability_token=capability_token,
-        connection_id=connection_id,
-        resource_limits=ResourceLimits(timeout_seconds=timeout_seconds),
-        checkpoint_config=CheckpointConfig(enable_checkpointing=enable_checkpointing),
-        execution_options=ExecutionOptions(
-            idempotency_key=idempotency_key,
-            require_approval=require_approval,
-            priority=priority,
+        capability_token=options.get("capability_token"),
+        connection_id=options.get("connection_id"),
+        resource_limits=ResourceLimits(timeout_seconds=options.get("timeout_seconds")),
+        checkpoint_config=CheckpointConfig(
+            enable_checkpointing=options.get("enable_checkpointing", True)
         ),
-        document_context=document_context,
+        execution_options=ExecutionOptions(
+            idempotency_key=options.get("idempotency_key"),
+            require_approval=options.get("require_approval", False),
+            priority=options.get("priority", Priority.NORMAL),
+        ),
+        document_context=options.get("document_context"),
     )
 
 
@@ -76,40 +87,8 @@ class RequestPublisher(ABC):
         self,
         tool_id: str,
         parameters: dict[str, Any] | None = None,
-        *,
-        tenant_id: str,
-        agent_did: str,
-        tool_version: str = "*",
-        capability_token: str | None = None,
-        invocation_id: str | None = None,
-        user_did: str | None = None,
-        session_id: str = "",
-        connection_id: str | None = None,
-        timeout_seconds: float | None = None,
-        idempotency_key: str | None = None,
-        require_approval: bool = False,
-        priority: Priority = Priority.NORMAL,
-        enable_checkpointing: bool = True,
-        document_context: DocumentContext | None = None,
+        **options: Unpack[InvokeOptions],
     ) -> InvocationHandle:
         """Build the request (:func:`invoke_request`) and :meth:`publish` it; returns once
         the transport has taken it (the broker's ack, or the API's ``202``)."""
-        request = invoke_request(
-            tool_id,
-            parameters,
-            tenant_id=tenant_id,
-            agent_did=agent_did,
-            tool_version=tool_version,
-            capability_token=capability_token,
-            invocation_id=invocation_id,
-            user_did=user_did,
-            session_id=session_id,
-            connection_id=connection_id,
-            timeout_seconds=timeout_seconds,
-            idempotency_key=idempotency_key,
-            require_approval=require_approval,
-            priority=priority,
-            enable_checkpointing=enable_checkpointing,
-            document_context=document_context,
-        )
-        return await self.publish(request)
+        return await self.publish(invoke_request(tool_id, parameters, **options))

@@ -16,10 +16,16 @@ import pytest
 
 from tests.support import hostile_tools
 from tests.support.eventually import eventually
+from toolfleet.documents.cache import DocumentCache, MemoryCacheStore
+from toolfleet.documents.pins import MemoryDocumentPins, MemoryPinBook
+from toolfleet.documents.reader import CallDocuments
+from toolfleet.documents.source import MemoryDocumentSource
 from toolfleet.errors import ErrorCode, PermissionDenied, SandboxFailure
+from toolfleet.events.models import DocumentContext
+from toolfleet.executor.isolated import IsolatedRunner
 from toolfleet.isolation.builtin import RunPythonInput, run_python
 from toolfleet.isolation.egress import EgressDecision, EgressGrant, EgressProxy, InMemoryEgressAudit
-from toolfleet.isolation.limits import Isolation, RunLimits
+from toolfleet.isolation.limits import AgentLimits, FleetLimits, Isolation, RunLimits
 from toolfleet.isolation.runtime import (
     Grants,
     IsolatedCall,
@@ -434,3 +440,66 @@ async def test_a_cancelled_run_kills_its_sandbox_at_once(runtime: IsolationRunti
     with pytest.raises(asyncio.CancelledError):
         await running
     await eventually(idle, timeout=5)  # killed and reaped, far before its 60 s
+
+
+@pytest.mark.parametrize(("agent_mb", "expected_mb"), [(None, 200), (150, 150)])
+async def test_manifest_resource_defaults_set_the_rlimits_below_the_agents(
+    runtime: IsolationRuntime, agent_mb: int | None, expected_mb: int
+) -> None:
+    spec = spec_of(hostile_tools.rlimits)
+    runner = IsolatedRunner(
+        runtime=runtime, fleet=FleetLimits(), agent=AgentLimits(memory_mb=agent_mb), grants=Grants()
+    )
+    ctx = ToolContext(
+        tenant_id="tenant_a",
+        agent_did="did:agent:a",
+        invocation_id="inv-rl",
+        tool_id=spec.tool_id,
+        tool_version=spec.version,
+    )
+    outcome = await runner(spec, {}, ctx, 5.0)
+    assert outcome.error is None
+    assert outcome.result == {"text": str(expected_mb)}
+
+
+async def test_a_sandboxed_tool_reads_documents_through_the_executors_checks_cache_and_pins(
+    runtime: IsolationRuntime,
+) -> None:
+    source = MemoryDocumentSource()
+    source.put("handbook", "rules first edition")
+    source.put("faq", "questions")
+    cache = DocumentCache(MemoryCacheStore(), source="default", ttl_s=300)
+    cache.after_subscribe()
+    await eventually(lambda: _trusted(cache))
+    context = DocumentContext.model_validate({"documents": [{"document_id": "handbook"}]})
+    book = MemoryPinBook()
+    warm = CallDocuments(context=context, source=source, pins=book("inv-warm"), cache=cache)
+    await warm.get("handbook")  # the cache now holds version 1
+    source.put("handbook", "rules second edition")  # not announced: the cache still says 1
+    calls = source.calls
+
+    pins = MemoryDocumentPins()
+    docs = CallDocuments(context=context, source=source, pins=pins, cache=cache)
+    spec = spec_of(hostile_tools.documents)
+    ctx = ToolContext(
+        tenant_id="tenant_a",
+        agent_did="did:agent:a",
+        invocation_id="inv-docs",
+        tool_id=spec.tool_id,
+        tool_version=spec.version,
+        documents=docs,
+    )
+    outcome = await run(
+        runtime, hostile_tools.documents, {"document_id": "handbook", "forbidden": "faq"}, ctx=ctx
+    )
+    assert outcome.error is None, outcome.error
+    assert outcome.result == {
+        "text": "1 1 handbook document_access_denied rules first edition"
+    }  # cached content and metadata, the search kept to the named document, faq refused
+    assert source.calls - calls <= 1  # only the search reached the source
+    assert pins.pins == {"handbook": "1"}  # pinned at the first read, as in-process
+    assert next((a.document_id, a.version) for a in docs.accessed) == ("handbook", "1")
+
+
+async def _trusted(cache: DocumentCache) -> bool:
+    return cache.trusted

@@ -16,6 +16,7 @@ from pydantic import BaseModel, Field
 
 from toolfleet.isolation.command import command_tool
 from toolfleet.isolation.limits import ToolLimits
+from toolfleet.registry.manifest import ResourceDefaults
 from toolfleet.sdk import ToolContext, tool
 
 
@@ -241,3 +242,35 @@ words = command_tool(
 async def needy(params: Empty, ctx: ToolContext) -> Text:
     """Declares 256 MB: an agent with less is refused before it runs (BC-1)."""
     return Text(text="ran")
+
+
+@_hostile("rlimits", resource_defaults=ResourceDefaults(memory_mb_limit=200))
+async def rlimits(params: Empty, ctx: ToolContext) -> Text:
+    """Reports the address-space limit it runs under, in MB (its manifest default: 200)."""
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    return Text(text=str(soft // (1024 * 1024)))
+
+
+class DocumentId(BaseModel):
+    document_id: str
+    forbidden: str
+
+
+@_hostile("documents")
+async def documents(params: DocumentId, ctx: ToolContext) -> Text:
+    """Reads a document, its metadata and a search through ``ctx.documents`` (over the
+    RPC when isolated), then one document its request does not name."""
+    from toolfleet.errors import ToolfleetError
+
+    doc = await ctx.documents.get(params.document_id)
+    meta = await ctx.documents.metadata(params.document_id)
+    hits = await ctx.documents.search(doc.content.split()[0], limit=5)
+    try:
+        await ctx.documents.get(params.forbidden)
+        denied = "read"
+    except ToolfleetError as exc:
+        denied = str(exc.code)
+    found = ",".join(hit.document_id for hit in hits)
+    return Text(text=f"{doc.version} {meta.latest_version} {found} {denied} {doc.content}")

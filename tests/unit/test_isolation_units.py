@@ -21,6 +21,7 @@ from toolfleet.isolation.limits import (
     AgentLimits,
     FleetLimits,
     Isolation,
+    ManifestDefaults,
     ToolLimits,
     bound_limits,
 )
@@ -141,6 +142,27 @@ def test_limits_fall_back_from_tool_to_agent_to_fleet() -> None:
     assert default.memory_mb == 512
     assert default.cpu_seconds == 1  # at least a second
     assert default.max_processes == 64  # the fleet's ceiling
+
+
+def test_manifest_defaults_apply_below_the_agents_limits() -> None:
+    fleet = FleetLimits(memory_mb=512, cpu_millicores=1000)
+    defaults = ManifestDefaults(memory_mb=128, cpu_millicores=2000)
+    run = bound_limits(
+        tool_id="t", tool=ToolLimits(), agent=AgentLimits(cpu_millicores=500), fleet=fleet,
+        timeout_s=10, defaults=defaults,
+    )  # fmt: skip
+    assert run.memory_mb == 128  # the manifest's default, the agent set none
+    assert run.cpu_seconds == 5  # the agent's 500 mc, lower than the default's 2000
+    unbounded = bound_limits(
+        tool_id="t", tool=ToolLimits(), agent=AgentLimits(), fleet=fleet, timeout_s=10,
+        defaults=defaults,
+    )  # fmt: skip
+    assert unbounded.cpu_seconds == 20  # the manifest's 2 CPUs, not the fleet's 1
+    asked = bound_limits(
+        tool_id="t", tool=ToolLimits(memory_mb=300), agent=AgentLimits(memory_mb=400),
+        fleet=fleet, timeout_s=10, defaults=defaults,
+    )  # fmt: skip
+    assert asked.memory_mb == 300  # what the tool needs wins over a default
 
 
 # -- filesystem permissions -------------------------------------------------------------

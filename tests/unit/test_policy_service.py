@@ -10,11 +10,13 @@ import pytest
 from pydantic import BaseModel
 
 from toolfleet.auth.control import ControlSigner, ControlVerifier, control_claims
+from toolfleet.auth.grants import GrantSigner, GrantVerifier
 from toolfleet.auth.keys import generate_key_pair
 from toolfleet.auth.revocation import MemoryRevocationList
 from toolfleet.auth.tokens import TokenIssuer, TokenVerifier
 from toolfleet.errors import ErrorCode
 from toolfleet.events.envelope import Emitted, Envelope, new_event
+from toolfleet.events.identity import CallRef
 from toolfleet.events.models import (
     AgentContext,
     ApprovalDecision,
@@ -268,6 +270,35 @@ async def test_an_approval_after_the_token_was_revoked_runs_nothing(fleet: Fleet
     await fleet.revocations.revoke(issued.jti, ttl_s=3600)
     emitted = await fleet.service.on_control(_decision(fleet, invocation_id, grant=True), None)
     assert _error(emitted) == ErrorCode.PERMISSION_DENIED
+
+
+async def test_an_approved_call_gets_the_same_file_and_network_grant_as_a_direct_one() -> None:
+    fleet = Fleet()
+    key = b"g" * 32
+    fleet.service.grants = GrantSigner(key)
+    token = ISSUER.issue(
+        tenant_id=TENANT,
+        agent_did=AGENT,
+        filesystem_permissions=["/srv/data", "rw:/srv/out"],
+        network_permissions=["api.example.com"],
+    )
+    _, parked = _one(await _ask(fleet, _request("acme__send", token=token)))
+    invocation_id = str(parked.data_as(ApprovalRequested).invocation_id)
+    _, approved = _one(
+        await fleet.service.on_control(_decision(fleet, invocation_id, grant=True), None)
+    )
+    _, direct = _one(await _ask(fleet, _request("core__echo", token=token)))
+
+    def granted(event: Envelope) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        call = event.data_as(InvokeAuthorized)
+        assert call.grant is not None
+        claims = GrantVerifier([key]).decode(
+            call.grant, call=CallRef.of(call), parameters=call.parameters
+        )
+        return claims.filesystem_permissions, claims.network_permissions
+
+    expected = (("/srv/data", "rw:/srv/out"), ("api.example.com",))
+    assert granted(approved) == granted(direct) == expected
 
 
 async def test_a_duplicate_key_answers_with_the_first_calls_outcome(fleet: Fleet) -> None:

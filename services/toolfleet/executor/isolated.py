@@ -31,7 +31,13 @@ from toolfleet.events.types import EventType, Source, TopicName
 from toolfleet.executor.ports import Emitter
 from toolfleet.executor.runner import RunResult, run_tool
 from toolfleet.isolation.egress import EgressGrant, EgressProxy, EgressRecord
-from toolfleet.isolation.limits import AgentLimits, FleetLimits, Isolation, bound_limits
+from toolfleet.isolation.limits import (
+    AgentLimits,
+    FleetLimits,
+    Isolation,
+    ManifestDefaults,
+    bound_limits,
+)
 from toolfleet.isolation.runtime import Grants, IsolatedCall, IsolationRuntime, RuntimeConfig
 from toolfleet.isolation.sandbox import parse_filesystem_permissions
 from toolfleet.sdk.context import ToolContext
@@ -108,6 +114,10 @@ class IsolatedRunner:
                 agent=self.agent,
                 fleet=self.fleet,
                 timeout_s=timeout_s,
+                defaults=ManifestDefaults(
+                    memory_mb=spec.resource_defaults.memory_mb_limit,
+                    cpu_millicores=spec.resource_defaults.cpu_millicore_limit,
+                ),
             )
             if self.runtime is None:
                 raise SandboxFailure(f"{spec.tool_id} needs isolation; this executor has none")

@@ -3,7 +3,9 @@
 A tool declares what it needs (:class:`ToolLimits`, its manifest's ``limits``); the
 request's ``resource_limits`` are what its agent has. A tool asking more than the agent
 has is refused before it runs (:class:`AgentLimitExceeded`); what the tool leaves unset
-is the agent's, then the fleet's default. Without cgroups a CPU *rate* cannot be
+is its manifest's ``resource_defaults`` or the agent's, whichever is lower (a default
+applies below the agent's limit, never above it), then the fleet's default.
+:func:`bound_limits` is the one place that computes this. Without cgroups a CPU *rate* cannot be
 enforced, so ``cpu_millicores`` bounds CPU *time*: ``millicores / 1000 x timeout``
 seconds of CPU (``RLIMIT_CPU``), at least one second.
 """
@@ -54,6 +56,14 @@ class AgentLimits:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ManifestDefaults:
+    """The manifest's ``resource_defaults``: what a call runs under unless its agent has less."""
+
+    memory_mb: int | None = None
+    cpu_millicores: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class FleetLimits:
     """The executor's defaults and ceilings (``TOOLFLEET_ISOLATION_*``)."""
 
@@ -88,16 +98,30 @@ class RunLimits:
 
 
 def bound_limits(
-    *, tool_id: str, tool: ToolLimits, agent: AgentLimits, fleet: FleetLimits, timeout_s: float
+    *,
+    tool_id: str,
+    tool: ToolLimits,
+    agent: AgentLimits,
+    fleet: FleetLimits,
+    timeout_s: float,
+    defaults: ManifestDefaults | None = None,
 ) -> RunLimits:
-    """The limits of one run, nested in the agent's (BC-1).
+    """The limits of one run, nested in the agent's (BC-1), the manifest's defaults below.
 
     Raises:
         AgentLimitExceeded: the tool asks more memory or CPU than the agent has.
     """
-    memory = _nested(tool_id, "memory_mb", tool.memory_mb, agent.memory_mb, fleet.memory_mb)
+    defaults = defaults or ManifestDefaults()
+    memory = _nested(
+        tool_id, "memory_mb", tool.memory_mb, agent.memory_mb, defaults.memory_mb, fleet.memory_mb
+    )
     cpu = _nested(
-        tool_id, "cpu_millicores", tool.cpu_millicores, agent.cpu_millicores, fleet.cpu_millicores
+        tool_id,
+        "cpu_millicores",
+        tool.cpu_millicores,
+        agent.cpu_millicores,
+        defaults.cpu_millicores,
+        fleet.cpu_millicores,
     )
     return RunLimits(
         timeout_s=timeout_s,
@@ -111,7 +135,14 @@ def bound_limits(
     )
 
 
-def _nested(tool_id: str, name: str, asks: int | None, has: int | None, default: int) -> int:
+def _nested(
+    tool_id: str,
+    name: str,
+    asks: int | None,
+    has: int | None,
+    manifest: int | None,
+    fleet: int,
+) -> int:
     if asks is not None and has is not None and asks > has:
         raise AgentLimitExceeded(
             f"{tool_id} needs {name}={asks} but the calling agent's limit is {has}",
@@ -119,4 +150,5 @@ def _nested(tool_id: str, name: str, asks: int | None, has: int | None, default:
         )
     if asks is not None:
         return asks
-    return has if has is not None else default
+    below = [value for value in (has, manifest) if value is not None]
+    return min(below) if below else fleet

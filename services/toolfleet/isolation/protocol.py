@@ -5,7 +5,9 @@ is a 4-byte big-endian length followed by that many bytes of UTF-8 JSON (one obj
 
     worker -> executor   {"kind": "ready", "cpu_s": float}            started, waiting
                          {"kind": "call", "id": n, "method": "checkpoint" | "credential"
-                                          | "progress", "args": {...}}
+                                          | "documents.get" | "documents.metadata"
+                                          | "documents.search" | "documents.overlaps",
+                                          "args": {...}}
                          {"kind": "done", "result": {...}} | {"kind": "done", "error": {...}}
     executor -> worker   {"kind": "run", ...job...}
                          {"kind": "reply", "id": n, "value": ...} | {..., "error": {...}}

@@ -1,4 +1,6 @@
-"""The worker's ``ToolContext``: checkpoints and credentials asked of the executor over RPC."""
+"""The worker's ``ToolContext``: checkpoints, credentials and documents asked of the
+executor over RPC (the executor's own context answers: its access checks, cache and
+version pins hold for an isolated tool exactly as in-process)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,8 @@ from toolfleet.secrets.store import Secret
 
 if TYPE_CHECKING:
     import concurrent.futures
+
+    from toolfleet.documents.models import Document, DocumentMetadata, SearchHit
 
 
 class Caller(Protocol):
@@ -49,6 +53,39 @@ class RemoteCredentials:
         return Secret(str(self._channel.call("credential", {"name": name}).result()))
 
 
+class RemoteDocuments:
+    """``ctx.documents`` in a worker: each read is one round trip to the executor."""
+
+    def __init__(self, channel: Caller) -> None:
+        self._channel = channel
+
+    async def _ask(self, method: str, args: dict[str, Any]) -> Any:
+        return await asyncio.wrap_future(self._channel.call(f"documents.{method}", args))
+
+    async def get(self, document_id: str) -> Document:
+        from toolfleet.documents.models import Document
+
+        return Document.model_validate(await self._ask("get", {"document_id": document_id}))
+
+    async def metadata(self, document_id: str) -> DocumentMetadata:
+        from toolfleet.documents.models import DocumentMetadata
+
+        answer = await self._ask("metadata", {"document_id": document_id})
+        return DocumentMetadata.model_validate(answer)
+
+    async def search(self, query: str, *, limit: int = 10) -> list[SearchHit]:
+        return _hits(await self._ask("search", {"query": query, "limit": limit}))
+
+    async def overlaps(self, document_id: str, *, limit: int = 10) -> list[SearchHit]:
+        return _hits(await self._ask("overlaps", {"document_id": document_id, "limit": limit}))
+
+
+def _hits(answer: Any) -> list[SearchHit]:
+    from toolfleet.documents.models import SearchHit
+
+    return [SearchHit.model_validate(hit) for hit in answer or []]
+
+
 def remote_context(
     job: dict[str, Any], channel: Caller, cancel_event: asyncio.Event
 ) -> ToolContext:
@@ -65,4 +102,5 @@ def remote_context(
         cancel_event=cancel_event,
         credentials=RemoteCredentials(channel) if job.get("credentials") else None,
         connection_id=job.get("connection_id"),
+        documents=RemoteDocuments(channel),
     )

@@ -466,12 +466,36 @@ class IsolationRuntime:
                     )
                 case "credential":
                     reply["value"] = ctx.credential(str(args.get("name", ""))).reveal()
+                case "documents.get":
+                    document = await ctx.documents.get(str(args.get("document_id", "")))
+                    reply["value"] = document.model_dump(mode="json")
+                case "documents.metadata":
+                    meta = await ctx.documents.metadata(str(args.get("document_id", "")))
+                    reply["value"] = meta.model_dump(mode="json")
+                case "documents.search":
+                    hits = await ctx.documents.search(
+                        str(args.get("query", "")), limit=_limit(args)
+                    )
+                    reply["value"] = [hit.model_dump(mode="json") for hit in hits]
+                case "documents.overlaps":
+                    hits = await ctx.documents.overlaps(
+                        str(args.get("document_id", "")), limit=_limit(args)
+                    )
+                    reply["value"] = [hit.model_dump(mode="json") for hit in hits]
                 case _:
                     raise SandboxFailure("unknown call from the worker")
         except ToolfleetError as exc:
             reply.pop("value", None)
             reply["error"] = exc.to_error_info().model_dump(mode="json")
         await worker.send(reply)
+
+
+def _limit(args: dict[str, Any]) -> int:
+    """A search's ``limit`` from the worker, kept to what a source is asked for anyway."""
+    try:
+        return max(1, min(int(args.get("limit", 10)), 100))
+    except (TypeError, ValueError):
+        return 10
 
 
 def _failed(exc: ToolfleetError) -> IsolatedResult:

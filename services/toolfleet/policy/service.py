@@ -68,6 +68,8 @@ class PendingApproval(BaseModel):
     authid: str
     capability_jti: str = ""
     """``jti`` of the verified capability token, bound into the execution grant."""
+    filesystem_permissions: tuple[str, ...] = ()
+    """The token's ``filesystem_permissions``, signed into the grant once approved."""
     network_permissions: tuple[str, ...] = ()
     """The token's ``network_permissions``, signed into the grant once approved."""
 
@@ -384,6 +386,7 @@ class PolicyService:
                 traceparent=event.traceparent,
                 authid=capability.subject,
                 capability_jti=capability.jti,
+                filesystem_permissions=capability.filesystem_permissions,
                 network_permissions=capability.network_permissions,
             ),
             ttl_s,
@@ -501,6 +504,7 @@ class PolicyService:
                 pending.capability_jti,
                 pending.tenant_id,
                 traceparent=pending.traceparent,
+                filesystem_permissions=pending.filesystem_permissions,
                 network_permissions=pending.network_permissions,
             )
         ]

@@ -15,6 +15,7 @@ from tests.integration.test_http_tools import APP, serving
 from tests.support.eventually import eventually
 from tests.support.fleet import ProcessFleet, process_fleet
 from tests.support.pipeline import Fleet, fleet_settings
+from tests.support.source_servers import sandbox_state
 from toolfleet.client import InvocationHandle
 from toolfleet.events.envelope import Envelope
 from toolfleet.events.models import AgentContext, InvocationStatus, InvokeRequested, ToolOutcome
@@ -84,10 +85,12 @@ async def register_sources(local: FleetSettings, server_state: Path, api: str) -
     sessions = SessionPool()
     try:
         store = SourceStore(pool)
+        sandbox_state(server_state)  # the executor runs the server sandboxed, as its own uid
         source = SourceDefinition(
             name=SOURCE,
             kind=SourceKind.MCP_STDIO,
             target=f"{sys.executable} -m tests.support.source_servers {server_state}",
+            filesystem_permissions=[f"rw:{server_state}"],
             tenant_id=TENANT,
             timeout_s=60,
         )

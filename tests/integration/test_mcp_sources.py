@@ -8,6 +8,7 @@ through the executor's own runner with the provider's specs, as a worker runs th
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 import uuid
@@ -20,8 +21,11 @@ import pytest
 
 from tests.support.eventually import eventually
 from tests.support.servers import free_port, kill_quietly, wait_for_port
+from tests.support.source_servers import sandbox_state
 from toolfleet.errors import ErrorCode
 from toolfleet.executor.runner import RunResult, run_tool
+from toolfleet.isolation.sandbox import probe
+from toolfleet.isolation.stdio import StdioSandbox
 from toolfleet.policy.documents import allowed_by
 from toolfleet.registry.manifest import LifecycleState
 from toolfleet.registry.store import RegistryStore
@@ -36,6 +40,8 @@ from toolfleet.storage.postgres import create_pool
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
+#: The uid sandboxed servers run as when the tests run as root.
+SERVER_UID = 199_999
 
 
 class Appeared:
@@ -69,7 +75,13 @@ class Fleet:
     def __init__(self, pool: asyncpg.Pool) -> None:
         self.store = SourceStore(pool)
         self.registry = RegistryStore(pool)
-        self.sessions = SessionPool(credentials=secret_credentials(Secrets()))
+        # stdio servers run sandboxed, as an executor that can run sandboxes starts them.
+        support = probe()
+        assert support.sandboxes, support.problem
+        self.sandbox = StdioSandbox(support=support, uid=SERVER_UID)
+        self.sessions = SessionPool(
+            credentials=secret_credentials(Secrets()), launcher=self.sandbox
+        )
         self.audit = Appeared()
         self.catalog = SourceCatalog(store=self.store, pool=self.sessions, audit=self.audit)
         self.sessions.on_tools_changed = self.catalog.on_tools_changed
@@ -121,8 +133,11 @@ def state(tmp_path: Path) -> Path:
 
 
 def stdio_source(state: Path, **extra: Any) -> SourceDefinition:
+    """A source of the test server; its state dir is the one host path it may write."""
     name = f"s{uuid.uuid4().hex[:8]}"
     command = f"{sys.executable} -m tests.support.source_servers {state}"
+    sandbox_state(state)
+    extra.setdefault("filesystem_permissions", [f"rw:{state}"])
     return SourceDefinition(name=name, kind=SourceKind.MCP_STDIO, target=command, **extra)
 
 
@@ -312,6 +327,31 @@ async def test_a_stdio_server_gets_its_credentials_and_nothing_else(
     await fleet.add(source)
     result = await fleet.call(f"mcp__{source.name}__token_length", {})
     assert text_of(result) == f"length={len('s3cr3t-value')}"
+
+
+async def test_a_sandboxed_stdio_server_sees_neither_host_secrets_nor_other_dirs(
+    fleet: Fleet, state: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TOOLFLEET_TEST_EXECUTOR_SECRET", "executor-only")
+    source = stdio_source(state)
+    await fleet.add(source)
+
+    async def run(tool: str, path: str) -> str:
+        return text_of(await fleet.call(f"mcp__{source.name}__{tool}", {"path": path}))
+
+    for path in ("/proc/1/environ", f"/proc/{os.getpid()}/environ", "/etc/shadow"):
+        seen = await run("read_path", path)
+        assert "executor-only" not in seen, path
+        assert "TOOLFLEET_" not in seen, path
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    for path in (str(outside / "pwned"), "/usr/pwned", "/etc/pwned", f"{REPO}/pwned"):
+        assert (await run("write_path", path)).startswith("refused:"), path
+    assert not (outside / "pwned").exists()
+    assert not (REPO / "pwned").exists()
+    assert await run("write_path", str(state / "mine")) == "written"  # its own dir
+    assert (state / "mine").read_text() == "pwned"
+    assert await run("write_path", "/home/tool/scratch") == "written"  # its work dir
 
 
 async def test_a_source_of_another_tenant_is_refused(fleet: Fleet, state: Path) -> None:

@@ -15,6 +15,7 @@ import pytest
 
 from tests.support.eventually import eventually
 from tests.support.pipeline import Fleet, fleet_settings, in_process_fleet
+from tests.support.source_servers import sandbox_state
 from toolfleet.events.models import InvocationStatus, ToolOutcome
 from toolfleet.registry.redaction import REDACTED
 from toolfleet.settings import FleetSettings
@@ -48,10 +49,12 @@ async def fleet(
     pool = await create_pool(local.database_url)
     sessions = SessionPool()
     try:
+        state = sandbox_state(home / "server")  # the executor runs it sandboxed, as its uid
         source = SourceDefinition(
             name=SOURCE,
             kind=SourceKind.MCP_STDIO,
-            target=f"{sys.executable} -m tests.support.source_servers {home / 'server'}",
+            target=f"{sys.executable} -m tests.support.source_servers {state}",
+            filesystem_permissions=[f"rw:{state}"],
         )
         store = SourceStore(pool)
         await store.put(source)

@@ -23,6 +23,13 @@ class Count(BaseModel):
     n: int
 
 
+def sandbox_state(state: Path) -> Path:
+    """``state``, made and writable by the uid a sandboxed server runs as."""
+    state.mkdir(parents=True, exist_ok=True)
+    state.chmod(0o777)
+    return state
+
+
 def build_server(state: Path) -> MCPServer:
     server = MCPServer(name="toolfleet-test-source")
 
@@ -42,6 +49,24 @@ def build_server(state: Path) -> MCPServer:
     def token_length() -> str:
         """The length of ``SOURCE_TOKEN`` (a credential the fleet put in the environment)."""
         return f"length={len(os.environ.get('SOURCE_TOKEN', ''))}"
+
+    @server.tool()
+    def read_path(path: str) -> str:
+        """The first bytes of a file, or why it cannot be read (the sandbox tests)."""
+        try:
+            with open(path, "rb") as f:
+                return "read:" + f.read(4096).decode(errors="replace")
+        except OSError as exc:
+            return f"refused:{type(exc).__name__}"
+
+    @server.tool()
+    def write_path(path: str) -> str:
+        """Writes a file, or says why it cannot (the sandbox tests)."""
+        try:
+            Path(path).write_text("pwned")
+        except OSError as exc:
+            return f"refused:{type(exc).__name__}"
+        return "written"
 
     @server.tool()
     def fail() -> str:

@@ -26,7 +26,7 @@ from toolfleet.executor.checkpoints.store import RedisCheckpointStore, TieredChe
 from toolfleet.executor.circuits.breaker import CircuitBreaker
 from toolfleet.executor.circuits.store import RedisCircuitStore
 from toolfleet.executor.concurrency import RedisAgentSlots
-from toolfleet.executor.isolated import EgressEvents, build_runtime
+from toolfleet.executor.isolated import EgressEvents, build_runtime, stdio_sandbox
 from toolfleet.executor.leasing.guard import LeaseGuard, LeaseLost
 from toolfleet.executor.leasing.leases import RedisLeases
 from toolfleet.executor.registration import register_catalog
@@ -162,6 +162,7 @@ async def build(res: Resources) -> list[EventConsumer]:
         service.isolation, service.isolation_limits, isolation_job = build_runtime(
             settings, service.egress_events
         )
+        sources.pool.launcher = stdio_sandbox(settings, service.isolation, service.isolation_limits)
         res.background(isolation_job)
 
     async def suspend_at_stop(stop: asyncio.Event) -> None:

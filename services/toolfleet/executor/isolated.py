@@ -40,6 +40,7 @@ from toolfleet.isolation.limits import (
 )
 from toolfleet.isolation.runtime import Grants, IsolatedCall, IsolationRuntime, RuntimeConfig
 from toolfleet.isolation.sandbox import parse_filesystem_permissions
+from toolfleet.isolation.stdio import StdioSandbox
 from toolfleet.sdk.context import ToolContext
 from toolfleet.sdk.tool import ToolSpec
 
@@ -220,3 +221,19 @@ def build_runtime(
             await stop.wait()
 
     return runtime, limits, run
+
+
+def stdio_sandbox(
+    settings: ExecutorSettings, runtime: IsolationRuntime, limits: FleetLimits
+) -> StdioSandbox | None:
+    """How the executor starts stdio MCP servers: sandboxed like a tool, under the uid
+    just below the tools' range (when root); None where this host has no sandbox."""
+    if not runtime.sandboxes:
+        return None
+    return StdioSandbox(
+        support=runtime.support,
+        limits=limits,
+        egress=runtime.egress,
+        uid=settings.isolation_uid_base - 1,
+        workdir_mb=settings.isolation_max_file_mb,
+    )

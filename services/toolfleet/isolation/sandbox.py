@@ -165,9 +165,19 @@ def import_paths(extra: Sequence[str] = ()) -> tuple[str, ...]:
 
 
 def bwrap_argv(
-    *, support: HostSupport, plan: SandboxPlan, worker: Sequence[str], seccomp: bool = True
+    *,
+    support: HostSupport,
+    plan: SandboxPlan,
+    worker: Sequence[str],
+    seccomp: bool = True,
+    inherit_env: bool = False,
+    chdir: str = WORKDIR,
 ) -> list[str]:
-    """The ``bwrap ... -- worker`` command line (fds: RPC on 3, seccomp filter on 4)."""
+    """The ``bwrap ... -- worker`` command line (fds: RPC on 3, seccomp filter on 4).
+
+    ``inherit_env``: the sandbox keeps the environment bwrap is started with (a stdio
+    server's, which its starter already reduced to what it may see); else it is cleared.
+    """
     if support.bwrap is None:
         raise SandboxFailure("no bwrap on this host")
     argv = [support.bwrap, "--die-with-parent", "--new-session"]
@@ -197,7 +207,10 @@ def bwrap_argv(
         argv += ["--bind" if bind.writable else "--ro-bind", bind.path, bind.path]
     if plan.egress_socket is not None:
         argv += ["--bind", plan.egress_socket, EGRESS_SOCKET]
-    argv += ["--chdir", WORKDIR, "--clearenv", "--setenv", "HOME", WORKDIR]
+    argv += ["--chdir", chdir]
+    if not inherit_env:
+        argv += ["--clearenv"]
+    argv += ["--setenv", "HOME", WORKDIR]
     argv += ["--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin", "--setenv", "LANG", "C.UTF-8"]
     if seccomp:
         argv += ["--seccomp", str(SECCOMP_FD)]

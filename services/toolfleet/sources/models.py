@@ -87,6 +87,12 @@ class SourceDefinition(BaseModel):
     sent with every call (``http``) or on the session (``mcp_http``)."""
     credential_env: dict[str, str] = Field(default_factory=dict)
     """Environment variable → credential name, for a ``mcp_stdio`` server's process."""
+    filesystem_permissions: list[str] = Field(default_factory=list)
+    """Host paths a sandboxed ``mcp_stdio`` server sees (``/path`` read-only, ``rw:/path``
+    writable); nothing else of the host's files but the system's programs."""
+    network_permissions: list[str] = Field(default_factory=list)
+    """Hosts a sandboxed ``mcp_stdio`` server may reach through the egress proxy (the
+    token's syntax); none: no network at all."""
     redaction: dict[str, list[str]] = Field(default_factory=dict)
     """Tool name on the source → result fields clients may see (none: ``content`` for an
     MCP tool, the output schema's fields for an HTTP operation)."""
@@ -112,6 +118,10 @@ class SourceDefinition(BaseModel):
             raise ValueError("only http sources declare operations")
         if self.credential_env and self.kind is not SourceKind.MCP_STDIO:
             raise ValueError("credential_env is for mcp_stdio sources (their process)")
+        if (
+            self.filesystem_permissions or self.network_permissions
+        ) and self.kind is not SourceKind.MCP_STDIO:
+            raise ValueError("filesystem and network permissions are for mcp_stdio sources")
         if self.credential_headers and self.kind is SourceKind.MCP_STDIO:
             raise ValueError("credential_headers is for http and mcp_http sources")
         if (self.credential_env or self.credential_headers) and not self.connection_id:

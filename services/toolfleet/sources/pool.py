@@ -7,6 +7,10 @@ with exponential backoff when it breaks (a crashed server), and closes it once n
 has used it for the source's ``idle_s``. Calls wait for a live session up to their own
 timeout.
 
+With a ``launcher`` (the executor's :class:`~toolfleet.isolation.stdio.StdioSandbox`)
+a stdio server's process runs sandboxed: the source's ``filesystem_permissions`` and
+``network_permissions`` are all it sees of the host and the network.
+
 A call that loses its session mid-flight fails with ``external_api_error``
 (retryable): the server crashed, a retry reaches the restarted one. Cancelling a call's
 task makes the SDK send ``notifications/cancelled`` for its request.
@@ -20,9 +24,9 @@ import logging
 import shlex
 import time
 from collections.abc import Callable, Coroutine
-from contextlib import AsyncExitStack
+from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import httpx2
 from mcp import Client
@@ -34,6 +38,7 @@ from mcp.shared.dispatcher import ProgressFnT
 from mcp.types import CallToolResult, Tool, ToolListChangedNotification
 
 from toolfleet.errors import ExternalApiError, ResultValidationFailed
+from toolfleet.isolation.stdio import StdioServer
 from toolfleet.sources.models import SourceDefinition, SourceKind
 
 log = logging.getLogger(__name__)
@@ -45,10 +50,17 @@ ToolsChanged = Callable[[SourceDefinition], Coroutine[Any, Any, None]]
 SourceCredentials = Callable[[SourceDefinition], Coroutine[Any, Any, dict[str, str]]]
 
 
+class StdioLauncher(Protocol):
+    """Wraps a stdio server's command (a sandbox); the context lives as long as its process."""
+
+    def launch(self, server: StdioServer) -> AbstractAsyncContextManager[list[str]]: ...
+
+
 def server_of(
     source: SourceDefinition,
     credentials: dict[str, str] | None = None,
     http_client: httpx2.AsyncClient | None = None,
+    argv: list[str] | None = None,
 ) -> StdioServerParameters | str | Transport:
     """What ``mcp.Client`` connects to for ``source``.
 
@@ -61,7 +73,7 @@ def server_of(
         if http_client is None:
             return source.target
         return streamable_http_client(source.target, http_client=http_client)
-    argv = shlex.split(source.target)
+    argv = argv or shlex.split(source.target)
     if not argv:
         raise ValueError(f"source {source.name}: empty command")
     env = {var: values[name] for var, name in source.credential_env.items() if name in values}
@@ -80,6 +92,8 @@ class ServerSession:
     on_tools_changed: ToolsChanged | None = None
     credentials: SourceCredentials | None = None
     """Resolves ``credential_env`` / ``credential_headers`` when a session opens."""
+    launcher: StdioLauncher | None = None
+    """Starts a stdio server sandboxed; None: as a plain child process."""
     max_backoff_s: float = 5.0
     clock: Callable[[], float] = time.monotonic
     starts: int = 0
@@ -291,8 +305,24 @@ class ServerSession:
             http_client = await stack.enter_async_context(
                 httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30, read=300))
             )
+        argv = None
+        if source.kind is SourceKind.MCP_STDIO and self.launcher is not None:
+            command = shlex.split(source.target)
+            if not command:
+                raise ValueError(f"source {source.name}: empty command")
+            argv = await stack.enter_async_context(
+                self.launcher.launch(
+                    StdioServer(
+                        key=f"source:{source.tenant_id}:{source.name}",
+                        tenant_id=source.tenant_id,
+                        argv=command,
+                        filesystem_permissions=source.filesystem_permissions,
+                        network_permissions=source.network_permissions,
+                    )
+                )
+            )
         return Client(
-            server_of(source, values, http_client),
+            server_of(source, values, http_client, argv),
             read_timeout_seconds=None,
             message_handler=self._on_message,
             cache=None,
@@ -312,6 +342,8 @@ class SessionPool:
 
     on_tools_changed: ToolsChanged | None = None
     credentials: SourceCredentials | None = None
+    launcher: StdioLauncher | None = None
+    """Starts stdio servers sandboxed (the executor sets it when it can run sandboxes)."""
     max_backoff_s: float = 5.0
     _sessions: dict[tuple[str, str], ServerSession] = field(default_factory=dict)
 
@@ -327,6 +359,7 @@ class SessionPool:
                 source=source,
                 on_tools_changed=self.on_tools_changed,
                 credentials=self.credentials,
+                launcher=self.launcher,
                 max_backoff_s=self.max_backoff_s,
             )
             self._sessions[key] = found

@@ -133,6 +133,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--http", action="store_true")
     parser.add_argument("--port", type=int, default=0)
     args = parser.parse_args(argv)
+    os.umask(0)  # what it leaves, a later start may append to (sandboxed, as its own uid)
     args.state.mkdir(parents=True, exist_ok=True)
     with (args.state / "starts").open("a") as f:
         f.write(f"{os.getpid()}\n")

@@ -418,10 +418,10 @@ async def test_command_tool_reads_stdin_prints_json_and_checkpoints_on_a_side_ch
 
 async def test_a_cancelled_run_kills_its_sandbox_at_once(runtime: IsolationRuntime) -> None:
     def pooled() -> int:
-        return runtime.warm(Isolation.SANDBOX) + runtime.warm(Isolation.PROCESS)
+        return runtime.warm(Isolation.SANDBOX) + runtime.warm(Isolation.PROCESS) + runtime.kept
 
     async def idle() -> bool:
-        return runtime.alive == pooled() == 2  # only the warm ones
+        return runtime.alive == pooled() >= 2  # only the warm ones
 
     async def running_one() -> bool:
         return runtime.alive > pooled()
@@ -503,3 +503,39 @@ async def test_a_sandboxed_tool_reads_documents_through_the_executors_checks_cac
 
 async def _trusted(cache: DocumentCache) -> bool:
     return cache.trusted
+
+
+async def test_a_tool_called_again_gets_a_warm_sandbox_of_its_grant_with_its_module_imported(
+    runtime: IsolationRuntime, tmp_path: Path
+) -> None:
+    grants = Grants(binds=parse_filesystem_permissions([str(tmp_path)]))
+    spec = spec_of(hostile_tools.preloaded)
+    call = IsolatedCall(
+        isolation=spec.isolation,
+        tool_id=spec.tool_id,
+        target=spec.target,
+        parameters={},
+        limits=limits(),
+        grants=grants,
+    )
+    first = await run(runtime, hostile_tools.preloaded, grants=grants)
+    assert first.result == {"text": "imported in the call"}  # a file grant: started cold
+
+    async def kept() -> bool:
+        return runtime.warm_for(call)
+
+    assert await eventually(kept, timeout=30)
+    second = await run(runtime, hostile_tools.preloaded, grants=grants)
+    assert second.result == {"text": "imported before"}
+    other = Grants(binds=parse_filesystem_permissions([str(tmp_path), "/etc/ssl"]))
+    assert not runtime.warm_for(
+        IsolatedCall(
+            isolation=spec.isolation,
+            tool_id=spec.tool_id,
+            target=spec.target,
+            parameters={},
+            limits=limits(),
+            grants=other,
+        )
+    )  # another grant shape is another pool: never a sandbox that sees more or less
+    await still_serving(runtime)

@@ -19,6 +19,10 @@ from toolfleet.isolation.limits import ToolLimits
 from toolfleet.registry.manifest import ResourceDefaults
 from toolfleet.sdk import ToolContext, tool
 
+#: Whether this module was imported by a call's job (its environment set) or before it,
+#: by a warm worker kept for one of its tools.
+IMPORTED_IN_A_CALL = "TOOLFLEET_SANDBOX" in os.environ
+
 
 class Empty(BaseModel):
     pass
@@ -274,3 +278,9 @@ async def documents(params: DocumentId, ctx: ToolContext) -> Text:
         denied = str(exc.code)
     found = ",".join(hit.document_id for hit in hits)
     return Text(text=f"{doc.version} {meta.latest_version} {found} {denied} {doc.content}")
+
+
+@_hostile("preloaded")
+async def preloaded(params: Empty, ctx: ToolContext) -> Text:
+    """Says whether its module was imported before the call (a warm worker kept for it)."""
+    return Text(text="imported in the call" if IMPORTED_IN_A_CALL else "imported before")

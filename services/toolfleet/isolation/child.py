@@ -2,7 +2,8 @@
 
 Until it loads the tool this is trusted code: it drops to its own uid (``--uid``, when
 started as root), sets no-new-privileges, imports the SDK (so a warm worker answers in
-milliseconds), says ``ready`` and waits for one job. Then it applies the job's limits
+milliseconds), (and, for a warm worker kept for one tool, that tool's module: ``--preload``), says
+``ready`` and waits for one job. Then it applies the job's limits
 with ``setrlimit`` (they only go down, and the hard limit with them), and runs the tool
 once: a Python tool (``module:qualname``) in its own event loop, or a command tool
 (:mod:`toolfleet.isolation.command`). ``ctx.checkpoint()``, ``ctx.credential()`` and
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import concurrent.futures
+import contextlib
 import ctypes
 import importlib
 import itertools
@@ -35,6 +37,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fd", type=int, required=True)
     parser.add_argument("--uid", type=int, default=None)
     parser.add_argument("--workdir", default=None)
+    parser.add_argument("--preload", default="")
+    parser.add_argument("--sys-path", default="")
     args = parser.parse_args(argv)
     fd: int = args.fd
     os.set_inheritable(fd, False)  # commands the tool starts never see the RPC socket
@@ -42,6 +46,13 @@ def main(argv: list[str] | None = None) -> int:
         _drop_privileges(args.uid, args.workdir)
     _no_new_privs()
     import toolfleet.sdk  # noqa: F401  (preloaded: the part of a start a warm worker saves)
+
+    if args.preload:
+        # A warm worker kept for one tool: its module imported now, as its own uid, in
+        # its sandbox, before the call's limits (a failed import only costs the warmth).
+        sys.path[:] = [p for p in args.sys_path.split(os.pathsep) if p] or sys.path
+        with contextlib.suppress(Exception):
+            importlib.import_module(args.preload)
 
     write_frame(fd, {"kind": "ready", "cpu_s": _cpu_seconds()})
     job = read_frame(fd)

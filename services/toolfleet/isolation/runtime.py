@@ -25,6 +25,7 @@ import logging
 import os
 import signal
 import tempfile
+from collections import OrderedDict
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
@@ -65,6 +66,9 @@ class RuntimeConfig:
     """Sandboxes started ahead, waiting for a call without file or network grants."""
     warm_processes: int = 1
     """Worker processes started ahead for ``process`` tools."""
+    warm_tools: int = 8
+    """Tools (id, code, isolation and file grants) that keep a warm worker of their own,
+    their module already imported; the least recently called beyond this is dropped."""
     max_workers: int = 64
     """Workers alive at once (warm ones included); one more call waits for a slot."""
     uid_base: int = 200_000
@@ -89,6 +93,17 @@ class Grants:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class PoolKey:
+    """What a warm worker kept for one tool was started for: a call matching it exactly
+    (same tool code, runtime and bound paths; no network) may take it."""
+
+    isolation: Isolation
+    tool_id: str
+    target: str
+    binds: tuple[Bind, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class IsolatedCall:
     """One call for :meth:`IsolationRuntime.run`."""
 
@@ -102,6 +117,21 @@ class IsolatedCall:
     limits: RunLimits
     grants: Grants = field(default_factory=Grants)
     credentials: bool = False
+
+    @property
+    def pool_key(self) -> PoolKey | None:
+        """The warm pool of its own this call can use; None: a command or network call
+        (an egress session is bound to one invocation, so its sandbox starts with it)."""
+        if self.command or not self.target:
+            return None
+        if self.grants.egress is not None and self.grants.egress.allows_network:
+            return None
+        return PoolKey(
+            isolation=self.isolation,
+            tool_id=self.tool_id,
+            target=self.target,
+            binds=self.grants.binds,
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -139,6 +169,9 @@ class IsolationRuntime:
             Isolation.SANDBOX: asyncio.Queue(),
             Isolation.PROCESS: asyncio.Queue(),
         }
+        self._keyed: OrderedDict[PoolKey, Worker | None] = OrderedDict()
+        """One warm worker per recently called tool (None while it starts)."""
+        self._keying: set[PoolKey] = set()
         self._refills: set[asyncio.Task[None]] = set()
         self._socket_dir = tempfile.mkdtemp(prefix="toolfleet-egress-")
         self._seccomp = (
@@ -176,13 +209,27 @@ class IsolationRuntime:
         for queue in self._warm.values():
             while not queue.empty():
                 worker = queue.get_nowait()
-                await worker.close()
+                await self._release(worker)
+        keyed, self._keyed = list(self._keyed.values()), OrderedDict()
+        for kept in keyed:
+            if kept is not None:
+                await self._release(kept)
         with contextlib.suppress(OSError):
             os.rmdir(self._socket_dir)
 
     def warm(self, isolation: Isolation) -> int:
         """Workers waiting in the pool of ``isolation``."""
         return self._warm[isolation].qsize()
+
+    @property
+    def kept(self) -> int:
+        """Warm workers waiting for one tool each (``warm_tools`` pools)."""
+        return sum(1 for worker in self._keyed.values() if worker is not None)
+
+    def warm_for(self, call: IsolatedCall) -> bool:
+        """Whether a warm worker kept for ``call``'s tool and grants is waiting."""
+        key = call.pool_key
+        return key is not None and self._keyed.get(key) is not None
 
     @property
     def alive(self) -> int:
@@ -208,6 +255,14 @@ class IsolationRuntime:
     # --- workers ----------------------------------------------------------------------
 
     async def _worker(self, call: IsolatedCall, egress_host: str | None) -> Worker:
+        key = call.pool_key
+        if key is not None:
+            kept = self._keyed.get(key)
+            self._refill_key(key)  # the next call of this tool finds one again
+            if kept is not None and not kept.exited.done():
+                return kept
+            if kept is not None:
+                await self._release(kept)
         pool = self._warm[call.isolation]
         if call.grants.empty and not pool.empty():
             worker = pool.get_nowait()
@@ -217,8 +272,50 @@ class IsolationRuntime:
             await self._release(worker)
         return await self._start(call.isolation, call.grants.binds, egress_host)
 
+    def _refill_key(self, key: PoolKey) -> None:
+        """Start a warm worker kept for ``key`` (its module imported), in place of the
+        one taken; the least recently called key beyond ``warm_tools`` is dropped."""
+        if self._closed or self.config.warm_tools <= 0:
+            return
+        if key.isolation is Isolation.SANDBOX and not self.sandboxes:
+            return
+        self._keyed[key] = None
+        self._keyed.move_to_end(key)
+        if key in self._keying:
+            return  # one is starting already
+        while len(self._keyed) > self.config.warm_tools:
+            _, dropped = self._keyed.popitem(last=False)
+            if dropped is not None:
+                self._release_later(dropped)
+
+        async def refill() -> None:
+            try:
+                worker = await self._start(
+                    key.isolation, key.binds, None, preload=key.target.partition(":")[0]
+                )
+            except Exception as exc:
+                log.warning("warm worker did not start: %s", exc)
+                self._keyed.pop(key, None)
+                return
+            finally:
+                self._keying.discard(key)
+            if self._closed or key not in self._keyed or self._keyed[key] is not None:
+                await self._release(worker)  # dropped meanwhile, or another one is there
+            else:
+                self._keyed[key] = worker
+
+        self._keying.add(key)
+        task = asyncio.create_task(refill())
+        self._refills.add(task)
+        task.add_done_callback(self._refills.discard)
+
     async def _start(
-        self, isolation: Isolation, binds: tuple[Bind, ...], egress_host: str | None
+        self,
+        isolation: Isolation,
+        binds: tuple[Bind, ...],
+        egress_host: str | None,
+        *,
+        preload: str = "",
     ) -> Worker:
         slot = await self._free_slots.get()
         try:
@@ -233,7 +330,9 @@ class IsolationRuntime:
                 argv = bwrap_argv(
                     support=self.support,
                     plan=plan,
-                    worker=worker_command(uid=uid, workdir=WORKDIR),
+                    worker=worker_command(
+                        uid=uid, workdir=WORKDIR, preload=preload, sys_path=_sys_path()
+                    ),
                     seccomp=self._seccomp is not None,
                 )
                 if egress_host is not None and uid is not None:
@@ -245,7 +344,10 @@ class IsolationRuntime:
                     if filter_fd is not None:
                         os.close(filter_fd)
             else:
-                worker = await Worker.spawn(worker_command(uid=None, workdir=None), slot=slot)
+                command = worker_command(
+                    uid=None, workdir=None, preload=preload, sys_path=_sys_path()
+                )
+                worker = await Worker.spawn(command, slot=slot)
         except BaseException:
             self._free_slots.put_nowait(slot)
             raise

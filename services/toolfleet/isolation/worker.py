@@ -46,12 +46,18 @@ class Exit:
         return os.WEXITSTATUS(self.status) if os.WIFEXITED(self.status) else None
 
 
-def worker_command(*, uid: int | None, workdir: str | None) -> list[str]:
+def worker_command(
+    *, uid: int | None, workdir: str | None, preload: str = "", sys_path: Sequence[str] = ()
+) -> list[str]:
+    """The worker's command line; ``preload``: a tool's module, imported before ready
+    from ``sys_path`` (the executor's import path)."""
     argv = [sys.executable, "-I", "-m", "toolfleet.isolation.child", "--fd", str(RPC_FD)]
     if uid is not None:
         argv += ["--uid", str(uid)]
     if workdir is not None:
         argv += ["--workdir", workdir]
+    if preload:
+        argv += ["--preload", preload, "--sys-path", os.pathsep.join(sys_path)]
     return argv
 
 

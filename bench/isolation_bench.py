@@ -8,8 +8,11 @@ the runtime's ``run`` call to its result (the executor's view of one attempt):
 * in-process: ``run_tool`` in this event loop (``isolation="none"``);
 * warm sandbox: a bubblewrap sandbox started ahead by the warm pool (the pool refills
   in the background between calls, as it does in the executor);
-* cold sandbox: a sandbox started for the call (what calls with file or network grants
-  get, and every call once the pool is drained).
+* cold sandbox: a sandbox started for the call (what calls with network grants get,
+  and every call once the pools are drained);
+* kept sandbox with a file grant: the warm worker kept for this tool and this grant
+  (``warm_tools``), its module imported before the call;
+* cold sandbox with a file grant: the same call with no pool for it (``warm_tools=0``).
 
 Prints p50/p95 of each and the ratios to in-process. Only local processes; nothing is
 sent anywhere. Results go to ``bench/results/isolation-<timestamp>.json``.
@@ -34,10 +37,12 @@ from tests.support.hostile_tools import echo
 from toolfleet.executor.runner import run_tool
 from toolfleet.isolation.limits import AgentLimits, FleetLimits, bound_limits
 from toolfleet.isolation.runtime import (
+    Grants,
     IsolatedCall,
     IsolationRuntime,
     RuntimeConfig,
 )
+from toolfleet.isolation.sandbox import parse_filesystem_permissions
 from toolfleet.sdk.context import ToolContext
 from toolfleet.sdk.tool import spec_of
 
@@ -57,13 +62,18 @@ def context(n: int) -> ToolContext:
     )
 
 
-def call() -> IsolatedCall:
+#: A read-only file grant, as a token's ``filesystem_permissions`` gives one.
+GRANT = Grants(binds=parse_filesystem_permissions(["/etc/ssl"]))
+
+
+def call(grants: Grants | None = None) -> IsolatedCall:
     return IsolatedCall(
         isolation=SPEC.isolation,
         tool_id=SPEC.tool_id,
         target=SPEC.target,
         parameters={"text": "hello"},
         limits=LIMITS,
+        grants=grants or Grants(),
     )
 
 
@@ -77,8 +87,25 @@ async def in_process(n: int) -> list[float]:
     return times
 
 
+async def granted(n: int, *, kept: bool) -> list[float]:
+    """Calls with a file grant: the kept worker of that grant, or a cold start each."""
+    config = RuntimeConfig(warm_sandboxes=0, warm_processes=0, warm_tools=4 if kept else 0)
+    async with IsolationRuntime(config=config) as runtime:
+        times = []
+        for i in range(n + 1):
+            if kept:
+                while i and not runtime.warm_for(call(GRANT)):  # noqa: ASYNC110 (refilled between calls)
+                    await asyncio.sleep(0.01)
+            start = time.perf_counter()
+            result = await runtime.run(call(GRANT), context(i))
+            if i:  # the first call starts cold and opens the pool
+                times.append(time.perf_counter() - start)
+            assert result.result == {"text": "hello"}, result.error
+        return times
+
+
 async def sandboxed(n: int, *, warm: bool) -> list[float]:
-    config = RuntimeConfig(warm_sandboxes=1 if warm else 0, warm_processes=0)
+    config = RuntimeConfig(warm_sandboxes=1 if warm else 0, warm_processes=0, warm_tools=0)
     async with IsolationRuntime(config=config) as runtime:
         times = []
         for i in range(n):
@@ -108,9 +135,12 @@ async def main() -> None:
         "in_process": summary(await in_process(args.n)),
         "warm_sandbox": summary(await sandboxed(args.n, warm=True)),
         "cold_sandbox": summary(await sandboxed(args.n, warm=False)),
+        "kept_sandbox_file_grant": summary(await granted(args.n, kept=True)),
+        "cold_sandbox_file_grant": summary(await granted(args.n, kept=False)),
     }
     base = runs["in_process"]["p50_ms"]
-    for name in ("warm_sandbox", "cold_sandbox"):
+    names = ("warm_sandbox", "cold_sandbox", "kept_sandbox_file_grant", "cold_sandbox_file_grant")
+    for name in names:
         runs[name]["p50_vs_in_process"] = round(runs[name]["p50_ms"] / base, 1)
     runs["cold_vs_warm_p50"] = round(
         runs["cold_sandbox"]["p50_ms"] / runs["warm_sandbox"]["p50_ms"], 1

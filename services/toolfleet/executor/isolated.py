@@ -198,6 +198,7 @@ def build_runtime(
         config=RuntimeConfig(
             warm_sandboxes=settings.isolation_warm_sandboxes,
             warm_processes=settings.isolation_warm_processes,
+            warm_tools=settings.isolation_warm_tools,
             max_workers=settings.isolation_max_workers,
             uid_base=settings.isolation_uid_base,
             workdir_mb=settings.isolation_max_file_mb,

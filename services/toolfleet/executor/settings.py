@@ -96,6 +96,9 @@ class ExecutorSettings(FleetSettings):
     """Sandboxes started ahead of calls (those without file or network grants take one)."""
     isolation_warm_processes: int = Field(default=1, ge=0)
     """Worker processes started ahead for ``isolation="process"`` tools."""
+    isolation_warm_tools: int = Field(default=8, ge=0)
+    """Recently called tools (per code, runtime and file grant) that keep a warm worker
+    of their own, their module imported; 0: none."""
     isolation_max_workers: int = Field(default=64, ge=1)
     """Worker processes and sandboxes alive at once, warm ones included."""
     isolation_uid_base: int = Field(default=200_000, ge=1000)

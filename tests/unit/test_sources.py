@@ -254,6 +254,15 @@ def test_the_cli_builds_and_checks_the_source(tmp_path: Path) -> None:
         definition("gh", stdio="a", http=None, openapi_file=None, env=["TOKEN=token"])
     with pytest.raises(CliError, match="credential_headers is for"):
         definition("gh", stdio="a", http=None, openapi_file=None, headers=["A=b"], connection="c")
+    sandboxed = definition(
+        "fs", stdio="srv", http=None, openapi_file=None, paths=["rw:/srv/x"], hosts=["a.test"]
+    )
+    assert (sandboxed.filesystem_permissions, sandboxed.network_permissions) == (
+        ["rw:/srv/x"],
+        ["a.test"],
+    )
+    with pytest.raises(CliError, match="permissions are for mcp_stdio"):
+        definition("pets", stdio=None, http=None, openapi_file=spec, paths=["/srv"])
 
 
 def test_invoke_names_documents_with_optional_versions() -> None:

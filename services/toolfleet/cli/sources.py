@@ -59,6 +59,8 @@ def definition(
     env: list[str] | None = None,
     timeout_s: float = 30.0,
     max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+    paths: list[str] | None = None,
+    hosts: list[str] | None = None,
 ) -> SourceDefinition:
     """The source ``add`` sends, validated here so a typo fails before any request."""
     chosen = [x for x in (stdio, http, openapi_file) if x is not None]
@@ -76,6 +78,8 @@ def definition(
         },
         "timeout_s": timeout_s,
         "max_response_bytes": max_response_bytes,
+        "filesystem_permissions": list(paths or []),
+        "network_permissions": list(hosts or []),
     }
     if stdio is not None:
         fields |= {"kind": SourceKind.MCP_STDIO, "target": stdio}
@@ -176,6 +180,14 @@ def add(
         int,
         typer.Option("--max-response-bytes", help="Largest answer of an HTTP operation."),
     ] = DEFAULT_MAX_RESPONSE_BYTES,
+    path: Annotated[
+        list[str] | None,
+        typer.Option("--path", help="/PATH or rw:/PATH a sandboxed stdio server may see."),
+    ] = None,
+    host: Annotated[
+        list[str] | None,
+        typer.Option("--host", help="A host a sandboxed stdio server may reach (egress)."),
+    ] = None,
     json_: JsonOption = False,
     token: TokenOption = None,
 ) -> None:
@@ -193,6 +205,8 @@ def add(
         env=env,
         timeout_s=timeout,
         max_response_bytes=max_response_bytes,
+        paths=path,
+        hosts=host,
     )
     body = _session(token).call("POST", "/v1/sources", json=source.model_dump(mode="json"))
     if json_:

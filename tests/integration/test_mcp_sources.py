@@ -24,6 +24,7 @@ from tests.support.servers import free_port, kill_quietly, wait_for_port
 from tests.support.source_servers import sandbox_state
 from toolfleet.errors import ErrorCode
 from toolfleet.executor.runner import RunResult, run_tool
+from toolfleet.isolation.egress import EgressDecision, EgressProxy, InMemoryEgressAudit
 from toolfleet.isolation.sandbox import probe
 from toolfleet.isolation.stdio import StdioSandbox
 from toolfleet.policy.documents import allowed_by
@@ -40,6 +41,7 @@ from toolfleet.storage.postgres import create_pool
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
+EGRESS = InMemoryEgressAudit()
 #: The uid sandboxed servers run as when the tests run as root.
 SERVER_UID = 199_999
 
@@ -121,7 +123,9 @@ async def fleet(database_url: str) -> AsyncIterator[Fleet]:
     pool = await create_pool(database_url)
     made = Fleet(pool)
     try:
-        yield made
+        async with EgressProxy(audit=EGRESS) as proxy:
+            made.sandbox.egress = proxy
+            yield made
     finally:
         await made.provider.close()
         await pool.close()
@@ -352,6 +356,35 @@ async def test_a_sandboxed_stdio_server_sees_neither_host_secrets_nor_other_dirs
     assert await run("write_path", str(state / "mine")) == "written"  # its own dir
     assert (state / "mine").read_text() == "pwned"
     assert await run("write_path", "/home/tool/scratch") == "written"  # its work dir
+
+
+async def test_a_sandboxed_stdio_server_reaches_only_its_granted_hosts_through_the_proxy(
+    fleet: Fleet, state: Path
+) -> None:
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    granted = stdio_source(state, network_permissions=[f"127.0.0.1:{port}"])
+    closed = stdio_source(state / "closed")
+    await fleet.add(granted)
+    await fleet.add(closed)
+
+    async def fetch(source: SourceDefinition, port: int) -> str:
+        url = f"http://127.0.0.1:{port}/"
+        return text_of(await fleet.call(f"mcp__{source.name}__fetch", {"url": url}))
+
+    async with server:
+        assert await fetch(granted, port) == "200 hello"
+        assert await fetch(granted, port + 1) == "403 refused"
+        assert (await fetch(closed, port)).startswith("failed:")  # no network at all
+    decisions = {(r.port, r.decision) for r in EGRESS.records}
+    assert (port, EgressDecision.ALLOWED) in decisions
+    assert (port + 1, EgressDecision.REFUSED) in decisions
 
 
 async def test_a_source_of_another_tenant_is_refused(fleet: Fleet, state: Path) -> None:

@@ -69,6 +69,21 @@ def build_server(state: Path) -> MCPServer:
         return "written"
 
     @server.tool()
+    def fetch(url: str) -> str:
+        """GET ``url`` through ``HTTP_PROXY`` when one is set (the sandbox tests)."""
+        import urllib.error
+        import urllib.request
+
+        proxy = urllib.request.ProxyHandler({"http": os.environ.get("HTTP_PROXY", "")})
+        try:
+            with urllib.request.build_opener(proxy).open(url, timeout=5) as response:
+                return f"{response.status} {response.read().decode()}"
+        except urllib.error.HTTPError as exc:
+            return f"{exc.code} refused"
+        except OSError as exc:
+            return f"failed:{type(exc).__name__}"
+
+    @server.tool()
     def fail() -> str:
         """Always a tool error (isError)."""
         raise ValueError("the secret sauce is 42")

@@ -107,8 +107,8 @@ class StdioSandbox:
                 await stack.enter_async_context(
                     self.egress.session(grant, unix_path=Path(socket_path))
                 )
-                if self.uid is not None:
-                    os.chown(socket_path, self.uid, self.uid)
+                if self.uid is not None and self.support.root:
+                    os.chown(socket_path, self.uid, self.uid)  # the server's uid may connect
             cwd = os.getcwd()
             paths = import_paths()
             inner = [sys.executable, "-I", "-m", _MODULE, "--inner"]

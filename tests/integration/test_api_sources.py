@@ -10,13 +10,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.integration.test_api_policies import Auth, api_settings, app, auth, http, keys
+from tests.integration.test_api_policies import Auth, api_settings, app, auth
 from toolfleet.registry.store import RegistryStore
 from toolfleet.storage.postgres import create_pool
 
 pytestmark = pytest.mark.integration
 
-__all__ = ["api_settings", "app", "auth", "http", "keys"]  # fixtures shared with policies
+__all__ = ["api_settings", "app", "auth"]  # fixtures shared with policies
 
 
 async def test_an_admin_adds_lists_and_removes_a_source(

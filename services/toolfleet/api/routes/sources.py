@@ -9,6 +9,7 @@ results (allowlist, validation mode, sanitization, size limit), for every versio
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Annotated
 
@@ -18,8 +19,16 @@ from pydantic import BaseModel, ConfigDict
 from toolfleet.api.auth import Caller, CallerDep
 from toolfleet.api.problems import ProblemError, problem_responses
 from toolfleet.api.resources import ApiResources, resources
-from toolfleet.errors import ErrorCode, ToolfleetError
-from toolfleet.sources.models import SOURCE_NAME_PATTERN, SourceDefinition, SourceTool
+from toolfleet.errors import ErrorCode, SandboxFailure, ToolfleetError
+from toolfleet.executor.settings import ExecutorSettings
+from toolfleet.isolation.sandbox import probe
+from toolfleet.isolation.stdio import StdioSandbox
+from toolfleet.sources.models import (
+    SOURCE_NAME_PATTERN,
+    SourceDefinition,
+    SourceKind,
+    SourceTool,
+)
 from toolfleet.sources.pool import SessionPool
 from toolfleet.sources.provider import SourceCatalog
 from toolfleet.sources.rules import ToolRules, configured
@@ -63,6 +72,16 @@ def _require_admin(caller: Caller) -> None:
         )
 
 
+@functools.cache
+def stdio_launcher() -> StdioSandbox | None:
+    """How the API starts a stdio server to list its tools: in the executors' sandbox,
+    under the uid just below the tools' range when root; None without a sandbox."""
+    support = probe()
+    if not support.sandboxes:
+        return None
+    return StdioSandbox(support=support, uid=ExecutorSettings().isolation_uid_base - 1)
+
+
 @router.post("", response_model=SourceView, status_code=201)
 async def add_source(
     source: SourceDefinition, res: ResourcesDep, caller: CallerDep, response: Response
@@ -75,11 +94,16 @@ async def add_source(
     """
     _require_admin(caller)
     store = SourceStore(res.pool)
-    pool = SessionPool()
+    # Listing a stdio source starts its command: sandboxed here as on the executors, or
+    # not at all (the executors list it) where this host has no sandbox.
+    launcher = stdio_launcher()
+    pool = SessionPool(launcher=launcher)
     warnings: list[str] = []
     try:
         await store.put(source)
         await store.restate_rules(source.name)  # a replaced source's known versions follow it
+        if source.kind is SourceKind.MCP_STDIO and launcher is None:
+            raise SandboxFailure("this API host cannot sandbox a stdio server")
         await SourceCatalog(store=store, pool=pool).refresh(source, via="add")
     except ToolfleetError as exc:
         log.warning("source not listed", extra={"source": source.name, "error": exc.code})

@@ -12,6 +12,7 @@ from toolfleet.policy.cache import RedisPolicyCache
 from toolfleet.policy.catalog import CatalogView
 from toolfleet.policy.postgres_policies import PolicyStore
 from toolfleet.policy.provider import PolicyProvider
+from toolfleet.sources.store import SourceStore
 
 
 def policy_provider(res: ApiResources) -> PolicyProvider:
@@ -25,4 +26,8 @@ async def catalog_view(res: ApiResources, caller: Caller) -> CatalogView:
     if caller.is_admin:
         return CatalogView(policy=None, everything=True)
     policy = await policy_provider(res).policy_for(caller.tenant_id)
-    return CatalogView(policy=policy, agent_did=caller.capability.agent_did)
+    return CatalogView(
+        policy=policy,
+        agent_did=caller.capability.agent_did,
+        source_tools=await SourceStore(res.pool).tool_ids(),
+    )

@@ -21,9 +21,16 @@ class CatalogView:
     agent_did: str | None = None
     everything: bool = False
     """Admins see the whole registry."""
+    source_tools: frozenset[str] = frozenset()
+    """Ids of tools registered from MCP or HTTP sources: shown only when named exactly."""
 
     def shows(self, tool_id: str) -> bool:
-        return self.everything or allows_tool(self.policy, tool_id, agent_did=self.agent_did)
+        return self.everything or allows_tool(
+            self.policy,
+            tool_id,
+            agent_did=self.agent_did,
+            source_tool=tool_id in self.source_tools,
+        )
 
 
 async def visible_page(

@@ -158,13 +158,14 @@ def matches_any(tool_id: str, patterns: Collection[str]) -> bool:
     return any(fnmatch.fnmatchcase(tool_id, p) for p in patterns)
 
 
-def allowed_by(tool_id: str, patterns: Collection[str]) -> bool:
+def allowed_by(tool_id: str, patterns: Collection[str], *, source_tool: bool = False) -> bool:
     """Whether allow ``patterns`` admit ``tool_id``; a source tool needs its exact id.
 
-    Tools from MCP servers and HTTP sources are untrusted: ``*`` or ``mcp__*`` never
-    allows them, so a tool a server adds at run time stays disabled until named.
+    Tools from MCP servers and HTTP sources (``source_tool``: the manifest's
+    ``source_type`` is mcp or http) are untrusted: ``*``, ``acme__*`` or ``mcp__*``
+    never allows them, so a tool a server adds at run time stays disabled until named.
     """
-    if is_untrusted(tool_id):
+    if is_untrusted(tool_id, source_tool=source_tool):
         return tool_id in patterns
     return matches_any(tool_id, patterns)
 

@@ -29,6 +29,8 @@ class PolicyQuery:
     approval_requested: bool
     tool_requires_approval: bool = False
     """The tool's manifest says every call waits for an approver."""
+    source_tool: bool = False
+    """The tool comes from an MCP or HTTP source: only its exact id allows it."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -60,13 +62,16 @@ def decide_tenant(tenant: TenantPolicy | None, query: PolicyQuery) -> PolicyDeci
     """
     if tenant is None:
         raise PermissionDenied("no policy allows any tool for this tenant")
-    if not allowed_by(query.tool_id, tenant.allow_tools) or matches_any(
+    untrusted = query.source_tool
+    if not allowed_by(query.tool_id, tenant.allow_tools, source_tool=untrusted) or matches_any(
         query.tool_id, tenant.deny_tools
     ):
         raise PermissionDenied(f"policy does not allow {query.tool_id} for this tenant")
     agent = tenant.agents.get(query.agent_did)
     if agent is not None:
-        if agent.allow_tools is not None and not allowed_by(query.tool_id, agent.allow_tools):
+        if agent.allow_tools is not None and not allowed_by(
+            query.tool_id, agent.allow_tools, source_tool=untrusted
+        ):
             raise PermissionDenied(f"policy does not allow {query.tool_id} for this agent")
         if matches_any(query.tool_id, agent.deny_tools):
             raise PermissionDenied(f"policy does not allow {query.tool_id} for this agent")
@@ -107,20 +112,31 @@ def pinned_versions(tenant: TenantPolicy | None, tool_id: str) -> frozenset[str]
     return frozenset(p for p in pins if p is not None)
 
 
-def allows_tool(tenant: TenantPolicy | None, tool_id: str, *, agent_did: str | None = None) -> bool:
+def allows_tool(
+    tenant: TenantPolicy | None,
+    tool_id: str,
+    *,
+    agent_did: str | None = None,
+    source_tool: bool = False,
+) -> bool:
     """Whether ``tool_id`` (in some version) is callable under ``tenant`` (catalog filter).
 
     The agent's narrowing applies when ``agent_did`` has an entry. Version ranges are not
-    considered: a tool allowed in some versions is listed.
+    considered: a tool allowed in some versions is listed. ``source_tool``: as in
+    :class:`PolicyQuery`.
     """
     if tenant is None:
         return False
-    if not allowed_by(tool_id, tenant.allow_tools) or matches_any(tool_id, tenant.deny_tools):
+    if not allowed_by(tool_id, tenant.allow_tools, source_tool=source_tool) or matches_any(
+        tool_id, tenant.deny_tools
+    ):
         return False
     agent = tenant.agents.get(agent_did) if agent_did is not None else None
     if agent is None:
         return True
-    if agent.allow_tools is not None and not allowed_by(tool_id, agent.allow_tools):
+    if agent.allow_tools is not None and not allowed_by(
+        tool_id, agent.allow_tools, source_tool=source_tool
+    ):
         return False
     return not matches_any(tool_id, agent.deny_tools)
 

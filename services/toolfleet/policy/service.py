@@ -47,6 +47,7 @@ from toolfleet.policy.idempotency import (
 from toolfleet.policy.ratelimit import RateLimiter, RateLimits, rate_limit_error
 from toolfleet.registry.enforcement import check_parameters
 from toolfleet.registry.lookup import ResolvedTool, ToolLookup
+from toolfleet.registry.manifest import SourceType
 from toolfleet.registry.schemas import CompiledSchemas
 from toolfleet.registry.versions import matches
 from toolfleet.storage.cancel_flags import CancelFlags
@@ -151,6 +152,7 @@ class PolicyService:
                     effect=manifest.effect,
                     approval_requested=request.execution_options.require_approval,
                     tool_requires_approval=manifest.requires_approval,
+                    source_tool=manifest.source_type is not SourceType.NATIVE,
                 ),
             )
             check_parameters(self.schemas, manifest, request.parameters)

@@ -1,8 +1,9 @@
 """Tool sources: MCP servers and HTTP APIs whose tools run through the normal pipeline.
 
 An operator registers a source (``toolfleet sources add``, ``POST /v1/sources``); its
-tools are registered as ``mcp__{server}__{tool}`` or ``http__{source}__{operation}`` at a
-version derived from their schema, and executors run them through a
+tools are registered as ``mcp__{server}__{tool}``, or for HTTP under their manifest id
+(``http__{source}__{operation}`` when none is declared), at a version derived from their
+schema, and executors run them through a
 :class:`~toolfleet.sources.provider.SourceToolProvider`. No policy allows them until an
 operator names them (:func:`toolfleet.sources.naming.is_untrusted`).
 """

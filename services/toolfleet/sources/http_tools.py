@@ -48,9 +48,10 @@ class ExternalApiRefused(ExternalApiError):
 
 def source_tool(source: SourceDefinition, operation: HttpOperation) -> SourceTool:
     found = SourceTool(
-        tool_id=http_tool_id(source.name, operation.operation_id),
+        tool_id=operation.tool_id or http_tool_id(source.name, operation.operation_id),
         version=schema_version(operation.input_schema, operation.output_schema),
         source=source.name,
+        source_type="http",
         tenant_id=source.tenant_id,
         remote_name=operation.operation_id,
         description=operation.description,

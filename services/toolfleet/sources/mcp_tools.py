@@ -108,6 +108,7 @@ def source_tool(source: SourceDefinition, tool: Tool) -> SourceTool:
         tool_id=mcp_tool_id(source.name, tool.name),
         version=schema_version(input_schema, output_schema),
         source=source.name,
+        source_type="mcp",
         tenant_id=source.tenant_id,
         remote_name=tool.name,
         description=tool.description or "",

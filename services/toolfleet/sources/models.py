@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from toolfleet.events.models import TENANT_ID_PATTERN
+from toolfleet.events.models import TENANT_ID_PATTERN, TOOL_ID_PATTERN
 from toolfleet.results.rules import ResultRules
 
 #: Source names become part of tool ids: lower-case words joined by ``_``.
@@ -36,6 +36,9 @@ class HttpOperation(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     operation_id: str = Field(pattern=r"^[a-z0-9][a-z0-9_]{0,63}$")
+    tool_id: str | None = Field(default=None, pattern=TOOL_ID_PATTERN, max_length=128)
+    """The tool's manifest id (``acme__get_pet``), kept as declared; none:
+    ``http__{source}__{operation_id}``. Ids starting ``mcp__`` are MCP servers' own."""
     method: Literal["GET", "POST", "PUT", "PATCH", "DELETE"] = "GET"
     url: str
     """URL template, absolute or relative to the source's base URL: ``/pets/{pet_id}``."""
@@ -54,6 +57,8 @@ class HttpOperation(BaseModel):
 
     @model_validator(mode="after")
     def _fields_placed_once(self) -> HttpOperation:
+        if self.tool_id is not None and self.tool_id.startswith("mcp__"):
+            raise ValueError("tool ids starting mcp__ belong to MCP servers' tools")
         placed = [*self.path, *self.query, *self.body]
         if len(set(placed)) != len(placed):
             raise ValueError("an input field may go to one place only (path, query or body)")
@@ -116,6 +121,12 @@ class SourceDefinition(BaseModel):
                 raise ValueError("an http source's target is its base URL (http or https)")
         elif self.operations:
             raise ValueError("only http sources declare operations")
+        names = [op.operation_id for op in self.operations]
+        if len(set(names)) != len(names):
+            raise ValueError("operation ids repeat within the source")
+        declared = [op.tool_id for op in self.operations if op.tool_id is not None]
+        if len(set(declared)) != len(declared):
+            raise ValueError("tool ids repeat within the source")
         if self.credential_env and self.kind is not SourceKind.MCP_STDIO:
             raise ValueError("credential_env is for mcp_stdio sources (their process)")
         if (
@@ -139,6 +150,8 @@ class SourceTool(BaseModel):
     tool_id: str
     version: str
     source: str
+    source_type: Literal["mcp", "http"]
+    """Where it comes from (the manifest's ``source_type``): what makes it untrusted."""
     tenant_id: str = GLOBAL_TENANT
     remote_name: str
     """Its name on the MCP server, or the HTTP operation id."""
@@ -149,3 +162,12 @@ class SourceTool(BaseModel):
     redaction_allowlist: list[str]
     result_rules: ResultRules = Field(default_factory=ResultRules)
     timeout_seconds: float
+
+    @model_validator(mode="before")
+    @classmethod
+    def _source_type_of_older_rows(cls, data: Any) -> Any:
+        # Rows stored before ``source_type`` existed: only MCP tools had the mcp__ prefix.
+        if isinstance(data, dict) and "source_type" not in data:
+            tool_id = str(data.get("tool_id", ""))
+            return {**data, "source_type": "mcp" if tool_id.startswith("mcp__") else "http"}
+        return data

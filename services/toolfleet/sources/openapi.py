@@ -4,7 +4,9 @@ Every operation with an ``operationId`` becomes one :class:`HttpOperation`: its 
 and query parameters and the members of its JSON request body form the input schema
 (each mapped back to where it goes), its first 2xx JSON response schema the output
 schema. Local ``$ref``s (``#/components/...``) are inlined; the base URL is the first
-``servers`` entry unless the operator gives one.
+``servers`` entry unless the operator gives one. An operation's
+``x-toolfleet-tool-id`` extension is its tool id (kept as written); without one the
+tool is ``http__{source}__{operationId}``.
 """
 
 from __future__ import annotations
@@ -92,8 +94,10 @@ def _operation(
     input_schema: dict[str, Any] = {"type": "object", "properties": properties}
     if required:
         input_schema["required"] = sorted(set(required))
+    declared = op.get("x-toolfleet-tool-id")
     return HttpOperation(
         operation_id=id_part(op["operationId"])[:64],
+        tool_id=str(declared) if declared else None,
         method=method.upper(),
         url=path,
         description=str(op.get("summary") or op.get("description") or ""),

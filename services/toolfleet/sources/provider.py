@@ -1,9 +1,9 @@
 """Source tools for the executor: a :class:`ToolSpec` per ``(tool_id, version)`` on demand.
 
 The executor asks its tool providers for a tool its catalog does not hold
-(:class:`toolfleet.executor.ports.ToolProvider`); this one answers for ``mcp__*`` and
-``http__*`` ids from the sources store. The spec's function checks the caller's tenant
-may use the source, validates the parameters against the tool's input schema, and
+(:class:`toolfleet.executor.ports.ToolProvider`); this one answers for the tools the
+sources store holds (``mcp__*`` ids, and HTTP tools under their manifest ids). The
+spec's function checks the caller's tenant may use the source, validates the parameters against the tool's input schema, and
 calls the MCP server (through the supervised :class:`SessionPool`) or the HTTP API.
 
 MCP progress becomes checkpoints (progress events); a fleet cancel cancels the MCP
@@ -44,7 +44,6 @@ from toolfleet.sdk.tool import ToolSpec
 from toolfleet.secrets.store import SecretStore
 from toolfleet.sources import http_tools, mcp_tools
 from toolfleet.sources.models import GLOBAL_TENANT, SourceDefinition, SourceKind, SourceTool
-from toolfleet.sources.naming import is_untrusted
 from toolfleet.sources.pool import ServerSession, SessionPool, SourceCredentials
 from toolfleet.sources.store import Discovery, RecordedTools, SourceStore
 
@@ -123,8 +122,6 @@ class SourceToolProvider:
     ``network_permissions`` into it). None: no grant verifier is configured, unchecked."""
 
     async def spec(self, tool_id: str, version: str) -> ToolSpec | None:
-        if not is_untrusted(tool_id):
-            return None
         found = await self.lookup.tool(tool_id, version)
         if found is None:
             return None

@@ -7,7 +7,7 @@ schema changed, so ``*`` resolves to the current one.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Literal
 
@@ -38,7 +38,7 @@ def manifest_of(tool: SourceTool) -> ToolManifest:
         effect=tool.effect,
         description=tool.description,
         tags=[f"source:{tool.source}"],
-        source_type=SourceType.MCP if tool.tool_id.startswith("mcp__") else SourceType.HTTP,
+        source_type=SourceType(tool.source_type),
         input_schema=tool.input_schema,
         output_schema=tool.output_schema,
         redaction_allowlist=tool.redaction_allowlist,
@@ -133,6 +133,26 @@ class SourceStore:
             name,
         )
         return [SourceTool.model_validate(r["t"]) for r in rows]
+
+    async def tool_ids(self) -> frozenset[str]:
+        """Ids of every tool registered from a source (untrusted: named exactly or not at all)."""
+        rows = await self._pool.fetch("SELECT DISTINCT tool_id FROM tool_source_tools")
+        return frozenset(r["tool_id"] for r in rows)
+
+    async def id_conflicts(self, source: str, tool_ids: Collection[str]) -> dict[str, str]:
+        """Which of ``tool_ids`` (those ``source`` would register) are taken, and by what:
+        another source's tool (``source:NAME``) or a native tool (``native``)."""
+        rows = await self._pool.fetch(
+            """SELECT tool_id, 'source:' || source_name AS owner FROM tool_source_tools
+               WHERE tool_id = ANY($1::text[]) AND source_name <> $2
+               UNION
+               SELECT tool_id, 'native' FROM tool_versions
+               WHERE tool_id = ANY($1::text[])
+                 AND coalesce(manifest->>'source_type', 'native') = 'native'""",
+            list(tool_ids),
+            source,
+        )
+        return {r["tool_id"]: r["owner"] for r in rows}
 
     async def tool(self, tool_id: str, version: str) -> tuple[SourceTool, SourceDefinition] | None:
         row = await self._pool.fetchrow(

@@ -37,6 +37,7 @@ from toolfleet.policy.postgres_policies import (
     registered_tool_ids,
 )
 from toolfleet.sources.naming import glob_warnings
+from toolfleet.sources.store import SourceStore
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +136,7 @@ async def put_policy(
     except PolicyVersionConflict as exc:
         raise ProblemError(412, exc.message, code=exc.code, extensions=exc.details) from None
     allows = [(w, p) for w, p in named_tools(policy) if ".allow_tools." in f".{w}"]
-    warnings = glob_warnings(allows, known)
+    warnings = glob_warnings(allows, known, source_tools=await SourceStore(res.pool).tool_ids())
     try:
         await RedisPolicyCache(res.redis).announce(tenant_id)
     except (RedisError, OSError):

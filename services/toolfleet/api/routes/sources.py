@@ -23,6 +23,7 @@ from toolfleet.errors import ErrorCode, SandboxFailure, ToolfleetError
 from toolfleet.executor.settings import ExecutorSettings
 from toolfleet.isolation.sandbox import probe
 from toolfleet.isolation.stdio import StdioSandbox
+from toolfleet.sources import http_tools
 from toolfleet.sources.models import (
     SOURCE_NAME_PATTERN,
     SourceDefinition,
@@ -94,6 +95,16 @@ async def add_source(
     """
     _require_admin(caller)
     store = SourceStore(res.pool)
+    declared = [http_tools.source_tool(source, op).tool_id for op in source.operations]
+    taken = await store.id_conflicts(source.name, declared)
+    if taken:
+        owners = ", ".join(f"{t} ({owner})" for t, owner in sorted(taken.items()))
+        raise ProblemError(
+            409,
+            f"tool ids already registered by another source or a native tool: {owners}",
+            code=ErrorCode.INVALID_PARAMETERS,
+            extensions={"conflicting_tools": taken},
+        )
     # Listing a stdio source starts its command: sandboxed here as on the executors, or
     # not at all (the executors list it) where this host has no sandbox.
     launcher = stdio_launcher()

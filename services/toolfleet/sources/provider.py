@@ -3,8 +3,9 @@
 The executor asks its tool providers for a tool its catalog does not hold
 (:class:`toolfleet.executor.ports.ToolProvider`); this one answers for the tools the
 sources store holds (``mcp__*`` ids, and HTTP tools under their manifest ids). The
-spec's function checks the caller's tenant may use the source, validates the parameters against the tool's input schema, and
-calls the MCP server (through the supervised :class:`SessionPool`) or the HTTP API.
+spec's function checks the caller's tenant may use the source, validates the parameters
+against the tool's input schema, and calls the MCP server (through the supervised
+:class:`SessionPool`) or the HTTP API.
 
 MCP progress becomes checkpoints (progress events); a fleet cancel cancels the MCP
 request, which makes the SDK send ``notifications/cancelled``.

@@ -25,8 +25,13 @@ from starlette.routing import Route
 
 from tests.support.servers import free_port
 from tests.support.tls import make_pki
+from toolfleet.errors import PermissionDenied
 from toolfleet.executor.runner import RunResult, run_tool
 from toolfleet.isolation.egress import IPAddress, StaticResolver
+from toolfleet.policy.catalog import CatalogView
+from toolfleet.policy.documents import TenantPolicy
+from toolfleet.policy.engine import PolicyQuery, decide_tenant
+from toolfleet.registry.manifest import SourceType
 from toolfleet.registry.store import RegistryStore
 from toolfleet.sdk.context import ToolContext
 from toolfleet.secrets.store import Secret
@@ -431,3 +436,41 @@ async def test_an_answer_over_the_sources_limit_is_result_too_large(http: Http, 
     streamed = error_of(await http.call(f"http__{name}__endless", {}))
     assert streamed["code"] == "result_too_large"
     assert streamed["details"]["max"] == 1000
+
+
+async def test_a_declared_tool_id_is_kept_allowed_only_by_name_and_runs(
+    http: Http, api: str
+) -> None:
+    # Tool ids are global: a fresh namespace per run (``acme<hex>__get_pet``).
+    namespace = f"acme{uuid.uuid4().hex[:6]}"
+    tool_id = f"{namespace}__get_pet"
+    source = declared(api, f"pets{uuid.uuid4().hex[:6]}")
+    get_pet = source.operations[0].model_copy(update={"tool_id": tool_id})
+    source = source.model_copy(update={"operations": [get_pet, *source.operations[1:]]})
+    await http.add(source)
+
+    [manifest] = await http.registry.versions(tool_id)
+    assert manifest.source_type is SourceType.HTTP
+    assert tool_id in await http.store.tool_ids()
+    # The policy service's question: the registered source_type decides, not the name.
+    ask = PolicyQuery(
+        tenant_id="tenant_a",
+        agent_did="did:agent:test",
+        tool_id=manifest.tool_id,
+        version=manifest.version,
+        effect=manifest.effect,
+        approval_requested=False,
+        source_tool=manifest.source_type is not SourceType.NATIVE,
+    )
+    with pytest.raises(PermissionDenied):
+        decide_tenant(TenantPolicy(allow_tools=[f"{namespace}__*"]), ask)
+    named = TenantPolicy(allow_tools=[f"{namespace}__*", tool_id])
+    assert decide_tenant(named, ask).reason == "allowed by policy"
+    sources = await http.store.tool_ids()
+    globbed = CatalogView(policy=TenantPolicy(allow_tools=["*"]), source_tools=sources)
+    assert not globbed.shows(tool_id)
+    assert CatalogView(policy=named, source_tools=sources).shows(tool_id)
+
+    result = await http.call(tool_id, {"pet_id": "rex"})
+    assert result.error is None, result.error
+    assert result.result == {"id": "rex", "name": "Rex", "verbose": None}

@@ -1,5 +1,6 @@
 """``/v1/sources`` against real Postgres and a real stdio MCP server (admin scope): add,
-list, remove, a tool's result rules; and the policy warning about source-tool globs."""
+list, remove, a tool's result rules; the policy warning about source-tool globs; tool
+ids another source or a native tool holds are refused."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import httpx
 import pytest
 
 from tests.integration.test_api_policies import Auth, api_settings, app, auth
+from toolfleet.events.models import Effect
+from toolfleet.registry.manifest import ToolManifest
 from toolfleet.registry.store import RegistryStore
 from toolfleet.storage.postgres import create_pool
 
@@ -112,3 +115,52 @@ async def test_an_admin_sets_a_tools_result_rules_and_globs_are_warned_about(
     [warning] = put.json()["warnings"]
     assert warning.startswith(f"allow_tools.1 'mcp__{name}__*' allows no MCP or HTTP source")
     assert f"mcp__{name}__add" in warning
+
+
+def http_body(name: str, tool_id: str) -> dict[str, object]:
+    return {
+        "name": name,
+        "kind": "http",
+        "target": "http://127.0.0.1:9",
+        "operations": [{"operation_id": "get_pet", "url": "/pets", "tool_id": tool_id}],
+    }
+
+
+async def test_a_declared_tool_id_another_source_or_a_native_tool_holds_is_refused(
+    http: httpx.AsyncClient, auth: Auth, module_database_url: str
+) -> None:
+    admin = auth("t1", admin=True)
+    tool_id = f"acme{uuid.uuid4().hex[:6]}__get_pet"
+    first, second = f"a{uuid.uuid4().hex[:8]}", f"b{uuid.uuid4().hex[:8]}"
+    added = await http.post("/v1/sources", json=http_body(first, tool_id), headers=admin)
+    assert added.status_code == 201, added.text
+    assert [t["tool_id"] for t in added.json()["tools"]] == [tool_id]
+    # The same source again (a replacement) keeps its own id.
+    again = await http.post("/v1/sources", json=http_body(first, tool_id), headers=admin)
+    assert again.status_code == 201, again.text
+
+    clash = await http.post("/v1/sources", json=http_body(second, tool_id), headers=admin)
+    assert clash.status_code == 409
+    assert f"{tool_id} (source:{first})" in clash.json()["detail"]
+    assert clash.json()["conflicting_tools"] == {tool_id: f"source:{first}"}
+    gone = await http.get(f"/v1/sources/{second}", headers=admin)
+    assert gone.status_code == 404  # nothing stored
+
+    native = ToolManifest(
+        tool_id=f"acme{uuid.uuid4().hex[:6]}__native",
+        version="1.0.0",
+        effect=Effect.READ_ONLY,
+        input_schema={"type": "object"},
+        output_schema={"type": "object"},
+        redaction_allowlist=[],
+        timeout_seconds=10,
+    )
+    pool = await create_pool(module_database_url)
+    try:
+        await RegistryStore(pool).register(native)
+    finally:
+        await pool.close()
+    body = http_body(second, native.tool_id)
+    refused = await http.post("/v1/sources", json=body, headers=admin)
+    assert refused.status_code == 409
+    assert f"{native.tool_id} (native)" in refused.json()["detail"]

@@ -474,3 +474,17 @@ async def test_a_declared_tool_id_is_kept_allowed_only_by_name_and_runs(
     result = await http.call(tool_id, {"pet_id": "rex"})
     assert result.error is None, result.error
     assert result.result == {"id": "rex", "name": "Rex", "verbose": None}
+
+
+async def test_a_source_stored_past_the_api_does_not_take_over_a_tool_id(
+    http: Http, api: str
+) -> None:
+    tool_id = f"acme{uuid.uuid4().hex[:6]}__get_pet"
+    first, second = (declared(api, f"pets{uuid.uuid4().hex[:6]}") for _ in range(2))
+    for source in (first, second):
+        ops = [source.operations[0].model_copy(update={"tool_id": tool_id})]
+        await http.add(source.model_copy(update={"operations": ops}))
+    assert [t.tool_id for t in await http.store.tools(second.name)] == []
+    found = await http.store.tool(tool_id, (await http.registry.versions(tool_id))[0].version)
+    assert found is not None
+    assert found[1].name == first.name

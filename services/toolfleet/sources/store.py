@@ -7,6 +7,7 @@ schema changed, so ``*`` resolves to the current one.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Literal
@@ -19,6 +20,8 @@ from toolfleet.sources.models import SourceDefinition, SourceTool
 from toolfleet.sources.rules import with_rules
 
 Discovery = Literal["add", "list_changed", "refresh"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -206,10 +209,30 @@ class SourceStore:
         return changed
 
     async def record(self, tools: list[SourceTool], *, via: Discovery) -> RecordedTools:
-        """Store and register ``tools``; return what is new."""
+        """Store and register ``tools``; return what is new.
+
+        A tool whose id another source or a native tool holds is left out (logged):
+        ``sources add`` refuses such a source, but a source stored another way, or a
+        native tool deployed later, must not take over the id.
+        """
         added: list[SourceTool] = []
         new_tools: list[SourceTool] = []
+        taken: dict[str, str] = {}
+        for source in {t.source for t in tools}:
+            taken |= await self.id_conflicts(
+                source, [t.tool_id for t in tools if t.source == source]
+            )
         for tool in tools:
+            if tool.tool_id in taken:
+                log.warning(
+                    "a source tool's id is taken; not registered",
+                    extra={
+                        "source": tool.source,
+                        "tool_id": tool.tool_id,
+                        "holder": taken[tool.tool_id],
+                    },
+                )
+                continue
             async with self._pool.acquire() as conn, conn.transaction():
                 known = await conn.fetch(
                     "SELECT version FROM tool_source_tools WHERE tool_id = $1", tool.tool_id

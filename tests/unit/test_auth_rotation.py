@@ -289,3 +289,24 @@ def test_cli_token_revoke_rejects_a_malformed_jti() -> None:
     result = CliRunner().invoke(app, ["token", "revoke", "has space"], env={})
     assert result.exit_code == 1
     assert "jti" in result.output
+
+
+async def test_a_verified_token_stops_verifying_once_its_key_leaves_the_ring(
+    key_dir: KeyFiles,
+) -> None:
+    rotate_keys(key_dir)  # the JWKS holds the new and the old key; tokens use the new
+    both = dict(parse_jwks(key_dir.jwks.read_bytes()).items())
+    _new, old_kid = list(both)
+    clock = FakeClock()
+    ring = KeyRing.from_file(
+        FileKeySource(path=key_dir.jwks, format="jwks"), refresh_s=300, clock=clock
+    )
+    verifier = TokenVerifier(ring, issuer=ISS, audience=AUD)
+    token = _issue(key_dir)
+    assert (await verifier.verify_fresh(token)).tenant_id == "t1"
+    assert (await verifier.verify_fresh(token)).tenant_id == "t1"  # remembered
+
+    key_dir.jwks.write_bytes(dump_jwks({old_kid: both[old_kid]}))  # its key withdrawn
+    clock.now += 301  # the periodic refresh is due
+    with pytest.raises(PermissionDenied, match="unknown key"):
+        await verifier.verify_fresh(token)

@@ -229,3 +229,44 @@ def test_garbage_is_malformed(garbage: str) -> None:
 
 def test_key_ids_match_between_pem_and_private_key() -> None:
     assert ISSUER.kid == key_id(PAIR.public_pem) == PAIR.kid
+
+
+def test_a_verified_token_is_not_verified_twice_but_still_expires(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    now = [time.time()]
+    verifier = TokenVerifier([PAIR.public_pem], issuer=ISS, audience=AUD, clock=lambda: now[0])
+    token = _sign(_claims(exp=int(now[0]) + 60))
+    decodes: list[str] = []
+    real_decode = jwt.decode
+
+    def counting_decode(*args: Any, **kwargs: Any) -> Any:
+        decodes.append("decode")
+        return real_decode(*args, **kwargs)
+
+    monkeypatch.setattr(jwt, "decode", counting_decode)
+    first = verifier.verify(token)
+    assert verifier.verify(token) == first
+    assert decodes == ["decode"]  # one signature check for both calls
+    now[0] += 91  # past exp and its 30 s leeway
+    assert "expired" in _denied(token, verifier)
+
+
+def test_a_forged_twin_of_a_verified_token_is_still_denied() -> None:
+    verifier = TokenVerifier([PAIR.public_pem], issuer=ISS, audience=AUD)
+    token = _sign(_claims())
+    verifier.verify(token)
+    head, body, sig = token.split(".")
+    forged = f"{head}.{body}.{sig[:-2]}{'A' if sig[-2] != 'A' else 'B'}{sig[-1]}"
+    _denied(forged, verifier)
+
+
+def test_cache_size_zero_verifies_every_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    verifier = TokenVerifier([PAIR.public_pem], issuer=ISS, audience=AUD, cache_size=0)
+    token = _sign(_claims())
+    calls: list[int] = []
+    real_decode = jwt.decode
+    monkeypatch.setattr(jwt, "decode", lambda *a, **k: calls.append(1) or real_decode(*a, **k))
+    verifier.verify(token)
+    verifier.verify(token)
+    assert len(calls) == 2

@@ -7,6 +7,9 @@ from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
+from cloudevents.core.bindings import kafka as ce_kafka
+from cloudevents.core.formats.json import JSONFormat
+from cloudevents.core.v1.event import CloudEvent
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -193,3 +196,86 @@ def test_unknown_extensions_are_dropped() -> None:
 def test_empty_binary_value_is_empty_data() -> None:
     binary = encode(_sample(data={}), ContentMode.BINARY)
     assert decode(key=binary.key, value=None, headers=binary.headers).data == {}
+
+
+# --- the lean codec speaks the cloudevents SDK's binding, both ways ---------------------
+
+_SDK_FORMAT = JSONFormat()
+
+
+def _sdk_encode(envelope: Envelope, mode: ContentMode) -> ce_kafka.KafkaMessage:
+    event = CloudEvent(attributes=envelope.attributes(), data=envelope.data)
+    if mode is ContentMode.BINARY:
+        return ce_kafka.to_binary(event, _SDK_FORMAT)
+    return ce_kafka.to_structured(event, _SDK_FORMAT)
+
+
+@settings(max_examples=100, deadline=None)
+@given(envelope=envelopes(), mode=st.sampled_from(list(ContentMode)))
+def test_messages_the_sdk_writes_decode_to_the_same_envelope(
+    envelope: Envelope, mode: ContentMode
+) -> None:
+    message = _sdk_encode(envelope, mode)
+    key = message.key.encode() if isinstance(message.key, str) else message.key
+    assert decode(key=key, value=message.value, headers=list(message.headers.items())) == envelope
+
+
+@settings(max_examples=100, deadline=None)
+@given(envelope=envelopes(), mode=st.sampled_from(list(ContentMode)))
+def test_the_sdk_reads_what_the_codec_writes(envelope: Envelope, mode: ContentMode) -> None:
+    ours = encode(envelope, mode)
+    theirs = _sdk_encode(envelope, mode)
+    assert dict(ours.headers) == theirs.headers
+    assert json.loads(ours.value) == json.loads(theirs.value)
+    message = ce_kafka.KafkaMessage(headers=dict(ours.headers), key=ours.key, value=ours.value)
+    read = (
+        ce_kafka.from_binary(message, _SDK_FORMAT)
+        if mode is ContentMode.BINARY
+        else ce_kafka.from_structured(message, _SDK_FORMAT)
+    )
+    attributes = read.get_attributes()
+    assert attributes["id"] == envelope.id
+    assert attributes["time"] == envelope.time
+    assert read.get_data() == envelope.data
+
+
+def test_an_event_without_time_is_stamped_when_encoded_and_when_decoded() -> None:
+    binary = encode(_sample(time=None), ContentMode.BINARY)
+    assert "ce_time" in dict(binary.headers)
+    headers = [(k, v) for k, v in binary.headers if k != "ce_time"]
+    assert decode(key=binary.key, value=binary.value, headers=headers).time is not None
+
+
+def test_integers_past_64_bits_survive_both_modes() -> None:
+    big = {"n": 2**70, "m": -(2**70)}
+    for mode in ContentMode:
+        message = encode(_sample(data=big), mode)
+        assert decode(key=message.key, value=message.value, headers=message.headers).data == big
+
+
+@pytest.mark.parametrize(
+    "header", [("ce_time", b"2025-01-01T00:00:00"), ("ce_subject", b""), ("ce_id", b"")]
+)
+def test_attributes_the_spec_refuses_are_invalid(header: tuple[str, bytes]) -> None:
+    binary = encode(_sample(subject="i1"), ContentMode.BINARY)
+    headers = [(k, v) for k, v in binary.headers if k != header[0]] + [header]
+    with pytest.raises(InvalidEvent):
+        decode(key=binary.key, value=binary.value, headers=headers)
+
+
+def test_undecodable_header_bytes_are_invalid() -> None:
+    binary = encode(_sample(), ContentMode.BINARY)
+    with pytest.raises(InvalidEvent):
+        decode(key=binary.key, value=binary.value, headers=[*binary.headers, ("ce_x", b"\xff")])
+
+
+def test_structured_binary_data_is_not_a_json_object() -> None:
+    event = json.loads(encode(_sample(), ContentMode.STRUCTURED).value)
+    del event["data"]
+    event["data_base64"] = "AAEC"
+    with pytest.raises(InvalidEvent, match="JSON object"):
+        decode(
+            key=b"t1",
+            value=json.dumps(event).encode(),
+            headers=[("content-type", STRUCTURED_CONTENT_TYPE.encode())],
+        )

@@ -17,13 +17,22 @@ which check failed and never contains the token or anything copied from it.
 :meth:`TokenVerifier.verify` does no I/O; key refreshes happen in the async
 :meth:`TokenVerifier.refresh` / :meth:`TokenVerifier.verify_fresh`. Revocation (by
 ``jti``) is checked separately, see :mod:`toolfleet.auth.revocation`.
+
+An agent sends the same token with every call, and an RS256 signature check is the
+largest cost of authorizing one (``bench/PROFILE.md``), so a verifier remembers the
+tokens it verified, by SHA-256 of the whole string, until they expire: a hit skips the
+signature and claim parsing but not the time checks, and holds only while the key that
+verified it is still in the ring (a key dropped by rotation takes its tokens with it).
+Revocation is not cached: callers still ask per call.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import hashlib
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +51,8 @@ ALGORITHM = "RS256"
 LEEWAY_S = 30
 """Clock skew tolerated on ``exp``, ``nbf`` and ``iat``."""
 REQUIRED_CLAIMS = ("exp", "iat", "iss", "aud", "jti", "tenant_id", "agent_did", "tool_id")
+VERIFIED_CACHE_SIZE = 4096
+"""Verified tokens a verifier remembers (least recently used dropped first)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -194,12 +205,16 @@ class TokenVerifier:
         audience: str,
         leeway_s: int = LEEWAY_S,
         clock: Callable[[], float] = time.time,
+        cache_size: int = VERIFIED_CACHE_SIZE,
     ) -> None:
+        """``cache_size``: verified tokens remembered (0: verify every signature)."""
         self._ring = keys if isinstance(keys, KeyRing) else KeyRing.from_pems(keys)
         self._issuer = issuer
         self._audience = audience
         self._leeway_s = leeway_s
         self._clock = clock
+        self._cache_size = cache_size
+        self._verified: OrderedDict[bytes, _Verified] = OrderedDict()
 
     @classmethod
     def from_file(cls, path: Path, *, issuer: str, audience: str) -> TokenVerifier:
@@ -249,12 +264,27 @@ class TokenVerifier:
             await self._ring.refresh_for_kid(kid)
 
     async def verify_fresh(self, token: str) -> Capability:
-        """:meth:`refresh_for` then :meth:`verify`: what an async service should call."""
-        await self.refresh_for(token)
+        """:meth:`refresh_for` then :meth:`verify`: what an async service should call.
+
+        A token verified before needs no ``kid`` lookup: the periodic refresh is
+        enough, and :meth:`verify` then finds it in the cache if its key stayed."""
+        if _digest(token) in self._verified:
+            await self._ring.refresh()
+        else:
+            await self.refresh_for(token)
         return self.verify(token)
 
     def verify(self, token: str) -> Capability:
         """The token's capability, or :class:`PermissionDenied` naming the failed check."""
+        digest = _digest(token)
+        hit = self._verified.get(digest)
+        if hit is not None:
+            current = self._ring.get(hit.kid) if hit.kid is not None else self._ring.only_key()
+            if current is hit.key:
+                self._check_times(hit.capability.claims)
+                self._verified.move_to_end(digest)
+                return hit.capability
+            del self._verified[digest]  # its key left the ring: verify from scratch
         header = _header(token)
         if header.get("alg") != ALGORITHM:
             raise PermissionDenied(f"capability token is not signed with {ALGORITHM}")
@@ -263,7 +293,15 @@ class TokenVerifier:
         key = self._key_for(header)
         claims = self._decode(token, key)
         self._check_times(claims)
-        return _capability(claims, audience=self._audience)
+        capability = _capability(claims, audience=self._audience)
+        if self._cache_size > 0:
+            kid = header.get("kid")
+            self._verified[digest] = _Verified(
+                capability=capability, key=key, kid=kid if isinstance(kid, str) else None
+            )
+            if len(self._verified) > self._cache_size:
+                self._verified.popitem(last=False)
+        return capability
 
     def _key_for(self, header: dict[str, Any]) -> rsa.RSAPublicKey:
         kid = header.get("kid")
@@ -318,6 +356,19 @@ class TokenVerifier:
             raise PermissionDenied("capability token was issued in the future (iat)")
         if nbf - self._leeway_s > now:
             raise PermissionDenied("capability token is not valid yet (nbf)")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Verified:
+    """A token that passed every check but the clock, and the key that verified it."""
+
+    capability: Capability
+    key: rsa.RSAPublicKey
+    kid: str | None
+
+
+def _digest(token: str) -> bytes:
+    return hashlib.sha256(token.encode()).digest()
 
 
 def _capability(claims: dict[str, Any], *, audience: str) -> Capability:

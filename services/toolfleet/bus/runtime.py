@@ -30,6 +30,7 @@ from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.errors import CommitFailedError, KafkaError
 from opentelemetry.trace import SpanKind
+from prometheus_client import Counter, Histogram
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_random_exponential
 
 from toolfleet.bus.connection import connection_kwargs
@@ -187,6 +188,10 @@ class EventConsumer:
         )
         self.assigned = asyncio.Event()
         """Set once the consumer has been assigned partitions (tests and readiness)."""
+        # Metric children bound once: a ``labels()`` lookup per record was 6% of audit.
+        self._in_flight_gauge = metrics.IN_FLIGHT.labels(spec.service)
+        self._duplicates = metrics.DUPLICATES_SKIPPED.labels(spec.service)
+        self._per_type: dict[tuple[str, str], tuple[Counter, Histogram]] = {}
 
     @property
     def queued(self) -> int:
@@ -408,7 +413,7 @@ class EventConsumer:
     ) -> asyncio.Task[None]:
         task = asyncio.create_task(self._process(record, part, decoded))
         self._tasks[task] = part
-        metrics.IN_FLIGHT.labels(self.spec.service).set(len(self._tasks))
+        self._in_flight_gauge.set(len(self._tasks))
         task.add_done_callback(self._forget_task)
         return task
 
@@ -425,7 +430,7 @@ class EventConsumer:
 
     def _forget_task(self, task: asyncio.Task[None]) -> None:
         self._tasks.pop(task, None)
-        metrics.IN_FLIGHT.labels(self.spec.service).set(len(self._tasks))
+        self._in_flight_gauge.set(len(self._tasks))
         if not task.cancelled() and task.exception() is not None:  # pragma: no cover
             log.error("record task crashed", exc_info=task.exception())
 
@@ -450,14 +455,14 @@ class EventConsumer:
             traceparent = envelope.traceparent
             key = envelope.dedupe_key
             if key in self._in_flight_keys:
-                metrics.DUPLICATES_SKIPPED.labels(self.spec.service).inc()
+                self._duplicates.inc()
                 outcome = "duplicate"
                 return
             self._in_flight_keys.add(key)  # claimed before any await: no race with a twin
             try:
                 processed = self._processed
                 if processed is not None and await self._retrying(lambda: processed.seen(key)):
-                    metrics.DUPLICATES_SKIPPED.labels(self.spec.service).inc()
+                    self._duplicates.inc()
                     outcome = "duplicate"
                     return
                 inbound = Inbound(
@@ -495,10 +500,21 @@ class EventConsumer:
         finally:
             if outcome != "abandoned":
                 self._tracker.finished(part, record.offset)
-            metrics.EVENTS_PROCESSED.labels(self.spec.service, event_type, outcome).inc()
-            metrics.PROCESSING_SECONDS.labels(self.spec.service, event_type).observe(
-                time.perf_counter() - started
+            counted, timed = self._metrics_of(event_type, outcome)
+            counted.inc()
+            timed.observe(time.perf_counter() - started)
+
+    def _metrics_of(self, event_type: str, outcome: str) -> tuple[Counter, Histogram]:
+        bound = self._per_type.get((event_type, outcome))
+        if bound is None:
+            service = self.spec.service
+            bound = (
+                metrics.EVENTS_PROCESSED.labels(service, event_type, outcome),
+                metrics.PROCESSING_SECONDS.labels(service, event_type),
             )
+            if len(self._per_type) < 1024:  # event types come from the wire: bounded
+                self._per_type[(event_type, outcome)] = bound
+        return bound
 
     async def _handle_and_emit(self, inbound: Inbound) -> None:
         env = inbound.envelope

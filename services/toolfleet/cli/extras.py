@@ -20,7 +20,6 @@ EXTRA_OF_MODULE: dict[str, str] = {
     "tenacity": "fleet",
     "opentelemetry": "fleet",
     "prometheus_client": "fleet",
-    "orjson": "fleet",
     "hvac": "fleet",
     "setproctitle": "fleet",
     "fastapi": "api",

@@ -94,30 +94,36 @@ class RegistryStore:
         """Register one version; return True if it was new.
 
         Re-registering the same id and version with the same schemas is a no-op (every
-        executor does it at start); with different schemas it is refused. The tool's
-        search embedding is written with its definition.
+        executor does it at start); with different schemas it is refused. No embedding
+        is computed here (executors register and must not load the model): a definition
+        whose words changed loses its vector, and search embeds it on first use
+        (:meth:`_backfill_embeddings`).
         """
         v = semver.Version.parse(manifest.version)
-        text = tool_text(manifest.tool_id, manifest.description, manifest.category, manifest.tags)
-        (embedding,) = await self._embed([text])
         async with self._pool.acquire() as conn, conn.transaction():
             await conn.execute(
                 """INSERT INTO tool_definitions
-                       (tool_id, namespace, name, description, category, tags,
-                        embedding, embedding_model)
-                   VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+                       (tool_id, namespace, name, description, category, tags)
+                   VALUES ($1, $2, $3, $4, $5, $6)
                    ON CONFLICT (tool_id) DO UPDATE SET description = EXCLUDED.description,
                        category = EXCLUDED.category, tags = EXCLUDED.tags,
-                       embedding = EXCLUDED.embedding,
-                       embedding_model = EXCLUDED.embedding_model, updated_at = now()""",
+                       embedding = CASE WHEN (tool_definitions.description,
+                               tool_definitions.category, tool_definitions.tags)
+                           IS NOT DISTINCT FROM (EXCLUDED.description, EXCLUDED.category,
+                               EXCLUDED.tags)
+                           THEN tool_definitions.embedding END,
+                       embedding_model = CASE WHEN (tool_definitions.description,
+                               tool_definitions.category, tool_definitions.tags)
+                           IS NOT DISTINCT FROM (EXCLUDED.description, EXCLUDED.category,
+                               EXCLUDED.tags)
+                           THEN tool_definitions.embedding_model END,
+                       updated_at = now()""",
                 manifest.tool_id,
                 manifest.namespace,
                 manifest.tool_id.split("__", 1)[1],
                 manifest.description,
                 manifest.category.value,
                 escape_array(manifest.tags),
-                embedding,
-                self.embedder.model_name,
             )
             existing = await conn.fetchval(
                 """SELECT schema_hash FROM tool_versions

@@ -8,14 +8,18 @@ every service runs as one script, so concurrent replicas see it as atomic.
 :class:`CoalescedScripts` sends the script calls that many tasks make at about the same
 time (the executor's leases of the records of one fetch) in one pipelined round trip;
 each script is still atomic on its own, and each caller gets its own reply or error.
+Calling a :class:`LuaScript` goes through the client's own :class:`CoalescedScripts`, so
+every script of every service is batched this way (a round trip per call was 9% of
+policy's CPU, ``bench/PROFILE.md``); an idle process still makes one round trip.
 """
 
 from __future__ import annotations
 
 import hashlib
+import weakref
 from collections.abc import Sequence
 from importlib import resources
-from typing import Any
+from typing import Any, cast
 
 from redis.asyncio import Redis
 from redis.exceptions import NoScriptError
@@ -43,11 +47,13 @@ class LuaScript:
     async def __call__(
         self, redis: Redis, keys: Sequence[str], args: Sequence[str | int | float]
     ) -> Any:
-        """Run the script; ``EVAL`` (which also caches it) when the server lacks it."""
-        try:
-            return await redis.evalsha(self.sha, len(keys), *keys, *args)
-        except NoScriptError:
-            return await redis.eval(self.source, len(keys), *keys, *args)
+        """Run the script in the client's next pipeline (see :class:`CoalescedScripts`);
+        ``EVAL`` (which also caches it) when the server lacks it."""
+        scripts = _BY_CLIENT.get(redis)
+        if scripts is None:
+            # A proxy: the batcher, a value of the weak map, must not keep its key alive.
+            scripts = _BY_CLIENT[redis] = CoalescedScripts(cast(Redis, weakref.proxy(redis)))
+        return await scripts.run(self, keys, args)
 
 
 class CoalescedScripts:
@@ -77,3 +83,7 @@ class CoalescedScripts:
             for i, reply in zip(missing, await pipe.execute(raise_on_error=False), strict=True):
                 replies[i] = reply
         return replies
+
+
+#: One batcher per client: a client lives on one event loop, and so does its batcher.
+_BY_CLIENT: weakref.WeakKeyDictionary[Redis, CoalescedScripts] = weakref.WeakKeyDictionary()

@@ -28,7 +28,6 @@ it is still awake (and fetching every few milliseconds) when that record arrives
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -38,10 +37,9 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from toolfleet.settings import FleetSettings
+from toolfleet.storage.pubsub import listen_with_reconnect
 
 log = logging.getLogger(__name__)
-
-_POLL_S = 0.5
 
 
 def traffic_channel(topic_prefix: str) -> str:
@@ -183,28 +181,15 @@ class TrafficSignal:
         max_backoff_s: float = 5.0,
     ) -> None:
         """Wake the registered paces on every announcement until ``stop``; reconnects."""
-        backoff = 0.1
-        while not stop.is_set():
-            pubsub = self._redis.pubsub()
-            try:
-                await pubsub.subscribe(self._channel)
-                if subscribed is not None:
-                    subscribed()
-                backoff = 0.1
-                while not stop.is_set():
-                    message = await pubsub.get_message(
-                        ignore_subscribe_messages=True, timeout=_POLL_S
-                    )
-                    if message is not None and message.get("type") == "message":
-                        self._wake_local()
-            except (RedisError, OSError) as exc:
-                log.warning(
-                    "traffic subscription lost; reconnecting",
-                    extra={"error": type(exc).__name__, "retry_in_s": backoff},
-                )
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), timeout=backoff)
-                backoff = min(backoff * 2, max_backoff_s)
-            finally:
-                with contextlib.suppress(RedisError, OSError):
-                    await pubsub.aclose()  # type: ignore[no-untyped-call]  # untyped in redis-py
+
+        async def wake(_: str) -> None:
+            self._wake_local()
+
+        await listen_with_reconnect(
+            self._redis,
+            self._channel,
+            wake,
+            stop,
+            after_subscribe=subscribed,
+            max_backoff_s=max_backoff_s,
+        )

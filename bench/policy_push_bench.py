@@ -27,7 +27,7 @@ import json
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Any
@@ -130,31 +130,52 @@ async def bench(n: int) -> dict[str, Any]:
     return {"fleet": asdict(fleet), "baseline": asdict(baseline)}
 
 
-def table(fleet: dict[str, Any], baseline: dict[str, Any]) -> str:
-    rows = [f"{'metric':<18}{'policy change':>15}{'bare pub/sub':>15}{'ratio':>8}", "-" * 56]
+def push_table(fleet: dict[str, Any], baseline: dict[str, Any], *, what: str, count: str) -> str:
+    """The push benchmarks' table: ``what`` beside a bare pub/sub round trip."""
+    rows = [f"{'metric':<18}{what:>15}{'bare pub/sub':>15}{'ratio':>8}", "-" * 56]
     for key, label in (("p50_ms", "p50 (ms)"), ("p99_ms", "p99 (ms)"), ("max_ms", "max (ms)")):
         ratio = fleet[key] / baseline[key] if baseline[key] else float("nan")
         rows.append(f"{label:<18}{fleet[key]:>15.2f}{baseline[key]:>15.2f}{ratio:>8.1f}")
-    rows.append(f"{'changes':<18}{fleet['completed']:>15}{baseline['completed']:>15}")
+    rows.append(f"{count:<18}{fleet['completed']:>15}{baseline['completed']:>15}")
     return "\n".join(rows)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--n", type=int, default=200, help="policy changes measured")
+def push_main(
+    argv: list[str] | None,
+    *,
+    doc: str,
+    what: str,
+    count: str,
+    slug: str,
+    run: Callable[[int], Awaitable[dict[str, Any]]],
+) -> int:
+    """Command line of a push benchmark: ``--n`` pushes, a table, results saved as JSON."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--n", type=int, default=200, help=f"{count} measured")
     parser.add_argument("--no-save", action="store_true", help="do not write bench/results")
     args = parser.parse_args(argv)
     if not 1 <= args.n <= 10_000:
         parser.error("--n must be between 1 and 10000")
-    results = asyncio.run(bench(args.n))
-    print(table(results["fleet"], results["baseline"]))
+    results = asyncio.run(run(args.n))
+    print(push_table(results["fleet"], results["baseline"], what=what, count=count))
     if not args.no_save:
         RESULTS_DIR.mkdir(parents=True, exist_ok=True)
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-        path = RESULTS_DIR / f"policy-push-{stamp}.json"
+        path = RESULTS_DIR / f"{slug}-{stamp}.json"
         path.write_text(json.dumps(results, indent=2))
         print(f"results: {path}")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return push_main(
+        argv,
+        doc=__doc__ or "",
+        what="policy change",
+        count="changes",
+        slug="policy-push",
+        run=bench,
+    )
 
 
 if __name__ == "__main__":

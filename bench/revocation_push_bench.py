@@ -17,18 +17,15 @@ Only loopback traffic: Redis comes from ``TOOLFLEET_REDIS_URL``.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
 import os
 import time
 import uuid
 from dataclasses import asdict
-from datetime import UTC, datetime
 from typing import Any
 
-from e2e_bench import RESULTS_DIR, RunResult, summarize
-from policy_push_bench import measure_bare_pubsub
+from e2e_bench import RunResult, summarize
+from policy_push_bench import measure_bare_pubsub, push_main
 from toolfleet.auth.revocation import CachedRevocationList, RedisRevocationList
 from toolfleet.storage.redis import connect_redis
 
@@ -71,31 +68,15 @@ async def bench(n: int) -> dict[str, Any]:
     return {"fleet": asdict(fleet), "baseline": asdict(baseline)}
 
 
-def table(fleet: dict[str, Any], baseline: dict[str, Any]) -> str:
-    rows = [f"{'metric':<18}{'revocation':>15}{'bare pub/sub':>15}{'ratio':>8}", "-" * 56]
-    for key, label in (("p50_ms", "p50 (ms)"), ("p99_ms", "p99 (ms)"), ("max_ms", "max (ms)")):
-        ratio = fleet[key] / baseline[key] if baseline[key] else float("nan")
-        rows.append(f"{label:<18}{fleet[key]:>15.2f}{baseline[key]:>15.2f}{ratio:>8.1f}")
-    rows.append(f"{'revocations':<18}{fleet['completed']:>15}{baseline['completed']:>15}")
-    return "\n".join(rows)
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--n", type=int, default=200, help="revocations measured")
-    parser.add_argument("--no-save", action="store_true", help="do not write bench/results")
-    args = parser.parse_args(argv)
-    if not 1 <= args.n <= 10_000:
-        parser.error("--n must be between 1 and 10000")
-    results = asyncio.run(bench(args.n))
-    print(table(results["fleet"], results["baseline"]))
-    if not args.no_save:
-        RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-        path = RESULTS_DIR / f"revocation-push-{stamp}.json"
-        path.write_text(json.dumps(results, indent=2))
-        print(f"results: {path}")
-    return 0
+    return push_main(
+        argv,
+        doc=__doc__ or "",
+        what="revocation",
+        count="revocations",
+        slug="revocation-push",
+        run=bench,
+    )
 
 
 if __name__ == "__main__":

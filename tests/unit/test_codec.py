@@ -253,6 +253,15 @@ def test_integers_past_64_bits_survive_both_modes() -> None:
         assert decode(key=message.key, value=message.value, headers=message.headers).data == big
 
 
+def test_text_with_a_lone_surrogate_survives_both_modes() -> None:
+    # JSON may carry "\ud800" (a producer sent it); UTF-8 cannot, so it travels escaped.
+    lone = {"message": "a\ud800b", "nested": ["\udfff", {"k": "é\ud83d"}]}
+    for mode in ContentMode:
+        message = encode(_sample(data=lone), mode)
+        message.value.decode("utf-8")  # the wire stays valid UTF-8
+        assert decode(key=message.key, value=message.value, headers=message.headers).data == lone
+
+
 @pytest.mark.parametrize(
     "header", [("ce_time", b"2025-01-01T00:00:00"), ("ce_subject", b""), ("ce_id", b"")]
 )

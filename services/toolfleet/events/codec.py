@@ -92,8 +92,10 @@ def _format_time(value: datetime) -> str:
 def _dumps(value: dict[str, Any]) -> bytes:
     try:
         return orjson.dumps(value, option=_DUMPS_OPTIONS)
-    except TypeError:  # integers past 64 bits: the standard library writes any
-        return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
+    except TypeError:
+        # Integers past 64 bits, or text with a lone surrogate (valid JSON as a \\ud800
+        # escape, not as UTF-8): the standard library writes both, ASCII-escaped.
+        return json.dumps(value, separators=(",", ":")).encode()
 
 
 def _loads(value: bytes) -> Any:

@@ -10,8 +10,8 @@
 #
 # The first target that needs it creates .venv with $(PYTHON) and installs the project
 # (editable, with the dev extras, Playwright included); it reinstalls only when
-# pyproject.toml changed. The console's browser test runs Debian's /usr/bin/chromium
-# (apt-get install -y chromium; .ci/run installs it), never `playwright install`.
+# pyproject.toml changed. The console's browser test runs Debian's /usr/bin/chromium,
+# never `playwright install`: `make test` installs it with apt when missing (as root).
 
 PYTHON ?= $(shell command -v python3.11 2>/dev/null || command -v python3)
 VENV := .venv
@@ -21,7 +21,7 @@ PYTEST_ARGS ?=
 TEST_LAYERS := unit integration e2e
 
 .DEFAULT_GOAL := help
-.PHONY: help venv dev test lint typecheck bench schemas clean
+.PHONY: help venv browser dev test lint typecheck bench schemas clean
 
 help:
 	@sed -n 's/^#   make /  make /p' $(firstword $(MAKEFILE_LIST))
@@ -41,9 +41,19 @@ venv: $(STAMP)
 dev: $(STAMP)
 	exec $(BIN)/toolfleet dev
 
+# Debian's chromium for the console's browser test (it never skips).
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing Debian's chromium (the console's browser test)"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	  else \
+	    echo "chromium is missing; as root: apt-get install -y chromium" >&2; exit 1; \
+	  fi; }
+
 # One pytest run per layer, in order; stop at the first failing layer. Exit code 5
 # (nothing collected) fails too: an empty layer means tests were lost.
-test: $(STAMP)
+test: $(STAMP) browser
 	@for layer in $(TEST_LAYERS); do \
 	  echo "==> $$layer tests"; \
 	  rc=0; $(BIN)/python -m pytest tests/$$layer $(PYTEST_ARGS) || rc=$$?; \

@@ -24,7 +24,7 @@ from redis.asyncio import Redis
 from toolfleet.bus.dedupe import RedisProcessedEvents
 from toolfleet.bus.fetch_wait import TrafficSignal, traffic_signal
 from toolfleet.bus.producer import EventProducer
-from toolfleet.bus.runtime import ConsumerSpec, EventConsumer, Handler
+from toolfleet.bus.runtime import ByBatch, ConsumerSpec, EventConsumer, Handler
 from toolfleet.events import routing
 from toolfleet.events.types import TopicName, topic
 from toolfleet.observability.logs import configure_logging
@@ -89,7 +89,7 @@ class Resources:
         )
 
     def consumer(
-        self, spec: ConsumerSpec, handler: Handler, *, dedupe: bool = True
+        self, spec: ConsumerSpec, handler: Handler | ByBatch, *, dedupe: bool = True
     ) -> EventConsumer:
         processed = (
             RedisProcessedEvents(self.redis, group=spec.group_id, ttl_s=self.settings.dedupe_ttl_s)

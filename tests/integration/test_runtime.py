@@ -9,13 +9,13 @@ import uuid
 from collections.abc import Sequence
 
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from tests.support.eventually import eventually
 from toolfleet.bus.connection import connection_kwargs
 from toolfleet.bus.dedupe import RedisProcessedEvents
 from toolfleet.bus.producer import EventProducer, Outbound
-from toolfleet.bus.runtime import ConsumerSpec, EventConsumer, Inbound
+from toolfleet.bus.runtime import ByBatch, ConsumerSpec, EventConsumer, Inbound
 from toolfleet.events.codec import ContentMode, decode, encode
 from toolfleet.events.envelope import derived_event_id, new_event
 from toolfleet.events.types import EventType, Source, TopicName, topic
@@ -134,6 +134,108 @@ async def test_forwards_dedupes_and_dead_letters(settings: FleetSettings) -> Non
     assert base64.b64decode(record.data["value_b64"]) == b"\x00garbage"
     assert record.data["error"]["code"] == "invalid_event"
     assert json.dumps(record.data)  # serializable for SIEMs
+
+
+def _authorized_of(event: Inbound, prefix: str) -> Outbound:
+    out = new_event(
+        event_type=EventType.INVOKE_AUTHORIZED,
+        source=Source.POLICY,
+        data={"echo": event.envelope.data},
+        tenant_id=event.envelope.tenantid or "",
+        invocation_id=event.envelope.invocationid,
+        event_id=derived_event_id(event.envelope, EventType.INVOKE_AUTHORIZED),
+        parent=event.envelope,
+    )
+    return Outbound(envelope=out, topic=topic(prefix, TopicName.AUTHORIZED))
+
+
+async def test_a_batch_consumer_handles_a_fetch_at_once_and_isolates_a_bad_record(
+    settings: FleetSettings,
+) -> None:
+    """ByBatch (audit, status): the records of a fetch reach the handler together; a
+    duplicate is skipped, a transient failure retried, and a record the handler cannot
+    handle is dead-lettered alone while the rest of its batch goes through; every offset
+    is committed."""
+    prefix = f"{settings.topic_prefix}rb{uuid.uuid4().hex[:6]}."
+    local = settings.model_copy(update={"topic_prefix": prefix})
+    from toolfleet.bus.admin import ensure_topics
+
+    await ensure_topics(local)
+    producer = EventProducer(local)
+    await producer.start()
+    redis = connect_redis(local.redis_url)
+    batches: list[list[int]] = []
+    failed_once = False
+
+    async def handle(events: Sequence[Inbound]) -> Sequence[Outbound]:
+        nonlocal failed_once
+        numbers = [int(e.envelope.data["n"]) for e in events]
+        batches.append(numbers)
+        if not failed_once:
+            failed_once = True
+            raise ConnectionError("Redis went away for a moment")  # transient: retried
+        if 7 in numbers:
+            raise ValueError("cannot handle record 7")
+        return [_authorized_of(e, prefix) for e in events]
+
+    req = topic(prefix, TopicName.REQUESTED)
+    raw = AIOKafkaProducer(**connection_kwargs(local))
+    await raw.start()
+    sent = []
+    for n in range(12):
+        env = new_event(
+            event_type=EventType.INVOKE_REQUESTED,
+            source=Source.CLI,
+            data={"n": n},
+            tenant_id="t1",  # one partition: one fetch holds them all
+            invocation_id=str(uuid.uuid4()),
+        )
+        sent.append(env)
+        wire = encode(env, ContentMode.BINARY)
+        await raw.send_and_wait(req, wire.value, key=wire.key, headers=wire.headers)
+    twin = encode(sent[3], ContentMode.STRUCTURED)  # the same event again: a duplicate
+    await raw.send_and_wait(req, twin.value, key=twin.key, headers=twin.headers)
+    await raw.send_and_wait(req, b"\x00garbage", key=b"t1", headers=[("x", b"y")])
+
+    group = f"g-{uuid.uuid4().hex[:6]}"
+    runtime = EventConsumer(
+        ConsumerSpec(service="test", source="/toolfleet/test", group_id=group, topics=[req]),
+        ByBatch(handle),
+        settings=local,
+        producer=producer,
+        processed=RedisProcessedEvents(redis, group=group, ttl_s=600),
+        dlq_topic=topic(prefix, TopicName.DLQ),
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(runtime.run(stop))
+    try:
+        outputs = await _read_all(local, TopicName.AUTHORIZED, want=11)
+        dlq = await _read_all(local, TopicName.DLQ, want=2)
+    finally:
+        stop.set()
+        await task
+        await raw.stop()
+        await producer.stop()
+        await redis.aclose()
+
+    echoed = sorted(
+        decode(key=r.key, value=r.value, headers=list(r.headers)).data["echo"]["n"] for r in outputs
+    )
+    assert echoed == [n for n in range(12) if n != 7]  # the duplicate of 3 went out once
+    assert max(len(b) for b in batches) > 1  # handled together, not one by one
+    codes = sorted(
+        decode(key=r.key, value=r.value, headers=list(r.headers)).data["error"]["code"] for r in dlq
+    )
+    assert codes == ["internal_error", "invalid_event"]
+    check = AIOKafkaConsumer(**connection_kwargs(local), group_id=group)
+    await check.start()
+    try:
+        parts = [TopicPartition(req, p) for p in range(local.topic_partitions)]
+        ends = await check.end_offsets(parts)
+        committed = {tp: await check.committed(tp) for tp in parts}
+    finally:
+        await check.stop()
+    assert all((committed[tp] or 0) == ends[tp] for tp in parts)  # nothing left behind
 
 
 class SilentBroker:

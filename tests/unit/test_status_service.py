@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import UTC, datetime
 
 import pytest
@@ -33,6 +34,9 @@ class MemoryProjection:
         if updated is not None:
             self.rows[call.invocation_id] = updated
         return True
+
+    async def project_all(self, calls: Sequence[ProjectInput]) -> list[bool]:
+        return [await self.project(call) for call in calls]
 
 
 def _projector() -> tuple[StatusProjector, MemoryProjection]:
@@ -91,3 +95,37 @@ async def test_terminal_outcomes_are_announced_after_projection_redeliveries_too
         assert store.rows[lc.invocation_id].status is InvocationStatus.SUCCESS
     await projector.on_event(done)  # a redelivery: a notice lost to a crash is sent again
     assert notices.published == [lc.invocation_id, lc.invocation_id]
+
+
+async def test_a_batch_projects_like_one_by_one_and_announces_its_outcomes() -> None:
+    one_by_one, batched = MemoryProjection(), MemoryProjection()
+    notices = MemoryFinishedNotices()
+    first, second = Lifecycle(), Lifecycle()
+    circuit = new_event(
+        event_type=EventType.CIRCUIT_CLOSED,
+        source=Source.EXECUTOR,
+        data=CircuitChanged(circuit_name="c", state="closed", at=T0),
+        tenant_id="t",
+        invocation_id=None,
+    )
+    # Out of order, two invocations interleaved, a redelivery and an event of no call.
+    done = first.outcome()
+    events = [
+        first.authorized(),
+        second.requested(),
+        first.requested(),
+        circuit,
+        done,
+        second.authorized(),
+        done,
+    ]
+    reference = StatusProjector(projection=one_by_one, clock=lambda: T0)
+    expected = [await reference.on_event(event) for event in events]
+    projector = StatusProjector(projection=batched, notices=notices, clock=lambda: T0)
+
+    assert await projector.on_events(events) == expected == [
+        True, True, True, False, True, True, False,
+    ]  # fmt: skip
+    assert batched.rows == one_by_one.rows
+    assert batched.rows[first.invocation_id].status is InvocationStatus.SUCCESS
+    assert notices.published == [first.invocation_id, first.invocation_id]

@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 
 from toolfleet.audit.records import audit_event
 from toolfleet.bus.producer import Outbound
-from toolfleet.bus.runtime import EventConsumer, Inbound
+from toolfleet.bus.runtime import ByBatch, EventConsumer, Inbound
 from toolfleet.events import routing
 from toolfleet.events.codec import ContentMode
 from toolfleet.events.types import TopicName
@@ -17,14 +17,21 @@ from toolfleet.worker import Resources
 async def build(res: Resources) -> list[EventConsumer]:
     audit_topic = res.topic(TopicName.AUDIT)
 
-    async def handle(event: Inbound) -> Sequence[Outbound]:
-        envelope = audit_event(event.envelope, topic=event.topic, now=datetime.now(UTC))
+    async def handle(events: Sequence[Inbound]) -> Sequence[Outbound]:
+        now = datetime.now(UTC)
         # Structured mode: SIEM connectors read the value and never see headers.
-        return [Outbound(envelope=envelope, topic=audit_topic, mode=ContentMode.STRUCTURED)]
+        return [
+            Outbound(
+                envelope=audit_event(event.envelope, topic=event.topic, now=now),
+                topic=audit_topic,
+                mode=ContentMode.STRUCTURED,
+            )
+            for event in events
+        ]
 
     spec = res.spec(
         routing.AUDIT_CONSUMER,
         max_in_flight=res.settings.max_in_flight,
         fetch_max_wait_ms=res.settings.observer_fetch_max_wait_ms,
     )
-    return [res.consumer(spec, handle)]
+    return [res.consumer(spec, ByBatch(handle))]

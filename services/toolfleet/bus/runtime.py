@@ -21,7 +21,7 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -46,7 +46,7 @@ from toolfleet.events.envelope import Envelope
 from toolfleet.events.identity import trace_id_of, valid_traceparent, with_trace
 from toolfleet.observability import metrics
 from toolfleet.observability.logs import log_context
-from toolfleet.observability.tracing import span, trace_root
+from toolfleet.observability.tracing import batch_span, span, trace_root
 from toolfleet.settings import FleetSettings
 from toolfleet.storage.errors import POSTGRES_UNAVAILABLE
 
@@ -70,6 +70,42 @@ class Inbound:
 
 
 Handler = Callable[[Inbound], Awaitable[Sequence[Outbound]]]
+BatchHandler = Callable[[Sequence[Inbound]], Awaitable[Sequence[Outbound]]]
+
+
+@dataclass(frozen=True, slots=True)
+class ByBatch:
+    """A handler of whole fetches, for consumers that only observe (audit, status).
+
+    The records of one fetch are decoded, deduplicated in one round trip, handled by
+    one call of ``handle`` (which returns the outputs of all of them), published
+    together, and marked processed in one round trip: no task, span or retry frame per
+    record. Same guarantees as a per-record handler: outputs are acknowledged before
+    any offset of the batch is committed, a transient failure retries the whole batch,
+    and if the batch fails otherwise its records are handled one by one, so a record
+    that cannot be handled is dead-lettered alone. ``handle`` must therefore be
+    idempotent per record (audit ids and status projection are).
+    """
+
+    handle: BatchHandler
+
+
+@dataclass(slots=True)
+class _Work:
+    """What one task handles: the partitions of its records, and how many there are."""
+
+    parts: frozenset[Partition]
+    records: int
+
+
+@dataclass(slots=True)
+class _Claimed:
+    """A decoded record of a batch, claimed against its in-flight twin."""
+
+    record: ConsumerRecord[bytes, bytes]
+    part: Partition
+    inbound: Inbound
+    key: str
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -147,7 +183,7 @@ class EventConsumer:
     def __init__(
         self,
         spec: ConsumerSpec,
-        handler: Handler,
+        handler: Handler | ByBatch,
         *,
         settings: FleetSettings,
         producer: EventProducer,
@@ -165,7 +201,9 @@ class EventConsumer:
         self._processed = processed
         self._dlq_topic = dlq_topic
         self._tracker = OffsetTracker()
-        self._tasks: dict[asyncio.Task[None], Partition] = {}
+        self._tasks: dict[asyncio.Task[None], _Work] = {}
+        self._in_flight = 0
+        """Records being handled (a batch task holds several)."""
         self._in_flight_keys: set[str] = set()
         self._stopping = asyncio.Event()
         self._consumer: AIOKafkaConsumer | None = None
@@ -176,6 +214,8 @@ class EventConsumer:
             if spec.schedule is not None
             else None
         )
+        if isinstance(handler, ByBatch) and self._backlog is not None:
+            raise ValueError("a scheduling consumer handles records one by one")
         self._stop_requested: asyncio.Event | None = None
         self._traffic = traffic
         self._pace: FetchPace | None = (
@@ -288,7 +328,7 @@ class EventConsumer:
             self._traffic.register(pace)
         try:
             while not stop.is_set():
-                free = self.spec.max_in_flight - len(self._tasks)
+                free = self.spec.max_in_flight - self._in_flight
                 if self._backlog is not None:
                     free += self.spec.backlog_limit - len(self._backlog)
                 timeout_ms, still_idle = 100, False
@@ -338,6 +378,11 @@ class EventConsumer:
     ) -> None:
         if consumer.assignment():
             self.assigned.set()
+        if isinstance(self._handler, ByBatch):
+            fetched = [record for records in batch.values() for record in records]
+            if fetched:
+                self._dispatch_fetch(fetched)
+            return
         if self._backlog is None:
             for records in batch.values():
                 for record in records:
@@ -392,7 +437,7 @@ class EventConsumer:
             return
         if self._stop_requested is not None and self._stop_requested.is_set():
             return  # queued records are left unfinished: the next owner reads them
-        while len(self._tasks) < self.spec.max_in_flight:
+        while self._in_flight < self.spec.max_in_flight:
             picked = backlog.pop()
             if picked is None:
                 return
@@ -411,9 +456,21 @@ class EventConsumer:
         part: Partition,
         decoded: Envelope | InvalidEvent | None,
     ) -> asyncio.Task[None]:
-        task = asyncio.create_task(self._process(record, part, decoded))
-        self._tasks[task] = part
-        self._in_flight_gauge.set(len(self._tasks))
+        return self._track(self._process(record, part, decoded), frozenset((part,)), 1)
+
+    def _dispatch_fetch(self, records: list[ConsumerRecord[bytes, bytes]]) -> None:
+        parts = frozenset(Partition(r.topic, r.partition) for r in records)
+        for record in records:
+            self._tracker.started(Partition(record.topic, record.partition), record.offset)
+        self._track(self._process_fetch(records), parts, len(records))
+
+    def _track(
+        self, work: Coroutine[None, None, None], parts: frozenset[Partition], records: int
+    ) -> asyncio.Task[None]:
+        task = asyncio.create_task(work)
+        self._tasks[task] = _Work(parts, records)
+        self._in_flight += records
+        self._in_flight_gauge.set(self._in_flight)
         task.add_done_callback(self._forget_task)
         return task
 
@@ -429,8 +486,10 @@ class EventConsumer:
         return with_trace(decode(key=record.key, value=record.value, headers=headers))
 
     def _forget_task(self, task: asyncio.Task[None]) -> None:
-        self._tasks.pop(task, None)
-        self._in_flight_gauge.set(len(self._tasks))
+        work = self._tasks.pop(task, None)
+        if work is not None:
+            self._in_flight -= work.records
+        self._in_flight_gauge.set(self._in_flight)
         if not task.cancelled() and task.exception() is not None:  # pragma: no cover
             log.error("record task crashed", exc_info=task.exception())
 
@@ -552,8 +611,166 @@ class EventConsumer:
             await self._retrying(lambda: self._handle_once(inbound))
 
     async def _handle_once(self, inbound: Inbound) -> None:
-        outputs = await self._handler(inbound)
+        handler = self._handler
+        outputs = await (
+            handler.handle([inbound]) if isinstance(handler, ByBatch) else handler(inbound)
+        )
         await self._producer.send_all(outputs)
+
+    # --- per fetch (ByBatch) ---------------------------------------------------------
+
+    async def _process_fetch(self, records: list[ConsumerRecord[bytes, bytes]]) -> None:
+        """Handle the records of one fetch as one batch (:class:`ByBatch`)."""
+        started = time.perf_counter()
+        counts: list[tuple[str, str]] = []
+        claimed: list[_Claimed] = []
+        unfinished = {id(record): record for record in records}
+
+        def finish(record: ConsumerRecord[bytes, bytes], event_type: str, outcome: str) -> None:
+            unfinished.pop(id(record), None)
+            self._tracker.finished(Partition(record.topic, record.partition), record.offset)
+            counts.append((event_type, outcome))
+
+        try:
+            for record in records:
+                try:
+                    envelope = self._decode(record, list(record.headers))
+                except InvalidEvent as exc:
+                    await self._dead_letter(record, list(record.headers), exc.to_error_info(), None)
+                    finish(record, "unknown", "dlq")
+                    continue
+                key = envelope.dedupe_key
+                if key in self._in_flight_keys:
+                    self._duplicates.inc()
+                    finish(record, envelope.type, "duplicate")
+                    continue
+                self._in_flight_keys.add(key)  # claimed before any await
+                part = Partition(record.topic, record.partition)
+                inbound = Inbound(
+                    envelope=envelope,
+                    topic=record.topic,
+                    partition=record.partition,
+                    offset=record.offset,
+                    key=record.key,
+                )
+                claimed.append(_Claimed(record, part, inbound, key))
+            try:
+                fresh = await self._unseen(claimed, finish)
+                if fresh:
+                    done = await self._handle_fetch(fresh, finish)
+                    processed = self._processed
+                    if processed is not None and done:
+                        keys = [item.key for item in done]
+                        await self._retrying(lambda: processed.mark_all(keys))
+                    for item in done:
+                        finish(item.record, item.inbound.envelope.type, "ok")
+            finally:
+                for item in claimed:
+                    self._in_flight_keys.discard(item.key)
+        except asyncio.CancelledError:
+            # Revoked or shut down mid-way: what is unfinished is redelivered.
+            raise
+        finally:
+            elapsed = time.perf_counter() - started
+            for event_type, outcome in counts:
+                counted, timed = self._metrics_of(event_type, outcome)
+                counted.inc()
+                timed.observe(elapsed)
+            if unfinished:
+                counted, _ = self._metrics_of("unknown", "abandoned")
+                counted.inc(len(unfinished))
+
+    async def _unseen(
+        self,
+        claimed: list[_Claimed],
+        finish: Callable[[ConsumerRecord[bytes, bytes], str, str], None],
+    ) -> list[_Claimed]:
+        processed = self._processed
+        if processed is None or not claimed:
+            return claimed
+        keys = [item.key for item in claimed]
+        seen = await self._retrying(lambda: processed.seen_all(keys))
+        fresh: list[_Claimed] = []
+        for item, was_seen in zip(claimed, seen, strict=True):
+            if was_seen:
+                self._duplicates.inc()
+                finish(item.record, item.inbound.envelope.type, "duplicate")
+            else:
+                fresh.append(item)
+        return fresh
+
+    async def _handle_fetch(
+        self,
+        items: list[_Claimed],
+        finish: Callable[[ConsumerRecord[bytes, bytes], str, str], None],
+    ) -> list[_Claimed]:
+        """Handle ``items`` together; those handled, the rest were dead-lettered (and
+        finished). A failure a stop interrupted leaves every item unfinished."""
+        try:
+            await self._handle_batch(items)
+            return items
+        except InvalidEvent:
+            pass  # one of them is bad: find which below
+        except Exception as exc:
+            if self._stopping.is_set():
+                raise asyncio.CancelledError from exc
+            if len(items) > 1:
+                log.warning(
+                    "batch failed; handling its records one by one",
+                    extra={"error": type(exc).__name__, "records": len(items)},
+                )
+        done: list[_Claimed] = []
+        for item in items:
+            envelope = item.inbound.envelope
+            try:
+                await self._handle_batch([item])
+            except InvalidEvent as exc:
+                await self._dead_letter(
+                    item.record,
+                    list(item.record.headers),
+                    exc.to_error_info(),
+                    envelope.traceparent,
+                )
+                finish(item.record, envelope.type, "dlq")
+                continue
+            except Exception as exc:
+                if self._stopping.is_set():
+                    raise asyncio.CancelledError from exc
+                log.exception("giving up on event", extra={"event_type": envelope.type})
+                info = (
+                    exc.to_error_info()
+                    if isinstance(exc, ToolfleetError)
+                    else ErrorInfo(
+                        code=ErrorCode.INTERNAL_ERROR,
+                        message=f"handler failed: {type(exc).__name__}",
+                        retryable=True,
+                    )
+                )
+                await self._dead_letter(
+                    item.record, list(item.record.headers), info, envelope.traceparent
+                )
+                finish(item.record, envelope.type, "dlq")
+                continue
+            done.append(item)
+        return done
+
+    async def _handle_batch(self, items: list[_Claimed]) -> None:
+        handler = self._handler
+        assert isinstance(handler, ByBatch)
+        inbounds = [item.inbound for item in items]
+        with batch_span(
+            f"process {self.spec.service} batch",
+            traceparents=[i.envelope.traceparent for i in inbounds],
+            attributes={
+                "messaging.batch.message_count": len(inbounds),
+                "toolfleet.service": self.spec.service,
+            },
+        ):
+
+            async def once() -> None:
+                await self._producer.send_all(await handler.handle(inbounds))
+
+            await self._retrying(once)
 
     async def _retrying(self, step: Callable[[], Awaitable[T]]) -> T:
         """Run ``step``; transient failures retry without limit, others a few times."""
@@ -656,7 +873,7 @@ class EventConsumer:
         if self._backlog is not None:
             # Not started, so not ours to finish: unfinished, the next owner reads them.
             self._backlog.drop(lambda queued: queued.part in revoked_set)
-        mine = [t for t, p in self._tasks.items() if p in revoked_set]
+        mine = [t for t, work in self._tasks.items() if not work.parts.isdisjoint(revoked_set)]
         if mine:
             if self.spec.on_revoke is not None:
                 self.spec.on_revoke(list(revoked_set))

@@ -7,7 +7,7 @@ it where it is decoded (:func:`toolfleet.events.identity.with_trace`).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Literal
@@ -125,6 +125,34 @@ def span(
         return
     with _tracer.start_as_current_span(
         name, context=_context_of(traceparent, tracestate), kind=kind, attributes=attributes
+    ) as current:
+        yield current
+
+
+def recording() -> bool:
+    """Whether spans are recorded (an exporter is configured)."""
+    return _recording
+
+
+@contextmanager
+def batch_span(
+    name: str,
+    *,
+    traceparents: Sequence[str | None],
+    attributes: dict[str, str | int] | None = None,
+) -> Iterator[Span]:
+    """One consumer span for records handled together, linked to each record's trace
+    (OpenTelemetry's messaging conventions for batch processing)."""
+    if not _recording:
+        yield trace.INVALID_SPAN
+        return
+    links = []
+    for traceparent in dict.fromkeys(t for t in traceparents if t):
+        context = _context_of(traceparent, None)
+        if context is not None:
+            links.append(trace.Link(trace.get_current_span(context).get_span_context()))
+    with _tracer.start_as_current_span(
+        name, kind=SpanKind.CONSUMER, links=links, attributes=attributes
     ) as current:
         yield current
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from toolfleet.bus.producer import Outbound
-from toolfleet.bus.runtime import EventConsumer, Inbound
+from toolfleet.bus.runtime import ByBatch, EventConsumer, Inbound
 from toolfleet.events import routing
 from toolfleet.status.service import StatusProjector
 from toolfleet.status.store import PostgresProjection
@@ -24,8 +24,8 @@ async def build(res: Resources) -> list[EventConsumer]:
         projection=PostgresProjection(res.pool), notices=RedisFinishedNotices(res.redis)
     )
 
-    async def handle(event: Inbound) -> Sequence[Outbound]:
-        await projector.on_event(event.envelope)
+    async def handle(events: Sequence[Inbound]) -> Sequence[Outbound]:
+        await projector.on_events([event.envelope for event in events])
         return []
 
     spec = res.spec(
@@ -34,4 +34,4 @@ async def build(res: Resources) -> list[EventConsumer]:
         fetch_max_wait_ms=res.settings.observer_fetch_max_wait_ms,
     )
     # Projection is idempotent in Postgres (projected_events): no Redis dedupe needed.
-    return [res.consumer(spec, handle, dedupe=False)]
+    return [res.consumer(spec, ByBatch(handle), dedupe=False)]

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from toolfleet.events.envelope import Envelope
-from toolfleet.status.projection import InvocationRow, apply, fact_of
+from toolfleet.status.projection import Fact, InvocationRow, apply, fact_of
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +46,11 @@ class Projection(Protocol):
         """
         ...
 
+    async def project_all(self, calls: Sequence[ProjectInput]) -> list[bool]:
+        """:meth:`project` of each call, in order, as one batch (several events of one
+        invocation included)."""
+        ...
+
 
 class FinishedPublisher(Protocol):
     """Where "the outcome is stored" goes (Redis: :mod:`toolfleet.storage.notices`)."""
@@ -54,9 +59,16 @@ class FinishedPublisher(Protocol):
         """Tell waiters (a synchronous HTTP invoke) to read the row now."""
         ...
 
+    async def publish_all(self, invocation_ids: Sequence[str]) -> None:
+        """:meth:`publish` of each, in one round trip."""
+        ...
+
 
 class _NoNotices:
     async def publish(self, invocation_id: str) -> None:
+        return None
+
+    async def publish_all(self, invocation_ids: Sequence[str]) -> None:
         return None
 
 
@@ -75,19 +87,38 @@ class StatusProjector:
         fact = fact_of(event, now=self.clock())
         if fact is None:
             return False
-        projected = await self.projection.project(
-            ProjectInput(
-                source=event.source,
-                event_id=event.id,
-                invocation_id=fact.invocation_id,
-                transition=lambda row: apply(row, fact),
-                kind=fact.kind.value,
-                occurred_at=fact.occurred_at,
-                detail=fact.timeline_detail(),
-            )
-        )
+        projected = await self.projection.project(_input(event, fact))
         if not projected:
             log.debug("event already projected", extra={"event_type": event.type})
         if fact.status is not None and fact.status.is_terminal:
             await self.notices.publish(fact.invocation_id)
         return projected
+
+    async def on_events(self, events: Sequence[Envelope]) -> list[bool]:
+        """:meth:`on_event` of each event, as one batch: one projection round trip and
+        one round trip of notices."""
+        now = self.clock()
+        facts = [(event, fact_of(event, now=now)) for event in events]
+        calls = [_input(event, fact) for event, fact in facts if fact is not None]
+        projected = iter(await self.projection.project_all(calls) if calls else [])
+        results = [False if fact is None else next(projected) for _, fact in facts]
+        finished = [
+            fact.invocation_id
+            for _, fact in facts
+            if fact is not None and fact.status is not None and fact.status.is_terminal
+        ]
+        if finished:
+            await self.notices.publish_all(finished)
+        return results
+
+
+def _input(event: Envelope, fact: Fact) -> ProjectInput:
+    return ProjectInput(
+        source=event.source,
+        event_id=event.id,
+        invocation_id=fact.invocation_id,
+        transition=lambda row: apply(row, fact),
+        kind=fact.kind.value,
+        occurred_at=fact.occurred_at,
+        detail=fact.timeline_detail(),
+    )

@@ -99,6 +99,7 @@ class PostgresProjection:
 
     def __init__(self, pool: asyncpg.Pool, *, max_batch: int = MAX_BATCH) -> None:
         self._pool = pool
+        self._max_batch = max_batch
         self._batches: Coalescer[ProjectInput, bool] = Coalescer(
             self._project_many, max_batch=max_batch
         )
@@ -106,6 +107,17 @@ class PostgresProjection:
     async def project(self, call: ProjectInput) -> bool:
         """Project ``call`` in the next batch; ``False`` if its event was projected before."""
         return await self._batches.submit(call)
+
+    async def project_all(self, calls: Sequence[ProjectInput]) -> list[bool]:
+        """Project ``calls`` in transactions of up to ``max_batch``, without waiting for
+        the coalescer's next turn; raises the first call's error if one failed."""
+        results: list[bool] = []
+        for start in range(0, len(calls), self._max_batch):
+            for result in await self._project_many(calls[start : start + self._max_batch]):
+                if isinstance(result, Exception):
+                    raise result
+                results.append(result)
+        return results
 
     async def _project_many(self, calls: Sequence[ProjectInput]) -> Sequence[bool | Exception]:
         try:

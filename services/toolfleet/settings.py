@@ -31,7 +31,8 @@ class FleetSettings(BaseSettings):
     topic_prefix: str = "toolfleet."
     """Prefix of every topic name (``toolfleet.invoke.requested`` ...)."""
     topic_partitions: int = Field(default=12, ge=1)
-    """Partitions per topic when toolfleet creates its topics."""
+    """Partitions per topic when toolfleet creates its topics (`toolfleet dev` on its
+    embedded broker: 3 unless set)."""
     topic_replication: int = Field(default=1, ge=1)
     """Replication factor when toolfleet creates its topics; caps the
     ``min.insync.replicas`` of ``topics.yaml``."""

@@ -152,3 +152,11 @@ async def test_stop_all_terminates_then_kills_stragglers(tmp_path: Path) -> None
     assert not stubborn.running
     assert all(task.done() for task in tasks)
     console.close()
+
+
+def test_the_embedded_broker_gets_few_partitions_unless_the_user_chose() -> None:
+    from toolfleet.devstack.plan import DEV_PARTITIONS, dev_topic_settings
+
+    assert dev_topic_settings(set()) == {"TOOLFLEET_TOPIC_PARTITIONS": str(DEV_PARTITIONS)}
+    assert dev_topic_settings({"topic_partitions"}) == {}
+    assert dev_topic_settings({"kafka_bootstrap"}) == {}  # a real Kafka: production sizes

@@ -10,7 +10,7 @@ import contextlib
 import importlib.util
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +29,9 @@ from toolfleet.devstack.processes import ServiceSpec
 from toolfleet.devstack.servers import start_missing_servers
 from toolfleet.settings import FleetSettings
 from toolfleet.worker import SERVICES
+
+#: Partitions per topic on the embedded dev broker (``TOOLFLEET_TOPIC_PARTITIONS`` wins).
+DEV_PARTITIONS = 3
 
 #: The API's conventional port, used when free and ``TOOLFLEET_API_PORT`` is unset.
 API_PORT = 8080
@@ -55,6 +58,16 @@ class DevPlan:
     """Where clients reach the API."""
     readiness_url: str
     """Local ``/readyz`` of the API child."""
+
+
+def dev_topic_settings(configured: Collection[str]) -> dict[str, str]:
+    """Topic settings of a fleet on the embedded broker: ``DEV_PARTITIONS`` partitions
+    unless the user set them or brought a Kafka of their own. One worker of each kind
+    needs no more, and the dev broker's CPU per fetch grows with the partitions it
+    names (a consumer of audit or status names every lifecycle topic's)."""
+    if "kafka_bootstrap" in configured or "topic_partitions" in configured:
+        return {}
+    return {"TOOLFLEET_TOPIC_PARTITIONS": str(DEV_PARTITIONS)}
 
 
 def toolfleet_command() -> tuple[str, ...]:
@@ -118,6 +131,7 @@ def build_plan(stack: contextlib.ExitStack, *, home: Path, say: Callable[[str], 
 
     fleet = user_settings(settings)
     fleet.update(servers)
+    fleet.update(dev_topic_settings(configured))
     fleet.update(
         {
             "TOOLFLEET_HOME": str(home),

@@ -142,17 +142,22 @@ def batch_span(
     attributes: dict[str, str | int] | None = None,
 ) -> Iterator[Span]:
     """One consumer span for records handled together, linked to each record's trace
-    (OpenTelemetry's messaging conventions for batch processing)."""
+    (OpenTelemetry's messaging conventions for batch processing). When every record
+    belongs to one trace, the span is also that trace's child, so the trace shows it."""
     if not _recording:
         yield trace.INVALID_SPAN
         return
-    links = []
+    links: list[trace.Link] = []
+    contexts: list[Context] = []
     for traceparent in dict.fromkeys(t for t in traceparents if t):
         context = _context_of(traceparent, None)
         if context is not None:
+            contexts.append(context)
             links.append(trace.Link(trace.get_current_span(context).get_span_context()))
+    traces = {link.context.trace_id for link in links}
+    parent = contexts[0] if len(traces) == 1 else Context()
     with _tracer.start_as_current_span(
-        name, kind=SpanKind.CONSUMER, links=links, attributes=attributes
+        name, context=parent, kind=SpanKind.CONSUMER, links=links, attributes=attributes
     ) as current:
         yield current
 

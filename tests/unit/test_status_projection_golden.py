@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import hashlib
 import math
 import uuid
 from collections.abc import Iterator, Sequence
@@ -21,6 +22,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pydantic import BaseModel
 
 from tests.support import projection_reference as reference
 from tests.support.lifecycle import T0, Lifecycle
@@ -28,15 +30,27 @@ from toolfleet.errors import ErrorCode, ErrorInfo
 from toolfleet.events import codec
 from toolfleet.events.envelope import Envelope
 from toolfleet.events.models import (
+    AgentContext,
+    ApprovalDecision,
+    ApprovalRequested,
     Attachment,
+    CancelRequested,
+    CheckpointConfig,
+    CheckpointCreated,
     CheckpointRef,
     DocumentAccess,
     DocumentContext,
     DocumentRef,
     ExecutionMetadata,
+    ExecutionOptions,
     InvocationStatus,
+    InvokeAuthorized,
+    InvokeExecuted,
+    InvokeRequested,
     ResourceLimits,
     ResultBlob,
+    ToolInvoked,
+    ToolOutcome,
 )
 from toolfleet.status import projection as live
 
@@ -503,3 +517,78 @@ def test_checkpoint_rows_keep_checkpoints_from_the_store() -> None:
                 fact = module.fact_of(event, now=NOW)
                 out.append(module.apply(row, fact))
             assert strict(out[1]) == strict(out[0])
+
+
+# --- the models the fast reader describes --------------------------------------------
+
+READ_MODELS = (
+    AgentContext,
+    ApprovalDecision,
+    ApprovalRequested,
+    Attachment,
+    CancelRequested,
+    CheckpointConfig,
+    CheckpointCreated,
+    CheckpointRef,
+    DocumentAccess,
+    DocumentContext,
+    DocumentRef,
+    ErrorInfo,
+    ExecutionMetadata,
+    ExecutionOptions,
+    InvokeAuthorized,
+    InvokeExecuted,
+    InvokeRequested,
+    ResourceLimits,
+    ResultBlob,
+    ToolInvoked,
+    ToolOutcome,
+)
+
+
+FINGERPRINTS = {
+    "AgentContext": "08e6b9d1fdc7",
+    "ApprovalDecision": "6a55b8ccf1e1",
+    "ApprovalRequested": "e2a88045fb74",
+    "Attachment": "769c684186ec",
+    "CancelRequested": "1cb8eeb22955",
+    "CheckpointConfig": "3a48cf024f22",
+    "CheckpointCreated": "a2ce96b6b85f",
+    "CheckpointRef": "c51337431b3e",
+    "DocumentAccess": "c24903f9219b",
+    "DocumentContext": "1ef62f4fe7cf",
+    "DocumentRef": "018afc66f20d",
+    "ErrorInfo": "ed180438f4e4",
+    "ExecutionMetadata": "c354346fc9f4",
+    "ExecutionOptions": "99ef77ae9925",
+    "InvokeAuthorized": "42ec7271e77a",
+    "InvokeExecuted": "e36b6ed5ba48",
+    "InvokeRequested": "31cdf593b9a3",
+    "ResourceLimits": "6ede3388013f",
+    "ResultBlob": "2298e3915883",
+    "ToolInvoked": "1a0836105bdf",
+    "ToolOutcome": "6bd2a8a72242",
+}
+
+
+def _fingerprint(model: type[BaseModel]) -> str:
+    decorators = model.__pydantic_decorators__
+    text = "\n".join(
+        [
+            repr(model.model_config.get("extra")),
+            *(f"{name}: {info!r}" for name, info in model.model_fields.items()),
+            *sorted(decorators.field_validators),
+            *sorted(decorators.model_validators),
+        ]
+    )
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def test_the_fast_reader_knows_every_model_it_reads() -> None:
+    """A changed event model needs its fast reader in projection.py changed too.
+
+    The fast reader checks each member by hand (type, bounds, pattern, strict or not):
+    once it matches the model again, and the damaged-data tests above pass, update the
+    fingerprint here.
+    """
+    assert {m.__name__: _fingerprint(m) for m in READ_MODELS} == FINGERPRINTS

@@ -271,13 +271,14 @@ class Fact:
 
 # --- event -> fact -------------------------------------------------------------------
 #
-# Every event is read twice over: a fast reader takes ``data`` as the plain dict it is
-# and checks each member against the event's pydantic model by hand, but only accepts
-# shapes it can vouch for (exact JSON types, ASCII where a length is bounded, datetimes
-# in RFC 3339 UTC form). Anything else raises :class:`_Unsure` and the pydantic model
-# decides, so bad input gets the very same ``None`` or :class:`InvalidEvent` as before;
-# only the cost of the common, well-formed event changed. Both readers must describe the
-# same models: ``tests/unit/test_status_projection_golden.py`` pins the field lists.
+# Each event goes to a fast reader first: it takes ``data`` as the plain dict it is and
+# checks every member against the event's pydantic model by hand, but accepts only what
+# it can vouch for (exact JSON types, ASCII where a length is bounded, datetimes in RFC
+# 3339 UTC form). Anything else raises :class:`_Unsure` and the pydantic model decides,
+# so bad input gets the very same ``None`` or :class:`InvalidEvent` as before; only the
+# cost of the common, well-formed event changed. The fast reader must describe the
+# models as they are: ``tests/unit/test_status_projection_golden.py`` compares both
+# readers on damaged data and fails when one of the models changes.
 
 
 def fact_of(event: Envelope, *, now: datetime) -> Fact | None:

@@ -20,6 +20,7 @@ from toolfleet.policy.idempotency import DEFAULT_TTL_S, Claim, ClaimKind, Waiter
 from toolfleet.policy.ratelimit import RateDecision, RateLimits
 from toolfleet.policy.service import PendingApproval
 from toolfleet.storage.lua import LuaScript
+from toolfleet.storage.redis import CoalescedCommands
 
 __all__ = [
     "RedisApprovalStore",
@@ -148,12 +149,18 @@ class RedisIdempotencyStore:
     - ``idempotency:waiters:<invocation_id>``: duplicates queued behind a running owner
 
     All live as long as the claim (``ttl_s``). Outcomes are stored only for owners, so
-    :meth:`finish` may be called for every terminal outcome.
+    :meth:`finish` may be called for every terminal outcome; :meth:`owns_key` tells
+    first, for less: one ``EXISTS`` sent with the others in flight, and none for the
+    owners this process claimed itself (remembered until they finish, up to
+    ``max_local_owners``).
     """
 
-    def __init__(self, redis: Redis, *, prefix: str = "") -> None:
+    def __init__(self, redis: Redis, *, prefix: str = "", max_local_owners: int = 100_000) -> None:
         self._redis = redis
         self._prefix = f"{prefix}idempotency:"
+        self._reads = CoalescedCommands(redis)
+        self._claimed: dict[str, None] = {}  # owners claimed here, oldest first
+        self._max_claimed = max_local_owners
 
     def _claim_key(self, tenant_id: str, key: str) -> str:
         return f"{self._prefix}{{{tenant_id}}}:{key}"
@@ -183,6 +190,8 @@ class RedisIdempotencyStore:
         )
         kind = ClaimKind(_text(reply[0]))
         outcome = reply[2] if len(reply) > 2 and reply[2] is not None else None
+        if kind is ClaimKind.NEW:
+            self._remember_owner(invocation_id)
         return Claim(
             kind=kind,
             first_invocation_id=_text(reply[1]),
@@ -237,7 +246,20 @@ class RedisIdempotencyStore:
         stores nothing and returns no waiters.
         """
         reply = await self._finish(invocation_id, outcome_json, store=True, take=True)
+        self._claimed.pop(invocation_id, None)
         return _waiters(reply[1:])
+
+    async def owns_key(self, invocation_id: str) -> bool:
+        """Whether ``invocation_id`` owns a key or has duplicates queued behind it."""
+        if invocation_id in self._claimed:
+            return True
+        owner, waiters = self._owner(invocation_id), self._waiters(invocation_id)
+        return bool(await self._reads.run(lambda pipe: pipe.exists(owner, waiters)))
+
+    def _remember_owner(self, invocation_id: str) -> None:
+        if len(self._claimed) >= self._max_claimed:
+            del self._claimed[next(iter(self._claimed))]
+        self._claimed[invocation_id] = None
 
     async def _finish(
         self, invocation_id: str, outcome_json: str, *, store: bool, take: bool

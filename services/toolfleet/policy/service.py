@@ -11,7 +11,7 @@ terminal outcome, never an exception escaping the consumer.
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
@@ -37,7 +37,7 @@ from toolfleet.events.models import (
 from toolfleet.events.outcomes import failure_event, outcome_event
 from toolfleet.events.types import TERMINAL_TYPES, EventType, Source, TopicName
 from toolfleet.policy.documents import TenantPolicy
-from toolfleet.policy.engine import PolicyDecision, PolicyQuery, decide_tenant, pinned_versions
+from toolfleet.policy.engine import DecisionCache, PolicyDecision, PolicyQuery
 from toolfleet.policy.idempotency import (
     ClaimKind,
     IdempotencyStore,
@@ -117,13 +117,17 @@ class PolicyService:
     """Checks the signature of approvals, denials and cancels; ``None`` refuses them all."""
     approval_ttl_s: int = 24 * 3600
     idempotency_ttl_s: int = 7 * 24 * 3600
+    decisions: DecisionCache = field(default_factory=DecisionCache)
+    """Policy decisions per policy object (a changed policy is a new object)."""
 
     # --- invoke.requested ----------------------------------------------------------
 
     async def on_requested(self, event: Envelope, key: bytes | None) -> list[Emitted]:
         # Nothing a producer claims about auth is trusted: policy sets it after verifying.
-        event = event.model_copy(update={"authtype": None, "authid": None})
-        ident = _identity_of(event, key)
+        if event.authtype is not None or event.authid is not None:
+            event = event.model_copy(update={"authtype": None, "authid": None})
+        if not (_key_text(key) or event.tenantid):  # as _identity_of, before anything else
+            raise InvalidEvent("invoke event has neither a key nor a tenantid attribute")
         try:
             request = event.data_as(InvokeRequested)
             invocation_id = _check_identity(event, key, request)
@@ -133,7 +137,7 @@ class PolicyService:
             resolved = await self.lookup.resolve(
                 request.tool_id,
                 request.tool_version,
-                pinned=pinned_versions(tenant_policy, request.tool_id),
+                pinned=self.decisions.pinned(tenant_policy, request.tool_id),
             )
             manifest = resolved.manifest
             if capability.tool_version not in {"", "*"} and not matches(
@@ -142,7 +146,7 @@ class PolicyService:
                 raise PermissionDenied(
                     f"capability token does not grant {manifest.tool_id}@{manifest.version}"
                 )
-            decision = decide_tenant(
+            decision = self.decisions.decide(
                 tenant_policy,
                 PolicyQuery(
                     tenant_id=tenant,
@@ -162,18 +166,20 @@ class PolicyService:
             if duplicate is not None:
                 return duplicate
         except ToolfleetError as exc:
-            return [self._fail(event, exc, ident)]
+            return [self._fail(event, exc, _identity_of(event, key))]
 
         authorized = self._authorized(event, request, invocation_id, resolved, decision)
         if decision.needs_approval:
             # Requests and control events are consumed concurrently: a cancel may have been
             # handled before this request, and a parked call would then wait forever.
             if await self.cancels.is_requested(invocation_id):
+                ident = _identity_of(event, key)
                 return [self._fail(event, _cancelled("cancelled before it ran"), ident)]
             parked = await self._park(event, authorized, capability, decision)
             if await self.cancels.is_requested(invocation_id) and await self.approvals.take(
                 invocation_id
             ):
+                ident = _identity_of(event, key)
                 return [self._fail(event, _cancelled("cancelled before it ran"), ident)]
             return [parked]
         return [
@@ -235,26 +241,23 @@ class PolicyService:
         network_permissions: tuple[str, ...] = (),
     ) -> Emitted:
         """The ``invoke.authorized`` event, with a fresh execution grant when configured."""
+        data = authorized.model_dump(mode="json")  # once: the grant goes into the dump
         if self.grants is not None:
-            authorized = authorized.model_copy(
-                update={
-                    "grant": self.grants.sign(
-                        call=CallRef.of(authorized),
-                        parameters=authorized.parameters,
-                        capability_jti=capability_jti,
-                        timeout_s=authorized.timeout_seconds,
-                        document_context=_json(authorized.document_context),
-                        filesystem_permissions=filesystem_permissions,
-                        network_permissions=network_permissions,
-                    )
-                }
+            data["grant"] = self.grants.sign(
+                call=CallRef.of(authorized),
+                parameters=authorized.parameters,
+                capability_jti=capability_jti,
+                timeout_s=authorized.timeout_seconds,
+                document_context=data["document_context"],
+                filesystem_permissions=filesystem_permissions,
+                network_permissions=network_permissions,
             )
         return (
             TopicName.AUTHORIZED,
             new_event(
                 event_type=EventType.INVOKE_AUTHORIZED,
                 source=Source.POLICY,
-                data=authorized,
+                data=data,
                 tenant_id=tenant,
                 invocation_id=str(authorized.invocation_id),
                 event_id=derived_event_id(parent, EventType.INVOKE_AUTHORIZED),
@@ -325,6 +328,11 @@ class PolicyService:
 
     async def on_result(self, event: Envelope) -> list[Emitted]:
         if event.type not in TERMINAL_TYPES or event.invocationid is None:
+            return []
+        # Nearly every outcome is of a call without an idempotency key, and nobody waits
+        # for it: ask before validating (and re-serializing) the outcome.
+        claimed = _uuid_text(event.data.get("invocation_id"))
+        if claimed is not None and not await self.idempotency.owns_key(claimed):
             return []
         outcome = event.data_as(ToolOutcome)
         waiters = await self.idempotency.finish(
@@ -607,6 +615,16 @@ def _identity_of(event: Envelope, key: bytes | None) -> CallRef:
     )
 
 
+def _uuid_text(raw: object) -> str | None:
+    """``raw`` as the canonical UUID string, or ``None`` when it is not one."""
+    if not isinstance(raw, str):
+        return None
+    try:
+        return str(uuid.UUID(raw))
+    except ValueError:
+        return None
+
+
 def _check_identity(event: Envelope, key: bytes | None, request: InvokeRequested) -> str:
     """Tenant in key, attribute and body agree; returns the invocation id."""
     body_tenant = request.agent_context.tenant_id
@@ -632,6 +650,3 @@ def _check_control_tenant(event: Envelope, key: bytes | None, tenant_id: str) ->
     ):
         raise InvalidEvent("control event tenant does not match its key or tenantid attribute")
 
-
-def _json(model: BaseModel | None) -> dict[str, Any] | None:
-    return None if model is None else model.model_dump(mode="json")

@@ -38,7 +38,6 @@ import argparse
 import asyncio
 import json
 import os
-import sys
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
@@ -46,18 +45,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from redis.asyncio import Redis
+from redis.asyncio.client import Pipeline
 
-from e2e_bench import throwaway_database  # noqa: E402
-from redis.asyncio import Redis  # noqa: E402
-from redis.asyncio.client import Pipeline  # noqa: E402
-
-from toolfleet.auth.grants import GrantSigner  # noqa: E402
-from toolfleet.auth.keys import generate_key_pair  # noqa: E402
-from toolfleet.auth.revocation import CachedRevocationList, RedisRevocationList  # noqa: E402
-from toolfleet.auth.tokens import TokenIssuer, TokenVerifier  # noqa: E402
-from toolfleet.events.envelope import Emitted, Envelope, new_event  # noqa: E402
-from toolfleet.events.models import (  # noqa: E402
+from e2e_bench import throwaway_database
+from toolfleet.auth.grants import GrantSigner
+from toolfleet.auth.keys import generate_key_pair
+from toolfleet.auth.revocation import CachedRevocationList, RedisRevocationList
+from toolfleet.auth.tokens import TokenIssuer, TokenVerifier
+from toolfleet.events.envelope import Emitted, Envelope, new_event
+from toolfleet.events.models import (
     AgentContext,
     ExecutionMetadata,
     ExecutionOptions,
@@ -65,26 +62,27 @@ from toolfleet.events.models import (  # noqa: E402
     InvokeRequested,
     ToolOutcome,
 )
-from toolfleet.events.outcomes import outcome_event  # noqa: E402
-from toolfleet.events.types import EventType, Source, TopicName  # noqa: E402
-from toolfleet.policy.cache import RedisPolicyCache, run_invalidation_listener  # noqa: E402
-from toolfleet.policy.documents import Budgets, TenantPolicy  # noqa: E402
-from toolfleet.policy.postgres_policies import PolicyStore  # noqa: E402
-from toolfleet.policy.provider import PolicyProvider  # noqa: E402
-from toolfleet.policy.redis_stores import (  # noqa: E402
+from toolfleet.events.outcomes import outcome_event
+from toolfleet.events.types import EventType, Source, TopicName
+from toolfleet.policy.cache import RedisPolicyCache, run_invalidation_listener
+from toolfleet.policy.documents import Budgets, TenantPolicy
+from toolfleet.policy.postgres_policies import PolicyStore
+from toolfleet.policy.provider import PolicyProvider
+from toolfleet.policy.redis_stores import (
+    RedisAdmission,
     RedisApprovalStore,
     RedisIdempotencyStore,
     RedisRateLimiter,
 )
-from toolfleet.policy.service import PolicyService  # noqa: E402
-from toolfleet.registry.lookup import ToolLookup  # noqa: E402
-from toolfleet.registry.schemas import CompiledSchemas  # noqa: E402
-from toolfleet.registry.store import RegistryStore  # noqa: E402
-from toolfleet.sdk import spec_of  # noqa: E402
-from toolfleet.sdk.builtin import echo  # noqa: E402
-from toolfleet.storage.cancel_flags import RedisCancelFlags  # noqa: E402
-from toolfleet.storage.postgres import create_pool, migrate  # noqa: E402
-from toolfleet.storage.redis import connect_redis  # noqa: E402
+from toolfleet.policy.service import PolicyService
+from toolfleet.registry.lookup import ToolLookup
+from toolfleet.registry.schemas import CompiledSchemas
+from toolfleet.registry.store import RegistryStore
+from toolfleet.sdk import spec_of
+from toolfleet.sdk.builtin import echo
+from toolfleet.storage.cancel_flags import RedisCancelFlags
+from toolfleet.storage.postgres import create_pool, migrate
+from toolfleet.storage.redis import connect_redis
 
 AGENT = "did:agent:bench"
 SCENARIOS = ("e2e", "full")
@@ -310,6 +308,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     asyncio.create_task(revocations.listen(redis, stop, subscribed=subscribed[1])),
                 ]
                 await asyncio.gather(*(s.wait() for s in subscribed))
+                limiter = RedisRateLimiter(redis, prefix=prefix)
+                idempotency = RedisIdempotencyStore(redis, prefix=prefix)
                 service = PolicyService(
                     lookup=ToolLookup(RegistryStore(pool), ttl_s=5.0),
                     verifier=TokenVerifier(
@@ -319,8 +319,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     schemas=CompiledSchemas(),
                     approvals=RedisApprovalStore(redis, prefix=prefix),
                     cancels=RedisCancelFlags(redis),
-                    limiter=RedisRateLimiter(redis, prefix=prefix),
-                    idempotency=RedisIdempotencyStore(redis, prefix=prefix),
+                    limiter=limiter,
+                    idempotency=idempotency,
+                    admission=RedisAdmission(limiter, idempotency),
                     revocations=revocations,
                     grants=GrantSigner(b"g" * 32),
                 )
@@ -352,7 +353,9 @@ def print_report(report: dict[str, Any]) -> None:
         f"policy_call_bench: n={report['n']} tenants={report['tenants']} "
         f"concurrency={report['concurrency']}"
     )
-    print(f"{'scenario':<9}{'phase':<11}{'CPU µs/req':>12}{'Redis cmds/req':>16}{'round trips':>13}")
+    print(
+        f"{'scenario':<9}{'phase':<11}{'CPU µs/req':>12}{'Redis cmds/req':>16}{'round trips':>13}"
+    )
     for scenario in SCENARIOS:
         if scenario not in report:
             continue

@@ -28,6 +28,7 @@ from toolfleet.policy.documents import load_policy
 from toolfleet.policy.postgres_policies import PolicyStore, seed_from_document
 from toolfleet.policy.provider import PolicyProvider
 from toolfleet.policy.redis_stores import (
+    RedisAdmission,
     RedisApprovalStore,
     RedisIdempotencyStore,
     RedisRateLimiter,
@@ -51,6 +52,7 @@ async def build(res: Resources) -> list[EventConsumer]:
     await seed_from_document(store, load_policy(settings.policy_file), announce=cache.announce)
     approvals = RedisApprovalStore(res.redis)
     revocations = CachedRevocationList.from_settings(res.redis, settings)
+    limiter, idempotency = RedisRateLimiter(res.redis), RedisIdempotencyStore(res.redis)
     service = PolicyService(
         lookup=ToolLookup(RegistryStore(res.pool), ttl_s=settings.registry_cache_ttl_s),
         verifier=await open_verifier(settings),
@@ -58,8 +60,9 @@ async def build(res: Resources) -> list[EventConsumer]:
         schemas=CompiledSchemas(),
         approvals=approvals,
         cancels=RedisCancelFlags(res.redis),
-        limiter=RedisRateLimiter(res.redis),
-        idempotency=RedisIdempotencyStore(res.redis),
+        limiter=limiter,
+        idempotency=idempotency,
+        admission=RedisAdmission(limiter, idempotency),
         revocations=revocations,
         grants=GrantSigner.from_settings(settings),
         control=ControlVerifier.from_settings(settings),

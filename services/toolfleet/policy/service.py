@@ -36,9 +36,11 @@ from toolfleet.events.models import (
 )
 from toolfleet.events.outcomes import failure_event, outcome_event
 from toolfleet.events.types import TERMINAL_TYPES, EventType, Source, TopicName
+from toolfleet.policy.admission import Admission, AdmitInput
 from toolfleet.policy.documents import TenantPolicy
 from toolfleet.policy.engine import DecisionCache, PolicyDecision, PolicyQuery
 from toolfleet.policy.idempotency import (
+    Claim,
     ClaimKind,
     IdempotencyStore,
     conflict_error,
@@ -115,6 +117,9 @@ class PolicyService:
     grants: GrantSigner | None = None
     control: ControlVerifier | None = None
     """Checks the signature of approvals, denials and cancels; ``None`` refuses them all."""
+    admission: Admission | None = None
+    """Rate limit and idempotency claim in one step; ``None``: ``limiter`` then
+    ``idempotency``."""
     approval_ttl_s: int = 24 * 3600
     idempotency_ttl_s: int = 7 * 24 * 3600
     decisions: DecisionCache = field(default_factory=DecisionCache)
@@ -160,9 +165,15 @@ class PolicyService:
                 ),
             )
             check_parameters(self.schemas, manifest, request.parameters)
-            await self._rate_limit(tenant, manifest.tool_id, tenant_policy, decision)
             # Last check: a refusal above must never become the stored answer for a key.
-            duplicate = await self._idempotency(event, request, invocation_id, manifest.version)
+            duplicate = await self._admit(
+                event,
+                request,
+                invocation_id,
+                manifest.tool_id,
+                manifest.version,
+                _rate_limits(tenant_policy, decision),
+            )
             if duplicate is not None:
                 return duplicate
         except ToolfleetError as exc:
@@ -268,36 +279,55 @@ class PolicyService:
             ),
         )
 
-    async def _rate_limit(
+    async def _admit(
         self,
-        tenant: str,
+        event: Envelope,
+        request: InvokeRequested,
+        invocation_id: str,
         tool_id: str,
-        tenant_policy: TenantPolicy | None,
-        decision: PolicyDecision,
-    ) -> None:
-        tenant_rate = tenant_policy.budgets.max_calls_per_minute if tenant_policy else None
-        limits = RateLimits(
-            tenant_per_minute=tenant_rate,
-            tool_per_minute=decision.budgets.max_calls_per_minute,
-        )
-        if limits.unlimited:
-            return
-        verdict = await self.limiter.acquire(tenant, tool_id, limits)
-        if not verdict.allowed:
-            raise rate_limit_error(verdict)
-
-    async def _idempotency(
-        self, event: Envelope, request: InvokeRequested, invocation_id: str, version: str
+        version: str,
+        limits: RateLimits,
     ) -> list[Emitted] | None:
-        """``None`` to go on; else what to emit for a duplicate (maybe nothing yet)."""
+        """Rate limits, then the idempotency key: ``None`` to go on; else what to emit
+        for a duplicate (maybe nothing yet). One round trip when both apply."""
         key = request.execution_options.idempotency_key
+        tenant = request.agent_context.tenant_id
+        if key and not limits.unlimited and self.admission is not None:
+            admitted = await self.admission.admit(
+                AdmitInput(
+                    tenant_id=tenant,
+                    tool_id=tool_id,
+                    limits=limits,
+                    idempotency_key=key,
+                    invocation_id=invocation_id,
+                    request_hash=parameters_hash(request.tool_id, version, request.parameters),
+                    ttl_s=self.idempotency_ttl_s,
+                )
+            )
+            if admitted.claim is None:
+                raise rate_limit_error(admitted.rate)
+            return await self._duplicate(event, request, invocation_id, key, admitted.claim)
+        if not limits.unlimited:
+            verdict = await self.limiter.acquire(tenant, tool_id, limits)
+            if not verdict.allowed:
+                raise rate_limit_error(verdict)
         if not key:
             return None
-        tenant = request.agent_context.tenant_id
         digest = parameters_hash(request.tool_id, version, request.parameters)
         claim = await self.idempotency.claim(
             tenant, key, invocation_id, digest, ttl_s=self.idempotency_ttl_s
         )
+        return await self._duplicate(event, request, invocation_id, key, claim)
+
+    async def _duplicate(
+        self,
+        event: Envelope,
+        request: InvokeRequested,
+        invocation_id: str,
+        key: str,
+        claim: Claim,
+    ) -> list[Emitted] | None:
+        """What claiming ``key`` means for this request (``None``: it owns the key)."""
         if claim.kind is ClaimKind.NEW:
             return None
         if claim.kind is ClaimKind.CONFLICT:
@@ -643,10 +673,17 @@ def _check_identity(event: Envelope, key: bytes | None, request: InvokeRequested
     return invocation_id
 
 
+def _rate_limits(tenant_policy: TenantPolicy | None, decision: PolicyDecision) -> RateLimits:
+    """The buckets a call takes a token from: the tenant's and the tool's budget."""
+    return RateLimits(
+        tenant_per_minute=tenant_policy.budgets.max_calls_per_minute if tenant_policy else None,
+        tool_per_minute=decision.budgets.max_calls_per_minute,
+    )
+
+
 def _check_control_tenant(event: Envelope, key: bytes | None, tenant_id: str) -> None:
     key_tenant = _key_text(key)
     if (key_tenant is not None and key_tenant != tenant_id) or (
         event.tenantid is not None and event.tenantid != tenant_id
     ):
         raise InvalidEvent("control event tenant does not match its key or tenantid attribute")
-

@@ -316,7 +316,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                         [pair.public_pem], issuer="toolfleet", audience="toolfleet-bench"
                     ),
                     policies=provider,
-                    schemas=CompiledSchemas(),
+                    schemas=_schemas(),
                     approvals=RedisApprovalStore(redis, prefix=prefix),
                     cancels=RedisCancelFlags(redis),
                     limiter=limiter,
@@ -355,6 +355,15 @@ def _admission(limiter: RedisRateLimiter, idempotency: RedisIdempotencyStore) ->
     except ImportError:
         return {}
     return {"admission": RedisAdmission(limiter, idempotency)}
+
+
+def _schemas() -> CompiledSchemas:
+    """The schemas policy's handler checks with (``CompiledSchemas`` before them)."""
+    try:
+        from toolfleet.policy.schemas import ManifestSchemas
+    except ImportError:
+        return CompiledSchemas()
+    return ManifestSchemas()
 
 
 def print_report(report: dict[str, Any]) -> None:

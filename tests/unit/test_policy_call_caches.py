@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -29,9 +30,11 @@ from toolfleet.policy.engine import (
 )
 from toolfleet.policy.idempotency import Waiter
 from toolfleet.policy.memory_stores import MemoryIdempotencyStore
+from toolfleet.policy.schemas import ManifestSchemas
 from toolfleet.policy.service import PolicyService
 from toolfleet.registry.lookup import InMemoryManifests, ToolLookup
 from toolfleet.registry.manifest import LifecycleState, ToolManifest
+from toolfleet.registry.schemas import CompiledSchemas
 
 pytestmark = pytest.mark.unit
 
@@ -291,3 +294,15 @@ async def test_outcomes_of_calls_owning_no_key_are_passed_over_undecoded() -> No
     )
     with pytest.raises(InvalidEvent):  # an owner's outcome is validated, as before
         await service.on_result(owned)
+
+
+def test_manifest_schemas_answer_as_compiled_schemas() -> None:
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    remembered, compiled = ManifestSchemas(), CompiledSchemas()
+    for instance in ({"n": 1}, {"n": "x"}, {}, {"n": 2}):
+        assert remembered.errors(schema, instance) == compiled.errors(schema, instance)
+    assert remembered.validator(schema) is remembered.validator(schema)
+    reloaded = json.loads(json.dumps(schema))  # a reloaded manifest: a new, equal dict
+    assert remembered.validator(reloaded) is remembered.validator(schema)
+    changed = {**schema, "required": []}
+    assert remembered.errors(changed, {}) == []

@@ -33,10 +33,10 @@ from toolfleet.policy.redis_stores import (
     RedisIdempotencyStore,
     RedisRateLimiter,
 )
+from toolfleet.policy.schemas import ManifestSchemas
 from toolfleet.policy.service import PendingApproval, PolicyService
 from toolfleet.policy.settings import PolicySettings
 from toolfleet.registry.lookup import ToolLookup
-from toolfleet.registry.schemas import CompiledSchemas
 from toolfleet.registry.store import RegistryStore
 from toolfleet.storage.cancel_flags import RedisCancelFlags
 from toolfleet.worker import Resources
@@ -57,7 +57,7 @@ async def build(res: Resources) -> list[EventConsumer]:
         lookup=ToolLookup(RegistryStore(res.pool), ttl_s=settings.registry_cache_ttl_s),
         verifier=await open_verifier(settings),
         policies=provider,
-        schemas=CompiledSchemas(),
+        schemas=ManifestSchemas(),
         approvals=approvals,
         cancels=RedisCancelFlags(res.redis),
         limiter=limiter,

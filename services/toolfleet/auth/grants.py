@@ -174,6 +174,7 @@ class GrantSigner:
         self._kid = grant_kid(key)
         self._margin_s = margin_s
         self._clock = clock
+        self._signer = jws.HS256Signer(key, {"kid": self._kid, "typ": TYP})
 
     @classmethod
     def from_settings(cls, settings: FleetSettings) -> GrantSigner | None:
@@ -219,9 +220,7 @@ class GrantSigner:
             claims["fs"] = list(filesystem_permissions)
         if network_permissions:
             claims["net"] = list(network_permissions)
-        return jwt.encode(
-            claims, self._key, algorithm=ALGORITHM, headers={"kid": self._kid, "typ": TYP}
-        )
+        return self._signer.sign(claims)
 
 
 class GrantVerifier:

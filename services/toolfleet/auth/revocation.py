@@ -32,6 +32,7 @@ from toolfleet.auth.tokens import LEEWAY_S, Capability
 from toolfleet.errors import PermissionDenied
 from toolfleet.settings import FleetSettings
 from toolfleet.storage.invalidation import run_invalidation_listener
+from toolfleet.storage.redis import CoalescedCommands
 
 KEY_PREFIX = "token:revoked:"
 DEFAULT_MAX_TTL_S = 30 * 24 * 3600
@@ -82,6 +83,7 @@ class RedisRevocationList:
         self._redis = redis
         self._max_ttl_s = max_ttl_s
         self._channel = channel
+        self._reads = CoalescedCommands(redis)
 
     async def revoke(self, jti: str, *, ttl_s: int) -> None:
         """Store the revocation, then tell every process to drop its cached answer.
@@ -106,7 +108,8 @@ class RedisRevocationList:
             key = revocation_key(jti)
         except ValueError:
             return True  # a jti no issuer of ours produces: treat as revoked
-        return bool(await self._redis.exists(key))
+        # Checks of many requests at once go out in one round trip.
+        return bool(await self._reads.run(lambda pipe: pipe.exists(key)))
 
 
 class MemoryRevocationList:
@@ -155,6 +158,9 @@ class CachedRevocationList:
         self._answers: dict[str, tuple[bool, float]] = {}
         self._live = False
         self._generation = 0  # bumped by every invalidation: a slow read is not cached
+        # Reads on the way, by jti: a check of the same generation waits for one of them
+        # rather than sending its own (it could cache that very answer anyway).
+        self._reading: dict[str, tuple[int, asyncio.Future[bool]]] = {}
 
     @classmethod
     def from_settings(cls, redis: Redis, settings: FleetSettings) -> CachedRevocationList:
@@ -178,11 +184,40 @@ class CachedRevocationList:
         if hit is not None and hit[1] > self._clock():
             return hit[0]
         generation = self._generation
-        answer = await self._source.is_revoked(jti)
-        if self._live and self._ttl > 0 and generation == self._generation:
+        if not (self._live and self._ttl > 0):
+            return await self._source.is_revoked(jti)
+        reading = self._reading.get(jti)
+        if reading is not None and reading[0] == generation:
+            try:
+                return await asyncio.shield(reading[1])
+            except asyncio.CancelledError:
+                if not reading[1].cancelled():
+                    raise  # this check was cancelled, not the read it waited for
+            return await self.is_revoked(jti)  # that read's caller gave up: read anew
+        answer = await self._read(jti, generation)
+        if self._live and generation == self._generation:
             if len(self._answers) >= self._max:
                 self._answers.clear()
             self._answers[jti] = (answer, self._clock() + self._ttl)
+        return answer
+
+    async def _read(self, jti: str, generation: int) -> bool:
+        """Ask the source, letting checks of the same generation wait for the answer."""
+        shared: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        shared.add_done_callback(_retrieved)
+        self._reading[jti] = (generation, shared)
+        try:
+            answer = await self._source.is_revoked(jti)
+        except asyncio.CancelledError:
+            shared.cancel()
+            raise
+        except Exception as exc:
+            shared.set_exception(exc)
+            raise
+        finally:
+            if self._reading.get(jti) == (generation, shared):
+                del self._reading[jti]
+        shared.set_result(answer)
         return answer
 
     async def listen(
@@ -212,6 +247,12 @@ class CachedRevocationList:
     def _forget_all(self) -> None:
         self._generation += 1
         self._answers.clear()
+
+
+def _retrieved(read: asyncio.Future[bool]) -> None:
+    """Mark a shared read's error as seen (its own caller raises it)."""
+    if not read.cancelled():
+        read.exception()
 
 
 async def ensure_not_revoked(revocations: RevocationList, capability: Capability) -> None:

@@ -268,15 +268,18 @@ class TokenVerifier:
 
         A token verified before needs no ``kid`` lookup: the periodic refresh is
         enough, and :meth:`verify` then finds it in the cache if its key stayed."""
-        if _digest(token) in self._verified:
+        digest = _digest(token)
+        if digest in self._verified:
             await self._ring.refresh()
         else:
             await self.refresh_for(token)
-        return self.verify(token)
+        return self._verify(token, digest)
 
     def verify(self, token: str) -> Capability:
         """The token's capability, or :class:`PermissionDenied` naming the failed check."""
-        digest = _digest(token)
+        return self._verify(token, _digest(token))
+
+    def _verify(self, token: str, digest: bytes) -> Capability:
         hit = self._verified.get(digest)
         if hit is not None:
             current = self._ring.get(hit.kid) if hit.kid is not None else self._ring.only_key()

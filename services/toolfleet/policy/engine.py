@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from toolfleet.errors import PermissionDenied
 from toolfleet.events.models import Effect
@@ -156,3 +156,69 @@ def effective_budgets(tenant: TenantPolicy, *, agent_did: str, tool_id: str) -> 
     for pattern in sorted(matching, key=lambda p: (not is_glob(p), len(p), p)):
         merged = tenant.tool_budgets[pattern].over(merged)
     return merged
+
+
+MAX_CACHED_POLICIES = 10_000
+"""Tenant policies a :class:`DecisionCache` keeps decisions for (cleared when exceeded)."""
+MAX_DECISIONS_PER_POLICY = 10_000
+"""Decisions kept per policy (that policy's are cleared when exceeded)."""
+
+
+class DecisionCache:
+    """:func:`decide_tenant` and :func:`pinned_versions`, remembered per policy.
+
+    Both are pure functions of the policy and the query, and a policy never changes in
+    place (it is frozen; a changed policy is a new object, loaded after the
+    ``policy:updates`` push dropped the old one), so answers are kept per policy
+    *object* and a new version starts empty. A refusal is remembered as its message
+    and raised anew each time.
+    """
+
+    def __init__(self) -> None:
+        self._policies: dict[int, _PolicyAnswers] = {}
+
+    def decide(self, tenant: TenantPolicy | None, query: PolicyQuery) -> PolicyDecision:
+        """:func:`decide_tenant`, or its remembered answer for this policy and query."""
+        if tenant is None:
+            return decide_tenant(tenant, query)
+        answers = self._answers(tenant)
+        hit = answers.decisions.get(query)
+        if hit is None:
+            try:
+                hit = decide_tenant(tenant, query)
+            except PermissionDenied as exc:
+                hit = exc.message
+            if len(answers.decisions) >= MAX_DECISIONS_PER_POLICY:
+                answers.decisions.clear()
+            answers.decisions[query] = hit
+        if isinstance(hit, str):
+            raise PermissionDenied(hit)
+        return hit
+
+    def pinned(self, tenant: TenantPolicy | None, tool_id: str) -> frozenset[str]:
+        """:func:`pinned_versions`, remembered for this policy and tool."""
+        if tenant is None:
+            return frozenset()
+        answers = self._answers(tenant)
+        hit = answers.pins.get(tool_id)
+        if hit is None:
+            if len(answers.pins) >= MAX_DECISIONS_PER_POLICY:
+                answers.pins.clear()
+            hit = answers.pins[tool_id] = pinned_versions(tenant, tool_id)
+        return hit
+
+    def _answers(self, tenant: TenantPolicy) -> _PolicyAnswers:
+        # By identity; the entry holds the policy, so its id is not reused meanwhile.
+        answers = self._policies.get(id(tenant))
+        if answers is None or answers.policy is not tenant:
+            if len(self._policies) >= MAX_CACHED_POLICIES:
+                self._policies.clear()
+            answers = self._policies[id(tenant)] = _PolicyAnswers(policy=tenant)
+        return answers
+
+
+@dataclass(slots=True, kw_only=True)
+class _PolicyAnswers:
+    policy: TenantPolicy
+    decisions: dict[PolicyQuery, PolicyDecision | str] = field(default_factory=dict)
+    pins: dict[str, frozenset[str]] = field(default_factory=dict)

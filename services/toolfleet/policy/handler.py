@@ -28,14 +28,15 @@ from toolfleet.policy.documents import load_policy
 from toolfleet.policy.postgres_policies import PolicyStore, seed_from_document
 from toolfleet.policy.provider import PolicyProvider
 from toolfleet.policy.redis_stores import (
+    RedisAdmission,
     RedisApprovalStore,
     RedisIdempotencyStore,
     RedisRateLimiter,
 )
+from toolfleet.policy.schemas import ManifestSchemas
 from toolfleet.policy.service import PendingApproval, PolicyService
 from toolfleet.policy.settings import PolicySettings
 from toolfleet.registry.lookup import ToolLookup
-from toolfleet.registry.schemas import CompiledSchemas
 from toolfleet.registry.store import RegistryStore
 from toolfleet.storage.cancel_flags import RedisCancelFlags
 from toolfleet.worker import Resources
@@ -51,15 +52,17 @@ async def build(res: Resources) -> list[EventConsumer]:
     await seed_from_document(store, load_policy(settings.policy_file), announce=cache.announce)
     approvals = RedisApprovalStore(res.redis)
     revocations = CachedRevocationList.from_settings(res.redis, settings)
+    limiter, idempotency = RedisRateLimiter(res.redis), RedisIdempotencyStore(res.redis)
     service = PolicyService(
         lookup=ToolLookup(RegistryStore(res.pool), ttl_s=settings.registry_cache_ttl_s),
         verifier=await open_verifier(settings),
         policies=provider,
-        schemas=CompiledSchemas(),
+        schemas=ManifestSchemas(),
         approvals=approvals,
         cancels=RedisCancelFlags(res.redis),
-        limiter=RedisRateLimiter(res.redis),
-        idempotency=RedisIdempotencyStore(res.redis),
+        limiter=limiter,
+        idempotency=idempotency,
+        admission=RedisAdmission(limiter, idempotency),
         revocations=revocations,
         grants=GrantSigner.from_settings(settings),
         control=ControlVerifier.from_settings(settings),

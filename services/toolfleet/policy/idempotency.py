@@ -19,7 +19,7 @@ The flow, for policy::
             outcome = await store.add_waiter(claim.first_invocation_id, invocation_id, ctx)
             emit outcome_for_duplicate(...) now if outcome is not None, else later
 
-    # on every terminal outcome seen on invoke.results:
+    # on every terminal outcome seen on invoke.results (of an owner: owns_key):
     for waiter in await store.finish(outcome.invocation_id, outcome_json):
         emit outcome_for_duplicate(outcome, invocation_id=waiter.invocation_id, ...)
 
@@ -122,6 +122,15 @@ class IdempotencyStore(Protocol):
 
     async def finish(self, invocation_id: str, outcome_json: str) -> list[Waiter]:
         """:meth:`record_outcome` and :meth:`take_waiters` as one atomic step."""
+        ...
+
+    async def owns_key(self, invocation_id: str) -> bool:
+        """Whether ``invocation_id`` may own a key.
+
+        ``False`` means :meth:`finish` would store nothing and return no waiters, so an
+        outcome can be passed over without being decoded; ``True`` may be a false alarm
+        (:meth:`finish` decides).
+        """
         ...
 
 

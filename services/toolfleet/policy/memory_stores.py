@@ -103,3 +103,6 @@ class MemoryIdempotencyStore:
     async def finish(self, invocation_id: str, outcome_json: str) -> list[Waiter]:
         await self.record_outcome(invocation_id, outcome_json)
         return await self.take_waiters(invocation_id)
+
+    async def owns_key(self, invocation_id: str) -> bool:
+        return invocation_id in self._owners or invocation_id in self._waiters

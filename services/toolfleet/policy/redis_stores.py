@@ -16,12 +16,15 @@ from datetime import datetime
 
 from redis.asyncio import Redis
 
+from toolfleet.policy.admission import AdmitInput, Admitted
 from toolfleet.policy.idempotency import DEFAULT_TTL_S, Claim, ClaimKind, Waiter
 from toolfleet.policy.ratelimit import RateDecision, RateLimits
 from toolfleet.policy.service import PendingApproval
 from toolfleet.storage.lua import LuaScript
+from toolfleet.storage.redis import CoalescedCommands
 
 __all__ = [
+    "RedisAdmission",
     "RedisApprovalStore",
     "RedisIdempotencyStore",
     "RedisRateLimiter",
@@ -33,6 +36,34 @@ _RATELIMIT = LuaScript("ratelimit")
 _IDEMPOTENCY_CLAIM = LuaScript("idempotency_claim")
 _IDEMPOTENCY_FINISH = LuaScript("idempotency_finish")
 _IDEMPOTENCY_WAIT = LuaScript("idempotency_wait")
+
+
+def _as_function(name: str, script: LuaScript) -> str:
+    """``script`` as a local Lua function of its own ``KEYS`` and ``ARGV``."""
+    return f"local function {name}(KEYS, ARGV)\n{script.source}\nend\n"
+
+
+_ADMIT = LuaScript(
+    "policy_admit",
+    source=_as_function("ratelimit", _RATELIMIT)
+    + _as_function("claim", _IDEMPOTENCY_CLAIM)
+    + """
+-- KEYS: the n buckets of ratelimit.lua, then the two keys of idempotency_claim.lua.
+-- ARGV[1]: n; ARGV[2 .. 2 + 3n]: ratelimit.lua's ARGV; then idempotency_claim.lua's 4.
+-- Returns ratelimit.lua's refusal {0, wait}, or {1, claim reply...}.
+local n = tonumber(ARGV[1])
+local limit_keys, limit_args, claim_args = {}, {}, {}
+for i = 1, n do limit_keys[i] = KEYS[i] end
+for i = 2, 2 + 3 * n do limit_args[#limit_args + 1] = ARGV[i] end
+for i = 3 + 3 * n, 6 + 3 * n do claim_args[#claim_args + 1] = ARGV[i] end
+if n > 0 then
+  local verdict = ratelimit(limit_keys, limit_args)
+  if tonumber(verdict[1]) ~= 1 then return verdict end
+end
+local claimed = claim({KEYS[n + 1], KEYS[n + 2]}, claim_args)
+return {1, claimed[1], claimed[2], claimed[3]}
+""",
+)
 
 
 def _text(value: bytes | str) -> str:
@@ -119,6 +150,16 @@ class RedisRateLimiter:
 
     async def acquire(self, tenant_id: str, tool_id: str, limits: RateLimits) -> RateDecision:
         """Take one token from the tenant and the tenant + tool bucket, or from neither."""
+        keys, args = self.script_input(tenant_id, tool_id, limits)
+        if not keys:
+            return RateDecision(allowed=True)
+        allowed, wait = await _RATELIMIT(self._redis, keys, args)
+        return _rate_decision(allowed, wait)
+
+    def script_input(
+        self, tenant_id: str, tool_id: str, limits: RateLimits
+    ) -> tuple[list[str], list[str | int | float]]:
+        """``KEYS`` and ``ARGV`` of ``ratelimit.lua`` for these limits (no keys: unlimited)."""
         tenant_key = f"{self._prefix}ratelimit:{{{tenant_id}}}"
         named = [
             (key, spec)
@@ -128,15 +169,16 @@ class RedisRateLimiter:
             )
             if spec is not None
         ]
-        if not named:
-            return RateDecision(allowed=True)
         args: list[str | int | float] = ["" if self._clock is None else repr(self._clock())]
         for _, spec in named:
             args += [repr(spec.capacity), repr(spec.rate_per_s), spec.idle_ttl_s]
-        allowed, wait = await _RATELIMIT(self._redis, [key for key, _ in named], args)
-        if int(allowed) == 1:
-            return RateDecision(allowed=True)
-        return RateDecision(allowed=False, retry_after_s=float(wait))
+        return [key for key, _ in named], args
+
+
+def _rate_decision(allowed: bytes | str | int, wait: bytes | str) -> RateDecision:
+    if int(allowed) == 1:
+        return RateDecision(allowed=True)
+    return RateDecision(allowed=False, retry_after_s=float(wait))
 
 
 class RedisIdempotencyStore:
@@ -148,12 +190,18 @@ class RedisIdempotencyStore:
     - ``idempotency:waiters:<invocation_id>``: duplicates queued behind a running owner
 
     All live as long as the claim (``ttl_s``). Outcomes are stored only for owners, so
-    :meth:`finish` may be called for every terminal outcome.
+    :meth:`finish` may be called for every terminal outcome; :meth:`owns_key` tells
+    first, for less: one ``EXISTS`` sent with the others in flight, and none for the
+    owners this process claimed itself (remembered until they finish, up to
+    ``max_local_owners``).
     """
 
-    def __init__(self, redis: Redis, *, prefix: str = "") -> None:
+    def __init__(self, redis: Redis, *, prefix: str = "", max_local_owners: int = 100_000) -> None:
         self._redis = redis
         self._prefix = f"{prefix}idempotency:"
+        self._reads = CoalescedCommands(redis)
+        self._claimed: dict[str, None] = {}  # owners claimed here, oldest first
+        self._max_claimed = max_local_owners
 
     def _claim_key(self, tenant_id: str, key: str) -> str:
         return f"{self._prefix}{{{tenant_id}}}:{key}"
@@ -176,16 +224,27 @@ class RedisIdempotencyStore:
         ttl_s: int = DEFAULT_TTL_S,
     ) -> Claim:
         """Atomically own ``key`` for ``invocation_id`` or report who owns it."""
-        reply = await _IDEMPOTENCY_CLAIM(
-            self._redis,
+        keys, args = self.script_input(tenant_id, key, invocation_id, request_hash, ttl_s)
+        return self.claimed(invocation_id, await _IDEMPOTENCY_CLAIM(self._redis, keys, args))
+
+    def script_input(
+        self, tenant_id: str, key: str, invocation_id: str, request_hash: str, ttl_s: int
+    ) -> tuple[list[str], list[str | int | float]]:
+        """``KEYS`` and ``ARGV`` of ``idempotency_claim.lua``."""
+        return (
             [self._claim_key(tenant_id, key), self._owner(invocation_id)],
             [invocation_id, request_hash, ttl_s, f"{self._prefix}outcome:"],
         )
-        kind = ClaimKind(_text(reply[0]))
+
+    def claimed(self, invocation_id: str, reply: list[bytes | str | None]) -> Claim:
+        """The :class:`Claim` that ``idempotency_claim.lua`` replied."""
+        kind = ClaimKind(_text(_present(reply[0])))
         outcome = reply[2] if len(reply) > 2 and reply[2] is not None else None
+        if kind is ClaimKind.NEW:
+            self._remember_owner(invocation_id)
         return Claim(
             kind=kind,
-            first_invocation_id=_text(reply[1]),
+            first_invocation_id=_text(_present(reply[1])),
             outcome_json=None if outcome is None else _text(outcome),
         )
 
@@ -237,7 +296,20 @@ class RedisIdempotencyStore:
         stores nothing and returns no waiters.
         """
         reply = await self._finish(invocation_id, outcome_json, store=True, take=True)
+        self._claimed.pop(invocation_id, None)
         return _waiters(reply[1:])
+
+    async def owns_key(self, invocation_id: str) -> bool:
+        """Whether ``invocation_id`` owns a key or has duplicates queued behind it."""
+        if invocation_id in self._claimed:
+            return True
+        owner, waiters = self._owner(invocation_id), self._waiters(invocation_id)
+        return bool(await self._reads.run(lambda pipe: pipe.exists(owner, waiters)))
+
+    def _remember_owner(self, invocation_id: str) -> None:
+        if len(self._claimed) >= self._max_claimed:
+            del self._claimed[next(iter(self._claimed))]
+        self._claimed[invocation_id] = None
 
     async def _finish(
         self, invocation_id: str, outcome_json: str, *, store: bool, take: bool
@@ -252,6 +324,48 @@ class RedisIdempotencyStore:
             [outcome_json, "1" if store else "", "1" if take else ""],
         )
         return reply
+
+
+class RedisAdmission:
+    """:class:`~toolfleet.policy.admission.Admission` over the two stores' keys.
+
+    ``ratelimit.lua`` and then, when it allowed the call, ``idempotency_claim.lua``,
+    run as one script: each is a function of ``policy_admit``, called with its own
+    ``KEYS`` and ``ARGV``, so the two steps stay the ones the stores run alone.
+    """
+
+    def __init__(self, limiter: RedisRateLimiter, idempotency: RedisIdempotencyStore) -> None:
+        self._redis = idempotency._redis
+        self._limiter = limiter
+        self._idempotency = idempotency
+
+    async def admit(self, request: AdmitInput) -> Admitted:
+        """Take one token from every bucket (or none); when taken, claim the key."""
+        limit_keys, limit_args = self._limiter.script_input(
+            request.tenant_id, request.tool_id, request.limits
+        )
+        claim_keys, claim_args = self._idempotency.script_input(
+            request.tenant_id,
+            request.idempotency_key,
+            request.invocation_id,
+            request.request_hash,
+            request.ttl_s,
+        )
+        reply = await _ADMIT(
+            self._redis,
+            [*limit_keys, *claim_keys],
+            [len(limit_keys), *limit_args, *claim_args],
+        )
+        if int(reply[0]) != 1:
+            return Admitted(rate=_rate_decision(reply[0], reply[1]), claim=None)
+        claim = self._idempotency.claimed(request.invocation_id, reply[1:])
+        return Admitted(rate=RateDecision(allowed=True), claim=claim)
+
+
+def _present(value: bytes | str | None) -> bytes | str:
+    if value is None:
+        raise ValueError("the idempotency script replied no value")
+    return value
 
 
 def _waiters(raw: list[bytes | str | int]) -> list[Waiter]:

@@ -11,7 +11,7 @@ terminal outcome, never an exception escaping the consumer.
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
@@ -36,9 +36,11 @@ from toolfleet.events.models import (
 )
 from toolfleet.events.outcomes import failure_event, outcome_event
 from toolfleet.events.types import TERMINAL_TYPES, EventType, Source, TopicName
+from toolfleet.policy.admission import Admission, AdmitInput
 from toolfleet.policy.documents import TenantPolicy
-from toolfleet.policy.engine import PolicyDecision, PolicyQuery, decide_tenant, pinned_versions
+from toolfleet.policy.engine import DecisionCache, PolicyDecision, PolicyQuery
 from toolfleet.policy.idempotency import (
+    Claim,
     ClaimKind,
     IdempotencyStore,
     conflict_error,
@@ -115,15 +117,22 @@ class PolicyService:
     grants: GrantSigner | None = None
     control: ControlVerifier | None = None
     """Checks the signature of approvals, denials and cancels; ``None`` refuses them all."""
+    admission: Admission | None = None
+    """Rate limit and idempotency claim in one step; ``None``: ``limiter`` then
+    ``idempotency``."""
     approval_ttl_s: int = 24 * 3600
     idempotency_ttl_s: int = 7 * 24 * 3600
+    decisions: DecisionCache = field(default_factory=DecisionCache)
+    """Policy decisions per policy object (a changed policy is a new object)."""
 
     # --- invoke.requested ----------------------------------------------------------
 
     async def on_requested(self, event: Envelope, key: bytes | None) -> list[Emitted]:
         # Nothing a producer claims about auth is trusted: policy sets it after verifying.
-        event = event.model_copy(update={"authtype": None, "authid": None})
-        ident = _identity_of(event, key)
+        if event.authtype is not None or event.authid is not None:
+            event = event.model_copy(update={"authtype": None, "authid": None})
+        if not (_key_text(key) or event.tenantid):  # as _identity_of, before anything else
+            raise InvalidEvent("invoke event has neither a key nor a tenantid attribute")
         try:
             request = event.data_as(InvokeRequested)
             invocation_id = _check_identity(event, key, request)
@@ -133,7 +142,7 @@ class PolicyService:
             resolved = await self.lookup.resolve(
                 request.tool_id,
                 request.tool_version,
-                pinned=pinned_versions(tenant_policy, request.tool_id),
+                pinned=self.decisions.pinned(tenant_policy, request.tool_id),
             )
             manifest = resolved.manifest
             if capability.tool_version not in {"", "*"} and not matches(
@@ -142,7 +151,7 @@ class PolicyService:
                 raise PermissionDenied(
                     f"capability token does not grant {manifest.tool_id}@{manifest.version}"
                 )
-            decision = decide_tenant(
+            decision = self.decisions.decide(
                 tenant_policy,
                 PolicyQuery(
                     tenant_id=tenant,
@@ -156,24 +165,32 @@ class PolicyService:
                 ),
             )
             check_parameters(self.schemas, manifest, request.parameters)
-            await self._rate_limit(tenant, manifest.tool_id, tenant_policy, decision)
             # Last check: a refusal above must never become the stored answer for a key.
-            duplicate = await self._idempotency(event, request, invocation_id, manifest.version)
+            duplicate = await self._admit(
+                event,
+                request,
+                invocation_id,
+                manifest.tool_id,
+                manifest.version,
+                _rate_limits(tenant_policy, decision),
+            )
             if duplicate is not None:
                 return duplicate
         except ToolfleetError as exc:
-            return [self._fail(event, exc, ident)]
+            return [self._fail(event, exc, _identity_of(event, key))]
 
         authorized = self._authorized(event, request, invocation_id, resolved, decision)
         if decision.needs_approval:
             # Requests and control events are consumed concurrently: a cancel may have been
             # handled before this request, and a parked call would then wait forever.
             if await self.cancels.is_requested(invocation_id):
+                ident = _identity_of(event, key)
                 return [self._fail(event, _cancelled("cancelled before it ran"), ident)]
             parked = await self._park(event, authorized, capability, decision)
             if await self.cancels.is_requested(invocation_id) and await self.approvals.take(
                 invocation_id
             ):
+                ident = _identity_of(event, key)
                 return [self._fail(event, _cancelled("cancelled before it ran"), ident)]
             return [parked]
         return [
@@ -235,26 +252,23 @@ class PolicyService:
         network_permissions: tuple[str, ...] = (),
     ) -> Emitted:
         """The ``invoke.authorized`` event, with a fresh execution grant when configured."""
+        data = authorized.model_dump(mode="json")  # once: the grant goes into the dump
         if self.grants is not None:
-            authorized = authorized.model_copy(
-                update={
-                    "grant": self.grants.sign(
-                        call=CallRef.of(authorized),
-                        parameters=authorized.parameters,
-                        capability_jti=capability_jti,
-                        timeout_s=authorized.timeout_seconds,
-                        document_context=_json(authorized.document_context),
-                        filesystem_permissions=filesystem_permissions,
-                        network_permissions=network_permissions,
-                    )
-                }
+            data["grant"] = self.grants.sign(
+                call=CallRef.of(authorized),
+                parameters=authorized.parameters,
+                capability_jti=capability_jti,
+                timeout_s=authorized.timeout_seconds,
+                document_context=data["document_context"],
+                filesystem_permissions=filesystem_permissions,
+                network_permissions=network_permissions,
             )
         return (
             TopicName.AUTHORIZED,
             new_event(
                 event_type=EventType.INVOKE_AUTHORIZED,
                 source=Source.POLICY,
-                data=authorized,
+                data=data,
                 tenant_id=tenant,
                 invocation_id=str(authorized.invocation_id),
                 event_id=derived_event_id(parent, EventType.INVOKE_AUTHORIZED),
@@ -265,36 +279,55 @@ class PolicyService:
             ),
         )
 
-    async def _rate_limit(
+    async def _admit(
         self,
-        tenant: str,
+        event: Envelope,
+        request: InvokeRequested,
+        invocation_id: str,
         tool_id: str,
-        tenant_policy: TenantPolicy | None,
-        decision: PolicyDecision,
-    ) -> None:
-        tenant_rate = tenant_policy.budgets.max_calls_per_minute if tenant_policy else None
-        limits = RateLimits(
-            tenant_per_minute=tenant_rate,
-            tool_per_minute=decision.budgets.max_calls_per_minute,
-        )
-        if limits.unlimited:
-            return
-        verdict = await self.limiter.acquire(tenant, tool_id, limits)
-        if not verdict.allowed:
-            raise rate_limit_error(verdict)
-
-    async def _idempotency(
-        self, event: Envelope, request: InvokeRequested, invocation_id: str, version: str
+        version: str,
+        limits: RateLimits,
     ) -> list[Emitted] | None:
-        """``None`` to go on; else what to emit for a duplicate (maybe nothing yet)."""
+        """Rate limits, then the idempotency key: ``None`` to go on; else what to emit
+        for a duplicate (maybe nothing yet). One round trip when both apply."""
         key = request.execution_options.idempotency_key
+        tenant = request.agent_context.tenant_id
+        if key and not limits.unlimited and self.admission is not None:
+            admitted = await self.admission.admit(
+                AdmitInput(
+                    tenant_id=tenant,
+                    tool_id=tool_id,
+                    limits=limits,
+                    idempotency_key=key,
+                    invocation_id=invocation_id,
+                    request_hash=parameters_hash(request.tool_id, version, request.parameters),
+                    ttl_s=self.idempotency_ttl_s,
+                )
+            )
+            if admitted.claim is None:
+                raise rate_limit_error(admitted.rate)
+            return await self._duplicate(event, request, invocation_id, key, admitted.claim)
+        if not limits.unlimited:
+            verdict = await self.limiter.acquire(tenant, tool_id, limits)
+            if not verdict.allowed:
+                raise rate_limit_error(verdict)
         if not key:
             return None
-        tenant = request.agent_context.tenant_id
         digest = parameters_hash(request.tool_id, version, request.parameters)
         claim = await self.idempotency.claim(
             tenant, key, invocation_id, digest, ttl_s=self.idempotency_ttl_s
         )
+        return await self._duplicate(event, request, invocation_id, key, claim)
+
+    async def _duplicate(
+        self,
+        event: Envelope,
+        request: InvokeRequested,
+        invocation_id: str,
+        key: str,
+        claim: Claim,
+    ) -> list[Emitted] | None:
+        """What claiming ``key`` means for this request (``None``: it owns the key)."""
         if claim.kind is ClaimKind.NEW:
             return None
         if claim.kind is ClaimKind.CONFLICT:
@@ -325,6 +358,11 @@ class PolicyService:
 
     async def on_result(self, event: Envelope) -> list[Emitted]:
         if event.type not in TERMINAL_TYPES or event.invocationid is None:
+            return []
+        # Nearly every outcome is of a call without an idempotency key, and nobody waits
+        # for it: ask before validating (and re-serializing) the outcome.
+        claimed = _uuid_text(event.data.get("invocation_id"))
+        if claimed is not None and not await self.idempotency.owns_key(claimed):
             return []
         outcome = event.data_as(ToolOutcome)
         waiters = await self.idempotency.finish(
@@ -607,6 +645,16 @@ def _identity_of(event: Envelope, key: bytes | None) -> CallRef:
     )
 
 
+def _uuid_text(raw: object) -> str | None:
+    """``raw`` as the canonical UUID string, or ``None`` when it is not one."""
+    if not isinstance(raw, str):
+        return None
+    try:
+        return str(uuid.UUID(raw))
+    except ValueError:
+        return None
+
+
 def _check_identity(event: Envelope, key: bytes | None, request: InvokeRequested) -> str:
     """Tenant in key, attribute and body agree; returns the invocation id."""
     body_tenant = request.agent_context.tenant_id
@@ -625,13 +673,17 @@ def _check_identity(event: Envelope, key: bytes | None, request: InvokeRequested
     return invocation_id
 
 
+def _rate_limits(tenant_policy: TenantPolicy | None, decision: PolicyDecision) -> RateLimits:
+    """The buckets a call takes a token from: the tenant's and the tool's budget."""
+    return RateLimits(
+        tenant_per_minute=tenant_policy.budgets.max_calls_per_minute if tenant_policy else None,
+        tool_per_minute=decision.budgets.max_calls_per_minute,
+    )
+
+
 def _check_control_tenant(event: Envelope, key: bytes | None, tenant_id: str) -> None:
     key_tenant = _key_text(key)
     if (key_tenant is not None and key_tenant != tenant_id) or (
         event.tenantid is not None and event.tenantid != tenant_id
     ):
         raise InvalidEvent("control event tenant does not match its key or tenantid attribute")
-
-
-def _json(model: BaseModel | None) -> dict[str, Any] | None:
-    return None if model is None else model.model_dump(mode="json")

@@ -1,4 +1,11 @@
-"""Resolves ``tool_id`` + version range to a manifest, with a short-lived cache."""
+"""Resolves ``tool_id`` + version range to a manifest, with a short-lived cache.
+
+Policy resolves every request, and nearly every request names a tool and range it
+resolved a moment ago, so a resolution is remembered too: for the cached version list
+it was computed from (a refreshed list starts over), and only until the next
+deprecation or sunset date of any of its versions, the one instant at which the same
+list can resolve differently.
+"""
 
 from __future__ import annotations
 
@@ -50,6 +57,22 @@ class ResolvedTool:
     warnings: list[str]
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Resolution:
+    """A remembered resolution and what it holds for."""
+
+    versions: list[ToolManifest]
+    """The cached version list it was computed from (by identity)."""
+    until: datetime | None
+    """The next lifecycle date of any version; ``None``: no date ahead."""
+    manifest: ToolManifest
+    warnings: tuple[str, ...]
+
+
+MAX_RESOLUTIONS = 10_000
+"""Resolutions a lookup remembers (cleared when exceeded)."""
+
+
 class ToolLookup:
     """Version resolution over the registry; versions are cached for ``ttl_s`` seconds."""
 
@@ -64,6 +87,7 @@ class ToolLookup:
         self._ttl_s = ttl_s
         self._clock = clock
         self._cache: dict[str, tuple[float, list[ToolManifest]]] = {}
+        self._resolved: dict[tuple[str, str, frozenset[str]], _Resolution] = {}
 
     async def versions(self, tool_id: str) -> list[ToolManifest]:
         now = time.monotonic()
@@ -85,6 +109,11 @@ class ToolLookup:
             raise ToolNotFound(
                 f"no tool named {tool_id!r} is registered", details={"tool_id": tool_id}
             )
+        now = self._clock()
+        key = (tool_id, spec, pinned)
+        hit = self._resolved.get(key)
+        if hit is not None and hit.versions is manifests and (hit.until is None or now < hit.until):
+            return ResolvedTool(manifest=hit.manifest, warnings=list(hit.warnings))
         resolution = resolve(
             tool_id,
             spec,
@@ -99,10 +128,18 @@ class ToolLookup:
                 )
                 for m in manifests
             ],
-            now=self._clock(),
+            now=now,
             pinned=pinned,
         )
         manifest = next(m for m in manifests if m.version == resolution.version)
+        if len(self._resolved) >= MAX_RESOLUTIONS:
+            self._resolved.clear()
+        self._resolved[key] = _Resolution(
+            versions=manifests,
+            until=_next_date(manifests, now),
+            manifest=manifest,
+            warnings=tuple(resolution.warnings),
+        )
         return ResolvedTool(manifest=manifest, warnings=resolution.warnings)
 
     async def exact(self, tool_id: str, version: str) -> ToolManifest:
@@ -114,3 +151,20 @@ class ToolLookup:
             if manifest.version == version:
                 return manifest
         raise ToolNotFound(f"{tool_id}@{version} is not registered", details={"tool_id": tool_id})
+
+
+def _next_date(manifests: Iterable[ToolManifest], now: datetime) -> datetime | None:
+    """The first deprecation or sunset date after ``now``: until then, every version's
+    effective state (:func:`~toolfleet.registry.manifest.effective_state`) stays put.
+
+    ``now`` itself (nothing is reused) when a date cannot be compared with ``now``."""
+    try:
+        ahead = [
+            when
+            for m in manifests
+            for when in (m.deprecation_date, m.sunset_date)
+            if when is not None and when > now
+        ]
+    except TypeError:  # a naive date against an aware clock
+        return now
+    return min(ahead, default=None)

@@ -68,8 +68,10 @@ class RunInput:
     call: InvokeAuthorized
     fence: Fence | None = None
     """The lease epoch the run writes under (None: run without leases)."""
+    grant: ExecutionGrant | None = None
+    """Policy's grant of this call, verified by :func:`check_grant` (None: no verifier)."""
 
-    @property
+    @cached_property
     def invocation_id(self) -> str:
         return str(self.call.invocation_id)
 

@@ -112,6 +112,11 @@ class ExecutorService:
     """Tools beyond the catalog (MCP and HTTP tool sources), asked in order."""
     lease_guard: LeaseGuard | None = None
     """Execution leases with fencing epochs; None runs without (one executor, tests)."""
+    trust_lease_reads: bool = False
+    """Take the cancel flag and the hot checkpoint as the lease's script read them
+    (:class:`~toolfleet.executor.leasing.leases.Seen`), instead of a round trip each:
+    only when the leases, the cancel flags and the hot checkpoints share one Redis, as
+    the handler builds them."""
     suspending: bool = False
     """Set at shutdown: tools stop at their next checkpoint, the call is handed over."""
     suspended_calls: set[str] = field(default_factory=set)
@@ -178,7 +183,8 @@ class ExecutorService:
                 )
                 if held.replay is not None:
                     return held.replay
-                run = replace(unleased, fence=held.fence)
+                seen = held.seen if self.trust_lease_reads else None
+                run = replace(unleased, fence=held.fence, seen=seen)
                 held.outcome = await self._run(run, stack)
                 return held.outcome  # claimed with finish() as the lease's hold ends
         finally:

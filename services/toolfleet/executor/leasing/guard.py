@@ -27,7 +27,14 @@ from dataclasses import dataclass, field
 
 from toolfleet.events.envelope import Emitted
 from toolfleet.executor.leasing.fencing import Fence, StaleLease
-from toolfleet.executor.leasing.leases import Finished, Held, Leases, OutgoingEvent, Taken
+from toolfleet.executor.leasing.leases import (
+    Finished,
+    Held,
+    Leases,
+    OutgoingEvent,
+    Seen,
+    Taken,
+)
 from toolfleet.observability import metrics
 
 log = logging.getLogger(__name__)
@@ -59,6 +66,8 @@ class Hold:
     """A finished invocation's recorded events: publish them again, run nothing."""
     outcome: list[Emitted] | None = None
     """Set by the run; claimed with ``finish`` under the same epoch when the hold ends."""
+    seen: Seen | None = None
+    """What the lease's script read of the invocation's keys (None: not read)."""
 
 
 @dataclass(eq=False, slots=True)
@@ -122,7 +131,7 @@ class LeaseGuard:
         assert task is not None
         beat = _Beat(fence, owner, task)
         self._beat(beat)
-        held = Hold(fence=fence)
+        held = Hold(fence=fence, seen=taken.seen)
         try:
             yield held
         except asyncio.CancelledError:

@@ -35,10 +35,15 @@ from toolfleet.events.envelope import Envelope
 from toolfleet.events.identity import CallRef
 from toolfleet.events.models import InvokeAuthorized
 from toolfleet.executor.cache import ResultCache, call_id
-from toolfleet.executor.checkpoints.store import Checkpoint, CheckpointStore
+from toolfleet.executor.checkpoints.store import (
+    Checkpoint,
+    CheckpointStore,
+    TieredCheckpointStore,
+)
 from toolfleet.executor.circuits.breaker import CircuitBreaker
 from toolfleet.executor.concurrency import AgentSlots, agent_key, wait_for_slot
 from toolfleet.executor.leasing.fencing import Fence
+from toolfleet.executor.leasing.leases import Seen
 from toolfleet.executor.ports import ToolProvider
 from toolfleet.registry.catalog import ToolCatalog
 from toolfleet.sdk.tool import ToolSpec
@@ -68,8 +73,13 @@ class RunInput:
     call: InvokeAuthorized
     fence: Fence | None = None
     """The lease epoch the run writes under (None: run without leases)."""
+    grant: ExecutionGrant | None = None
+    """Policy's grant of this call, verified by :func:`check_grant` (None: no verifier)."""
+    seen: Seen | None = None
+    """The cancel flag and hot checkpoint as the lease's script read them (None: the
+    gates read the cancel flags and checkpoints themselves)."""
 
-    @property
+    @cached_property
     def invocation_id(self) -> str:
         return str(self.call.invocation_id)
 
@@ -200,7 +210,11 @@ class Admission:
         return admitted
 
     async def cancel(self, run: RunInput, admitted: Admitted, stack: AsyncExitStack) -> Stop | None:
-        if await self.cancels.is_requested(run.invocation_id):
+        if run.seen is not None:
+            requested = run.seen.cancel_requested
+        else:
+            requested = await self.cancels.is_requested(run.invocation_id)
+        if requested:
             return Refused(error=Cancelled("cancelled before it ran"))
         return None
 
@@ -304,18 +318,22 @@ class Admission:
 
     async def resume(self, run: RunInput, admitted: Admitted, stack: AsyncExitStack) -> Stop | None:
         try:
-            admitted.resume = await resume_point(self.checkpoints, run)
+            admitted.resume = await resume_point(self.checkpoints, run, seen=run.seen)
         except ResumeFailed as exc:
             return Refused(error=exc)
         return None
 
 
-async def resume_point(checkpoints: CheckpointStore, run: RunInput) -> Checkpoint | None:
+async def resume_point(
+    checkpoints: CheckpointStore, run: RunInput, *, seen: Seen | None = None
+) -> Checkpoint | None:
     """The checkpoint a run of the call starts from (None: from scratch).
 
     The latest one (hot, else durable), unless the request names one in
     ``resume_from_checkpoint_id``: then that one, as long as this request's own runs
     have not checkpointed since it was authorized (a takeover carries on from there).
+    With ``seen`` (read with the lease, before the run wrote anything) the hot
+    checkpoint is not read again from a tiered store.
 
     Raises:
         ResumeFailed: the named checkpoint is not one of this invocation's.
@@ -325,7 +343,10 @@ async def resume_point(checkpoints: CheckpointStore, run: RunInput) -> Checkpoin
     if not config.enable_checkpointing:
         return None
     invocation_id, tenant_id = run.invocation_id, run.ref.tenant_id
-    latest = await checkpoints.latest(invocation_id)
+    if seen is not None and isinstance(checkpoints, TieredCheckpointStore):
+        latest = await checkpoints.latest_after(invocation_id, hot=seen.hot_checkpoint)
+    else:
+        latest = await checkpoints.latest(invocation_id)
     if latest is not None and not _belongs(latest, invocation_id, tenant_id):
         latest = None
     wanted = config.resume_from_checkpoint_id

@@ -106,6 +106,17 @@ async def run_attempts(job: AttemptsInput) -> AttemptsResult:
     Cancellation (``asyncio.CancelledError``) propagates, as from :func:`run_tool`.
     """
     policy = job.spec.retry
+    # Most calls end with their first attempt: it runs without the retry machinery,
+    # which only takes over (from attempt 2, after attempt 1's backoff) for a retry.
+    try:
+        first = await _one_attempt(job, 1)
+    except (_Refused, Cancelled) as exc:
+        error = exc.error if isinstance(exc, _Refused) else exc
+        return AttemptsResult(result=RunResult(error=error.to_error_info()), attempts=0)
+    if first.error is None or policy.max_attempts <= 1:
+        return AttemptsResult(result=first, attempts=1)
+    if not is_retryable(error_from(first.error)):
+        return AttemptsResult(result=first, attempts=1)
 
     async def backoff(seconds: float) -> None:
         if job.cancel_event.is_set():
@@ -129,7 +140,7 @@ async def run_attempts(job: AttemptsInput) -> AttemptsResult:
         async for attempt in retrying:
             with attempt:
                 number = attempt.retry_state.attempt_number
-                result = await _one_attempt(job, number)
+                result = first if number == 1 else await _one_attempt(job, number)
                 ran = number
                 if result.error is not None:
                     raise _AttemptFailed(result.error, result)

@@ -17,6 +17,7 @@ from typing import Protocol
 from redis.asyncio import Redis
 
 from toolfleet.storage.lua import LuaScript
+from toolfleet.storage.redis import CoalescedCommands
 
 _ACQUIRE = LuaScript(
     "slots_acquire",
@@ -49,6 +50,8 @@ def agent_key(tenant_id: str, agent_did: str) -> str:
 class RedisAgentSlots:
     def __init__(self, redis: Redis) -> None:
         self._redis = redis
+        # The slots of the calls that end together are given back in one round trip.
+        self._releases = CoalescedCommands(redis)
 
     async def try_acquire(self, agent_key: str, holder: str, limit: int, lease_s: float) -> bool:
         taken = await _ACQUIRE(
@@ -57,7 +60,7 @@ class RedisAgentSlots:
         return bool(taken)
 
     async def release(self, agent_key: str, holder: str) -> None:
-        await self._redis.zrem(agent_key, holder)
+        await self._releases.run(lambda pipe: pipe.zrem(agent_key, holder))
 
 
 async def wait_for_slot(

@@ -155,6 +155,7 @@ async def build(res: Resources) -> list[EventConsumer]:
         lease_guard=LeaseGuard(
             leases=RedisLeases(res.redis, ttl_s=settings.lease_ttl), worker_id=res.worker_id
         ),
+        trust_lease_reads=True,  # leases, cancel flags and hot checkpoints: res.redis
     )
     sources.network_permissions = lambda ctx: service.network_permissions(ctx.invocation_id)
     if settings.isolation_enabled:

@@ -22,10 +22,9 @@ from uuid import UUID
 
 from pydantic import ValidationError
 
-from toolfleet.auth.grants import GrantVerifier
+from toolfleet.auth.grants import ExecutionGrant
 from toolfleet.errors import InvalidParameters, SandboxFailure, ToolfleetError
 from toolfleet.events.envelope import Envelope, field_errors, new_event
-from toolfleet.events.identity import CallRef
 from toolfleet.events.models import EgressDecided, InvokeAuthorized
 from toolfleet.events.types import EventType, Source, TopicName
 from toolfleet.executor.ports import Emitter
@@ -53,23 +52,16 @@ log = logging.getLogger(__name__)
 ALWAYS_SANDBOXED = frozenset({"core__run_python"})
 
 
-def sandbox_grants(verifier: GrantVerifier | None, call: InvokeAuthorized) -> Grants:
+def sandbox_grants(grant: ExecutionGrant | None, call: InvokeAuthorized) -> Grants:
     """The token's ``filesystem_permissions`` and ``network_permissions`` as policy
-    signed them into the call's grant; none without a grant (nothing is widened).
+    signed them into the call's grant (verified by the executor's grant gate); none
+    without a grant (nothing is widened).
 
     Raises:
         PermissionDenied: an entry cannot be read (the whole grant is refused).
     """
-    if verifier is None or not call.grant:
+    if grant is None:
         return Grants()
-    grant = verifier.decode(
-        call.grant,
-        call=CallRef.of(call),
-        parameters=call.parameters,
-        document_context=(
-            None if call.document_context is None else call.document_context.model_dump(mode="json")
-        ),
-    )
     egress = None
     if grant.network_permissions:
         egress = EgressGrant.from_permissions(

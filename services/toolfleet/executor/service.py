@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from contextlib import AsyncExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
 from toolfleet.auth.grants import ExecutionGrant, GrantVerifier
@@ -112,6 +112,11 @@ class ExecutorService:
     """Tools beyond the catalog (MCP and HTTP tool sources), asked in order."""
     lease_guard: LeaseGuard | None = None
     """Execution leases with fencing epochs; None runs without (one executor, tests)."""
+    trust_lease_reads: bool = False
+    """Take the cancel flag and the hot checkpoint as the lease's script read them
+    (:class:`~toolfleet.executor.leasing.leases.Seen`), instead of a round trip each:
+    only when the leases, the cancel flags and the hot checkpoints share one Redis, as
+    the handler builds them."""
     suspending: bool = False
     """Set at shutdown: tools stop at their next checkpoint, the call is handed over."""
     suspended_calls: set[str] = field(default_factory=set)
@@ -155,14 +160,18 @@ class ExecutorService:
         call = event.data_as(InvokeAuthorized)
         unleased = RunInput(event=event, call=call)
         invocation_id = unleased.invocation_id
+        verified: list[ExecutionGrant] = []
 
         def granted(grant: ExecutionGrant) -> None:
+            verified.append(grant)
             self.network_grants[invocation_id] = grant.network_permissions
 
         stop = await check_grant(self.grants, self.revocations, unleased, granted=granted)
         if stop is not None:
             self.network_grants.pop(invocation_id, None)
             return self._stopped(unleased, stop)
+        # The grant is verified once, here: the run and its sandbox read what it says.
+        unleased = replace(unleased, grant=verified[0] if verified else None)
         try:
             async with AsyncExitStack() as stack:
                 if self.lease_guard is None:
@@ -174,7 +183,8 @@ class ExecutorService:
                 )
                 if held.replay is not None:
                     return held.replay
-                run = RunInput(event=event, call=call, fence=held.fence)
+                seen = held.seen if self.trust_lease_reads else None
+                run = replace(unleased, fence=held.fence, seen=seen)
                 held.outcome = await self._run(run, stack)
                 return held.outcome  # claimed with finish() as the lease's hold ends
         finally:
@@ -206,7 +216,7 @@ class ExecutorService:
                     memory_mb=call.resource_limits.memory_mb_limit,
                     cpu_millicores=call.resource_limits.cpu_millicore_limit,
                 ),
-                grants=sandbox_grants(self.grants, call),
+                grants=sandbox_grants(run.grant, call),
             )
         except ToolfleetError as exc:
             return self._stopped(run, Refused(error=exc))

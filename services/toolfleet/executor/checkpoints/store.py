@@ -183,6 +183,15 @@ class TieredCheckpointStore:
             hot = None
         return hot if hot is not None else await self._cold.latest(invocation_id)
 
+    async def latest_after(self, invocation_id: str, *, hot: bytes | None) -> Checkpoint | None:
+        """:meth:`latest`, the hot copy's JSON already read (``hot``; None: there is none).
+
+        ``hot`` must come from this store's Redis (the leases read it with the lease).
+        """
+        if hot is not None:
+            return Checkpoint.model_validate_json(hot)
+        return await self._cold.latest(invocation_id)
+
     async def get(self, checkpoint_id: str) -> Checkpoint | None:
         """A durable checkpoint by id (the hot one is only ever the latest)."""
         return await self._cold.get(checkpoint_id)

@@ -96,6 +96,10 @@ class CircuitState:
     def from_json(cls, raw: str) -> CircuitState:
         if not raw:
             return cls()
+        return _parsed(raw)
+
+    @classmethod
+    def _from_json(cls, raw: str) -> CircuitState:
         data = json.loads(raw)
         return cls(
             status=CircuitStatus(data["status"]),
@@ -106,6 +110,13 @@ class CircuitState:
             times=tuple(float(t) for t in data.get("times", ())),
             trial_at=float(data.get("trial_at", 0.0)),
         )
+
+
+@functools.lru_cache(maxsize=256)
+def _parsed(raw: str) -> CircuitState:
+    """A state read back: the calls of a busy circuit read the same JSON, parsed once
+    (the state is frozen, so they can share it)."""
+    return CircuitState._from_json(raw)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -223,8 +234,9 @@ def _recent(
 def _trip_reason(window: tuple[int, ...], policy: CircuitPolicy) -> str:
     if len(window) < policy.minimum_calls:
         return ""
-    failures = sum(1 for m in window if m & Mark.FAILED)
-    slow = sum(1 for m in window if m & Mark.SLOW)
+    failed, slow_mark = int(Mark.FAILED), int(Mark.SLOW)  # int arithmetic: no enum per call
+    failures = sum(1 for m in window if m & failed)
+    slow = sum(1 for m in window if m & slow_mark)
     calls = (
         f"of the {len(window)} calls of the last {policy.window_s:g}s"
         if policy.window == "time"

@@ -7,10 +7,12 @@ computed from, write the new one, and publish the transition (if any) on
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from redis.asyncio import Redis
 
+from toolfleet.coalescing import Coalescer
 from toolfleet.storage.lua import LuaScript
-from toolfleet.storage.redis import CoalescedCommands
 
 CHANGES_CHANNEL = "circuit:state:changes"
 
@@ -37,20 +39,32 @@ def state_key(name: str) -> str:
 class RedisCircuitStore:
     def __init__(self, redis: Redis) -> None:
         self._redis = redis
-        self._reads = CoalescedCommands(redis)
+        # The calls of one tool read one circuit: the reads made at about the same time
+        # go out together, each circuit read once for all of them.
+        self._reads: Coalescer[str, str] = Coalescer(self._load_all)
 
     async def load(self, name: str) -> str:
-        key = state_key(name)
-        raw = await self._reads.run(lambda pipe: pipe.get(key))
-        if raw is None:
-            return ""
-        return raw.decode() if isinstance(raw, bytes) else str(raw)
+        return await self._reads.submit(name)
+
+    async def _load_all(self, names: Sequence[str]) -> list[str]:
+        unique = list(dict.fromkeys(names))
+        pipe = self._redis.pipeline(transaction=False)
+        for name in unique:
+            pipe.get(state_key(name))
+        found = {name: _text(raw) for name, raw in zip(unique, await pipe.execute(), strict=True)}
+        return [found[name] for name in names]
 
     async def swap(self, name: str, expected: str, new: str, transition: str) -> bool:
         done = await _SWAP(
             self._redis, keys=[state_key(name)], args=[expected, new, transition, CHANGES_CHANNEL]
         )
         return bool(done)
+
+
+def _text(raw: bytes | str | None) -> str:
+    if raw is None:
+        return ""
+    return raw.decode() if isinstance(raw, bytes) else raw
 
 
 class MemoryCircuitStore:

@@ -6,8 +6,9 @@
 1. take the lease; while a live worker holds it, wait (it may be a worker that died:
    its lease lapses, then this one takes over with the next epoch); a finished
    invocation's recorded events are returned as they are, nothing runs again;
-2. heartbeat every third of the TTL while the work runs; the moment a renewal finds a
-   newer epoch, the work is cancelled: this worker was presumed dead and replaced;
+2. heartbeat every third of the TTL while the work runs (one heartbeat renews every
+   lease the guard holds, in one batch); the moment a renewal finds a newer epoch, the
+   work is cancelled: this worker was presumed dead and replaced;
 3. claim the outcome with ``finish`` under the same epoch before anything is published.
 
 A lost lease surfaces as :class:`LeaseLost`, which the consumer runtime retries: the
@@ -18,14 +19,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
 
 from toolfleet.events.envelope import Emitted
 from toolfleet.executor.leasing.fencing import Fence, StaleLease
-from toolfleet.executor.leasing.leases import Finished, Held, Leases, OutgoingEvent, Taken
+from toolfleet.executor.leasing.leases import (
+    Finished,
+    Held,
+    Leases,
+    OutgoingEvent,
+    Seen,
+    Taken,
+)
 from toolfleet.observability import metrics
 
 log = logging.getLogger(__name__)
@@ -57,6 +66,19 @@ class Hold:
     """A finished invocation's recorded events: publish them again, run nothing."""
     outcome: list[Emitted] | None = None
     """Set by the run; claimed with ``finish`` under the same epoch when the hold ends."""
+    seen: Seen | None = None
+    """What the lease's script read of the invocation's keys (None: not read)."""
+
+
+@dataclass(eq=False, slots=True)
+class _Beat:
+    """One held lease, renewed by the guard's heartbeat while its run goes on."""
+
+    fence: Fence
+    owner: str
+    work: asyncio.Task[object]
+    lost: bool = False
+    """Set by the heartbeat when a renewal found a newer epoch (``work`` was cancelled)."""
 
 
 @dataclass(kw_only=True)
@@ -65,6 +87,10 @@ class LeaseGuard:
     worker_id: str
     poll_max_s: float = 1.0
     """Longest pause between two tries at a lease another worker holds."""
+    _beats: set[_Beat] = field(default_factory=set, init=False, repr=False)
+    _heartbeat: asyncio.Task[None] | None = field(default=None, init=False, repr=False)
+    _nonce: str = field(default_factory=lambda: uuid.uuid4().hex[:8], init=False, repr=False)
+    _holds: Iterator[int] = field(default_factory=itertools.count, init=False, repr=False)
 
     async def run(
         self,
@@ -91,7 +117,8 @@ class LeaseGuard:
             LeaseLost: the heartbeat or the store found a newer epoch (the body, if still
                 running, was cancelled); nothing of this run may be published.
         """
-        owner = f"{self.worker_id}/{uuid.uuid4().hex[:12]}"
+        # Unique per hold: a redelivery of a call this worker still runs waits for it.
+        owner = f"{self.worker_id}/{self._nonce}{next(self._holds):x}"
         taken = await self._take(invocation_id, owner, stopping)
         if isinstance(taken, Finished):
             metrics.LEASE_EVENTS.labels("replayed").inc()
@@ -100,16 +127,17 @@ class LeaseGuard:
         fence = taken.fence
         if fence.run > 1:
             metrics.LEASE_EVENTS.labels("taken_over").inc()
-        lost, done = asyncio.Event(), asyncio.Event()
         task = asyncio.current_task()
         assert task is not None
-        heartbeat = asyncio.create_task(self._heartbeat(fence, owner, lost, done, task))
-        held = Hold(fence=fence)
+        beat = _Beat(fence, owner, task)
+        self._beat(beat)
+        held = Hold(fence=fence, seen=taken.seen)
         try:
             yield held
         except asyncio.CancelledError:
-            if not lost.is_set():
+            if not beat.lost:
                 # Shutdown or revocation: hand the call over at once, not after the TTL.
+                self._unbeat(beat)
                 await _quietly(asyncio.shield(self.leases.release(fence)))
                 raise
             task.uncancel()
@@ -117,12 +145,9 @@ class LeaseGuard:
         except StaleLease:
             raise self._lost(fence, stopping()) from None
         finally:
-            # Stopped by flag as well as by cancel: a cancel racing a Redis timeout can
-            # surface as TimeoutError and be lost; never wait on the heartbeat for long.
-            done.set()
-            heartbeat.cancel()
-            await asyncio.wait([heartbeat], timeout=1)
-        if lost.is_set():
+            # From here on the heartbeat neither renews this lease nor cancels the run.
+            self._unbeat(beat)
+        if beat.lost:
             raise self._lost(fence, stopping())
         if held.outcome is None:  # nothing to claim: let the next delivery run it
             await _quietly(self.leases.release(fence))
@@ -154,33 +179,39 @@ class LeaseGuard:
             # Held by a live (or recently dead) worker: wait for its outcome or its TTL.
             await asyncio.sleep(min(max(state.expires_in_s, 0.05), self.poll_max_s))
 
-    async def _heartbeat(
-        self,
-        fence: Fence,
-        owner: str,
-        lost: asyncio.Event,
-        done: asyncio.Event,
-        work: asyncio.Task[object],
-    ) -> None:
+    def _beat(self, beat: _Beat) -> None:
+        """Renew ``beat``'s lease from now on (the heartbeat starts with the first lease)."""
+        self._beats.add(beat)
+        if self._heartbeat is None or self._heartbeat.done():
+            self._heartbeat = asyncio.create_task(self._heartbeats())
+
+    def _unbeat(self, beat: _Beat) -> None:
+        """Stop renewing ``beat``'s lease; the heartbeat stops with the last lease."""
+        self._beats.discard(beat)
+        if not self._beats and self._heartbeat is not None:
+            self._heartbeat.cancel()
+            self._heartbeat = None
+
+    async def _heartbeats(self) -> None:
+        """One heartbeat for every lease this guard holds: every third of the TTL, each
+        lease held then is renewed (in one batch), so no lease goes longer than that
+        without a renewal. The moment a renewal finds a newer epoch, that run is
+        cancelled: this worker was presumed dead and replaced."""
         interval = self.leases.ttl_s / 3
-        while not done.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(done.wait(), interval)
-            if done.is_set():
-                return
-            try:
-                renewed = await self.leases.renew(fence, owner)
-            except Exception as exc:  # Redis away: keep trying; the fence decides later
-                if done.is_set():
-                    return
+        while self._beats:
+            await asyncio.sleep(interval)
+            await asyncio.gather(*(self._renew(beat) for beat in list(self._beats)))
+
+    async def _renew(self, beat: _Beat) -> None:
+        try:
+            renewed = await self.leases.renew(beat.fence, beat.owner)
+        except Exception as exc:  # Redis away: keep trying; the fence decides later
+            if beat in self._beats:
                 log.warning("lease renewal failed: %s", type(exc).__name__)
-                continue
-            if done.is_set():
-                return
-            if not renewed:
-                lost.set()
-                work.cancel()
-                return
+            return
+        if not renewed and beat in self._beats:
+            beat.lost = True
+            beat.work.cancel()
 
 
 async def _quietly(step: Awaitable[object]) -> None:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict
@@ -33,6 +33,7 @@ from redis.asyncio import Redis
 
 from toolfleet.events.envelope import Envelope
 from toolfleet.events.types import TopicName
+from toolfleet.executor.checkpoints.store import checkpoint_key
 from toolfleet.executor.leasing.fencing import (
     FENCE_CHECK_LUA,
     Fence,
@@ -40,6 +41,7 @@ from toolfleet.executor.leasing.fencing import (
     lease_key,
     runs_key,
 )
+from toolfleet.storage.cancel_flags import cancel_key
 from toolfleet.storage.lua import CoalescedScripts, LuaScript
 
 #: How long the epoch counter and the outcome record outlive the last write: long
@@ -52,8 +54,10 @@ def done_key(invocation_id: str) -> str:
     return f"lease:tool:{invocation_id}:done"
 
 
-# KEYS: lease, epoch, done, runs. ARGV: owner, ttl_ms, record_ttl_s, now_ms.
-# -> {1, epoch, run} taken | {0, pttl_ms, owner} held by someone else | {2, done} finished
+# KEYS: lease, epoch, done, runs, cancel flag, hot checkpoint.
+# ARGV: owner, ttl_ms, record_ttl_s, now_ms.
+# -> {1, epoch, run, cancel flag (0/1), hot checkpoint or nil} taken
+#  | {0, pttl_ms, owner} held by someone else | {2, done} finished
 _ACQUIRE = LuaScript(
     "lease_acquire",
     source="""
@@ -77,7 +81,7 @@ local run = redis.call('INCR', KEYS[4])
 redis.call('EXPIRE', KEYS[4], tonumber(ARGV[3]))
 redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'epoch', redis.call('GET', KEYS[2]))
 redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[2]))
-return {1, epoch, run}
+return {1, epoch, run, redis.call('EXISTS', KEYS[5]), redis.call('GET', KEYS[6])}
 """,
 )
 
@@ -132,8 +136,26 @@ class FinishedRecord(BaseModel):
 
 
 @dataclass(frozen=True, slots=True)
+class Seen:
+    """What a run reads first about its invocation, read with its lease in one script.
+
+    The same answers the run's own reads would give a moment later: the cancel flag is
+    read as the lease is taken, and the hot checkpoint is written only under the newest
+    epoch, which is this run's from then on.
+    """
+
+    cancel_requested: bool
+    """The invocation's cancel flag (:func:`toolfleet.storage.cancel_flags.cancel_key`)."""
+    hot_checkpoint: bytes | None
+    """The JSON of its hot checkpoint (:func:`~toolfleet.executor.checkpoints.store.
+    checkpoint_key`), or None."""
+
+
+@dataclass(frozen=True, slots=True)
 class Taken:
     fence: Fence
+    seen: Seen | None = field(default=None, compare=False)
+    """Read with the lease (None: not read; the run asks its ports)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,12 +201,18 @@ class RedisLeases:
                 epoch_key(invocation_id),
                 done_key(invocation_id),
                 runs_key(invocation_id),
+                cancel_key(invocation_id),
+                checkpoint_key(invocation_id),
             ],
             args=[owner, self._ttl_ms, self._record_ttl_s, time.time_ns() // 1_000_000],
         )
         status = int(reply[0])
         if status == 1:
-            return Taken(Fence(invocation_id, int(reply[1]), run=int(reply[2])))
+            hot = reply[4] if len(reply) > 4 else None
+            return Taken(
+                Fence(invocation_id, int(reply[1]), run=int(reply[2])),
+                seen=Seen(cancel_requested=bool(reply[3]), hot_checkpoint=hot),
+            )
         if status == 2:
             return Finished(FinishedRecord.model_validate_json(reply[1]))
         owner_of = reply[2].decode() if isinstance(reply[2], bytes) else str(reply[2])

@@ -31,7 +31,6 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any, Final
 
-from toolfleet.events.models import AuditRecord
 from toolfleet.events.types import EventType
 
 OCSF_VERSION: Final = "1.8.0"
@@ -76,42 +75,8 @@ def activity_of(event_type: str) -> tuple[int, str]:
     return ACTIVITY_OTHER, event_type.removeprefix("ai.agent.")
 
 
-def severity_of(record: AuditRecord) -> int:
-    if record.error_code in _SECURITY_CODES or record.status == "permission_denied":
-        return 3
-    if record.event_type == EventType.CIRCUIT_OPENED:
-        return 3
-    return 2 if record.outcome == "failure" else 1
-
-
-def epoch_ms(moment: datetime) -> int:
-    return int(moment.timestamp() * 1000)
-
-
-def api_activity(
-    record: AuditRecord,
-    *,
-    source_app: str,
-    logged_at: datetime,
-    details: Mapping[str, Any] | None = None,
-    error_message: str | None = None,
-) -> dict[str, Any]:
-    """The OCSF API Activity event for ``record``.
-
-    Args:
-        record: The audit record (its own ``ocsf`` member is ignored).
-        source_app: ``source`` of the lifecycle event: the service or client that
-            produced it (``actor.app_name``, ``src_endpoint.svc_name``).
-        logged_at: When audit processed it (``metadata.logged_time``).
-        details: Already-sanitized metadata without an OCSF home (``unmapped``);
-            ``duration_ms`` also becomes ``duration``.
-        error_message: Already-masked error text (``status_detail``).
-    """
-    details = dict(details or {})
-    activity_id, activity_name = activity_of(record.event_type)
-    status_id, status = _STATUS.get(record.outcome, (0, "Unknown"))
-    severity_id = severity_of(record)
-    event: dict[str, Any] = {
+def _classification(activity_id: int, activity_name: str) -> dict[str, Any]:
+    return {
         "activity_id": activity_id,
         "activity_name": activity_name,
         "category_uid": CATEGORY_UID,
@@ -120,94 +85,148 @@ def api_activity(
         "class_name": "API Activity",
         "type_uid": CLASS_UID * 100 + activity_id,
         "type_name": f"API Activity: {activity_name}",
-        "time": epoch_ms(record.occurred_at),
-        "severity_id": severity_id,
-        "severity": _SEVERITY_NAMES[severity_id],
-        "status_id": status_id,
-        "status": status,
-        "message": _message(record),
-        "api": _api(record, error_message),
-        "actor": _actor(record, source_app),
-        "src_endpoint": {"svc_name": source_app},
-        "cloud": {"provider": PRODUCT},
-        "metadata": _metadata(record, logged_at),
-        "unmapped": _unmapped(record, details),
     }
-    if record.error_code:
-        event["status_code"] = record.error_code
+
+
+#: The first members of the projection, which depend on the event type alone (copied).
+_CLASSIFICATION: Final = {t.value: _classification(*activity_of(t)) for t in EventType}
+
+
+def severity_of(record: Mapping[str, Any]) -> int:
+    """Severity of an audit record (its JSON fields, as in :func:`api_activity`)."""
+    if record["error_code"] in _SECURITY_CODES or record["status"] == "permission_denied":
+        return 3
+    if record["event_type"] == EventType.CIRCUIT_OPENED:
+        return 3
+    return 2 if record["outcome"] == "failure" else 1
+
+
+def epoch_ms(moment: datetime) -> int:
+    return int(moment.timestamp() * 1000)
+
+
+def api_activity(
+    record: Mapping[str, Any],
+    *,
+    occurred_at: datetime,
+    source_app: str,
+    logged_at: datetime,
+    details: Mapping[str, Any] | None = None,
+    error_message: str | None = None,
+) -> dict[str, Any]:
+    """The OCSF API Activity event for ``record``.
+
+    Args:
+        record: The audit record's JSON fields (:class:`~toolfleet.events.models.AuditRecord`
+            dumped in JSON mode); its own ``ocsf`` member, if any, is ignored.
+        occurred_at: The record's ``occurred_at`` as a datetime (``time``,
+            ``metadata.original_time``).
+        source_app: ``source`` of the lifecycle event: the service or client that
+            produced it (``actor.app_name``, ``src_endpoint.svc_name``).
+        logged_at: When audit processed it (``metadata.logged_time``).
+        details: Already-sanitized JSON metadata without an OCSF home, copied to
+            ``unmapped`` as it is (a ``None`` is kept as JSON ``null``);
+            ``duration_ms`` also becomes ``duration``.
+        error_message: Already-masked error text (``status_detail``).
+    """
+    details = details or {}
+    event_type = record["event_type"]
+    classification = _CLASSIFICATION.get(event_type)
+    event = (
+        classification.copy()
+        if classification is not None
+        else _classification(*activity_of(event_type))
+    )
+    status_id, status = _STATUS.get(record["outcome"], (0, "Unknown"))
+    severity_id = severity_of(record)
+    error_code = record["error_code"]
+    tool_id = record["tool_id"]
+    event["time"] = epoch_ms(occurred_at)
+    event["severity_id"] = severity_id
+    event["severity"] = _SEVERITY_NAMES[severity_id]
+    event["status_id"] = status_id
+    event["status"] = status
+    event["message"] = _message(record)
+    event["api"] = _api(record, error_message)
+    event["actor"] = _actor(record, source_app)
+    event["src_endpoint"] = {"svc_name": source_app}
+    event["cloud"] = {"provider": PRODUCT}
+    event["metadata"] = _metadata(record, occurred_at, logged_at)
+    event["unmapped"] = _unmapped(record, details)
+    if error_code:
+        event["status_code"] = error_code
     if error_message:
         event["status_detail"] = error_message
     if isinstance(details.get("duration_ms"), int):
         event["duration"] = details["duration_ms"]
-    if record.tool_id:
-        resource: dict[str, Any] = {"uid": record.tool_id, "type": "tool"}
-        if record.tool_version:
-            resource["version"] = record.tool_version
+    if tool_id:
+        resource: dict[str, Any] = {"uid": tool_id, "type": "tool"}
+        if record["tool_version"]:
+            resource["version"] = record["tool_version"]
         event["resources"] = [resource]
     return event
 
 
-def _message(record: AuditRecord) -> str:
-    subject = f" {record.tool_id}" if record.tool_id else ""
-    status = f" ({record.status})" if record.status else ""
-    return f"{record.action}{subject}{status}"
+def _message(record: Mapping[str, Any]) -> str:
+    subject = f" {record['tool_id']}" if record["tool_id"] else ""
+    status = f" ({record['status']})" if record["status"] else ""
+    return f"{record['action']}{subject}{status}"
 
 
-def _api(record: AuditRecord, error_message: str | None) -> dict[str, Any]:
-    api: dict[str, Any] = {"operation": record.event_type, "service": {"name": PRODUCT}}
-    if record.invocation_id:
-        api["request"] = {"uid": record.invocation_id}
-    if record.error_code:
-        response: dict[str, Any] = {"error": record.error_code}
+def _api(record: Mapping[str, Any], error_message: str | None) -> dict[str, Any]:
+    api: dict[str, Any] = {"operation": record["event_type"], "service": {"name": PRODUCT}}
+    if record["invocation_id"]:
+        api["request"] = {"uid": record["invocation_id"]}
+    if record["error_code"]:
+        response: dict[str, Any] = {"error": record["error_code"]}
         if error_message:
             response["error_message"] = error_message
         api["response"] = response
     return api
 
 
-def _actor(record: AuditRecord, source_app: str) -> dict[str, Any]:
+def _actor(record: Mapping[str, Any], source_app: str) -> dict[str, Any]:
     actor: dict[str, Any] = {"app_name": source_app}
-    if record.actor:
-        is_agent = record.actor == record.agent_did
+    uid = record["actor"]
+    if uid:
         actor["user"] = (
-            {"uid": record.actor, "type": "agent", "type_id": 99}
-            if is_agent
-            else {"uid": record.actor, "type": "User", "type_id": 1}
+            {"uid": uid, "type": "agent", "type_id": 99}
+            if uid == record["agent_did"]
+            else {"uid": uid, "type": "User", "type_id": 1}
         )
     return actor
 
 
-def _metadata(record: AuditRecord, logged_at: datetime) -> dict[str, Any]:
+def _metadata(
+    record: Mapping[str, Any], occurred_at: datetime, logged_at: datetime
+) -> dict[str, Any]:
     metadata: dict[str, Any] = {
         "version": OCSF_VERSION,
         "product": {"name": PRODUCT, "vendor_name": PRODUCT},
-        "uid": record.audit_id,
-        "original_event_uid": record.source_event.id,
-        "event_code": record.event_type,
+        "uid": record["audit_id"],
+        "original_event_uid": record["source_event"]["id"],
+        "event_code": record["event_type"],
         "log_name": "audit",
-        "original_time": record.occurred_at.isoformat(),
+        "original_time": occurred_at.isoformat(),
         "logged_time": epoch_ms(logged_at),
     }
-    if record.invocation_id:
-        metadata["correlation_uid"] = record.invocation_id
-    if record.tenant_id:
-        metadata["tenant_uid"] = record.tenant_id
+    if record["invocation_id"]:
+        metadata["correlation_uid"] = record["invocation_id"]
+    if record["tenant_id"]:
+        metadata["tenant_uid"] = record["tenant_id"]
     return metadata
 
 
-def _unmapped(record: AuditRecord, details: Mapping[str, Any]) -> dict[str, Any]:
+def _unmapped(record: Mapping[str, Any], details: Mapping[str, Any]) -> dict[str, Any]:
     unmapped: dict[str, Any] = {
-        "action": record.action,
-        "outcome": record.outcome,
-        "source_event": record.source_event.model_dump(),
+        "action": record["action"],
+        "outcome": record["outcome"],
+        "source_event": dict(record["source_event"]),
     }
-    optional = {
-        "status": record.status,
-        "trace_id": record.trace_id,
-        "user_did": record.user_did,
-        "agent_did": record.agent_did,
-        "auth": record.auth or None,
-    }
-    unmapped.update({k: v for k, v in optional.items() if v is not None})
-    unmapped.update({k: v for k, v in details.items() if v is not None})
+    for name in ("status", "trace_id", "user_did", "agent_did"):
+        if record[name] is not None:
+            unmapped[name] = record[name]
+    if record["auth"]:
+        unmapped["auth"] = dict(record["auth"])
+    unmapped.update(details)
     return unmapped

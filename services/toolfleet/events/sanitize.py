@@ -29,7 +29,7 @@ import binascii
 import itertools
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 REDACTED: Final = "[REDACTED]"
@@ -123,16 +123,35 @@ def _basic(match: re.Match[str]) -> str:
     return match.group(0)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class _Rule:
+    """One pattern and its mask, with cheap necessary conditions for it to match at all.
+
+    Most text (a timestamp, a tool id, a sentence) holds no ``@``, no ``eyJ``, no
+    ``-----BEGIN`` and is shorter than a hex secret, so most rules are skipped by a
+    substring or length test instead of a regex scan. Each condition must hold for every
+    possible match: ``test_events_sanitize`` checks them against the unguarded rules.
+    """
+
     kind: str
     pattern: re.Pattern[str]
     replace: Callable[[re.Match[str]], str] | None = None
+    min_length: int
+    """Length of the shortest text the pattern can match."""
+    literal: str | None = None
+    """A substring of every match."""
+    folded: str | None = None
+    """A substring of every match, ignoring case (tested on ASCII text only)."""
+    digits: bool = False
+    """Every match holds a decimal digit (``\\d``)."""
+    replacement: str | Callable[[re.Match[str]], str] = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "replacement", self.replace or _mask(self.kind))
 
     def apply(self, text: str) -> str:
-        if self.replace is not None:
-            return self.pattern.sub(self.replace, text)
-        return self.pattern.sub(_mask(self.kind), text)
+        """``text`` with every match of this rule masked (no guard)."""
+        return self.pattern.sub(self.replacement, text)
 
 
 _OCTET = r"(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)"
@@ -140,50 +159,113 @@ _OCTET = r"(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)"
 #: Order matters: whole structures (PEM, JWT) before the fragments they contain.
 _RULES: Final[tuple[_Rule, ...]] = (
     _Rule(
-        "private_key",
-        re.compile(
+        kind="private_key",
+        pattern=re.compile(
             r"-----BEGIN[A-Z0-9 ]*PRIVATE KEY-----(?:.*?-----END[A-Z0-9 ]*PRIVATE KEY-----|.*)",
             re.DOTALL,
         ),
+        min_length=26,
+        literal="-----BEGIN",
     ),
-    _Rule("jwt", re.compile(r"eyJ[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]*")),
     _Rule(
-        "credential",
-        re.compile(r"\bBearer\s+[A-Za-z0-9._~+/=-]{8,}", re.IGNORECASE),
-        _bearer,
+        kind="jwt",
+        pattern=re.compile(r"eyJ[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]*"),
+        min_length=7,
+        literal="eyJ",
     ),
-    _Rule("credential", re.compile(r"\bBasic\s+[A-Za-z0-9+/]{4,}={0,2}", re.IGNORECASE), _basic),
-    _Rule("aws_key", re.compile(r"(?:AKIA|ASIA|AGPA|AIDA|AROA)[A-Z0-9]{16}")),
     _Rule(
-        "email",
+        kind="credential",
+        pattern=re.compile(r"\bBearer\s+[A-Za-z0-9._~+/=-]{8,}", re.IGNORECASE),
+        replace=_bearer,
+        min_length=15,
+        folded="bearer",
+    ),
+    _Rule(
+        kind="credential",
+        pattern=re.compile(r"\bBasic\s+[A-Za-z0-9+/]{4,}={0,2}", re.IGNORECASE),
+        replace=_basic,
+        min_length=10,
+        folded="basic",
+    ),
+    _Rule(
+        kind="aws_key",
+        pattern=re.compile(r"(?:AKIA|ASIA|AGPA|AIDA|AROA)[A-Z0-9]{16}"),
+        min_length=20,
+        literal="A",
+    ),
+    _Rule(
+        kind="email",
         # RFC 5322 dot-atom local part; punycode TLDs (xn--...) included.
-        re.compile(
+        pattern=re.compile(
             r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~.-]+@(?:[A-Za-z0-9-]+\.)+[A-Za-z][A-Za-z0-9-]*[A-Za-z0-9]"
         ),
+        min_length=6,
+        literal="@",
     ),
-    _Rule("secret", re.compile(r"(?<![0-9A-Za-z])[0-9A-Fa-f]{32,}(?![0-9A-Za-z])")),
     _Rule(
-        "secret",
-        re.compile(r"(?<![A-Za-z0-9+/_-])[A-Za-z0-9+/_-]{32,}={0,2}"),
-        _high_entropy,
+        kind="secret",
+        pattern=re.compile(r"(?<![0-9A-Za-z])[0-9A-Fa-f]{32,}(?![0-9A-Za-z])"),
+        min_length=32,
     ),
-    _Rule("card", re.compile(r"(?<!\d)\d(?:[ -]?\d){12,18}(?!\d)"), _card),
-    _Rule("ssn", re.compile(r"(?<!\d)\d{3}-\d{2}-\d{4}(?!\d)")),
     _Rule(
-        "phone",
-        re.compile(
+        kind="secret",
+        pattern=re.compile(r"(?<![A-Za-z0-9+/_-])[A-Za-z0-9+/_-]{32,}={0,2}"),
+        replace=_high_entropy,
+        min_length=32,
+    ),
+    _Rule(
+        kind="card",
+        pattern=re.compile(r"(?<!\d)\d(?:[ -]?\d){12,18}(?!\d)"),
+        replace=_card,
+        min_length=13,
+        digits=True,
+    ),
+    _Rule(
+        kind="ssn",
+        pattern=re.compile(r"(?<!\d)\d{3}-\d{2}-\d{4}(?!\d)"),
+        min_length=11,
+        literal="-",
+        digits=True,
+    ),
+    _Rule(
+        kind="phone",
+        pattern=re.compile(
             r"(?<![\w+])\+\d{1,3}[ .-]?(?:\(\d{1,4}\)[ .-]?)?\d{2,4}(?:[ .-]?\d{2,4}){1,4}(?!\d)"
             r"|(?<![\w.])\(?\d{3}\)?[ .-]\d{3}[ .-]\d{4}(?!\d)"
         ),
+        min_length=6,
+        digits=True,
     ),
-    _Rule("ip", re.compile(rf"(?<!\d)(?<!\d\.){_OCTET}(?:\.{_OCTET}){{3}}(?!\.?\d)")),
+    _Rule(
+        kind="ip",
+        pattern=re.compile(rf"(?<!\d)(?<!\d\.){_OCTET}(?:\.{_OCTET}){{3}}(?!\.?\d)"),
+        min_length=7,
+        literal=".",
+        digits=True,
+    ),
 )
+_SHORTEST_MATCH: Final = min(rule.min_length for rule in _RULES)
+_DIGIT: Final = re.compile(r"\d")
 
 
 def mask_text(text: str) -> str:
     """``text`` with every secret- or PII-looking substring replaced by a mask."""
+    if len(text) < _SHORTEST_MATCH:
+        return text
+    # Taken from the text as it came: a mask replaces a match with "[REDACTED:<kind>]",
+    # which holds no digit and cannot complete "bearer" or "basic" with its neighbours,
+    # so a later rule can only lose, never gain, what these say the text holds.
+    folded = text.lower() if text.isascii() else None
+    has_digit = _DIGIT.search(text) is not None
     for rule in _RULES:
-        text = rule.apply(text)
+        if (
+            len(text) < rule.min_length
+            or (rule.literal is not None and rule.literal not in text)
+            or (rule.folded is not None and folded is not None and rule.folded not in folded)
+            or (rule.digits and not has_digit)
+        ):
+            continue
+        text = rule.pattern.sub(rule.replacement, text)
     return text
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Mapping
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any, Final, Literal, cast
 
 from pydantic import TypeAdapter
@@ -313,12 +313,13 @@ def _is_json(value: Any) -> bool:
 
 def _json_time(moment: datetime) -> str:
     """``moment`` as pydantic writes a datetime in JSON mode (``Z`` for UTC)."""
-    offset = moment.utcoffset()
-    if type(moment) is datetime and (
-        offset is None or offset % timedelta(minutes=1) == timedelta(0)
-    ):
-        text = moment.isoformat()
-        return text[: -len(_UTC_SUFFIX)] + "Z" if offset == timedelta(0) else text
+    text = moment.isoformat()
+    if type(moment) is datetime:
+        if text.endswith(_UTC_SUFFIX):
+            return text[: -len(_UTC_SUFFIX)] + "Z"
+        # Naive, or an offset in whole minutes ("+02:00"): isoformat's is pydantic's.
+        if moment.tzinfo is None or (text[-6] in "+-" and text[-3] == ":"):
+            return text
     return cast(str, _AS_JSON.dump_python(moment, mode="json"))
 
 

@@ -70,6 +70,11 @@ _SECRET_PHRASES: Final = frozenset(
         ("card", "number"),
     }
 )
+#: Run-together spellings: "apikey", "privatekey", "cardnumber", "accesstoken".
+_SECRET_RUN_TOGETHER: Final = frozenset(
+    {"".join(phrase) for phrase in _SECRET_PHRASES}
+    | {"accesstoken", "refreshtoken", "idtoken", "clientsecret"}
+)
 #: Keys never copied at all, not even as ``[REDACTED]``.
 _DROPPED_KEYS: Final = frozenset({"capability_token", "capabilitytoken"})
 
@@ -246,11 +251,17 @@ _RULES: Final[tuple[_Rule, ...]] = (
 )
 _SHORTEST_MATCH: Final = min(rule.min_length for rule in _RULES)
 _DIGIT: Final = re.compile(r"\d")
+#: An RFC 3339 timestamp as pydantic and the codec write them (lifecycle events carry
+#: several). No rule matches one: it has no letter run, no "@", at most eight digits
+#: joined by single "-", one "." and no "+" that does not follow a digit.
+_TIMESTAMP: Final = re.compile(
+    r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]{1,9})?(?:Z|[+-][0-9]{2}:[0-9]{2})?"
+)
 
 
 def mask_text(text: str) -> str:
     """``text`` with every secret- or PII-looking substring replaced by a mask."""
-    if len(text) < _SHORTEST_MATCH:
+    if len(text) < _SHORTEST_MATCH or (text[4:5] == "-" and _TIMESTAMP.fullmatch(text)):
         return text
     # Taken from the text as it came: a mask replaces a match with "[REDACTED:<kind>]",
     # which holds no digit and cannot complete "bearer" or "basic" with its neighbours,
@@ -277,18 +288,11 @@ def key_words(key: str) -> list[str]:
 def is_secret_key(key: str) -> bool:
     """Whether a value stored under ``key`` is a secret whatever it looks like."""
     words = key_words(key)
-    if any(w in _SECRET_WORDS for w in words):
+    if not _SECRET_WORDS.isdisjoint(words):
         return True
-    if any(pair in _SECRET_PHRASES for pair in itertools.pairwise(words)):
+    if not _SECRET_PHRASES.isdisjoint(itertools.pairwise(words)):
         return True
-    # Run-together spellings: "apikey", "privatekey", "cardnumber", "accesstoken".
-    joined = "".join(words)
-    return any("".join(p) == joined for p in _SECRET_PHRASES) or joined in {
-        "accesstoken",
-        "refreshtoken",
-        "idtoken",
-        "clientsecret",
-    }
+    return "".join(words) in _SECRET_RUN_TOGETHER
 
 
 class _Budget:

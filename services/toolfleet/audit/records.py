@@ -73,49 +73,48 @@ _ACTOR_KEY: Final[dict[str, str]] = {
     EventType.TOOL_LIFECYCLE_CHANGED: "operator",
 }
 
-# Where each ``unmapped`` detail is read, in output order: (name, source, key) with an
-# optional fallback (source, key) when the first key is absent. Sources index
-# ``(data, execution_metadata, execution_options, error)``.
+# Where each ``unmapped`` detail is read, in output order: ``(name, source, key,
+# fallback)``, the fallback ``(source, key)`` read when the first key is absent. Sources
+# index ``(data, execution_metadata, execution_options, error)``.
 _DATA, _META, _OPTIONS, _ERROR = 0, 1, 2, 3
-_DETAILS: Final[tuple[tuple[str, int, str, int | None, str], ...]] = (
-    ("duration_ms", _META, "duration_ms", None, ""),
-    ("cpu_used_millicore_seconds", _META, "cpu_used_millicore_seconds", None, ""),
-    ("memory_peak_mb", _META, "memory_peak_mb", None, ""),
-    ("attempts", _META, "attempts", _DATA, "attempt"),
-    ("cached", _META, "cached", None, ""),
-    ("truncated", _META, "truncated", None, ""),
-    ("started_at", _META, "started_at", _DATA, "started_at"),
-    ("completed_at", _META, "completed_at", None, ""),
-    ("requested_version", _DATA, "requested_version", None, ""),
-    ("priority", _OPTIONS, "priority", None, ""),
-    ("require_approval", _OPTIONS, "require_approval", None, ""),
-    ("idempotency_key", _OPTIONS, "idempotency_key", None, ""),
-    ("effect", _DATA, "effect", None, ""),
-    ("timeout_seconds", _DATA, "timeout_seconds", None, ""),
-    ("worker_id", _DATA, "worker_id", None, ""),
-    ("checkpoint_id", _DATA, "checkpoint_id", None, ""),
-    ("checkpoint_type", _DATA, "checkpoint_type", None, ""),
-    ("progress_percent", _DATA, "progress_percent", None, ""),
-    ("current_phase", _DATA, "current_phase", None, ""),
+_DETAILS: Final[tuple[tuple[str, int, str, tuple[int, str] | None], ...]] = (
+    ("duration_ms", _META, "duration_ms", None),
+    ("cpu_used_millicore_seconds", _META, "cpu_used_millicore_seconds", None),
+    ("memory_peak_mb", _META, "memory_peak_mb", None),
+    ("attempts", _META, "attempts", (_DATA, "attempt")),
+    ("cached", _META, "cached", None),
+    ("truncated", _META, "truncated", None),
+    ("started_at", _META, "started_at", (_DATA, "started_at")),
+    ("completed_at", _META, "completed_at", None),
+    ("requested_version", _DATA, "requested_version", None),
+    ("priority", _OPTIONS, "priority", None),
+    ("require_approval", _OPTIONS, "require_approval", None),
+    ("idempotency_key", _OPTIONS, "idempotency_key", None),
+    ("effect", _DATA, "effect", None),
+    ("timeout_seconds", _DATA, "timeout_seconds", None),
+    ("worker_id", _DATA, "worker_id", None),
+    ("checkpoint_id", _DATA, "checkpoint_id", None),
+    ("checkpoint_type", _DATA, "checkpoint_type", None),
+    ("progress_percent", _DATA, "progress_percent", None),
+    ("current_phase", _DATA, "current_phase", None),
     (
         "resumed_from_checkpoint_id",
         _DATA,
         "resumed_from_checkpoint_id",
-        _META,
-        "resumed_from_checkpoint_id",
+        (_META, "resumed_from_checkpoint_id"),
     ),
-    ("reason", _DATA, "reason", None, ""),
-    ("control_type", _DATA, "control_type", None, ""),
-    ("refused_event_id", _DATA, "refused_event_id", None, ""),
-    ("circuit_name", _DATA, "circuit_name", None, ""),
-    ("circuit_state", _DATA, "state", None, ""),
-    ("lifecycle_state", _DATA, "lifecycle_state", None, ""),
-    ("previous_state", _DATA, "previous_state", None, ""),
-    ("sunset_date", _DATA, "sunset_date", None, ""),
-    ("deprecated_in_favor_of", _DATA, "deprecated_in_favor_of", None, ""),
-    ("retry_after_s", _DATA, "retry_after_s", None, ""),
-    ("expires_at", _DATA, "expires_at", None, ""),
-    ("retryable", _ERROR, "retryable", None, ""),
+    ("reason", _DATA, "reason", None),
+    ("control_type", _DATA, "control_type", None),
+    ("refused_event_id", _DATA, "refused_event_id", None),
+    ("circuit_name", _DATA, "circuit_name", None),
+    ("circuit_state", _DATA, "state", None),
+    ("lifecycle_state", _DATA, "lifecycle_state", None),
+    ("previous_state", _DATA, "previous_state", None),
+    ("sunset_date", _DATA, "sunset_date", None),
+    ("deprecated_in_favor_of", _DATA, "deprecated_in_favor_of", None),
+    ("retry_after_s", _DATA, "retry_after_s", None),
+    ("expires_at", _DATA, "expires_at", None),
+    ("retryable", _ERROR, "retryable", None),
 )
 
 #: What pydantic makes of a value in JSON mode (an ``Any`` field): for the rare value
@@ -124,6 +123,7 @@ _AS_JSON: Final = TypeAdapter[Any](Any)
 _UTC_SUFFIX: Final = "+00:00"
 #: What :func:`_scalar` returns for a value the record leaves out.
 _OMIT: Final = object()
+#: ``derived_event_id``'s namespace: :func:`_audit_id` must derive the very same ids.
 _NAMESPACE: Final = _DERIVED_ID_NAMESPACE.bytes
 
 
@@ -253,12 +253,12 @@ def _details(data: Mapping[str, Any]) -> dict[str, Any]:
         _dict(data.get("error")),
     )
     picked: dict[str, Any] = {}
-    for name, where, key, fallback, fallback_key in _DETAILS:
+    for name, where, key, fallback in _DETAILS:
         source = sources[where]
         if key in source:
             value = source[key]
         elif fallback is not None:
-            value = sources[fallback].get(fallback_key)
+            value = sources[fallback[0]].get(fallback[1])
         else:
             continue
         if value is not None and (value := _scalar(value)) is not _OMIT:

@@ -135,7 +135,8 @@ class _Rule:
     Most text (a timestamp, a tool id, a sentence) holds no ``@``, no ``eyJ``, no
     ``-----BEGIN`` and is shorter than a hex secret, so most rules are skipped by a
     substring or length test instead of a regex scan. Each condition must hold for every
-    possible match: ``test_events_sanitize`` checks them against the unguarded rules.
+    possible match: ``tests/unit/test_sanitize_guards.py`` holds them to the unguarded
+    rules.
     """
 
     kind: str
@@ -255,7 +256,13 @@ _DIGIT: Final = re.compile(r"\d")
 #: several). No rule matches one: it has no letter run, no "@", at most eight digits
 #: joined by single "-", one "." and no "+" that does not follow a digit.
 _TIMESTAMP: Final = re.compile(
-    r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]{1,9})?(?:Z|[+-][0-9]{2}:[0-9]{2})?"
+    r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}"
+    r"(?:\.[0-9]{1,9})?(?:Z|[+-][0-9]{2}:[0-9]{2})?"
+)
+#: The rules as ``mask_text`` runs them: guards first, then ``sub`` and its replacement.
+_GUARDED: Final = tuple(
+    (rule.min_length, rule.literal, rule.folded, rule.digits, rule.pattern.sub, rule.replacement)
+    for rule in _RULES
 )
 
 
@@ -268,15 +275,17 @@ def mask_text(text: str) -> str:
     # so a later rule can only lose, never gain, what these say the text holds.
     folded = text.lower() if text.isascii() else None
     has_digit = _DIGIT.search(text) is not None
-    for rule in _RULES:
+    size = len(text)
+    for min_length, literal, folded_literal, digits, sub, replacement in _GUARDED:
         if (
-            len(text) < rule.min_length
-            or (rule.literal is not None and rule.literal not in text)
-            or (rule.folded is not None and folded is not None and rule.folded not in folded)
-            or (rule.digits and not has_digit)
+            size < min_length
+            or (literal is not None and literal not in text)
+            or (folded_literal is not None and folded is not None and folded_literal not in folded)
+            or (digits and not has_digit)
         ):
             continue
-        text = rule.pattern.sub(rule.replacement, text)
+        text = sub(replacement, text)
+        size = len(text)
     return text
 
 

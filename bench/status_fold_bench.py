@@ -13,10 +13,10 @@ Prints the best of ``--repeat`` runs in µs per event, per type and for the whol
 lifecycle. The parameters default to the e2e benchmark's (``{"message": "hello"}``);
 sanitizing them is the same code in every version.
 
-Measured on the 2-core dev container (busy: load ~5), µs per event, mean of the nine
-types: 3669a25 (pydantic per event, ``dataclasses.replace`` per merge) 140; the hand
-written fast readers (main before this change) 32; one pydantic reader per type, the
-fact and row built once (live) 60. Run it again rather than trusting these.
+Measured on the 2-core dev container (load ~1), µs per event, mean of the nine types,
+best of 9 x 5000: 3669a25 (pydantic per event, ``dataclasses.replace`` per merge) 82-86;
+main with the hand-written fast readers 22; live (one pydantic reader per type, fact
+and row built once, no hand-written validators) 20. Rerun rather than trust these.
 """
 
 from __future__ import annotations

@@ -7,15 +7,16 @@ In-process, no I/O: ``fact_of`` + ``apply`` (what ``StatusProjector.on_event`` a
 transition run per event) for each event type of a realistic lifecycle, the events
 round-tripped through the Kafka codec first so ``data`` is what the worker decodes.
 The live ``projection.py`` is timed against the same file at each ``--against`` git
-revision (default: ``3669a25``, before the fold had a fast path, and ``main``), loaded
-from git into this process; all are timed in turns, so a busy machine slows them alike.
+revision (default: ``3669a25``, before the fold had a fast path, and ``172ff4b``, with
+its hand-written fast readers), loaded from git into this process; all are timed in
+turns, so a busy machine slows them alike.
 Prints the best of ``--repeat`` runs in µs per event, per type and for the whole
 lifecycle. The parameters default to the e2e benchmark's (``{"message": "hello"}``);
 sanitizing them is the same code in every version.
 
 Measured on the 2-core dev container (load ~1), µs per event, mean of the nine types,
 best of 9 x 5000: 3669a25 (pydantic per event, ``dataclasses.replace`` per merge) 82-86;
-main with the hand-written fast readers 22; live (one pydantic reader per type, fact
+172ff4b (hand-written fast readers) 22; live (one pydantic reader per type, fact
 and row built once, no hand-written validators) 20. Rerun rather than trust these.
 """
 
@@ -118,7 +119,7 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=5_000)
     parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--parameters", type=Path, help="a JSON object of tool parameters")
-    parser.add_argument("--against", nargs="*", default=["3669a25", "main"])
+    parser.add_argument("--against", nargs="*", default=["3669a25", "172ff4b"])
     args = parser.parse_args()
     parameters = json.loads(args.parameters.read_text()) if args.parameters else PARAMETERS
     events = lifecycle(parameters)

@@ -15,9 +15,9 @@ lifecycle. The parameters default to the e2e benchmark's (``{"message": "hello"}
 sanitizing them is the same code in every version.
 
 Measured on the 2-core dev container (load ~1), µs per event, mean of the nine types,
-best of 9 x 5000: 3669a25 (pydantic per event, ``dataclasses.replace`` per merge) 82-86;
-172ff4b (hand-written fast readers) 22; live (one pydantic reader per type, fact
-and row built once, no hand-written validators) 20. Rerun rather than trust these.
+best of 7 x 5000: 3669a25 (pydantic per event, ``dataclasses.replace`` per merge) 70;
+172ff4b (hand-written fast readers) 18.6; live (one pydantic reader per type, fact and
+row built once, no hand-written validators) 16.4. Rerun rather than trust these.
 """
 
 from __future__ import annotations

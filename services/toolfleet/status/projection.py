@@ -272,7 +272,7 @@ def fact_of(event: Envelope, *, now: datetime) -> Fact | None:
     if reader is None:
         return None
     raw = event.data.get("invocation_id")
-    if type(raw) is str and len(raw) == _UUID_LEN and _CANONICAL_UUID.fullmatch(raw):
+    if _is_canonical_uuid(raw):
         invocation_id: str | None = raw  # what invocation_id_of returns for it, cheaper
     else:
         invocation_id = invocation_id_of(event)
@@ -296,6 +296,11 @@ _ZERO_TRACE: Final = "0" * 32
 _ZERO_SPAN: Final = "0" * 16
 
 
+def _is_canonical_uuid(value: Any) -> bool:
+    """``value`` is a UUID as ``str(uuid.UUID(value))`` writes it (so it is its own)."""
+    return type(value) is str and len(value) == _UUID_LEN and bool(_CANONICAL_UUID.fullmatch(value))
+
+
 def _trace_id(traceparent: str | None) -> str | None:
     """``trace_id_of(traceparent)``, without its parser for the usual version ``00``."""
     if traceparent is not None and len(traceparent) == _TRACEPARENT_00_LEN:
@@ -314,8 +319,17 @@ def _requested(event: Envelope, base: dict[str, Any]) -> Fact | None:
     ctx = req.agent_context
     if event.tenantid is not None and event.tenantid != ctx.tenant_id:
         return None  # policy refuses it; its outcome names the invocation
-    invocation_id = str(req.invocation_id) if req.invocation_id else invocation_uuid(event.id)
-    if event.invocationid is not None and invocation_uuid(event.invocationid) != invocation_id:
+    raw = event.data.get("invocation_id")
+    if _is_canonical_uuid(raw):
+        invocation_id = raw  # str(req.invocation_id), cheaper
+    else:
+        invocation_id = str(req.invocation_id) if req.invocation_id else invocation_uuid(event.id)
+    attribute = event.invocationid
+    if (
+        attribute is not None
+        and attribute != invocation_id
+        and invocation_uuid(attribute) != invocation_id
+    ):
         return None  # as policy: the attribute and the body disagree
     opts = req.execution_options
     return _fact(

@@ -1,128 +1,155 @@
-"""The live status projection against its frozen oracle (tests/support/projection_reference.py).
+"""The status projection against a golden fixture (tests/golden/status_fold.json).
 
-Same events in, same results out: the same fact (or the same ``None``, or the same
-error), the same timeline detail, and the same row after every step of a fold, for
-lifecycles in order, shuffled, repeated, of two tenants, and for events whose ``data``
-is damaged one member at a time (wrong type, missing, extra, out of range, odd text and
-datetimes). Compared strictly: ``1`` is not ``1.0`` and the datetimes' offsets count.
+The fixture holds event sequences and what folding them gave: for every event the fact
+(or ``None``, or the error raised) with its timeline detail, and the row after it. The
+sequences cover each lifecycle in order, shuffled with repeats, two tenants on one
+invocation, events on rows as the store loads them, odd CloudEvent attributes and
+invocation ids, and events whose ``data`` is damaged one member at a time (wrong type,
+missing, extra, out of range, odd text and datetimes). Compared strictly: ``1`` is not
+``1.0`` and the datetimes' offsets count.
+
+The fixture was written by the projection as it was before its fast path (3669a25); it
+changes only when the projection is meant to behave differently. Regenerate it with::
+
+    python -m tests.unit.test_status_projection_golden --write
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import enum
-import hashlib
+import json
 import math
-import uuid
-from collections.abc import Iterator, Sequence
+import random
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from types import ModuleType
+from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from pydantic import BaseModel
 
-from tests.support import projection_reference as reference
 from tests.support.lifecycle import T0, Lifecycle
-from toolfleet.errors import ErrorCode, ErrorInfo
+from toolfleet.errors import ErrorCode, ErrorInfo, InvalidEvent
 from toolfleet.events import codec
 from toolfleet.events.envelope import Envelope
 from toolfleet.events.models import (
-    AgentContext,
-    ApprovalDecision,
-    ApprovalRequested,
     Attachment,
-    CancelRequested,
-    CheckpointConfig,
-    CheckpointCreated,
     CheckpointRef,
     DocumentAccess,
     DocumentContext,
     DocumentRef,
     ExecutionMetadata,
-    ExecutionOptions,
     InvocationStatus,
-    InvokeAuthorized,
-    InvokeExecuted,
-    InvokeRequested,
     ResourceLimits,
     ResultBlob,
-    ToolInvoked,
-    ToolOutcome,
 )
-from toolfleet.status import projection as live
+from toolfleet.status import projection
 
 pytestmark = pytest.mark.unit
 
+FIXTURE = Path(__file__).resolve().parent.parent / "golden" / "status_fold.json"
 NOW = datetime(2030, 1, 1, tzinfo=UTC)
 S = InvocationStatus
-MODULES = (reference, live)
+INVOCATION = "7d9f3c2e-5b1a-4e8f-9c6d-2a4b8e1f0c3d"
+OTHER_INVOCATION = "1c2d3e4f-5a6b-4c7d-8e9f-0a1b2c3d4e5f"
+TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
 
-# --- strict comparison ---------------------------------------------------------------
+# --- strict, portable comparison -------------------------------------------------------
 
 
 def strict(value: Any) -> Any:
-    """``value`` as nested tuples that keep every type (and dict order) visible."""
+    """``value`` in JSON that keeps every type (and dict order) visible.
+
+    A dataclass shows only its fields that differ from their defaults.
+    """
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return (
-            type(value).__name__,
-            tuple((f.name, strict(getattr(value, f.name))) for f in dataclasses.fields(value)),
-        )
+        shown = {}
+        for f in dataclasses.fields(value):
+            item, default = getattr(value, f.name), f.default
+            if default is dataclasses.MISSING or type(item) is not type(default) or item != default:
+                shown[f.name] = strict(item)
+        return {type(value).__name__: shown}
     if isinstance(value, dict):
-        return ("dict", tuple((strict(k), strict(v)) for k, v in value.items()))
-    if isinstance(value, list | tuple):
-        return (type(value).__name__, tuple(strict(v) for v in value))
+        return {"dict": [[strict(k), strict(v)] for k, v in value.items()]}
+    if isinstance(value, tuple):
+        return {"tuple": [strict(v) for v in value]}
+    if isinstance(value, list):
+        return [strict(v) for v in value]
     if isinstance(value, datetime):
         tz = value.tzinfo
-        return ("datetime", value.isoformat(), type(tz).__name__, tz.utcoffset(value) if tz else 0)
+        return {"datetime": [value.isoformat(), type(tz).__name__]}
     if isinstance(value, enum.Enum):
-        return (type(value).__name__, value.value)
+        return {type(value).__name__: value.value}
     if isinstance(value, float) and math.isnan(value):
-        return ("float", "nan")
-    return (type(value).__name__, value)
+        return {"float": "nan"}
+    if value is None or type(value) in (str, int, float, bool):
+        return value  # JSON keeps these apart (``1`` and ``1.0`` too)
+    return {type(value).__name__: repr(value)}
 
 
-def outcome(module: ModuleType, event: Envelope) -> tuple[Any, Any]:
-    """What ``fact_of`` makes of ``event``: (strict fact or error, the fact itself)."""
+def _fact_outcome(event: Envelope) -> tuple[Any, projection.Fact | None]:
     try:
-        fact = module.fact_of(event, now=NOW)
+        fact = projection.fact_of(event, now=NOW)
     except Exception as exc:
         details = getattr(exc, "details", None)
-        return ("raised", type(exc).__name__, str(exc), strict(details)), None
+        return ["raised", type(exc).__name__, str(exc), strict(details)], None
     if fact is None:
         return None, None
-    return (strict(fact), strict(fact.timeline_detail())), fact
+    return [strict(fact), strict(fact.timeline_detail())], fact
 
 
-def assert_same_fact(event: Envelope) -> tuple[Any, Any]:
-    (ref, ref_fact), (got, got_fact) = (outcome(m, event) for m in MODULES)
-    assert got == ref, event
-    return ref_fact, got_fact
+def fold(case: dict[str, Any]) -> list[Any]:
+    """Each step of folding ``case``'s events: the fact outcome, and the row after it.
 
-
-def assert_same_folds(events: Sequence[Envelope], start: Sequence[Envelope] = ()) -> None:
-    """Fold ``start`` then ``events`` with both modules; equal rows after every step."""
-    rows: list[Any] = [None, None]
-    for i, module in enumerate(MODULES):
-        for event in start:
-            fact = module.fact_of(event, now=NOW)
-            if fact is not None:
-                rows[i] = module.apply(rows[i], fact)
-    for event in events:
-        ref_fact, got_fact = assert_same_fact(event)
-        if ref_fact is None:
+    ``"same"`` stands for the row handed in, returned untouched (another tenant's event).
+    """
+    row = _stored_row(case["row"]) if case.get("row") is not None else None
+    steps: list[Any] = []
+    for raw in case["events"]:
+        outcome, fact = _fact_outcome(event_of(raw))
+        if fact is None:
+            steps.append([outcome])
             continue
-        before = list(rows)
-        rows = [m.apply(r, f) for m, r, f in zip(MODULES, rows, (ref_fact, got_fact), strict=True)]
-        assert strict(rows[1]) == strict(rows[0]), event
-        # "the row itself" for another tenant's event: same identity answer in both
-        assert (rows[0] is before[0]) == (rows[1] is before[1]) or rows[0] is None
+        before, row = row, projection.apply(row, fact)
+        steps.append([outcome, "same" if row is before and row is not None else strict(row)])
+    return steps
 
 
-# --- events ------------------------------------------------------------------------------
+def _portable(value: Any) -> Any:
+    """``value`` as the fixture's JSON reads back (NaN and infinities kept)."""
+    return json.loads(json.dumps(value))
+
+
+# --- events as the fixture holds them -------------------------------------------------
+
+
+def raw_of(event: Envelope) -> dict[str, Any]:
+    return {"attributes": event.model_dump(mode="json", exclude={"data"}), "data": event.data}
+
+
+def event_of(raw: dict[str, Any]) -> Envelope:
+    return Envelope.model_validate({**raw["attributes"], "data": raw["data"]})
+
+
+def _stored_row(changes: dict[str, Any]) -> projection.InvocationRow:
+    """A row as the store builds it from Postgres (``timezone.utc`` datetimes)."""
+    values: dict[str, Any] = {"tenant_id": "t_acme", "tool_id": "core__echo", **changes}
+    for name in ("created_at", "started_at"):
+        values[name] = datetime.fromisoformat(values.get(name) or T0.isoformat())
+    if "status" in values:
+        values["status"] = InvocationStatus(values["status"])
+    if "warnings" in values:
+        values["warnings"] = tuple(values["warnings"])
+    if values.get("latest_checkpoint") is not None:
+        values["latest_checkpoint"] = projection.Checkpoint.from_json(values["latest_checkpoint"])
+    return projection.InvocationRow(**values)
+
+
+# --- the sequences ------------------------------------------------------------------------
 
 
 def _wire(event: Envelope) -> Envelope:
@@ -134,7 +161,7 @@ def _with_data(event: Envelope, **changes: Any) -> Envelope:
     return event.model_copy(update={"data": {**event.data, **changes}})
 
 
-def _metadata_rich(lc: Lifecycle) -> ExecutionMetadata:
+def _metadata_rich() -> ExecutionMetadata:
     return ExecutionMetadata(
         duration_ms=1234,
         started_at=T0 + timedelta(seconds=2, microseconds=120_000),
@@ -153,9 +180,6 @@ def _metadata_rich(lc: Lifecycle) -> ExecutionMetadata:
 def rich_events(lc: Lifecycle) -> list[Envelope]:
     """Every event type, with the optional members filled where they exist."""
     documents = [DocumentAccess(document_id="doc-1", version="3", access="read")]
-    authorized = lc.authorized(at=1)
-    executed = lc.executed(at=5)
-    outcome_ = lc.outcome(S.ERROR, code=ErrorCode.TIMEOUT, at=6)
     error = ErrorInfo(
         code=ErrorCode.TIMEOUT,
         message="slow",
@@ -172,7 +196,7 @@ def rich_events(lc: Lifecycle) -> list[Envelope]:
             connection_id="conn-1",
         ),
         _with_data(
-            authorized,
+            lc.authorized(at=1),
             connection_id="conn-1",
             resource_limits=ResourceLimits(timeout_seconds=10).model_dump(mode="json"),
             document_context=DocumentContext(
@@ -182,18 +206,18 @@ def rich_events(lc: Lifecycle) -> list[Envelope]:
             grant="g.r.ant",
         ),
         _with_data(
-            executed,
+            lc.executed(at=5),
             result={},
             result_blob=ResultBlob(blob_id="b1", bytes=10).model_dump(mode="json"),
-            execution_metadata=_metadata_rich(lc).model_dump(mode="json"),
+            execution_metadata=_metadata_rich().model_dump(mode="json"),
             documents_accessed=[d.model_dump(mode="json") for d in documents],
             warnings=["w"],
             checkpoint_ref="cp-1",
         ),
         _with_data(
-            outcome_,
+            lc.outcome(S.ERROR, code=ErrorCode.TIMEOUT, at=6),
             error=error,
-            execution_metadata=_metadata_rich(lc).model_dump(mode="json"),
+            execution_metadata=_metadata_rich().model_dump(mode="json"),
             documents_accessed=[d.model_dump(mode="json") for d in documents],
         ),
         lc.outcome(S.SUCCESS, at=7),
@@ -201,11 +225,7 @@ def rich_events(lc: Lifecycle) -> list[Envelope]:
         lc.checkpoint(0, "start", at=3),
         lc.checkpoint(100, "end", at=4.5),
         _with_data(lc.invoked(at=3, attempt=2), resumed_from_checkpoint_id="cp-1"),
-        _with_data(
-            lc.approval(granted=False, at=2),
-            parameters_hash="a" * 64,
-            signature="sig",
-        ),
+        _with_data(lc.approval(granted=False, at=2), parameters_hash="a" * 64, signature="sig"),
         _with_data(lc.cancel_requested(at=4), signature="sig"),
     ]
 
@@ -227,25 +247,28 @@ def plain_events(lc: Lifecycle) -> list[Envelope]:
     ]
 
 
-def _lifecycles() -> list[list[Envelope]]:
-    out = []
-    for events in (
-        plain_events(Lifecycle()),
-        rich_events(Lifecycle(parameters={"q": "x", "password": "p", "n": [1, {"a": 2}]})),
-        plain_events(Lifecycle(parameters={})),
+def _lifecycle(**changes: Any) -> Lifecycle:
+    return Lifecycle(invocation_id=INVOCATION, traceparent=TRACEPARENT, **changes)
+
+
+def _numbered(events: list[Envelope], prefix: str) -> list[Envelope]:
+    """Fixed event ids, so the fixture comes out the same every time."""
+    return [e.model_copy(update={"id": f"{prefix}-{i}"}) for i, e in enumerate(events)]
+
+
+def lifecycles() -> dict[str, list[Envelope]]:
+    out = {}
+    for name, events in (
+        ("plain", plain_events(_lifecycle())),
+        ("rich", rich_events(_lifecycle(parameters={"q": "x", "password": "p", "n": [1, {}]}))),
+        ("no-parameters", plain_events(_lifecycle(parameters={}))),
     ):
-        out.append(events)
-        out.append([_wire(e) for e in events])
+        # As the worker decodes them (the fixture holds them as JSON anyway).
+        out[name] = [_wire(e) for e in _numbered(events, name)]
     return out
 
 
-LIFECYCLES = _lifecycles()
-POOL = [event for events in LIFECYCLES for event in events]
-
-
-# --- damaged data ------------------------------------------------------------------------
-
-UUID_TEXT = str(uuid.uuid4())
+UUID_TEXT = "0f8e7d6c-5b4a-4392-8a1b-0c9d8e7f6a5b"
 ODD_VALUES: list[Any] = [
     None,
     "",
@@ -332,52 +355,27 @@ def _damaged(data: Any, path: tuple[Any, ...], how: str, odd: Any) -> Any:
             return {**data, "unexpected": odd}
         return odd
     head, rest = path[0], path[1:]
-    if isinstance(data, dict):
-        copy = dict(data)
-        if not rest and how == "drop":
-            del copy[head]
-        else:
-            copy[head] = _damaged(data[head], rest, how, odd)
-        return copy
-    copy_list = list(data)
+    copy = dict(data) if isinstance(data, dict) else list(data)
     if not rest and how == "drop":
-        del copy_list[head]
+        del copy[head]
     else:
-        copy_list[head] = _damaged(data[head], rest, how, odd)
-    return copy_list
+        copy[head] = _damaged(data[head], rest, how, odd)
+    return copy
 
 
-@st.composite
-def damaged_events(draw: st.DrawFn) -> Envelope:
-    event = draw(st.sampled_from(POOL))
-    path = draw(st.sampled_from(list(_paths(event.data))))
-    how = draw(st.sampled_from(["replace", "drop", "extra"]))
-    odd = draw(st.sampled_from(ODD_VALUES))
-    if how == "drop" and not path:
-        how = "replace"
-    return event.model_copy(update={"data": _damaged(event.data, path, how, odd)})
-
-
-@given(damaged_events())
-@settings(max_examples=1000, suppress_health_check=[HealthCheck.too_slow])
-def test_damaged_data_gives_the_same_fact_or_error(event: Envelope) -> None:
-    assert_same_folds([event])
-    assert_same_folds([event], start=LIFECYCLES[0][:2])
-
-
-def test_every_member_replaced_by_every_odd_value() -> None:
-    """The exhaustive version of the property above, on the rich lifecycle."""
-    for event in LIFECYCLES[3]:
+def _damaged_cases(events: list[Envelope], rng: random.Random) -> Iterator[list[Envelope]]:
+    """Every member of every event dropped, and replaced or joined by a few odd values."""
+    for event in events:
         for path in _paths(event.data):
-            for how in ("replace", "drop", "extra"):
-                for odd in ODD_VALUES if how != "drop" else [None]:
-                    if how == "drop" and not path:
-                        continue
-                    data = _damaged(event.data, path, how, odd)
-                    assert_same_fact(event.model_copy(update={"data": data}))
+            changes = []  # ``data`` itself is always an object: only joined by more
+            if path:
+                changes += [("drop", None)]
+                changes += [("replace", odd) for odd in rng.sample(ODD_VALUES, 3)]
+            changes += [("extra", odd) for odd in rng.sample(ODD_VALUES, 1)]
+            for how, odd in changes:
+                data = _damaged(event.data, path, how, odd)
+                yield [event.model_copy(update={"data": data})]
 
-
-# --- attributes --------------------------------------------------------------------------
 
 ATTRIBUTE_CHANGES: list[dict[str, Any]] = [
     {"time": None},
@@ -385,7 +383,7 @@ ATTRIBUTE_CHANGES: list[dict[str, Any]] = [
     {"tenantid": "t_other"},
     {"tenantid": ""},
     {"invocationid": None},
-    {"invocationid": str(uuid.uuid4())},
+    {"invocationid": OTHER_INVOCATION},
     {"invocationid": "not-a-uuid"},
     {"traceparent": None},
     {"traceparent": "garbage"},
@@ -399,196 +397,139 @@ ATTRIBUTE_CHANGES: list[dict[str, Any]] = [
     {"type": "something.else"},
 ]
 
-
-@pytest.mark.parametrize("change", ATTRIBUTE_CHANGES, ids=lambda c: repr(c)[:40])
-def test_attributes_give_the_same_fact(change: dict[str, Any]) -> None:
-    for event in POOL:
-        assert_same_fact(event.model_copy(update=change))
-
-
-def test_invocation_ids_in_any_spelling() -> None:
-    lc = Lifecycle()
-    for event in plain_events(lc):
-        for raw in (
-            lc.invocation_id.upper(),
-            lc.invocation_id.replace("-", ""),
-            "inv-not-a-uuid",
-            "",
-            None,
-            7,
-            "x" * 600,
-        ):
-            assert_same_fact(_with_data(event, invocation_id=raw))
-            assert_same_fact(event.model_copy(update={"invocationid": raw, "data": {}}))
-
-
-# --- folds -------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("index", range(len(LIFECYCLES)))
-def test_lifecycles_in_order(index: int) -> None:
-    assert_same_folds(LIFECYCLES[index])
-
-
-@st.composite
-def shuffled(draw: st.DrawFn) -> list[Envelope]:
-    events = draw(st.sampled_from(LIFECYCLES))
-    order = list(draw(st.permutations(events)))
-    for event in draw(st.lists(st.sampled_from(events), max_size=5)):
-        order.insert(draw(st.integers(0, len(order))), event)
-    return order
-
-
-@given(shuffled())
-@settings(max_examples=200)
-def test_shuffled_and_repeated_lifecycles(events: list[Envelope]) -> None:
-    assert_same_folds(events)
-
-
-@given(st.permutations(plain_events(Lifecycle()) + plain_events(Lifecycle(tenant="t_evil"))))
-@settings(max_examples=200)
-def test_two_tenants_on_one_invocation(events: list[Envelope]) -> None:
-    invocation = events[0].invocationid
-    same = [
-        e.model_copy(
-            update={"invocationid": invocation, "data": {**e.data, "invocation_id": invocation}}
-        )
-        for e in events
-    ]
-    assert_same_folds(same)
-
-
-def _store_row(module: ModuleType, invocation_id: str, **changes: Any) -> Any:
-    """A row as the store builds it from Postgres (``timezone.utc`` datetimes)."""
-    base = module.InvocationRow(
-        invocation_id=invocation_id,
-        tenant_id="t_acme",
-        tool_id="core__echo",
-        created_at=T0,
-    )
-    return dataclasses.replace(base, **changes)
-
-
 ROW_CHANGES: list[dict[str, Any]] = [
     {},
-    {"status": S.RUNNING, "current_phase": "fetching", "progress_percent": 30.0},
-    {"status": S.PENDING_APPROVAL, "current_phase": "awaiting_approval", "agent_did": "a"},
-    {"status": S.SUCCESS, "current_phase": "completed", "progress_percent": 100.0},
+    {"status": "running", "current_phase": "fetching", "progress_percent": 30.0},
+    {"status": "pending_approval", "current_phase": "awaiting_approval", "agent_did": "a"},
+    {"status": "success", "current_phase": "completed", "progress_percent": 100.0},
     {"current_phase": "cancel_requested", "trace_id": "t", "parameters": {}},
-    {"created_at": T0 + timedelta(days=1), "started_at": T0 + timedelta(days=1)},
-    {"warnings": ("old",), "priority": "low", "idempotency_key": "k"},
+    {
+        "created_at": (T0 + timedelta(days=1)).isoformat(),
+        "started_at": (T0 + timedelta(days=1)).isoformat(),
+    },
+    {"warnings": ["old"], "priority": "low", "idempotency_key": "k"},
+    {
+        "latest_checkpoint": {
+            "checkpoint_id": "cp-50",
+            "progress_percent": 50,
+            "current_phase": "",
+            "timestamp": "2025-01-01T12:00:03+00:00",
+        },
+        "progress_percent": 50.0,
+        "current_phase": "running",
+    },
 ]
 
 
-@pytest.mark.parametrize("changes", ROW_CHANGES, ids=lambda c: ",".join(c) or "fresh")
-def test_events_on_stored_rows(changes: dict[str, Any]) -> None:
-    for event in POOL:
-        facts = [m.fact_of(event, now=NOW) for m in MODULES]
-        if facts[0] is None:
-            continue
-        rows = [_store_row(m, facts[0].invocation_id, **changes) for m in MODULES]
-        applied = [m.apply(r, f) for m, r, f in zip(MODULES, rows, facts, strict=True)]
-        assert strict(applied[1]) == strict(applied[0]), event
+def _case(family: str, events: list[Envelope], row: dict[str, Any] | None = None) -> Any:
+    return {"family": family, "row": row, "events": [raw_of(e) for e in events]}
 
 
-def test_checkpoint_rows_keep_checkpoints_from_the_store() -> None:
-    lc = Lifecycle()
-    for module_pair in [MODULES]:
-        stored = [
-            _store_row(
-                m,
-                lc.invocation_id,
-                latest_checkpoint=m.Checkpoint.from_json(
-                    {
-                        "checkpoint_id": "cp-50",
-                        "progress_percent": 50,
-                        "current_phase": "",
-                        "timestamp": "2025-01-01T12:00:03+00:00",
-                    }
-                ),
-                progress_percent=50.0,
-                current_phase="running",
-            )
-            for m in module_pair
-        ]
-        for event in (lc.checkpoint(50, "x", at=3), lc.checkpoint(40, "y"), lc.checkpoint(60)):
-            out = []
-            for module, row in zip(module_pair, stored, strict=True):
-                fact = module.fact_of(event, now=NOW)
-                out.append(module.apply(row, fact))
-            assert strict(out[1]) == strict(out[0])
+def cases() -> list[dict[str, Any]]:
+    """Every sequence of the fixture, in a fixed order."""
+    rng = random.Random(20250101)
+    lcs = lifecycles()
+    pool = lcs["plain"] + lcs["rich"]
+    out = [_case(f"in-order:{name}", events) for name, events in lcs.items()]
+    for name, events in lcs.items():
+        for _ in range(6):
+            order = rng.sample(events, len(events))
+            for event in rng.choices(events, k=rng.randint(0, 5)):
+                order.insert(rng.randint(0, len(order)), event)
+            out.append(_case(f"shuffled:{name}", order))
+    evil = _numbered(plain_events(_lifecycle(tenant="t_evil")), "evil")
+    for _ in range(6):
+        out.append(_case("two-tenants", rng.sample(lcs["plain"] + evil, 2 * len(evil))))
+    for row in ROW_CHANGES:
+        row = {"invocation_id": INVOCATION, **row}
+        out += [_case(f"stored-row:{','.join(row)}", [e]) for e in lcs["plain"]]
+        out += [_case(f"stored-row:{','.join(row)}", [e]) for e in lcs["rich"]]
+    for change in ATTRIBUTE_CHANGES:
+        out += [_case(f"attribute:{change}", [e.model_copy(update=change)]) for e in pool]
+    for event in lcs["plain"]:
+        for raw in (INVOCATION.upper(), INVOCATION.replace("-", ""), "inv-x", "", None, 7):
+            out.append(_case("invocation-id", [_with_data(event, invocation_id=raw)]))
+            if not isinstance(raw, int):  # the attribute is a string or absent
+                bare = event.model_copy(update={"invocationid": raw, "data": {}})
+                out.append(_case("invocation-id", [bare]))
+    for events in _damaged_cases(lcs["rich"], rng):
+        out.append(_case("damaged:rich", events))
+    for events in _damaged_cases(lcs["plain"][2:3], rng):  # approval_requested
+        out.append(_case("damaged:plain", events))
+    return out
 
 
-# --- the models the fast reader describes --------------------------------------------
+def _fixture() -> list[dict[str, Any]]:
+    loaded: list[dict[str, Any]] = json.loads(FIXTURE.read_text())["cases"]
+    return loaded
 
-READ_MODELS = (
-    AgentContext,
-    ApprovalDecision,
-    ApprovalRequested,
-    Attachment,
-    CancelRequested,
-    CheckpointConfig,
-    CheckpointCreated,
-    CheckpointRef,
-    DocumentAccess,
-    DocumentContext,
-    DocumentRef,
-    ErrorInfo,
-    ExecutionMetadata,
-    ExecutionOptions,
-    InvokeAuthorized,
-    InvokeExecuted,
-    InvokeRequested,
-    ResourceLimits,
-    ResultBlob,
-    ToolInvoked,
-    ToolOutcome,
+
+FAMILIES = (
+    "in-order",
+    "shuffled",
+    "two-tenants",
+    "stored-row",
+    "attribute",
+    "invocation-id",
+    "damaged",
 )
 
 
-FINGERPRINTS = {
-    "AgentContext": "08e6b9d1fdc7",
-    "ApprovalDecision": "6a55b8ccf1e1",
-    "ApprovalRequested": "e2a88045fb74",
-    "Attachment": "769c684186ec",
-    "CancelRequested": "1cb8eeb22955",
-    "CheckpointConfig": "3a48cf024f22",
-    "CheckpointCreated": "a2ce96b6b85f",
-    "CheckpointRef": "c51337431b3e",
-    "DocumentAccess": "c24903f9219b",
-    "DocumentContext": "1ef62f4fe7cf",
-    "DocumentRef": "018afc66f20d",
-    "ErrorInfo": "ed180438f4e4",
-    "ExecutionMetadata": "c354346fc9f4",
-    "ExecutionOptions": "99ef77ae9925",
-    "InvokeAuthorized": "42ec7271e77a",
-    "InvokeExecuted": "e36b6ed5ba48",
-    "InvokeRequested": "31cdf593b9a3",
-    "ResourceLimits": "6ede3388013f",
-    "ResultBlob": "2298e3915883",
-    "ToolInvoked": "1a0836105bdf",
-    "ToolOutcome": "6bd2a8a72242",
-}
+# --- tests --------------------------------------------------------------------------------
 
 
-def _fingerprint(model: type[BaseModel]) -> str:
-    decorators = model.__pydantic_decorators__
-    text = "\n".join(
-        [
-            repr(model.model_config.get("extra")),
-            *(f"{name}: {info!r}" for name, info in model.model_fields.items()),
-            *sorted(decorators.field_validators),
-            *sorted(decorators.model_validators),
-        ]
-    )
-    return hashlib.sha256(text.encode()).hexdigest()[:12]
+@pytest.mark.parametrize("family", FAMILIES)
+def test_folds_give_the_golden_facts_and_rows(family: str) -> None:
+    chosen = [c for c in _fixture() if c["family"].partition(":")[0] == family]
+    assert chosen
+    for index, case in enumerate(chosen):
+        assert _portable(fold(case)) == case["steps"], (index, case["family"])
 
 
-def test_the_fast_reader_knows_every_model_it_reads() -> None:
-    """A changed event model needs its fast reader in projection.py changed too.
+def test_the_fixture_holds_the_sequences_this_module_builds() -> None:
+    """The fixture's inputs are ``cases()``: a changed builder needs a regenerated fixture."""
+    built = _portable(cases())
+    stored = [{k: v for k, v in case.items() if k != "steps"} for case in _fixture()]
+    assert len(built) == len(stored)
+    assert built == stored
 
-    The fast reader checks each member by hand (type, bounds, pattern, strict or not):
-    once it matches the model again, and the damaged-data tests above pass, update the
-    fingerprint here.
-    """
-    assert {m.__name__: _fingerprint(m) for m in READ_MODELS} == FINGERPRINTS
+
+@st.composite
+def damaged_events(draw: st.DrawFn) -> Envelope:
+    event = draw(st.sampled_from([e for es in lifecycles().values() for e in es]))
+    path = draw(st.sampled_from(list(_paths(event.data))))
+    how = draw(st.sampled_from(["replace", "drop", "extra"] if path else ["extra"]))
+    odd = draw(st.sampled_from(ODD_VALUES))
+    return event.model_copy(update={"data": _damaged(event.data, path, how, odd)})
+
+
+@given(damaged_events())
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+def test_damaged_data_gives_a_fact_none_or_invalid_event(event: Envelope) -> None:
+    try:
+        fact = projection.fact_of(event, now=NOW)
+    except InvalidEvent:
+        return
+    except UnicodeEncodeError:
+        # Known and left as it was (identity.py): ``invocation_uuid`` cannot hash a lone
+        # surrogate; the bus runtime dead-letters such an event.
+        assert event.data.get("invocation_id") == "\ud800"
+        return
+    if fact is not None:
+        row = projection.apply(None, fact)
+        assert row is None or row.invocation_id == fact.invocation_id
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--write", action="store_true", help="rewrite the fixture")
+    args = parser.parse_args()
+    built = [{**case, "steps": _portable(fold(case))} for case in _portable(cases())]
+    text = json.dumps({"cases": built}, indent=None, separators=(",", ":")) + "\n"
+    if args.write:
+        FIXTURE.write_text(text.replace('{"family"', '\n{"family"'))
+    print(f"{len(built)} sequences, {len(text) // 1024} KiB")
+
+
+if __name__ == "__main__":
+    main()

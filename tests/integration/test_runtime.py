@@ -61,16 +61,7 @@ async def test_forwards_dedupes_and_dead_letters(settings: FleetSettings) -> Non
 
     async def handler(event: Inbound) -> Sequence[Outbound]:
         seen.append(event.envelope.id)
-        out = new_event(
-            event_type=EventType.INVOKE_AUTHORIZED,
-            source=Source.POLICY,
-            data={"echo": event.envelope.data},
-            tenant_id=event.envelope.tenantid or "",
-            invocation_id=event.envelope.invocationid,
-            event_id=derived_event_id(event.envelope, EventType.INVOKE_AUTHORIZED),
-            parent=event.envelope,
-        )
-        return [Outbound(envelope=out, topic=topic(prefix, TopicName.AUTHORIZED))]
+        return [_authorized_of(event, prefix)]
 
     group = f"g-{uuid.uuid4().hex[:6]}"
     runtime = EventConsumer(

@@ -546,16 +546,7 @@ class EventConsumer:
         except Exception as exc:
             outcome = "dlq"
             log.exception("giving up on event", extra={"event_type": event_type})
-            info = (
-                exc.to_error_info()
-                if isinstance(exc, ToolfleetError)
-                else ErrorInfo(
-                    code=ErrorCode.INTERNAL_ERROR,
-                    message=f"handler failed: {type(exc).__name__}",
-                    retryable=True,
-                )
-            )
-            await self._dead_letter(record, headers, info, traceparent)
+            await self._dead_letter(record, headers, _failure_info(exc), traceparent)
         finally:
             if outcome != "abandoned":
                 self._tracker.finished(part, record.offset)
@@ -737,17 +728,8 @@ class EventConsumer:
                 if self._stopping.is_set():
                     raise asyncio.CancelledError from exc
                 log.exception("giving up on event", extra={"event_type": envelope.type})
-                info = (
-                    exc.to_error_info()
-                    if isinstance(exc, ToolfleetError)
-                    else ErrorInfo(
-                        code=ErrorCode.INTERNAL_ERROR,
-                        message=f"handler failed: {type(exc).__name__}",
-                        retryable=True,
-                    )
-                )
                 await self._dead_letter(
-                    item.record, list(item.record.headers), info, envelope.traceparent
+                    item.record, list(item.record.headers), _failure_info(exc), envelope.traceparent
                 )
                 finish(item.record, envelope.type, "dlq")
                 continue
@@ -905,6 +887,18 @@ async def _unread(consumer: AIOKafkaConsumer, *, timeout_s: float = 2.0) -> bool
         return await asyncio.wait_for(look(), timeout_s)
     except (TimeoutError, KafkaError, AssertionError):  # AssertionError: unassigned now
         return True
+
+
+def _failure_info(exc: Exception) -> ErrorInfo:
+    """What a DLQ record says of a handler's failure: its typed error, else only the
+    exception's type (its message may carry data)."""
+    if isinstance(exc, ToolfleetError):
+        return exc.to_error_info()
+    return ErrorInfo(
+        code=ErrorCode.INTERNAL_ERROR,
+        message=f"handler failed: {type(exc).__name__}",
+        retryable=True,
+    )
 
 
 def _header_traceparent(headers: Sequence[tuple[str, bytes]]) -> str | None:

@@ -16,6 +16,7 @@ import glob
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -274,12 +275,21 @@ class Disruption:
 
 def stalled_in_group_join(procs: ProcessFleet) -> bool:
     """After :meth:`ProcessFleet.dump_tasks`: every live executor logged a task still
-    waiting in aiokafka's group join, that is, on the broker's coordinator."""
+    trying to join its group, that is, waiting on the broker's coordinator: inside a
+    join (``perform_group_join``: JoinGroup or SyncGroup unanswered) or in aiokafka's
+    pause between two attempts (``_do_rejoin_group`` asleep). Such an executor holds no
+    partition, so none of the fleet's own code is on its path."""
     live = [i for i, p in enumerate(procs.procs["executor"]) if p.poll() is None]
     return bool(live) and all(
-        "perform_group_join" in (procs.log_dir / f"executor-{i}.log").read_text(errors="replace")
-        for i in live
+        _joining((procs.log_dir / f"executor-{i}.log").read_text(errors="replace")) for i in live
     )
+
+
+_BETWEEN_JOINS = re.compile(r"_do_rejoin_group:\d+ -> sleep:")
+
+
+def _joining(log: str) -> bool:
+    return "perform_group_join" in log or _BETWEEN_JOINS.search(log) is not None
 
 
 async def bounce_executors(

@@ -81,6 +81,8 @@ class BenchConfig:
     """Run the Celery peer (``celery_peer.py``) after the fleet."""
     short_idles: int = 3
     """Calls after 3-second pauses, after the first call after the idle phase."""
+    fleet_env: dict[str, str] = dataclasses.field(default_factory=dict)
+    """Extra ``TOOLFLEET_*`` settings of the fleet's workers (``--fleet-env KEY=VALUE``)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -445,6 +447,7 @@ async def run_fleet(bootstrap: str, cfg: BenchConfig, work: Path) -> RunResult:
             "JWT_PRIVATE_KEY_FILE": str(private),
             "POLICY_FILE": str(policy),
             "LOG_LEVEL": "WARNING",
+            **cfg.fleet_env,
         }
         settings = FleetSettings.model_validate({k.lower(): v for k, v in env_values.items()})
         await bootstrap_fleet(settings)  # migrate, topics, register tools
@@ -692,6 +695,14 @@ async def bench(cfg: BenchConfig, *, baseline_only: bool) -> dict[str, Any]:
     }
 
 
+def _setting(item: str, parser: argparse.ArgumentParser) -> tuple[str, str]:
+    key, sep, value = item.partition("=")
+    key = key.strip().upper().removeprefix("TOOLFLEET_")
+    if not sep or not key:
+        parser.error(f"--fleet-env takes KEY=VALUE, not {item!r}")
+    return key, value
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--relay"]:
@@ -713,6 +724,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--short-idles", type=int, default=3, help="calls after 3 s pauses")
     parser.add_argument("--baseline-only", action="store_true", help="skip the fleet run")
     parser.add_argument("--no-save", action="store_true", help="do not write bench/results")
+    parser.add_argument(
+        "--fleet-env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a fleet setting without its TOOLFLEET_ prefix (repeatable), e.g. IDLE_AFTER_MS=50",
+    )
     args = parser.parse_args(argv)
     if not 1 <= args.n <= MAX_N or not 1 <= args.tenants <= 10_000 or args.concurrency < 1:
         parser.error(f"--n must be 1..{MAX_N}, --tenants 1..10000, --concurrency >= 1")
@@ -729,6 +747,7 @@ def main(argv: list[str] | None = None) -> int:
         idle_s=args.idle_s,
         celery=not args.no_celery,
         short_idles=args.short_idles,
+        fleet_env=dict(_setting(item, parser) for item in args.fleet_env),
     )
     report = asyncio.run(bench(cfg, baseline_only=args.baseline_only))
     if not args.no_save:

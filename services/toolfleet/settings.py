@@ -41,13 +41,17 @@ class FleetSettings(BaseSettings):
     observer_fetch_max_wait_ms: int = Field(default=50, ge=0)
     """``fetch_max_wait_ms`` of audit and status, which are off the outcome's critical path:
     a little lag there saves the CPU of polling six topics every few milliseconds."""
-    idle_after_ms: int = Field(default=1000, ge=0)
-    """A consumer that fetched nothing for this long rests: partitions paused, end offsets
-    checked every ``TOOLFLEET_IDLE_FETCH_INTERVAL_MS``, woken at once by the fleet's
-    traffic announcements (Redis pub/sub). 0: never rest."""
+    fetch_doorbell: bool = True
+    """Fetch on demand: producers ring a topic (Redis pub/sub) once a send to it is
+    acknowledged, and a consumer that has caught up rests (partitions paused, no fetch
+    requests) until a topic it reads rings. Off: every consumer fetches every
+    ``fetch_max_wait_ms`` and never rests; with a Kafka that long-polls, raise
+    ``TOOLFLEET_FETCH_MAX_WAIT_MS`` (500) to match."""
+    idle_after_ms: int = Field(default=0, ge=0)
+    """With the doorbell: how long a consumer stays caught up before it rests (0: at once)."""
     idle_fetch_interval_ms: int = Field(default=500, ge=10)
-    """How often a resting consumer looks for records nobody announced (the most a lost
-    announcement adds to a call's latency)."""
+    """How often a resting consumer looks for records nobody rang (the most a lost ring,
+    or a producer that does not ring, adds to a hop's latency)."""
     linger_ms: int = Field(default=0, ge=0)
     """Producer batching delay, added to every hop (0 by default)."""
     enable_idempotence: bool = False

@@ -1,13 +1,14 @@
-"""An idle fleet rests, and the first call after the quiet spell wakes it at once.
+"""Consumers rest once caught up, and the rings of acknowledged sends wake each hop.
 
-The first fleet below looks for unannounced records only once a minute: a call that
-completes in seconds after every consumer went to rest was woken by the traffic
-announcement. The second hears no announcement of the request (a foreign producer) and
+The first fleet below looks for records nobody rang only once a minute: a call that
+completes in seconds while every consumer (and the client's watcher) rests between hops
+was woken by rings. The second hears no ring of the request (a foreign producer) and
 finds it by its end offsets.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -18,10 +19,12 @@ from prometheus_client import REGISTRY
 
 from tests.support.eventually import eventually
 from tests.support.pipeline import Fleet, fleet_settings, in_process_fleet
+from toolfleet.bus.fetch_wait import FetchPace, TrafficSignal, traffic_channel
 from toolfleet.events.envelope import new_event
 from toolfleet.events.models import AgentContext, InvocationStatus, InvokeRequested
 from toolfleet.events.types import EventType, Source
 from toolfleet.settings import FleetSettings
+from toolfleet.storage.redis import connect_redis
 
 pytestmark = pytest.mark.integration
 
@@ -30,7 +33,7 @@ SERVICES = ("policy", "executor", "validator")
 
 @pytest.fixture
 async def fleet(settings: FleetSettings, tmp_path: Path) -> AsyncIterator[Fleet]:
-    rested = fleet_settings(settings, tmp_path, idle_after_ms=300, idle_fetch_interval_ms=60_000)
+    rested = fleet_settings(settings, tmp_path, idle_fetch_interval_ms=60_000)
     async with in_process_fleet(rested) as running:
         yield running
 
@@ -63,13 +66,20 @@ async def echo(fleet: Fleet) -> float:
     return time.monotonic() - started
 
 
-async def test_the_first_call_after_a_quiet_spell_wakes_every_hop(fleet: Fleet) -> None:
+async def test_every_hop_rests_between_calls_and_is_woken_by_rings(fleet: Fleet) -> None:
     await echo(fleet)
 
-    for _ in range(2):  # twice: a woken fleet rests again and wakes again
+    for _ in range(3):  # a woken fleet rests again and wakes again
         await eventually(all_resting, timeout=20)
-        # Unwoken, the policy consumer would look again only after a minute.
+        # Unwoken, each hop would look again only after a minute.
         assert await echo(fleet) < 20
+
+
+async def test_a_burst_of_calls_needs_no_look_at_the_interval(fleet: Fleet) -> None:
+    """Concurrent calls: consumers rest and wake many times while records keep coming;
+    a ring lost in that churn would hold a call for the one-minute interval."""
+    durations = await asyncio.gather(*(echo(fleet) for _ in range(20)))
+    assert max(durations) < 20
 
 
 async def all_resting() -> bool:
@@ -103,3 +113,39 @@ async def test_a_request_nobody_announced_is_found_by_a_resting_consumer(
         outcome = await fleet.client.wait(handle, timeout=30)
         assert outcome.status is InvocationStatus.SUCCESS
         assert outcome.result == {"message": "unannounced", "length": 11}
+
+
+async def test_a_listener_is_live_once_subscribed_and_wakes_the_consumers_of_a_rung_topic(
+    redis_url: str,
+) -> None:
+    channel = traffic_channel(f"t{uuid.uuid4().hex[:6]}.")
+    redis = connect_redis(redis_url)
+    listener = TrafficSignal(redis, channel=channel)
+    ringer = TrafficSignal(redis, channel=channel)  # another process
+    of_topic = FetchPace(topics=["x.results"], idle_after_s=0, interval_s=30)
+    of_other = FetchPace(topics=["x.other"], idle_after_s=0, interval_s=30)
+    listener.register(of_topic)
+    listener.register(of_other)
+
+    async def rings_of_topic() -> int:
+        return of_topic.rings if listener.live else 0
+
+    stop = asyncio.Event()
+    listening = asyncio.create_task(listener.listen(stop))
+    try:
+        # Confirmed: rings sent before may have been missed, so every consumer looks once.
+        assert await eventually(rings_of_topic, timeout=10) == 1
+        assert of_other.rings == 1
+        ringer.announce("x.results")  # an acknowledged send elsewhere
+
+        async def rung_again() -> bool:
+            return of_topic.rings == 2
+
+        await eventually(rung_again, timeout=10)
+        assert of_other.rings == 1
+    finally:
+        stop.set()
+        await listening
+        await ringer.close()
+        await redis.aclose()
+    assert not listener.live  # stopped: its consumers go back to fetching on their own

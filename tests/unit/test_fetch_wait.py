@@ -1,13 +1,21 @@
-"""Adaptive fetching: consumers rest after an idle spell and wake on announced traffic."""
+"""Fetch on demand: consumers rest once caught up and wake when a topic they read rings."""
 
 from __future__ import annotations
 
 import asyncio
+from types import TracebackType
+from typing import Self
 
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from toolfleet.bus.fetch_wait import FetchPace, TrafficSignal, traffic_channel, traffic_signal
+from toolfleet.bus.fetch_wait import (
+    FetchPace,
+    TrafficSignal,
+    fetch_pace,
+    traffic_channel,
+    traffic_signal,
+)
 from toolfleet.settings import FleetSettings
 
 pytestmark = pytest.mark.unit
@@ -21,107 +29,167 @@ class Clock:
         return self.now
 
 
+class Pipeline:
+    def __init__(self, redis: Publishes) -> None:
+        self._redis = redis
+        self._queued: list[tuple[str, str]] = []
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        return None
+
+    def publish(self, channel: str, message: str) -> None:
+        self._queued.append((channel, message))
+
+    async def execute(self) -> list[int]:
+        await asyncio.sleep(0)  # a round trip: rings made meanwhile wait for the next one
+        if self._redis.fail:
+            raise RedisConnectionError("down")
+        self._redis.round_trips.append(sorted(self._queued))
+        return [1] * len(self._queued)
+
+
 class Publishes:
-    """A Redis stand-in that records PUBLISH calls (or fails them)."""
+    """A Redis stand-in that records each pipeline of PUBLISH calls (or fails them)."""
 
     def __init__(self, *, fail: bool = False) -> None:
-        self.sent: list[tuple[str, str]] = []
+        self.round_trips: list[list[tuple[str, str]]] = []
         self.fail = fail
 
-    async def publish(self, channel: str, message: str) -> int:
-        if self.fail:
-            raise RedisConnectionError("down")
-        self.sent.append((channel, message))
-        return 1
+    def pipeline(self, *, transaction: bool) -> Pipeline:
+        assert not transaction
+        return Pipeline(self)
 
 
-def test_a_consumer_rests_only_after_the_idle_spell() -> None:
+def pace(
+    topics: tuple[str, ...] = ("t",), *, interval_s: float = 30.0, wake_delay_s: float = 0.0
+) -> FetchPace:
+    return FetchPace(
+        topics=topics, idle_after_s=0.0, interval_s=interval_s, wake_delay_s=wake_delay_s
+    )
+
+
+def never() -> asyncio.Future[None]:
+    return asyncio.get_running_loop().create_future()
+
+
+def test_a_consumer_rests_once_a_fetch_could_have_caught_up_and_the_idle_spell_passed() -> None:
     clock = Clock()
-    pace = FetchPace(idle_after_s=1.0, interval_s=0.25, clock=clock)
+    waiting = FetchPace(topics=["t"], idle_after_s=1.0, interval_s=0.25, clock=clock)
+    assert not waiting.should_rest()  # nothing fetched yet
+    waiting.fetched(records=True)
     clock.now += 0.9
-    assert not pace.should_rest()
-    pace.saw_traffic()
-    clock.now += 0.9
-    assert not pace.should_rest()
+    assert not waiting.should_rest()
     clock.now += 0.2
-    assert pace.should_rest()
-
-
-async def test_a_wake_ends_the_rest_long_before_the_interval() -> None:
-    clock = Clock()
-    pace = FetchPace(idle_after_s=1.0, interval_s=30.0, clock=clock)
+    assert waiting.should_rest()
+    waiting.awake()  # too busy to fetch, or records wait: not caught up
     clock.now += 5
-    assert pace.should_rest()
-    stopped: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-    resting = asyncio.create_task(pace.rest(stopped))
+    assert not waiting.should_rest()
+    waiting.fetched(records=False)
+    assert waiting.should_rest()
+
+
+def test_by_default_a_consumer_rests_as_soon_as_it_may_have_caught_up() -> None:
+    default = fetch_pace(FleetSettings(), ["t"])
+    assert default is not None
+    default.fetched(records=True)
+    assert default.should_rest()  # the end offsets decide, not another fetch
+
+
+async def test_a_ring_ends_the_rest_long_before_the_interval() -> None:
+    resting = pace()
+    since = resting.rings
+    task = asyncio.create_task(resting.rest(never(), since=since))
     await asyncio.sleep(0)
-    assert not resting.done()
-    pace.wake()
-    await asyncio.wait_for(resting, 1)
-    assert not pace.should_rest()  # awake for a whole idle spell after a wake
+    assert not task.done()
+    resting.ring()
+    assert await asyncio.wait_for(task, 1) is True
+
+
+async def test_a_ring_heard_before_the_rest_began_ends_it_at_once() -> None:
+    resting = pace()
+    since = resting.rings  # taken before the look at the end offsets
+    resting.ring()  # a record acknowledged while the consumer looked
+    assert await asyncio.wait_for(resting.rest(never(), since=since), 1) is True
+
+
+async def test_without_a_ring_the_rest_lasts_one_interval() -> None:
+    resting = pace(interval_s=0.01)
+    assert await asyncio.wait_for(resting.rest(never(), since=resting.rings), 1) is False
 
 
 async def test_a_stop_ends_the_rest() -> None:
-    pace = FetchPace(idle_after_s=1.0, interval_s=30.0)
-    stopped: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-    resting = asyncio.create_task(pace.rest(stopped))
+    resting = pace()
+    stopped = never()
+    task = asyncio.create_task(resting.rest(stopped, since=resting.rings))
     await asyncio.sleep(0)
     stopped.set_result(None)
-    await asyncio.wait_for(resting, 1)
+    assert await asyncio.wait_for(task, 1) is False
 
 
-async def test_without_a_wake_the_rest_lasts_one_interval() -> None:
-    pace = FetchPace(idle_after_s=0.0, interval_s=0.01)
-    stopped: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-    await asyncio.wait_for(pace.rest(stopped), 1)
+async def test_an_observer_waits_after_a_ring_so_one_fetch_collects_several_hops() -> None:
+    observer = pace(wake_delay_s=0.05)
+    since = observer.rings
+    observer.ring()
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    assert await observer.rest(never(), since=since) is True
+    assert loop.time() - started >= 0.04
 
 
-async def test_announcements_are_sent_once_per_half_idle_spell_per_topic() -> None:
-    clock, redis = Clock(), Publishes()
-    signal = TrafficSignal(redis, channel="c", idle_after_s=1.0, clock=clock)  # type: ignore[arg-type]
+async def test_a_ring_wakes_this_process_s_consumers_of_that_topic_only() -> None:
+    signal = TrafficSignal(Publishes(), channel="c")  # type: ignore[arg-type]
+    of_a, of_b = pace(("a",)), pace(("b", "c"))
+    signal.register(of_a)
+    signal.register(of_b)
+    signal.announce("b")
+    assert (of_a.rings, of_b.rings) == (0, 1)
+    signal.unregister(of_b)
+    signal.announce("c")
+    assert of_b.rings == 1
+    await signal.close()
+
+
+async def test_rings_made_during_a_round_trip_go_together_in_the_next() -> None:
+    redis = Publishes()
+    signal = TrafficSignal(redis, channel="c")  # type: ignore[arg-type]
     signal.announce("a")
+    await asyncio.sleep(0)  # the first pipeline is under way
+    signal.announce("b")
     signal.announce("a")
     signal.announce("b")
-    clock.now += 0.49
-    signal.announce("a")
-    clock.now += 0.02
-    signal.announce("a")
     await signal.close()
-    assert redis.sent == [("c", "a"), ("c", "b"), ("c", "a")]
+    await asyncio.sleep(0)
+    assert redis.round_trips == [[("c", "a")], [("c", "a"), ("c", "b")]]
 
 
-async def test_an_announcement_wakes_this_process_s_resting_consumers_at_once() -> None:
-    clock = Clock()
-    signal = TrafficSignal(Publishes(), channel="c", idle_after_s=1.0, clock=clock)  # type: ignore[arg-type]
-    pace = FetchPace(idle_after_s=1.0, interval_s=30.0, clock=clock)
-    signal.register(pace)
-    clock.now += 5
-    assert pace.should_rest()
-    signal.announce("t")
-    assert not pace.should_rest()
-    signal.unregister(pace)
-    clock.now += 5
-    signal.announce("u")
-    assert pace.should_rest()
-    await signal.close()
-
-
-async def test_a_failed_announcement_is_tried_again_after_half_a_spell() -> None:
+async def test_after_a_failed_ring_redis_is_left_alone_for_a_while() -> None:
     clock, redis = Clock(), Publishes(fail=True)
-    signal = TrafficSignal(redis, channel="c", idle_after_s=1.0, clock=clock)  # type: ignore[arg-type]
+    signal = TrafficSignal(redis, channel="c", clock=clock)  # type: ignore[arg-type]
+    local = pace(("t",))
+    signal.register(local)
     signal.announce("t")
     await signal.close()
     redis.fail = False
-    signal.announce("t")  # an unreachable Redis is not hammered by every send
+    signal.announce("t")  # an unreachable Redis is not asked again by every send
     await signal.close()
-    assert redis.sent == []
-    clock.now += 0.5
+    assert redis.round_trips == []
+    assert local.rings == 2  # this process's consumers are woken all the same
+    clock.now += 1.0
     signal.announce("t")
     await signal.close()
-    assert redis.sent == [("c", "t")]
+    assert redis.round_trips == [[("c", "t")]]
 
 
-def test_resting_can_be_switched_off_and_fleets_do_not_share_a_channel() -> None:
-    off = FleetSettings(idle_after_ms=0)
+def test_the_doorbell_can_be_switched_off_and_fleets_do_not_share_a_channel() -> None:
+    off = FleetSettings(fetch_doorbell=False)
     assert traffic_signal(Publishes(), off) is None  # type: ignore[arg-type]
+    assert fetch_pace(off, ["t"]) is None
     assert traffic_channel("a.") != traffic_channel("b.")

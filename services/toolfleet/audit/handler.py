@@ -33,5 +33,6 @@ async def build(res: Resources) -> list[EventConsumer]:
         routing.AUDIT_CONSUMER,
         max_in_flight=res.settings.max_in_flight,
         fetch_max_wait_ms=res.settings.observer_fetch_max_wait_ms,
+        wake_delay_ms=res.settings.observer_fetch_max_wait_ms,
     )
     return [res.consumer(spec, ByBatch(handle))]

@@ -1,28 +1,32 @@
-"""Adaptive fetching: consumers rest while idle and are woken by the traffic that ends it.
+"""Fetch on demand: a consumer that has caught up rests until a topic it reads rings.
 
-A consumer fetches every ``fetch_max_wait_ms`` (5 ms by default) for low per-hop latency.
-Real Kafka long-polls, so that costs little; the dev broker does not wake a waiting
-fetch promptly, so an idle fleet polling every 5 ms keeps most of a core busy. So:
+Real Kafka long-polls: a fetch waits at the broker and returns the moment a record
+lands. The dev broker does not wake a waiting fetch, and each fetch request costs it
+about half a millisecond of CPU whether it finds records or not, so a fleet of
+consumers polling every ``fetch_max_wait_ms`` (5 ms) keeps it busy for nothing and makes
+every hop queue for CPU. So, with ``TOOLFLEET_FETCH_DOORBELL`` on (the default):
 
-- a consumer that has fetched nothing for ``TOOLFLEET_IDLE_AFTER_MS`` **rests**: its
-  partitions are paused (no fetch requests at all) and once every
-  ``TOOLFLEET_IDLE_FETCH_INTERVAL_MS`` it compares the partitions' end offsets with its
-  positions (one ``ListOffsets`` request, no fetch): records past them wake it;
-- every producer of the fleet (workers and ``ToolfleetClient``) **announces traffic** on
-  a Redis pub/sub channel when it sends to a topic it has not announced for half of
-  ``TOOLFLEET_IDLE_AFTER_MS``; each worker's :class:`TrafficSignal` listener then wakes
-  all its resting consumers at once, so the first call after an idle period finds every
-  hop of the pipeline fetching again by the time its record gets there.
+- every producer of the fleet (workers and ``ToolfleetClient``) **rings** a topic once
+  the broker has acknowledged a send to it: one Redis ``PUBLISH`` of the topic name on
+  the fleet's channel, the rings of sends acknowledged together in one pipeline;
+- a consumer that has **caught up** (a fetch came back empty) for
+  ``TOOLFLEET_IDLE_AFTER_MS`` (0: at once) **rests**: its partitions are paused and it
+  sends no fetch requests. Each worker's :class:`TrafficSignal` listener rings the
+  :class:`FetchPace` of every consumer of the topic, which then fetches again: the
+  record is on the broker by then, so that fetch returns it without waiting;
+- a resting consumer also compares its partitions' end offsets with its positions (one
+  ``ListOffsets`` request, no fetch) on entering the rest, and every
+  ``TOOLFLEET_IDLE_FETCH_INTERVAL_MS`` after that.
 
-An announcement is only a hint: one lost (Redis down, a producer that does not announce,
-such as a foreign Kafka client) costs at most one fetch interval of latency, never a
-record. Nothing about offsets, commits or redelivery changes.
+Why no record is missed: a rest is entered with the count of rings heard so far; it ends
+at once if that count moved since. A record acknowledged before that count was taken is
+on the broker before the end-offset look that follows, which sees it; one acknowledged
+after rings after, and that ring ends the rest. A ring is only a hint: one lost (Redis
+down, a producer that does not ring, such as a foreign Kafka client) costs at most one
+interval of latency, never a record. Offsets, commits and redelivery are untouched.
 
-The rule that makes the hint sufficient: a producer announces a topic again once
-``idle_after / 2`` has passed since its last announcement for it, and a consumer rests
-only after ``idle_after`` without records. A record sent without an announcement thus
-follows, by less than ``idle_after / 2``, a record the consumer fetched while awake, so
-it is still awake (and fetching every few milliseconds) when that record arrives.
+A consumer off the critical path (audit, status) waits ``wake_delay_s`` after a ring
+before fetching, so one fetch collects the records of several hops.
 """
 
 from __future__ import annotations
@@ -30,9 +34,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
+from aiokafka import AIOKafkaConsumer
+from aiokafka.errors import KafkaError
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
@@ -41,137 +47,191 @@ from toolfleet.storage.pubsub import listen_with_reconnect
 
 log = logging.getLogger(__name__)
 
+_QUIET_AFTER_FAILURE_S = 1.0
+"""After a ring failed to reach Redis, rings are not sent for this long (local consumers
+are still woken): a client without a reachable Redis is not slowed by every send."""
+
 
 def traffic_channel(topic_prefix: str) -> str:
-    """The pub/sub channel of a fleet's traffic announcements."""
+    """The pub/sub channel a fleet's topics ring on (the message is the topic's name)."""
     return f"toolfleet:traffic:{topic_prefix}"
 
 
 def traffic_signal(redis: Redis, settings: FleetSettings) -> TrafficSignal | None:
-    """The fleet's :class:`TrafficSignal` over ``redis``; None when resting is off."""
-    if settings.idle_after_ms <= 0:
+    """The fleet's :class:`TrafficSignal` over ``redis``; None when the doorbell is off."""
+    if not settings.fetch_doorbell:
         return None
-    return TrafficSignal(
-        redis,
-        channel=traffic_channel(settings.topic_prefix),
+    return TrafficSignal(redis, channel=traffic_channel(settings.topic_prefix))
+
+
+def fetch_pace(
+    settings: FleetSettings, topics: Iterable[str], *, wake_delay_s: float = 0.0
+) -> FetchPace | None:
+    """The :class:`FetchPace` of a consumer of ``topics``; None when the doorbell is off."""
+    if not settings.fetch_doorbell:
+        return None
+    return FetchPace(
+        topics=topics,
         idle_after_s=settings.idle_after_ms / 1000,
+        interval_s=settings.idle_fetch_interval_ms / 1000,
+        wake_delay_s=wake_delay_s,
     )
 
 
 class FetchPace:
-    """Whether one consumer fetches or rests, from when it last saw traffic.
+    """Whether one consumer fetches or rests, and what ends its rest.
 
     Args:
-        idle_after_s: rest once nothing was fetched for this long.
-        interval_s: while resting, look for records this often.
+        topics: the topics it reads; a ring of any of them ends a rest.
+        idle_after_s: rest once caught up for this long (0: as soon as caught up).
+        interval_s: while resting, look at the end offsets this often.
+        wake_delay_s: after a ring, wait this long before fetching (batches the records
+            of several hops into one fetch; 0 for consumers on the critical path).
         clock: monotonic seconds (tests pass a fake one).
     """
 
     def __init__(
         self,
         *,
+        topics: Iterable[str],
         idle_after_s: float,
         interval_s: float,
+        wake_delay_s: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        self.topics = frozenset(topics)
         self.idle_after_s = idle_after_s
         self.interval_s = interval_s
+        self.wake_delay_s = wake_delay_s
         self._clock = clock
         self._last_traffic = clock()
-        self._woken = asyncio.Event()
+        self._caught_up = False
+        self._rings = 0
+        self._rung = asyncio.Event()
 
-    def saw_traffic(self) -> None:
-        """Records were fetched, or the consumer is too busy to fetch: stay awake."""
+    @property
+    def rings(self) -> int:
+        """Rings heard so far: pass it to :meth:`rest` taken *before* looking for records."""
+        return self._rings
+
+    def fetched(self, *, records: bool) -> None:
+        """A fetch returned (``records``: whether it brought any). Either way it may have
+        caught up: looking at the end offsets costs less than another fetch."""
+        if records:
+            self._last_traffic = self._clock()
+        self._caught_up = True
+
+    def awake(self) -> None:
+        """Fetch again: records are waiting, or it is too busy to fetch (not caught up)."""
         self._last_traffic = self._clock()
+        self._caught_up = False
 
     def should_rest(self) -> bool:
-        return self._clock() - self._last_traffic >= self.idle_after_s
+        return self._caught_up and self._clock() - self._last_traffic >= self.idle_after_s
 
-    def wake(self) -> None:
-        """Traffic was announced: fetch at full pace again (for ``idle_after_s`` at least)."""
-        self._last_traffic = self._clock()
-        self._woken.set()
+    def ring(self) -> None:
+        """A topic this consumer reads rang: a rest under way (or about to begin) ends."""
+        self._rings += 1
+        self._rung.set()
 
-    async def rest(self, stopped: asyncio.Future[Any]) -> None:
-        """Return after one interval, on :meth:`wake`, or once ``stopped`` is done."""
-        self._woken.clear()
-        woken = asyncio.ensure_future(self._woken.wait())
-        try:
-            await asyncio.wait(
-                [woken, stopped], timeout=self.interval_s, return_when=asyncio.FIRST_COMPLETED
-            )
-        finally:
-            woken.cancel()
+    async def rest(self, stopped: asyncio.Future[Any], *, since: int) -> bool:
+        """Rest until a ring after ``since`` (True), one interval, or ``stopped`` (False).
+
+        After a ring, waits ``wake_delay_s`` more (unless stopped) before returning."""
+        if self._rings == since:
+            self._rung.clear()
+            rung = asyncio.ensure_future(self._rung.wait())
+            try:
+                await asyncio.wait(
+                    [rung, stopped], timeout=self.interval_s, return_when=asyncio.FIRST_COMPLETED
+                )
+            finally:
+                rung.cancel()
+        woken = self._rings != since
+        if woken:
+            self._last_traffic = self._clock()
+            self._caught_up = False
+            if self.wake_delay_s > 0 and not stopped.done():
+                await asyncio.wait([stopped], timeout=self.wake_delay_s)
+        return woken
 
 
 class TrafficAnnouncer(Protocol):
-    """What a producer tells when it sends: :class:`TrafficSignal` implements it."""
+    """What a producer tells once a send was acknowledged: :class:`TrafficSignal`."""
 
     def announce(self, topic: str) -> None:
-        """``topic`` is about to get a record (never blocks, never raises)."""
+        """A record is now on ``topic`` (never blocks, never raises)."""
         ...
 
 
 class TrafficSignal:
-    """One process's end of the traffic channel: announces sends, wakes its consumers.
+    """One process's end of the fleet's doorbell: rings topics, wakes its consumers.
 
-    :meth:`announce` publishes in the background (a send never waits for Redis), at most
-    once per topic every ``idle_after_s / 2``; :meth:`listen` (a worker's background job)
-    wakes every registered :class:`FetchPace` on each announcement from anyone.
+    :meth:`announce` wakes this process's consumers of the topic at once and rings it on
+    Redis in the background (a send never waits for Redis); topics rung while a ring is
+    under way go together in the next pipeline. :meth:`listen` (a worker's background
+    job) wakes the registered :class:`FetchPace` of each topic rung by anyone.
     """
 
     def __init__(
-        self,
-        redis: Redis,
-        *,
-        channel: str,
-        idle_after_s: float,
-        clock: Callable[[], float] = time.monotonic,
+        self, redis: Redis, *, channel: str, clock: Callable[[], float] = time.monotonic
     ) -> None:
         self._redis = redis
         self._channel = channel
-        self._every_s = idle_after_s / 2
         self._clock = clock
-        self._announced: dict[str, float] = {}
-        self._publishing: set[asyncio.Task[None]] = set()
-        self._paces: set[FetchPace] = set()
+        self._pending: set[str] = set()
+        self._ringing: asyncio.Task[None] | None = None
+        self._quiet_until = float("-inf")
+        self._paces: dict[str, set[FetchPace]] = {}
+        self.live = False
+        """Whether :meth:`listen` is subscribed: only then may consumers rest (rings of
+        other processes reach them). Until then, and while Redis is away, they poll."""
 
     def register(self, pace: FetchPace) -> None:
-        self._paces.add(pace)
+        for topic in pace.topics:
+            self._paces.setdefault(topic, set()).add(pace)
 
     def unregister(self, pace: FetchPace) -> None:
-        self._paces.discard(pace)
+        for topic in pace.topics:
+            self._paces.get(topic, set()).discard(pace)
 
     def announce(self, topic: str) -> None:
-        now = self._clock()
-        last = self._announced.get(topic)
-        if last is not None and now - last < self._every_s:
+        self._wake_local(topic)  # consumers of this process need no round trip
+        if self._clock() < self._quiet_until:
             return
-        self._announced[topic] = now
-        self._wake_local()  # consumers of this process need no round trip
-        task = asyncio.get_running_loop().create_task(self._publish(topic))
-        self._publishing.add(task)
-        task.add_done_callback(self._publishing.discard)
+        self._pending.add(topic)
+        if self._ringing is None:
+            self._ringing = asyncio.get_running_loop().create_task(self._ring())
 
-    async def _publish(self, topic: str) -> None:
+    async def _ring(self) -> None:
         try:
-            await self._redis.publish(self._channel, topic)
-        except (RedisError, OSError) as exc:
-            # Only latency is lost: resting consumers look for records every interval. Not
-            # retried before the next half spell: a client without a reachable Redis (a
-            # remote CLI) pays one failed attempt per topic per half spell, no more.
-            log.debug("traffic announcement not sent", extra={"error": type(exc).__name__})
+            while self._pending:
+                topics, self._pending = sorted(self._pending), set()
+                try:
+                    async with self._redis.pipeline(transaction=False) as pipe:
+                        for topic in topics:
+                            pipe.publish(self._channel, topic)
+                        await pipe.execute()
+                except (RedisError, OSError) as exc:
+                    # Only latency is lost: resting consumers look for records every
+                    # interval. Quiet for a while, so a Redis that is down is not asked
+                    # again by every send.
+                    self._quiet_until = self._clock() + _QUIET_AFTER_FAILURE_S
+                    self._pending.clear()
+                    log.debug("ring not sent", extra={"error": type(exc).__name__})
+        finally:
+            self._ringing = None
 
-    def _wake_local(self) -> None:
-        for pace in self._paces:
-            pace.wake()
+    def _wake_local(self, topic: str) -> None:
+        for pace in self._paces.get(topic, ()):
+            pace.ring()
 
     async def close(self) -> None:
-        """Wait for announcements under way (bounded: they are single PUBLISH calls)."""
-        if self._publishing:
-            await asyncio.wait(list(self._publishing), timeout=1.0)
-        for task in list(self._publishing):
-            task.cancel()
+        """Wait for a ring under way (bounded: it is one pipeline of ``PUBLISH``)."""
+        ringing = self._ringing
+        if ringing is not None:
+            await asyncio.wait([ringing], timeout=1.0)
+            ringing.cancel()
 
     async def listen(
         self,
@@ -180,16 +240,52 @@ class TrafficSignal:
         subscribed: Callable[[], None] | None = None,
         max_backoff_s: float = 5.0,
     ) -> None:
-        """Wake the registered paces on every announcement until ``stop``; reconnects."""
+        """Wake the registered paces of every topic rung until ``stop``; reconnects.
 
-        async def wake(_: str) -> None:
-            self._wake_local()
+        Each time the subscription is (re)confirmed every registered pace is rung: rings
+        sent while nobody listened were missed, so each consumer looks for itself."""
+
+        async def wake(topic: str) -> None:
+            self._wake_local(topic)
+
+        def confirmed() -> None:
+            self.live = True
+            for paces in self._paces.values():
+                for pace in paces:
+                    pace.ring()
+            if subscribed is not None:
+                subscribed()
 
         await listen_with_reconnect(
             self._redis,
             self._channel,
             wake,
             stop,
-            after_subscribe=subscribed,
+            after_subscribe=confirmed,
+            after_connection_lost=self._lost,
             max_backoff_s=max_backoff_s,
         )
+
+    def _lost(self) -> None:
+        self.live = False
+
+
+async def unread(consumer: AIOKafkaConsumer, *, timeout_s: float = 2.0) -> bool:
+    """Whether any assigned partition has records past the consumer's position (read
+    from the brokers' end offsets, no fetch). When in doubt (no answer, no position
+    yet), True: the consumer then fetches as usual."""
+
+    async def look() -> bool:
+        parts = list(consumer.assignment())
+        if not parts:
+            return False
+        ends = await consumer.end_offsets(parts)
+        for tp in parts:
+            if ends.get(tp, 0) > await consumer.position(tp):
+                return True
+        return False
+
+    try:
+        return await asyncio.wait_for(look(), timeout_s)
+    except (TimeoutError, KafkaError, AssertionError):  # AssertionError: unassigned now
+        return True

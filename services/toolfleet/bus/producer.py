@@ -36,8 +36,8 @@ class EventProducer:
         client_id: str = "toolfleet",
         traffic: TrafficAnnouncer | None = None,
     ) -> None:
-        """``traffic``: told of every send, so resting consumers wake
-        (:mod:`toolfleet.bus.fetch_wait`)."""
+        """``traffic``: told of every acknowledged send, so resting consumers of its
+        topic wake (:mod:`toolfleet.bus.fetch_wait`)."""
         self.traffic = traffic
         self._producer = AIOKafkaProducer(
             **connection_kwargs(settings),
@@ -76,11 +76,20 @@ class EventProducer:
 
     async def send_wire(self, topic: str, message: WireMessage) -> asyncio.Future[object]:
         """Enqueue raw bytes (DLQ records, replays); await the returned future for the ack."""
-        if self.traffic is not None:
-            self.traffic.announce(topic)
         future: asyncio.Future[object] = await self._producer.send(
             topic, value=message.value, key=message.key, headers=message.headers
         )
+        traffic = self.traffic
+        if traffic is not None:
+            # Rung once the record is on the broker: a consumer woken earlier would
+            # find nothing and rest again.
+            future.add_done_callback(
+                lambda done: (
+                    None
+                    if done.cancelled() or done.exception() is not None
+                    else traffic.announce(topic)
+                )
+            )
         return future
 
     async def partitions_for(self, topic: str) -> set[int]:

@@ -23,7 +23,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import redis.exceptions
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
@@ -36,7 +36,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_ran
 from toolfleet.bus.connection import connection_kwargs
 from toolfleet.bus.dedupe import ProcessedEvents
 from toolfleet.bus.dlq import dlq_message
-from toolfleet.bus.fetch_wait import FetchPace, TrafficSignal
+from toolfleet.bus.fetch_wait import FetchPace, TrafficSignal, fetch_pace, unread
 from toolfleet.bus.offsets import OffsetTracker, Partition
 from toolfleet.bus.producer import EventProducer, Outbound
 from toolfleet.bus.scheduler import Backlog, Placement
@@ -129,6 +129,9 @@ class ConsumerSpec:
     commit_interval_s: float = 0.2
     fetch_max_wait_ms: int | None = None
     """Overrides ``TOOLFLEET_FETCH_MAX_WAIT_MS`` for this consumer."""
+    wake_delay_ms: int = 0
+    """With the fetch doorbell: how long to wait after a ring before fetching (consumers
+    off the critical path collect several hops' records in one fetch)."""
     extra_transient: tuple[type[BaseException], ...] = field(default_factory=tuple)
     """More exception types to treat as transient (retried without limit)."""
     schedule: Callable[[Envelope], Placement] | None = None
@@ -191,9 +194,8 @@ class EventConsumer:
         dlq_topic: str,
         traffic: TrafficSignal | None = None,
     ) -> None:
-        """``traffic``: the process's traffic channel; with it (and a non-zero
-        ``TOOLFLEET_IDLE_AFTER_MS``) the consumer rests while idle
-        (:mod:`~toolfleet.bus.fetch_wait`)."""
+        """``traffic``: the process's doorbell; with it the consumer rests once caught up
+        and fetches again when one of its topics rings (:mod:`~toolfleet.bus.fetch_wait`)."""
         self.spec = spec
         self._handler = handler
         self._settings = settings
@@ -219,11 +221,8 @@ class EventConsumer:
         self._stop_requested: asyncio.Event | None = None
         self._traffic = traffic
         self._pace: FetchPace | None = (
-            FetchPace(
-                idle_after_s=settings.idle_after_ms / 1000,
-                interval_s=settings.idle_fetch_interval_ms / 1000,
-            )
-            if traffic is not None and settings.idle_after_ms > 0
+            fetch_pace(settings, spec.topics, wake_delay_s=spec.wake_delay_ms / 1000)
+            if traffic is not None
             else None
         )
         self.assigned = asyncio.Event()
@@ -232,6 +231,11 @@ class EventConsumer:
         self._in_flight_gauge = metrics.IN_FLIGHT.labels(spec.service)
         self._duplicates = metrics.DUPLICATES_SKIPPED.labels(spec.service)
         self._per_type: dict[tuple[str, str], tuple[Counter, Histogram]] = {}
+
+    @property
+    def _fetch_max_wait_ms(self) -> int:
+        wait = self.spec.fetch_max_wait_ms
+        return wait if wait is not None else self._settings.fetch_max_wait_ms
 
     @property
     def queued(self) -> int:
@@ -248,11 +252,7 @@ class EventConsumer:
             client_id=f"toolfleet-{self.spec.service}",
             enable_auto_commit=False,
             auto_offset_reset=self.spec.auto_offset_reset,
-            fetch_max_wait_ms=(
-                self.spec.fetch_max_wait_ms
-                if self.spec.fetch_max_wait_ms is not None
-                else self._settings.fetch_max_wait_ms
-            ),
+            fetch_max_wait_ms=self._fetch_max_wait_ms,
             max_partition_fetch_bytes=max(self._settings.max_event_bytes * 2, 1_048_576),
             session_timeout_ms=self._settings.session_timeout_ms,
             heartbeat_interval_ms=max(500, self._settings.session_timeout_ms // 3),
@@ -332,25 +332,17 @@ class EventConsumer:
                 if self._backlog is not None:
                     free += self.spec.backlog_limit - len(self._backlog)
                 timeout_ms, still_idle = 100, False
+                if pace is not None:
+                    # Long enough for one whole fetch: an empty answer means caught up.
+                    timeout_ms = self._fetch_max_wait_ms + 10
                 if pace is not None and free <= 0:
-                    pace.saw_traffic()  # too busy to fetch is not idle
-                elif pace is not None and pace.should_rest():
-                    # Idle: no fetch requests until woken or the interval is up; then,
-                    # unless woken, one look at the end offsets decides.
-                    self._apply_backpressure(consumer, full=True)
-                    resting = metrics.CONSUMERS_RESTING.labels(self.spec.service)
-                    resting.inc()
-                    try:
-                        await pace.rest(stopped)
-                    finally:
-                        resting.dec()
+                    pace.awake()  # too busy to fetch is not caught up
+                elif pace is not None and self._may_rest(pace):
+                    still_idle = await self._rest(consumer, pace, stopped)
                     if stop.is_set():
                         return
-                    if pace.should_rest() and not await _unread(consumer):
-                        # Still paused: the poll below only keeps the membership alive.
-                        timeout_ms, still_idle = 0, True
-                    else:
-                        pace.saw_traffic()
+                    if still_idle:
+                        timeout_ms = 0  # paused: this poll only keeps the membership
                 self._apply_backpressure(consumer, full=free <= 0 or still_idle)
                 fetch = asyncio.ensure_future(
                     consumer.getmany(timeout_ms=timeout_ms, max_records=max(free, 1))
@@ -363,13 +355,33 @@ class EventConsumer:
                         await fetch
                     return
                 batch = fetch.result()
-                if batch and pace is not None:
-                    pace.saw_traffic()
+                if pace is not None and not still_idle and free > 0:
+                    pace.fetched(records=bool(batch))
                 self._dispatch_batch(consumer, batch)
         finally:
             stopped.cancel()
             if pace is not None and self._traffic is not None:
                 self._traffic.unregister(pace)
+
+    def _may_rest(self, pace: FetchPace) -> bool:
+        return pace.should_rest() and self._traffic is not None and self._traffic.live
+
+    async def _rest(
+        self, consumer: AIOKafkaConsumer, pace: FetchPace, stopped: asyncio.Future[Any]
+    ) -> bool:
+        """Caught up: pause, and unless the end offsets show records, rest until a ring or
+        an interval. True when still idle (partitions stay paused), False to fetch."""
+        self._apply_backpressure(consumer, full=True)
+        since = pace.rings  # before the look: a record acknowledged after it rings
+        if await unread(consumer):
+            pace.awake()
+            return False
+        resting = metrics.CONSUMERS_RESTING.labels(self.spec.service)
+        resting.inc()
+        try:
+            return not await pace.rest(stopped, since=since)
+        finally:
+            resting.dec()
 
     def _dispatch_batch(
         self,
@@ -866,27 +878,6 @@ class EventConsumer:
                 await asyncio.wait(pending)
         await self._commit(list(revoked_set))
         self._tracker.forget(revoked_set)
-
-
-async def _unread(consumer: AIOKafkaConsumer, *, timeout_s: float = 2.0) -> bool:
-    """Whether any assigned partition has records past the consumer's position (read
-    from the brokers' end offsets, no fetch). When in doubt (no answer, no position
-    yet), True: the consumer then fetches as usual."""
-
-    async def look() -> bool:
-        parts = list(consumer.assignment())
-        if not parts:
-            return False
-        ends = await consumer.end_offsets(parts)
-        for tp in parts:
-            if ends.get(tp, 0) > await consumer.position(tp):
-                return True
-        return False
-
-    try:
-        return await asyncio.wait_for(look(), timeout_s)
-    except (TimeoutError, KafkaError, AssertionError):  # AssertionError: unassigned now
-        return True
 
 
 def _failure_info(exc: Exception) -> ErrorInfo:

@@ -6,8 +6,9 @@ CloudEvent (key, extensions, trace context). Waiting reads the results and event
 topics directly, only the partition the tenant's key maps to, positioned before
 publishing so no outcome can be missed. While nobody waits, the watcher's partitions
 are paused (it costs the broker nothing); registering a wait resumes it where it
-stopped. Publishing announces traffic so that resting consumers of the fleet wake
-(:mod:`toolfleet.bus.fetch_wait`).
+stopped. Each acknowledged send rings its topic so that resting consumers of the fleet
+wake (:mod:`toolfleet.bus.fetch_wait`); the watcher itself rests between outcomes and
+wakes when the results or events topic rings, while its subscription to the rings is up.
 """
 
 from __future__ import annotations
@@ -23,7 +24,14 @@ from redis.asyncio import Redis
 
 from toolfleet.auth.control import ControlSigner, control_claims
 from toolfleet.bus.connection import connection_kwargs
-from toolfleet.bus.fetch_wait import TrafficAnnouncer, TrafficSignal, traffic_signal
+from toolfleet.bus.fetch_wait import (
+    FetchPace,
+    TrafficAnnouncer,
+    TrafficSignal,
+    fetch_pace,
+    traffic_signal,
+    unread,
+)
 from toolfleet.bus.producer import EventProducer, Outbound
 from toolfleet.client.handles import InvocationHandle, Progress, ProgressCallback
 from toolfleet.client.requests import InvokeOptions, RequestPublisher
@@ -54,16 +62,17 @@ class ToolfleetClient(RequestPublisher):
         watch: bool = True,
         traffic: TrafficAnnouncer | None = None,
     ) -> None:
-        """``traffic``: where sends are announced; unset, the client announces on the
-        fleet's Redis (``TOOLFLEET_REDIS_URL``) itself, in the background: a Redis it
-        cannot reach costs the first call after an idle period some latency, nothing else.
+        """``traffic``: where acknowledged sends ring; unset, the client rings on the
+        fleet's Redis (``TOOLFLEET_REDIS_URL``) itself, in the background, and its watcher
+        listens there: a Redis it cannot reach costs latency (resting consumers find the
+        request within ``TOOLFLEET_IDLE_FETCH_INTERVAL_MS``), nothing else.
         """
         self._settings = settings
         self._source = str(source)
         self._watch = watch
         self._own_redis: Redis | None = None
         self._own_traffic: TrafficSignal | None = None
-        if traffic is None and settings.idle_after_ms > 0:
+        if traffic is None and settings.fetch_doorbell:
             self._own_redis = connect_redis(settings.redis_url, max_connections=2, wait_s=5.0)
             self._own_traffic = traffic_signal(self._own_redis, settings)
             traffic = self._own_traffic
@@ -71,6 +80,8 @@ class ToolfleetClient(RequestPublisher):
         self._waiting = asyncio.Event()
         self._watcher: AIOKafkaConsumer | None = None
         self._watch_task: asyncio.Task[None] | None = None
+        self._listen_task: asyncio.Task[None] | None = None
+        self._pace: FetchPace | None = None
         self._outcomes: dict[str, asyncio.Future[ToolOutcome]] = {}
         self._progress: dict[str, ProgressCallback] = {}
         self._partitions: list[int] = []
@@ -105,6 +116,10 @@ class ToolfleetClient(RequestPublisher):
             await self._start_watcher()
 
     async def stop(self) -> None:
+        if self._listen_task is not None:
+            self._listen_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._listen_task
         if self._watch_task is not None:
             self._watch_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -332,11 +347,22 @@ class ToolfleetClient(RequestPublisher):
         for tp in parts:  # resolve the lazy seek now, before anything is published
             await consumer.position(tp)
         self._watcher = consumer
+        signal = self._own_traffic
+        if signal is not None:
+            self._pace = fetch_pace(self._settings, {tp.topic for tp in parts})
+        if signal is not None and self._pace is not None:
+            signal.register(self._pace)
+            self._listen_task = asyncio.create_task(
+                signal.listen(asyncio.Event()), name="toolfleet-client-rings"
+            )
         self._watch_task = asyncio.create_task(
             self._watch_loop(consumer), name="toolfleet-client-watch"
         )
 
     async def _watch_loop(self, consumer: AIOKafkaConsumer) -> None:
+        pace, signal = self._pace, self._own_traffic
+        never: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        timeout_ms = self._settings.fetch_max_wait_ms + 10 if pace is not None else 200
         while True:
             if not self._outcomes and not self._progress:
                 # Nobody waits: no fetches until someone does. Paused partitions keep
@@ -345,7 +371,18 @@ class ToolfleetClient(RequestPublisher):
                 self._waiting.clear()
                 await self._waiting.wait()
                 consumer.resume(*consumer.assignment())
-            batch = await consumer.getmany(timeout_ms=200)
+            elif pace is not None and signal is not None and signal.live and pace.should_rest():
+                # Caught up: no fetches until the results or events topic rings.
+                consumer.pause(*consumer.assignment())
+                since = pace.rings
+                if await unread(consumer):
+                    pace.awake()
+                else:
+                    await pace.rest(never, since=since)
+                consumer.resume(*consumer.assignment())
+            batch = await consumer.getmany(timeout_ms=timeout_ms)
+            if pace is not None:
+                pace.fetched(records=bool(batch))
             for records in batch.values():
                 for record in records:
                     self._route(record.key, record.value, list(record.headers))

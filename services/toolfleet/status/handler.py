@@ -32,6 +32,7 @@ async def build(res: Resources) -> list[EventConsumer]:
         routing.STATUS_CONSUMER,
         max_in_flight=res.settings.max_in_flight,
         fetch_max_wait_ms=res.settings.observer_fetch_max_wait_ms,
+        wake_delay_ms=res.settings.observer_fetch_max_wait_ms,
     )
     # Projection is idempotent in Postgres (projected_events): no Redis dedupe needed.
     return [res.consumer(spec, ByBatch(handle), dedupe=False)]

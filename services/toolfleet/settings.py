@@ -39,8 +39,8 @@ class FleetSettings(BaseSettings):
     fetch_max_wait_ms: int = Field(default=5, ge=0)
     """How long a fetch may wait for data: sets per-hop latency (low by default)."""
     observer_fetch_max_wait_ms: int = Field(default=50, ge=0)
-    """``fetch_max_wait_ms`` of audit and status, which are off the outcome's critical path:
-    a little lag there saves the CPU of polling six topics every few milliseconds."""
+    """``fetch_max_wait_ms`` of audit and status, which are off the outcome's critical path,
+    and how long they wait after a ring before fetching: one fetch collects several hops."""
     fetch_doorbell: bool = True
     """Fetch on demand: producers ring a topic (Redis pub/sub) once a send to it is
     acknowledged, and a consumer that has caught up rests (partitions paused, no fetch

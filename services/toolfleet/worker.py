@@ -57,7 +57,7 @@ class Resources:
     pool: asyncpg.Pool
     worker_id: str
     traffic: TrafficSignal | None = None
-    """The fleet's traffic channel: sends announce on it, idle consumers rest and wake."""
+    """The fleet's doorbell: acknowledged sends ring it, caught-up consumers rest until rung."""
     jobs: list[Job] = field(default_factory=list)
     """Background jobs of the service (listeners, sweepers), run until the worker stops."""
 

@@ -21,7 +21,7 @@ DLQ_RECORDS = Counter(
 IN_FLIGHT = Gauge("toolfleet_in_flight_events", "Events being processed now.", ["service"])
 CONSUMERS_RESTING = Gauge(
     "toolfleet_consumers_resting",
-    "Consumers resting while idle (partitions paused until traffic is announced).",
+    "Consumers resting once caught up (partitions paused until a topic they read rings).",
     ["service"],
 )
 DUPLICATES_SKIPPED = Counter(

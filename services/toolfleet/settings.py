@@ -47,8 +47,11 @@ class FleetSettings(BaseSettings):
     requests) until a topic it reads rings. Off: every consumer fetches every
     ``fetch_max_wait_ms`` and never rests; with a Kafka that long-polls, raise
     ``TOOLFLEET_FETCH_MAX_WAIT_MS`` (500) to match."""
-    idle_after_ms: int = Field(default=0, ge=0)
-    """With the doorbell: how long a consumer stays caught up before it rests (0: at once)."""
+    idle_after_ms: int = Field(default=1000, ge=0)
+    """With the doorbell: a consumer that fetched no records for this long rests, and a
+    producer rings a topic at most every half of it. 0: rest as soon as a fetch returned
+    and ring on every send (less CPU per call, not faster on the dev broker: see the
+    README's benchmarks)."""
     idle_fetch_interval_ms: int = Field(default=500, ge=10)
     """How often a resting consumer looks for records nobody rang (the most a lost ring,
     or a producer that does not ring, adds to a hop's latency)."""

@@ -31,9 +31,13 @@ pytestmark = pytest.mark.integration
 SERVICES = ("policy", "executor", "validator")
 
 
-@pytest.fixture
-async def fleet(settings: FleetSettings, tmp_path: Path) -> AsyncIterator[Fleet]:
-    rested = fleet_settings(settings, tmp_path, idle_fetch_interval_ms=60_000)
+@pytest.fixture(params=[0, 300], ids=["rest-when-caught-up", "rest-after-300ms"])
+async def fleet(
+    settings: FleetSettings, tmp_path: Path, request: pytest.FixtureRequest
+) -> AsyncIterator[Fleet]:
+    rested = fleet_settings(
+        settings, tmp_path, idle_after_ms=request.param, idle_fetch_interval_ms=60_000
+    )
     async with in_process_fleet(rested) as running:
         yield running
 

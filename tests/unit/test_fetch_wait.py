@@ -89,18 +89,29 @@ def test_a_consumer_rests_once_a_fetch_could_have_caught_up_and_the_idle_spell_p
     assert not waiting.should_rest()
     clock.now += 0.2
     assert waiting.should_rest()
-    waiting.awake()  # too busy to fetch, or records wait: not caught up
+    waiting.awake()  # too busy to fetch: not caught up
     clock.now += 5
     assert not waiting.should_rest()
     waiting.fetched(records=False)
     assert waiting.should_rest()
 
 
-def test_by_default_a_consumer_rests_as_soon_as_it_may_have_caught_up() -> None:
-    default = fetch_pace(FleetSettings(), ["t"])
-    assert default is not None
-    default.fetched(records=True)
-    assert default.should_rest()  # the end offsets decide, not another fetch
+def test_without_an_idle_spell_a_consumer_rests_as_soon_as_it_may_have_caught_up() -> None:
+    eager = fetch_pace(FleetSettings(idle_after_ms=0), ["t"])
+    assert eager is not None
+    eager.fetched(records=True)
+    assert eager.should_rest()  # the end offsets decide, not another fetch
+
+
+async def test_end_offsets_showing_records_wake_an_observer_after_its_delay() -> None:
+    observer = pace(wake_delay_s=0.05)
+    observer.fetched(records=False)
+    assert observer.should_rest()
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    await observer.records_wait(never())
+    assert loop.time() - started >= 0.04
+    assert not observer.should_rest()
 
 
 async def test_a_ring_ends_the_rest_long_before_the_interval() -> None:
@@ -168,6 +179,34 @@ async def test_rings_made_during_a_round_trip_go_together_in_the_next() -> None:
     await signal.close()
     await asyncio.sleep(0)
     assert redis.round_trips == [[("c", "a")], [("c", "a"), ("c", "b")]]
+
+
+async def test_with_an_idle_spell_a_topic_rings_at_most_every_half_of_it() -> None:
+    clock, redis = Clock(), Publishes()
+    signal = TrafficSignal(redis, channel="c", every_s=0.5, clock=clock)  # type: ignore[arg-type]
+    local = pace(("a",))
+    signal.register(local)
+    for step in (0.0, 0.2, 0.29, 0.02):  # at 0, 0.2, 0.49 and 0.51 s
+        clock.now += step
+        signal.announce("a")
+        await signal.close()
+    signal.announce("b")
+    await signal.close()
+    assert redis.round_trips == [[("c", "a")], [("c", "a")], [("c", "b")]]
+    assert local.rings == 4  # this process's consumers hear every send
+
+
+@pytest.mark.parametrize(("idle_after_ms", "round_trips"), [(1000, 1), (0, 2)])
+async def test_a_fleet_s_rings_are_spaced_by_half_its_idle_spell(
+    idle_after_ms: int, round_trips: int
+) -> None:
+    redis = Publishes()
+    signal = traffic_signal(redis, FleetSettings(idle_after_ms=idle_after_ms))  # type: ignore[arg-type]
+    assert signal is not None
+    for _ in range(2):
+        signal.announce("a")
+        await signal.close()
+    assert len(redis.round_trips) == round_trips
 
 
 async def test_after_a_failed_ring_redis_is_left_alone_for_a_while() -> None:

@@ -8,22 +8,27 @@ every hop queue for CPU. So, with ``TOOLFLEET_FETCH_DOORBELL`` on (the default):
 
 - every producer of the fleet (workers and ``ToolfleetClient``) **rings** a topic once
   the broker has acknowledged a send to it: one Redis ``PUBLISH`` of the topic name on
-  the fleet's channel, the rings of sends acknowledged together in one pipeline;
-- a consumer that has **caught up** (a fetch came back empty) for
-  ``TOOLFLEET_IDLE_AFTER_MS`` (0: at once) **rests**: its partitions are paused and it
-  sends no fetch requests. Each worker's :class:`TrafficSignal` listener rings the
+  the fleet's channel, the rings of sends acknowledged together in one pipeline, at most
+  once per topic every ``TOOLFLEET_IDLE_AFTER_MS / 2`` (every send when that is 0);
+- a consumer that has fetched no records for ``TOOLFLEET_IDLE_AFTER_MS`` (1 s; 0: as
+  soon as a fetch returned) **rests**: its partitions are paused and it sends no fetch
+  requests. Each worker's :class:`TrafficSignal` listener rings the
   :class:`FetchPace` of every consumer of the topic, which then fetches again: the
   record is on the broker by then, so that fetch returns it without waiting;
 - a resting consumer also compares its partitions' end offsets with its positions (one
   ``ListOffsets`` request, no fetch) on entering the rest, and every
   ``TOOLFLEET_IDLE_FETCH_INTERVAL_MS`` after that.
 
-Why no record is missed: a rest is entered with the count of rings heard so far; it ends
-at once if that count moved since. A record acknowledged before that count was taken is
-on the broker before the end-offset look that follows, which sees it; one acknowledged
-after rings after, and that ring ends the rest. A ring is only a hint: one lost (Redis
-down, a producer that does not ring, such as a foreign Kafka client) costs at most one
-interval of latency, never a record. Offsets, commits and redelivery are untouched.
+Why no record waits for the interval: a rest is entered with the count of rings heard
+so far; it ends at once if that count moved since. A record acknowledged before that
+count was taken is on the broker before the end-offset look that follows, which sees it;
+one acknowledged after rings after, and that ring ends the rest. A send that does not
+ring (its topic rang less than ``idle_after / 2`` before) follows a ring that woke every
+consumer of the topic, which then stays awake for ``idle_after`` at least: long enough
+to find it by fetching, or by the look that begins its next rest. A ring is only a
+hint: one lost (Redis down, a producer that does not ring, such as a foreign Kafka
+client) costs at most one interval of latency, never a record. Offsets, commits and
+redelivery are untouched.
 
 A consumer off the critical path (audit, status) waits ``wake_delay_s`` after a ring
 before fetching, so one fetch collects the records of several hops.
@@ -61,7 +66,11 @@ def traffic_signal(redis: Redis, settings: FleetSettings) -> TrafficSignal | Non
     """The fleet's :class:`TrafficSignal` over ``redis``; None when the doorbell is off."""
     if not settings.fetch_doorbell:
         return None
-    return TrafficSignal(redis, channel=traffic_channel(settings.topic_prefix))
+    return TrafficSignal(
+        redis,
+        channel=traffic_channel(settings.topic_prefix),
+        every_s=settings.idle_after_ms / 2000,
+    )
 
 
 def fetch_pace(
@@ -122,7 +131,7 @@ class FetchPace:
         self._caught_up = True
 
     def awake(self) -> None:
-        """Fetch again: records are waiting, or it is too busy to fetch (not caught up)."""
+        """Too busy to fetch: that is not caught up."""
         self._last_traffic = self._clock()
         self._caught_up = False
 
@@ -149,11 +158,16 @@ class FetchPace:
                 rung.cancel()
         woken = self._rings != since
         if woken:
-            self._last_traffic = self._clock()
-            self._caught_up = False
-            if self.wake_delay_s > 0 and not stopped.done():
-                await asyncio.wait([stopped], timeout=self.wake_delay_s)
+            await self.records_wait(stopped)
         return woken
+
+    async def records_wait(self, stopped: asyncio.Future[Any]) -> None:
+        """Records wait on the broker (rung, or seen in the end offsets): awake, after
+        ``wake_delay_s`` (unless stopped)."""
+        self._last_traffic = self._clock()
+        self._caught_up = False
+        if self.wake_delay_s > 0 and not stopped.done():
+            await asyncio.wait([stopped], timeout=self.wake_delay_s)
 
 
 class TrafficAnnouncer(Protocol):
@@ -174,10 +188,19 @@ class TrafficSignal:
     """
 
     def __init__(
-        self, redis: Redis, *, channel: str, clock: Callable[[], float] = time.monotonic
+        self,
+        redis: Redis,
+        *,
+        channel: str,
+        every_s: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """``every_s``: ring a topic on Redis at most this often (half the consumers'
+        idle spell; 0: on every acknowledged send)."""
         self._redis = redis
         self._channel = channel
+        self._every_s = every_s
+        self._rung: dict[str, float] = {}
         self._clock = clock
         self._pending: set[str] = set()
         self._ringing: asyncio.Task[None] | None = None
@@ -197,8 +220,14 @@ class TrafficSignal:
 
     def announce(self, topic: str) -> None:
         self._wake_local(topic)  # consumers of this process need no round trip
-        if self._clock() < self._quiet_until:
+        now = self._clock()
+        if now < self._quiet_until:
             return
+        if self._every_s > 0:
+            last = self._rung.get(topic)
+            if last is not None and now - last < self._every_s:
+                return  # its consumers are still awake from the last ring (see above)
+            self._rung[topic] = now
         self._pending.add(topic)
         if self._ringing is None:
             self._ringing = asyncio.get_running_loop().create_task(self._ring())

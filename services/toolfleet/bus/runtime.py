@@ -374,7 +374,7 @@ class EventConsumer:
         self._apply_backpressure(consumer, full=True)
         since = pace.rings  # before the look: a record acknowledged after it rings
         if await unread(consumer):
-            pace.awake()
+            await pace.records_wait(stopped)
             return False
         resting = metrics.CONSUMERS_RESTING.labels(self.spec.service)
         resting.inc()

@@ -376,7 +376,7 @@ class ToolfleetClient(RequestPublisher):
                 consumer.pause(*consumer.assignment())
                 since = pace.rings
                 if await unread(consumer):
-                    pace.awake()
+                    await pace.records_wait(never)
                 else:
                     await pace.rest(never, since=since)
                 consumer.resume(*consumer.assignment())

@@ -164,10 +164,21 @@ class FetchPace:
     async def records_wait(self, stopped: asyncio.Future[Any]) -> None:
         """Records wait on the broker (rung, or seen in the end offsets): awake, after
         ``wake_delay_s`` (unless stopped)."""
-        self._last_traffic = self._clock()
-        self._caught_up = False
+        self.awake()
         if self.wake_delay_s > 0 and not stopped.done():
             await asyncio.wait([stopped], timeout=self.wake_delay_s)
+
+    async def rest_unless_unread(
+        self, consumer: AIOKafkaConsumer, stopped: asyncio.Future[Any]
+    ) -> bool:
+        """Caught up, with the consumer's partitions paused by the caller: unless the end
+        offsets show records, rest until a ring or one interval. True when records may
+        wait (fetch again), False when the interval passed or ``stopped``."""
+        since = self.rings  # before the look: a record acknowledged after it rings
+        if await unread(consumer):
+            await self.records_wait(stopped)
+            return True
+        return await self.rest(stopped, since=since)
 
 
 class TrafficAnnouncer(Protocol):

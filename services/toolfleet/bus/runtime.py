@@ -36,7 +36,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_ran
 from toolfleet.bus.connection import connection_kwargs
 from toolfleet.bus.dedupe import ProcessedEvents
 from toolfleet.bus.dlq import dlq_message
-from toolfleet.bus.fetch_wait import FetchPace, TrafficSignal, fetch_pace, unread
+from toolfleet.bus.fetch_wait import FetchPace, TrafficSignal, fetch_pace
 from toolfleet.bus.offsets import OffsetTracker, Partition
 from toolfleet.bus.producer import EventProducer, Outbound
 from toolfleet.bus.scheduler import Backlog, Placement
@@ -369,17 +369,13 @@ class EventConsumer:
     async def _rest(
         self, consumer: AIOKafkaConsumer, pace: FetchPace, stopped: asyncio.Future[Any]
     ) -> bool:
-        """Caught up: pause, and unless the end offsets show records, rest until a ring or
-        an interval. True when still idle (partitions stay paused), False to fetch."""
+        """Caught up: pause and rest (:meth:`FetchPace.rest_unless_unread`). True when
+        still idle (partitions stay paused), False to fetch."""
         self._apply_backpressure(consumer, full=True)
-        since = pace.rings  # before the look: a record acknowledged after it rings
-        if await unread(consumer):
-            await pace.records_wait(stopped)
-            return False
         resting = metrics.CONSUMERS_RESTING.labels(self.spec.service)
         resting.inc()
         try:
-            return not await pace.rest(stopped, since=since)
+            return not await pace.rest_unless_unread(consumer, stopped)
         finally:
             resting.dec()
 

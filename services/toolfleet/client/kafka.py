@@ -30,7 +30,6 @@ from toolfleet.bus.fetch_wait import (
     TrafficSignal,
     fetch_pace,
     traffic_signal,
-    unread,
 )
 from toolfleet.bus.producer import EventProducer, Outbound
 from toolfleet.client.handles import InvocationHandle, Progress, ProgressCallback
@@ -374,11 +373,7 @@ class ToolfleetClient(RequestPublisher):
             elif pace is not None and signal is not None and signal.live and pace.should_rest():
                 # Caught up: no fetches until the results or events topic rings.
                 consumer.pause(*consumer.assignment())
-                since = pace.rings
-                if await unread(consumer):
-                    await pace.records_wait(never)
-                else:
-                    await pace.rest(never, since=since)
+                await pace.rest_unless_unread(consumer, never)
                 consumer.resume(*consumer.assignment())
             batch = await consumer.getmany(timeout_ms=timeout_ms)
             if pace is not None:

@@ -28,6 +28,7 @@ from tests.support.eventually import eventually
 from tests.support.fleet import ProcessFleet, process_fleet
 from tests.support.pipeline import Fleet, fleet_settings
 from tests.support.servers import kill_quietly
+from toolfleet.devstack.children import child_preexec
 from toolfleet.settings import FleetSettings
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
@@ -53,6 +54,7 @@ def _start_api(env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,
+            preexec_fn=child_preexec,
         )
 
 

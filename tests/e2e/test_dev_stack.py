@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.eventually import eventually
+from toolfleet.devstack.children import child_preexec
 
 pytestmark = [
     pytest.mark.e2e,
@@ -113,7 +114,7 @@ async def test_dev_runs_a_fleet_that_dev_env_joins_and_ctrl_c_stops(
         supervisor = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "toolfleet", "dev",
             cwd=tmp_path, env=dev_env, stdin=asyncio.subprocess.DEVNULL,
-            stdout=sink, stderr=asyncio.subprocess.STDOUT,
+            stdout=sink, stderr=asyncio.subprocess.STDOUT, preexec_fn=child_preexec,
         )  # fmt: skip
     try:
         # 1. dev.env appears once the fleet is up, with every setting, paths absolute.

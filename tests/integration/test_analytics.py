@@ -30,6 +30,7 @@ from toolfleet.audit.records import audit_event
 from toolfleet.bus.admin import ensure_topics
 from toolfleet.bus.connection import connection_kwargs
 from toolfleet.bus.producer import EventProducer, Outbound
+from toolfleet.devstack.children import child_preexec
 from toolfleet.events.codec import ContentMode, decode
 from toolfleet.events.envelope import new_event
 from toolfleet.events.types import EventType, Source, TopicName, topic
@@ -73,6 +74,7 @@ class AnalyticsProcess:
             env=self.env,
             stdout=log,
             stderr=subprocess.STDOUT,
+            preexec_fn=child_preexec,
         )
 
     def stop(self) -> int:

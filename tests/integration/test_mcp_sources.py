@@ -22,6 +22,7 @@ import pytest
 from tests.support.eventually import eventually
 from tests.support.servers import free_port, kill_quietly, wait_for_port
 from tests.support.source_servers import sandbox_state
+from toolfleet.devstack.children import child_preexec
 from toolfleet.errors import ErrorCode
 from toolfleet.executor.runner import RunResult, run_tool
 from toolfleet.isolation.egress import EgressDecision, EgressProxy, InMemoryEgressAudit
@@ -154,6 +155,7 @@ def http_server(tmp_path: Path) -> Iterator[str]:
         cwd=REPO,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        preexec_fn=child_preexec,
     )
     try:
         wait_for_port("127.0.0.1", port)

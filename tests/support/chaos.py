@@ -38,6 +38,7 @@ from tests.support.fleet import ProcessFleet
 from tests.support.pipeline import Fleet
 from tests.support.servers import free_port, wait_for_port
 from toolfleet.bus.connection import connection_kwargs
+from toolfleet.devstack.children import child_preexec
 from toolfleet.errors import InvalidEvent
 from toolfleet.events.codec import decode
 from toolfleet.events.envelope import Envelope
@@ -94,6 +95,7 @@ class PrivateRedis:
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
+            preexec_fn=child_preexec,
         )
         wait_for_port("127.0.0.1", self.port)
 

@@ -19,6 +19,7 @@ from toolfleet.bus.admin import ensure_topics
 from toolfleet.bus.producer import EventProducer
 from toolfleet.client import ToolfleetClient
 from toolfleet.devstack.bootstrap import bootstrap
+from toolfleet.devstack.children import child_preexec
 from toolfleet.events.models import InvocationStatus
 from toolfleet.settings import FleetSettings
 
@@ -51,6 +52,7 @@ class ProcessFleet:
             env=self.env,
             stdout=log,
             stderr=subprocess.STDOUT,
+            preexec_fn=child_preexec,  # no orphaned worker outlives a killed session
         )
         self.procs.setdefault(service, []).append(proc)
         return proc

@@ -122,7 +122,9 @@ def claimed_redis_database(server_url: str, *, ttl_s: int = 3 * 3600) -> Iterato
 
     Two sessions on one machine (a developer's and CI's) must never share Redis state: a
     fleet's approval sweeper or rate buckets would act on the other's. The claim is a
-    ``SET NX`` in database 0 per index, so it is safe between processes.
+    ``SET NX`` in database 0 per index, so it is safe between processes. A database that
+    has clients connected is held too, lock or no lock: a worker orphaned by a killed
+    session would otherwise sweep this session's approvals into its own (dead) broker.
     """
     import redis
 
@@ -131,8 +133,11 @@ def claimed_redis_database(server_url: str, *, ttl_s: int = 3 * 3600) -> Iterato
     try:
         for index in range(15, 0, -1):
             lock = f"toolfleet:test-session:db{index}"
-            if registry.set(lock, str(os.getpid()), nx=True, ex=ttl_s):
+            if not registry.set(lock, str(os.getpid()), nx=True, ex=ttl_s):
+                continue
+            if not any(int(client.get("db", 0)) == index for client in registry.client_list()):
                 break
+            registry.delete(lock)  # someone is still connected to it: leave it alone
         else:
             raise RuntimeError("every Redis database 1-15 is held by another test session")
         url = urlunsplit(parts._replace(path=f"/{index}"))

@@ -15,8 +15,9 @@ the broker's ack, with the fleet's ``fetch_max_wait_ms`` and ``linger_ms`` and t
 concurrency. The ratio fleet/baseline is the cost of everything toolfleet does per hop.
 
 Only loopback traffic: the broker is started here on a free port; Redis and Postgres
-come from ``TOOLFLEET_REDIS_URL`` / ``TOOLFLEET_DATABASE_URL`` (a throwaway database is
-created and dropped). Results go to ``bench/results/<timestamp>.json``.
+come from ``TOOLFLEET_REDIS_URL`` / ``TOOLFLEET_DATABASE_URL`` (the fleet gets a Redis
+database index of its own, emptied afterwards, and a throwaway Postgres database).
+Results go to ``bench/results/<timestamp>.json``.
 """
 
 from __future__ import annotations
@@ -420,53 +421,63 @@ async def throwaway_database(admin_dsn: str) -> AsyncIterator[str]:
 
 
 async def run_fleet(bootstrap: str, cfg: BenchConfig, work: Path) -> RunResult:
+    from toolfleet.devstack.redis_claims import claimed_redis_database
+
+    server_url = os.environ.get("TOOLFLEET_REDIS_URL", "redis://127.0.0.1:6379/0")
+    admin_dsn = os.environ.get(
+        "TOOLFLEET_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
+    )
+    # Its own Redis database, emptied afterwards: a run writes about a million keys that
+    # would otherwise live on for days (dedupe markers) in the developer's database 0.
+    with claimed_redis_database(server_url) as redis_url:
+        async with throwaway_database(admin_dsn) as database_url:
+            return await _run_fleet_on(bootstrap, cfg, work, redis_url, database_url)
+
+
+async def _run_fleet_on(
+    bootstrap: str, cfg: BenchConfig, work: Path, redis_url: str, database_url: str
+) -> RunResult:
     import yaml
 
     from toolfleet.auth.keys import ensure_key_pair
     from toolfleet.auth.tokens import TokenIssuer
     from toolfleet.devstack.bootstrap import bootstrap as bootstrap_fleet
 
-    redis_url = os.environ.get("TOOLFLEET_REDIS_URL", "redis://127.0.0.1:6379/0")
-    admin_dsn = os.environ.get(
-        "TOOLFLEET_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
-    )
     private, public = work / "jwt_private.pem", work / "jwt_public.pem"
     ensure_key_pair(private, public)
     policy = work / "policy.yaml"
     policy.write_text(yaml.safe_dump({"tenants": {"*": {"allow_tools": ["core__*"]}}}))
-    async with throwaway_database(admin_dsn) as database_url:
-        env_values = {
-            "KAFKA_BOOTSTRAP": bootstrap,
-            "REDIS_URL": redis_url,
-            "DATABASE_URL": database_url,
-            "TOPIC_PREFIX": f"bench{uuid.uuid4().hex[:6]}.",
-            "TOPIC_PARTITIONS": str(cfg.partitions),
-            "FETCH_MAX_WAIT_MS": str(cfg.fetch_max_wait_ms),
-            "LINGER_MS": str(cfg.linger_ms),
-            "JWT_PUBLIC_KEY_FILE": str(public),
-            "JWT_PRIVATE_KEY_FILE": str(private),
-            "POLICY_FILE": str(policy),
-            "LOG_LEVEL": "WARNING",
-            **cfg.fleet_env,
-        }
-        settings = FleetSettings.model_validate({k.lower(): v for k, v in env_values.items()})
-        await bootstrap_fleet(settings)  # migrate, topics, register tools
-        env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLFLEET_")}
-        env.update({f"TOOLFLEET_{k}": v for k, v in env_values.items()})
-        commands = [
-            (name, [sys.executable, "-m", "toolfleet", "worker", name], env) for name in WORKERS
-        ]
-        issuer = TokenIssuer.from_files(
-            private, public, issuer=settings.jwt_issuer, audience=settings.jwt_audience
+    env_values = {
+        "KAFKA_BOOTSTRAP": bootstrap,
+        "REDIS_URL": redis_url,
+        "DATABASE_URL": database_url,
+        "TOPIC_PREFIX": f"bench{uuid.uuid4().hex[:6]}.",
+        "TOPIC_PARTITIONS": str(cfg.partitions),
+        "FETCH_MAX_WAIT_MS": str(cfg.fetch_max_wait_ms),
+        "LINGER_MS": str(cfg.linger_ms),
+        "JWT_PUBLIC_KEY_FILE": str(public),
+        "JWT_PRIVATE_KEY_FILE": str(private),
+        "POLICY_FILE": str(policy),
+        "LOG_LEVEL": "WARNING",
+        **cfg.fleet_env,
+    }
+    settings = FleetSettings.model_validate({k.lower(): v for k, v in env_values.items()})
+    await bootstrap_fleet(settings)  # migrate, topics, register tools
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLFLEET_")}
+    env.update({f"TOOLFLEET_{k}": v for k, v in env_values.items()})
+    argv = [sys.executable, "-m", "toolfleet", "worker"]
+    commands = [(name, [*argv, name], env) for name in WORKERS]
+    issuer = TokenIssuer.from_files(
+        private, public, issuer=settings.jwt_issuer, audience=settings.jwt_audience
+    )
+    tokens = {
+        tenant_of(i, cfg.tenants): issuer.issue(
+            tenant_id=tenant_of(i, cfg.tenants), agent_did="did:agent:bench", tool_id="core__*"
         )
-        tokens = {
-            tenant_of(i, cfg.tenants): issuer.issue(
-                tenant_id=tenant_of(i, cfg.tenants), agent_did="did:agent:bench", tool_id="core__*"
-            )
-            for i in range(cfg.tenants)
-        }
-        with processes(commands, work) as pids:
-            return await measure_fleet(settings, cfg, tokens, work, pids)
+        for i in range(cfg.tenants)
+    }
+    with processes(commands, work) as pids:
+        return await measure_fleet(settings, cfg, tokens, work, pids)
 
 
 async def measure_fleet(

@@ -12,12 +12,12 @@ import pytest
 from hypothesis import settings as hypothesis_settings
 
 from tests.support.servers import (
-    claimed_redis_database,
     kafka_broker,
     postgres_server,
     redis_server,
 )
 from toolfleet.bus.admin import ensure_topics
+from toolfleet.devstack.redis_claims import claimed_redis_database
 from toolfleet.settings import FleetSettings
 from toolfleet.storage.postgres import create_pool, dsn_with_database, migrate
 

@@ -38,6 +38,12 @@ class FleetSettings(BaseSettings):
     ``min.insync.replicas`` of ``topics.yaml``."""
     fetch_max_wait_ms: int = Field(default=5, ge=0)
     """How long a fetch may wait for data: sets per-hop latency (low by default)."""
+    fetch_broker_wait_ms: int = Field(default=1, ge=1)
+    """The part of a fetch's wait the broker holds it (ms, at most ``fetch_max_wait_ms``);
+    the consumer waits the rest itself before it fetches again, and a doorbell ring cuts
+    that short. The dev broker burns CPU while it holds a fetch, so 1 by default; with a
+    Kafka that long-polls (wakes a held fetch when a record lands) set it to
+    ``fetch_max_wait_ms`` or more, as ``docker-compose.yml`` does."""
     observer_fetch_max_wait_ms: int = Field(default=50, ge=0)
     """``fetch_max_wait_ms`` of audit and status, which are off the outcome's critical path,
     and how long they wait after a ring before fetching: one fetch collects several hops."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import redis
 
-from tests.support.servers import claimed_redis_database
+from toolfleet.devstack.redis_claims import claimed_redis_database
 
 
 def test_a_database_someone_is_still_connected_to_is_not_claimed(redis_server_url: str) -> None:

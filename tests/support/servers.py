@@ -16,7 +16,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 
 def free_port() -> int:
@@ -114,40 +114,3 @@ def kill_quietly(proc: subprocess.Popen[bytes]) -> None:
         proc.kill()
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(5)
-
-
-@contextlib.contextmanager
-def claimed_redis_database(server_url: str, *, ttl_s: int = 3 * 3600) -> Iterator[str]:
-    """A Redis database index no other test session holds, emptied, released on exit.
-
-    Two sessions on one machine (a developer's and CI's) must never share Redis state: a
-    fleet's approval sweeper or rate buckets would act on the other's. The claim is a
-    ``SET NX`` in database 0 per index, so it is safe between processes. A database that
-    has clients connected is held too, lock or no lock: a worker orphaned by a killed
-    session would otherwise sweep this session's approvals into its own (dead) broker.
-    """
-    import redis
-
-    parts = urlsplit(server_url)
-    registry = redis.Redis.from_url(urlunsplit(parts._replace(path="/0")))
-    try:
-        for index in range(15, 0, -1):
-            lock = f"toolfleet:test-session:db{index}"
-            if not registry.set(lock, str(os.getpid()), nx=True, ex=ttl_s):
-                continue
-            if not any(int(client.get("db", 0)) == index for client in registry.client_list()):
-                break
-            registry.delete(lock)  # someone is still connected to it: leave it alone
-        else:
-            raise RuntimeError("every Redis database 1-15 is held by another test session")
-        url = urlunsplit(parts._replace(path=f"/{index}"))
-        database = redis.Redis.from_url(url)
-        try:
-            database.flushdb()
-            yield url
-            database.flushdb()
-        finally:
-            database.close()
-            registry.delete(lock)
-    finally:
-        registry.close()

@@ -13,6 +13,8 @@ from toolfleet.bus.fetch_wait import (
     FetchPace,
     TrafficSignal,
     fetch_pace,
+    fetch_waits,
+    split_fetch_wait,
     traffic_channel,
     traffic_signal,
 )
@@ -232,3 +234,42 @@ def test_the_doorbell_can_be_switched_off_and_fleets_do_not_share_a_channel() ->
     assert traffic_signal(Publishes(), off) is None  # type: ignore[arg-type]
     assert fetch_pace(off, ["t"]) is None
     assert traffic_channel("a.") != traffic_channel("b.")
+
+
+# --- waiting between fetches in the client --------------------------------------------
+
+
+def test_the_broker_holds_a_fetch_at_most_its_share_and_the_client_waits_the_rest() -> None:
+    assert fetch_waits(5, 1) == (1, 0.004)
+    assert fetch_waits(50, 1) == (1, 0.049)
+    assert fetch_waits(5, 500) == (5, 0.0)  # a Kafka that long-polls: all at the broker
+    assert fetch_waits(0, 1) == (0, 0.0)
+    assert fetch_waits(5, 0) == (1, 0.004)  # held 0 ms, the dev broker reads nothing
+    settings = FleetSettings(fetch_max_wait_ms=20, fetch_broker_wait_ms=2)
+    assert split_fetch_wait(settings, settings.fetch_max_wait_ms) == (2, 0.018)
+
+
+async def test_between_fetches_the_consumer_waits_unless_a_ring_came_meanwhile() -> None:
+    waiting = pace()
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    await waiting.between_fetches(0.03, since=waiting.rings)
+    assert loop.time() - started >= 0.025
+
+    since = waiting.rings  # taken when the fetch was sent
+    waiting.ring()  # a record acknowledged while the fetch was out
+    await asyncio.wait_for(waiting.between_fetches(10, since=since), 1)
+
+
+async def test_a_ring_or_records_seen_waiting_cut_the_wait_between_fetches_short() -> None:
+    waiting = pace()
+    task = asyncio.create_task(waiting.between_fetches(10, since=waiting.rings))
+    await asyncio.sleep(0)
+    assert not task.done()
+    waiting.ring()
+    await asyncio.wait_for(task, 1)
+
+    task = asyncio.create_task(waiting.between_fetches(10, since=waiting.rings))
+    await asyncio.sleep(0)
+    await waiting.records_wait(never())  # the end offsets showed records
+    await asyncio.wait_for(task, 1)

@@ -32,6 +32,16 @@ redelivery are untouched.
 
 A consumer off the critical path (audit, status) waits ``wake_delay_s`` after a ring
 before fetching, so one fetch collects the records of several hops.
+
+**Waiting in the client.** The dev broker spends CPU for as long as it holds a fetch
+that found nothing (it polls its logs meanwhile, more so the more partitions the fetch
+names): measured, a fetch held 5 ms costs it 0.6-1.4 ms of CPU, one held 1 ms 0.2-0.5
+ms, and at ``fetch_max_wait_ms=0`` it answers without reading at all. So the broker holds
+a fetch for at most ``TOOLFLEET_FETCH_BROKER_WAIT_MS`` (1 ms) and the consumer waits the
+rest of ``fetch_max_wait_ms`` itself (:func:`wait_in_client`), before its next fetch;
+a ring cuts that wait short. A Kafka that long-polls wakes a held fetch the moment a
+record lands: set ``TOOLFLEET_FETCH_BROKER_WAIT_MS`` to ``fetch_max_wait_ms`` or more
+there (``docker-compose.yml`` does), and consumers wait at the broker only.
 """
 
 from __future__ import annotations
@@ -43,6 +53,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from aiokafka import AIOKafkaConsumer
+from aiokafka.consumer.fetcher import Fetcher
 from aiokafka.errors import KafkaError
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
@@ -117,6 +128,7 @@ class FetchPace:
         self._caught_up = False
         self._rings = 0
         self._rung = asyncio.Event()
+        self._waits: set[asyncio.Future[None]] = set()
 
     @property
     def rings(self) -> int:
@@ -139,9 +151,29 @@ class FetchPace:
         return self._caught_up and self._clock() - self._last_traffic >= self.idle_after_s
 
     def ring(self) -> None:
-        """A topic this consumer reads rang: a rest under way (or about to begin) ends."""
+        """A topic this consumer reads rang: a rest under way (or about to begin) ends,
+        and so does a wait between fetches (:meth:`between_fetches`)."""
         self._rings += 1
         self._rung.set()
+        self._end_waits()
+
+    def _end_waits(self) -> None:
+        for waiting in self._waits:
+            if not waiting.done():
+                waiting.set_result(None)
+        self._waits.clear()
+
+    async def between_fetches(self, seconds: float, *, since: int) -> None:
+        """Wait ``seconds`` before the next fetch, unless a ring after ``since`` (taken
+        before the fetch that came back empty was sent) or records seen waiting end it."""
+        if self._rings != since or seconds <= 0:
+            return
+        waiting: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waits.add(waiting)
+        try:
+            await asyncio.wait([waiting], timeout=seconds)
+        finally:
+            self._waits.discard(waiting)
 
     async def rest(self, stopped: asyncio.Future[Any], *, since: int) -> bool:
         """Rest until a ring after ``since`` (True), one interval, or ``stopped`` (False).
@@ -165,6 +197,7 @@ class FetchPace:
         """Records wait on the broker (rung, or seen in the end offsets): awake, after
         ``wake_delay_s`` (unless stopped)."""
         self.awake()
+        self._end_waits()
         if self.wake_delay_s > 0 and not stopped.done():
             await asyncio.wait([stopped], timeout=self.wake_delay_s)
 
@@ -179,6 +212,60 @@ class FetchPace:
             await self.records_wait(stopped)
             return True
         return await self.rest(stopped, since=since)
+
+
+_FETCHER_HOOK = callable(getattr(Fetcher, "_proc_fetch_request", None))
+"""Whether this aiokafka's fetcher sends each fetch request in ``_proc_fetch_request``
+(true of 0.10-0.14). If a release changes that, consumers wait at the broker only."""
+
+
+def fetch_waits(max_wait_ms: int, broker_wait_ms: int) -> tuple[int, float]:
+    """How a consumer waits for records: (``fetch_max_wait_ms`` of its fetch requests,
+    seconds it waits itself after a fetch that brought none). Together, ``max_wait_ms``."""
+    if not _FETCHER_HOOK:
+        return max_wait_ms, 0.0
+    at_broker = min(max_wait_ms, max(broker_wait_ms, 1))  # 0: the dev broker reads nothing
+    return at_broker, (max_wait_ms - at_broker) / 1000
+
+
+def split_fetch_wait(settings: FleetSettings, max_wait_ms: int) -> tuple[int, float]:
+    """:func:`fetch_waits` of a consumer that waits ``max_wait_ms`` under ``settings``."""
+    return fetch_waits(max_wait_ms, settings.fetch_broker_wait_ms)
+
+
+def wait_in_client(
+    consumer: AIOKafkaConsumer, seconds: float, pace: FetchPace | None = None
+) -> None:
+    """After a fetch that brought no records, ``consumer`` waits ``seconds`` before it
+    sends the next (cut short by ``pace``'s rings): the wait between fetches moves from
+    the broker to the client (see the module's notes). Call it once ``consumer`` started.
+
+    aiokafka fetches in a background task, one request per broker in flight, the next
+    as soon as the last is answered; the wait is added to that request's task, so the
+    broker stays *in flight* for it and no other fetch is sent meanwhile.
+    """
+    fetcher = getattr(consumer, "_fetcher", None)
+    if seconds <= 0 or fetcher is None or not _FETCHER_HOOK:
+        return
+    send = fetcher._proc_fetch_request
+
+    async def fetch_then_wait(assignment: Any, node_id: int, request: Any) -> bool:
+        since = pace.rings if pace is not None else 0
+        found: bool = await send(assignment, node_id, request)
+        if found:
+            return True
+        try:
+            if pace is not None:
+                await pace.between_fetches(seconds, since=since)
+            else:
+                await asyncio.sleep(seconds)
+        except asyncio.CancelledError:
+            # Only the fetcher cancels its requests (closing, or a new assignment), and
+            # it awaits them afterwards: end as the empty fetch this was.
+            return False
+        return False
+
+    fetcher._proc_fetch_request = fetch_then_wait
 
 
 class TrafficAnnouncer(Protocol):

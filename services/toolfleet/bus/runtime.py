@@ -36,7 +36,13 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_ran
 from toolfleet.bus.connection import connection_kwargs
 from toolfleet.bus.dedupe import ProcessedEvents
 from toolfleet.bus.dlq import dlq_message
-from toolfleet.bus.fetch_wait import FetchPace, TrafficSignal, fetch_pace
+from toolfleet.bus.fetch_wait import (
+    FetchPace,
+    TrafficSignal,
+    fetch_pace,
+    split_fetch_wait,
+    wait_in_client,
+)
 from toolfleet.bus.offsets import OffsetTracker, Partition
 from toolfleet.bus.producer import EventProducer, Outbound
 from toolfleet.bus.scheduler import Backlog, Placement
@@ -246,13 +252,14 @@ class EventConsumer:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Consume until ``stop`` is set, then drain in-flight work and commit."""
+        at_broker_ms, in_client_s = split_fetch_wait(self._settings, self._fetch_max_wait_ms)
         consumer = AIOKafkaConsumer(
             **connection_kwargs(self._settings),
             group_id=self.spec.group_id,
             client_id=f"toolfleet-{self.spec.service}",
             enable_auto_commit=False,
             auto_offset_reset=self.spec.auto_offset_reset,
-            fetch_max_wait_ms=self._fetch_max_wait_ms,
+            fetch_max_wait_ms=at_broker_ms,
             max_partition_fetch_bytes=max(self._settings.max_event_bytes * 2, 1_048_576),
             session_timeout_ms=self._settings.session_timeout_ms,
             heartbeat_interval_ms=max(500, self._settings.session_timeout_ms // 3),
@@ -264,6 +271,7 @@ class EventConsumer:
         if not await self._start_unless_stopped(consumer, stop):
             self._consumer = None
             return
+        wait_in_client(consumer, in_client_s, self._pace)
         committer = asyncio.create_task(self._commit_loop(), name=f"{self.spec.service}-commit")
         try:
             await self._poll_loop(consumer, stop)

@@ -61,17 +61,21 @@ async def _tail(
         loop.add_signal_handler(sig, stop.set)
     from aiokafka import AIOKafkaConsumer  # the fleet extra: imported on use
 
+    from toolfleet.bus.fetch_wait import split_fetch_wait, wait_in_client
+
+    at_broker_ms, in_client_s = split_fetch_wait(settings, max(settings.fetch_max_wait_ms, 100))
     consumer = AIOKafkaConsumer(
         topic(settings.topic_prefix, TopicName.AUDIT),
         **connection_kwargs(settings),
         group_id=None,
         enable_auto_commit=False,
         auto_offset_reset="earliest" if from_beginning else "latest",
-        fetch_max_wait_ms=max(settings.fetch_max_wait_ms, 100),
+        fetch_max_wait_ms=at_broker_ms,
         client_id="toolfleet-audit-tail",
     )
     try:
         await consumer.start()
+        wait_in_client(consumer, in_client_s)
         while not stop.is_set():
             batch = await consumer.getmany(timeout_ms=200)
             for records in batch.values():

@@ -29,7 +29,9 @@ from toolfleet.bus.fetch_wait import (
     TrafficAnnouncer,
     TrafficSignal,
     fetch_pace,
+    split_fetch_wait,
     traffic_signal,
+    wait_in_client,
 )
 from toolfleet.bus.producer import EventProducer, Outbound
 from toolfleet.client.handles import InvocationHandle, Progress, ProgressCallback
@@ -328,11 +330,14 @@ class ToolfleetClient(RequestPublisher):
 
     async def _start_watcher(self) -> None:
         # Every partition: a caller may wait for invocations of many tenants at once.
+        at_broker_ms, in_client_s = split_fetch_wait(
+            self._settings, self._settings.fetch_max_wait_ms
+        )
         consumer = AIOKafkaConsumer(
             **connection_kwargs(self._settings),
             group_id=None,
             enable_auto_commit=False,
-            fetch_max_wait_ms=self._settings.fetch_max_wait_ms,
+            fetch_max_wait_ms=at_broker_ms,
             client_id="toolfleet-client-watch",
         )
         await consumer.start()
@@ -349,6 +354,7 @@ class ToolfleetClient(RequestPublisher):
         signal = self._own_traffic
         if signal is not None:
             self._pace = fetch_pace(self._settings, {tp.topic for tp in parts})
+        wait_in_client(consumer, in_client_s, self._pace)
         if signal is not None and self._pace is not None:
             signal.register(self._pace)
             self._listen_task = asyncio.create_task(

@@ -260,8 +260,8 @@ def wait_in_client(
             else:
                 await asyncio.sleep(seconds)
         except asyncio.CancelledError:
-            # Only the fetcher cancels its requests (closing, or a new assignment), and
-            # it awaits them afterwards: end as the empty fetch this was.
+            # Only the fetcher cancels its requests (closing, or the assignment changed)
+            # and awaits them afterwards; like aiokafka's own, end as an empty fetch.
             return False
         return False
 

@@ -123,6 +123,14 @@ def test_invocation_ids_are_uuids_and_non_uuids_map_stably() -> None:
     assert invocation_uuid(uid.upper()) == uid
     assert invocation_uuid("not-a-uuid") == invocation_uuid("not-a-uuid")
     assert invocation_uuid("not-a-uuid") != invocation_uuid("not-a-uuid-2")
+    expected = uuid.uuid5(uuid.NAMESPACE_URL, "toolfleet:invocation:not-a-uuid")
+    assert invocation_uuid("not-a-uuid") == str(expected)  # ids stored before stay valid
+
+
+def test_an_invocation_id_with_a_lone_surrogate_maps_stably_instead_of_failing() -> None:
+    odd = invocation_uuid("\ud800x")  # valid JSON ("\\ud800x"), not valid UTF-8
+    assert str(uuid.UUID(odd)) == odd
+    assert invocation_uuid("\ud800x") == odd != invocation_uuid("\udc00x")
 
 
 def test_a_request_without_invocation_id_is_named_by_its_event_id() -> None:

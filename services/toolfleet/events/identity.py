@@ -153,11 +153,15 @@ def with_trace(envelope: Envelope) -> Envelope:
 
 
 def invocation_uuid(text: str) -> str:
-    """The invocation id as a UUID string; a non-UUID id maps stably to one."""
+    """The invocation id as a UUID string; a non-UUID id maps stably to one (``uuid5``,
+    with a lone surrogate, which JSON may carry as ``\\ud800``, hashed as its three
+    UTF-8 bytes instead of failing)."""
     try:
         return str(uuid.UUID(text))
     except ValueError:
-        return str(uuid.uuid5(uuid.NAMESPACE_URL, f"toolfleet:invocation:{text}"))
+        name = f"toolfleet:invocation:{text}".encode("utf-8", "surrogatepass")
+        digest = hashlib.sha1(uuid.NAMESPACE_URL.bytes + name, usedforsecurity=False).digest()
+        return str(uuid.UUID(bytes=digest[:16], version=5))
 
 
 def invocation_id_of(event: Envelope) -> str | None:

@@ -30,7 +30,7 @@ def claimed_redis_database(server_url: str, *, ttl_s: int = 3 * 3600) -> Iterato
     registry = redis.Redis.from_url(urlunsplit(parts._replace(path="/0")))
     try:
         for index in range(15, 0, -1):
-            lock = f"toolfleet:test-session:db{index}"
+            lock = f"toolfleet:claimed-db:{index}"
             if not registry.set(lock, str(os.getpid()), nx=True, ex=ttl_s):
                 continue
             if not any(int(client.get("db", 0)) == index for client in registry.client_list()):

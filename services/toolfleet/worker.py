@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import importlib
 import logging
 import os
@@ -192,9 +193,41 @@ async def _main(service: str, settings: FleetSettings) -> None:
     build = load_build(service)
     async with open_resources(settings, service=service) as res:
         consumers = await build(res)
+        settle_heap()
         log.info("worker started", extra={"worker_id": res.worker_id})
         await serve(consumers, stop, res.jobs)
         log.info("worker stopped", extra={"worker_id": res.worker_id})
+
+
+#: Container allocations between two young-generation collections (CPython: 700). A
+#: worker allocates and frees thousands of short-lived objects per record (envelopes,
+#: models, protocol structs); at 700 it collected every few records. 10k holds at most
+#: a few MB of young garbage (worker RSS moved by 1-4 MB in the e2e bench).
+GC_YOUNG_THRESHOLD = 10_000
+
+
+def settle_heap() -> None:
+    """Once the worker is built: move what startup made (modules, schemas, catalogs,
+    about 100k objects) out of the collector's reach, and collect the young generation
+    less often. Measured in the e2e bench, the collector took a fifth of every worker's
+    CPU, full collections 100-200 ms each, mostly walking objects that live forever."""
+    gc.collect()
+    gc.freeze()
+    _, middle, old = gc.get_threshold()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, middle, old)
+
+
+def loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """The event loop ``TOOLFLEET_EVENT_LOOP`` asks for (None: the standard library's;
+    settings refused ``uvloop`` already if it is not installed)."""
+    if choice == "asyncio":
+        return None
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+    return factory
 
 
 def run_worker(service: str, settings: FleetSettings | None = None) -> None:
@@ -209,6 +242,7 @@ def run_worker(service: str, settings: FleetSettings | None = None) -> None:
 
         setproctitle.setproctitle(f"toolfleet worker {service}")
     try:
-        asyncio.run(_main(service, settings))
+        with asyncio.Runner(loop_factory=loop_factory(settings.event_loop)) as runner:
+            runner.run(_main(service, settings))
     finally:
         shutdown_tracing()  # the last spans of a stopping worker are exported, not dropped

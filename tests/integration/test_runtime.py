@@ -283,3 +283,52 @@ async def test_a_stop_while_joining_the_group_ends_the_consumer_without_the_join
         # Far below the 40 s the join would hold it: the stop did not wait for the join.
         await asyncio.wait_for(running, timeout=10)
     assert not runtime.assigned.is_set()
+
+
+async def test_the_outputs_of_a_fetch_leave_in_one_produce_request(
+    settings: FleetSettings,
+) -> None:
+    """Sixty structured events of 4 KB for one partition (audit's output for one fetch)
+    go to the broker together, not a produce round trip per 16 KB (aiokafka's default
+    batch), and every one lands."""
+    prefix = f"{settings.topic_prefix}pb{uuid.uuid4().hex[:6]}."
+    local = settings.model_copy(update={"topic_prefix": prefix})
+    from toolfleet.bus.admin import ensure_topics
+
+    await ensure_topics(local)
+    audit = topic(prefix, TopicName.AUDIT)
+    outbounds = [
+        Outbound(
+            envelope=new_event(
+                event_type=EventType.INVOKE_AUTHORIZED,
+                source=Source.AUDIT,
+                data={"n": n, "padding": "x" * 4096},
+                tenant_id="tenant-one-partition",
+                invocation_id=str(uuid.uuid4()),
+            ),
+            topic=audit,
+            mode=ContentMode.STRUCTURED,
+        )
+        for n in range(60)
+    ]
+    producer = EventProducer(local)
+    await producer.start()
+    requests: list[str] = []
+    client = producer._producer.client
+    send = client.send
+
+    async def counting(node_id: int, request: object, **kwargs: object) -> object:
+        requests.append(type(request).__name__)
+        return await send(node_id, request, **kwargs)
+
+    try:
+        await producer.partitions_for(audit)  # metadata first: its requests are not counted
+        client.send = counting
+        await producer.send_all(outbounds)
+    finally:
+        client.send = send
+        await producer.stop()
+    produced = [name for name in requests if name.startswith("ProduceRequest")]
+    assert len(produced) == 1, requests
+    got = await _read_all(local, TopicName.AUDIT, want=60)
+    assert sorted(json.loads(r.value)["data"]["n"] for r in got) == list(range(60))

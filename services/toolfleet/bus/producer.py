@@ -26,6 +26,13 @@ class Outbound:
     mode: ContentMode = ContentMode.BINARY
 
 
+#: Bytes of one partition's record batch. aiokafka's default (16 KiB) holds a handful of
+#: structured audit events: a send past it waits for the batch to leave, so one fetch's
+#: outputs went out in many produce requests. Below a broker's default
+#: ``message.max.bytes`` (1 MiB), which a batch must not exceed.
+BATCH_BYTES = 512 * 1024
+
+
 class EventProducer:
     """A started aiokafka producer tuned for low latency (``linger_ms`` 0 by default)."""
 
@@ -46,6 +53,7 @@ class EventProducer:
             linger_ms=settings.linger_ms,
             enable_idempotence=settings.enable_idempotence,
             max_request_size=max(settings.max_event_bytes * 4, 1_048_576),
+            max_batch_size=BATCH_BYTES,
             request_timeout_ms=30_000,
         )
 

@@ -46,6 +46,7 @@ from toolfleet.events.models import (
     ResourceLimits,
     ResultBlob,
 )
+from toolfleet.events.types import EventType
 from toolfleet.status import projection
 
 pytestmark = pytest.mark.unit
@@ -516,6 +517,22 @@ def test_damaged_data_gives_a_fact_none_or_invalid_event(event: Envelope) -> Non
     if fact is not None:
         row = projection.apply(None, fact)
         assert row is None or row.invocation_id == fact.invocation_id
+
+
+def test_a_lone_surrogate_in_an_error_detail_key_is_projected_as_sent() -> None:
+    """Hypothesis found it: pydantic's JSON mode raised on such a key nested in the
+    details (the event went to the DLQ, not the row) and wrote one at the top level as
+    replacement characters."""
+    failed = next(e for e in lifecycles()["rich"] if e.type == EventType.FAILED)
+    error = {**failed.data["error"], "details": {"\ud800": 1, "limit_s": {"\udfff k": [2]}}}
+    event = failed.model_copy(update={"data": {**failed.data, "error": error}})
+    fact = projection.fact_of(event, now=NOW)
+    assert fact is not None
+    assert fact.error is not None
+    assert fact.error["details"] == {"\ud800": 1, "limit_s": {"\udfff k": [2]}}
+    row = projection.apply(None, fact)
+    assert row is not None
+    assert row.error == fact.error
 
 
 def main() -> None:

@@ -136,9 +136,9 @@ class FleetSettings(BaseSettings):
     dedupe_ttl_s: int = Field(default=7 * 24 * 3600, ge=60)
     """How long a processed ``source``+``id`` is remembered."""
     event_loop: Literal["auto", "uvloop", "asyncio"] = "auto"
-    """A worker's event loop: ``uvloop`` (libuv; a third less CPU per invocation in the
-    e2e bench), ``asyncio`` (the standard library's), or ``auto``: uvloop when installed
-    (the ``fleet`` extra installs it on Linux and macOS)."""
+    """A worker's event loop: ``uvloop`` (libuv: cheaper socket and timer handling),
+    ``asyncio`` (the standard library's), or ``auto``: uvloop when installed (the
+    ``fleet`` extra installs it on Linux and macOS)."""
 
     # --- Observability -----------------------------------------------------------------
     log_level: str = "INFO"

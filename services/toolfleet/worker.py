@@ -226,8 +226,7 @@ def loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
         import uvloop
     except ImportError:
         return None
-    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
-    return factory
+    return uvloop.new_event_loop
 
 
 def run_worker(service: str, settings: FleetSettings | None = None) -> None:

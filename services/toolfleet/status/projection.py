@@ -36,8 +36,6 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any, Final, TypeVar
 
-from pydantic_core import to_jsonable_python
-
 from toolfleet.errors import InvalidEvent
 from toolfleet.events.envelope import Envelope
 from toolfleet.events.identity import invocation_id_of, invocation_uuid, tenant_of, trace_id_of
@@ -55,7 +53,7 @@ from toolfleet.events.models import (
 )
 from toolfleet.events.sanitize import sanitize_parameters
 from toolfleet.events.types import TERMINAL_TYPES, EventType
-from toolfleet.storage.pg_text import escape_json, unescape_json
+from toolfleet.storage.pg_text import jsonable
 
 _RANK: Final = {
     InvocationStatus.PENDING: 0,
@@ -442,7 +440,8 @@ def _terminal(event: Envelope, base: dict[str, Any]) -> Fact:
     if not outcome.status.is_terminal:
         raise InvalidEvent(f"{event.type} carries the non-terminal status {outcome.status}")
     meta = outcome.execution_metadata
-    dumped = _json_members(outcome)
+    # One serializer pass for the three members the row keeps as JSON.
+    dumped = jsonable(outcome, include=_TERMINAL_JSON)
     return _fact(
         Kind.TERMINAL,
         base,
@@ -462,18 +461,6 @@ def _terminal(event: Envelope, base: dict[str, Any]) -> Fact:
 
 
 _TERMINAL_JSON: Final = {"error", "execution_metadata", "documents_accessed"}
-
-
-def _json_members(outcome: ToolOutcome) -> dict[str, Any]:
-    """The members the row keeps as JSON, in JSON form, every text kept as sent.
-
-    pydantic's JSON mode cannot encode a lone surrogate in an object key (nested in a
-    free-form member it raises, at the top it writes replacement characters), and a
-    tool's error details may carry one. So the texts are escaped, reversibly, around
-    the one serializer pass (:mod:`toolfleet.storage.pg_text`)."""
-    python = outcome.model_dump(include=_TERMINAL_JSON)
-    jsonable: dict[str, Any] = unescape_json(to_jsonable_python(escape_json(python)))
-    return jsonable
 
 
 def _fact(kind: Kind, base: dict[str, Any], **values: Any) -> Fact:

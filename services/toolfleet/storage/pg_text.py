@@ -28,6 +28,8 @@ from typing import Any, Final
 
 import asyncpg
 import orjson
+from pydantic import BaseModel
+from pydantic_core import to_jsonable_python
 
 ESCAPE: Final = "\ue000"
 """First character of an escape: the first code point of Unicode's private use area."""
@@ -85,6 +87,18 @@ def unescape_array(values: Iterable[str | None] | None) -> list[str | None] | No
     if values is None:
         return None
     return [None if v is None else unescape_text(v) for v in values]
+
+
+def jsonable(model: BaseModel, *, include: set[str] | None = None) -> dict[str, Any]:
+    """``model.model_dump(mode="json")`` with every text kept as sent.
+
+    pydantic's JSON mode cannot encode a lone surrogate in an object key (nested in a
+    free-form member it raises, at the top it writes replacement characters), and tool
+    output may carry one. So the texts are escaped around the one serializer pass."""
+    dumped: dict[str, Any] = unescape_json(
+        to_jsonable_python(escape_json(model.model_dump(include=include)))
+    )
+    return dumped
 
 
 def encode_json(value: object) -> str:

@@ -95,6 +95,11 @@ class Costs:
     cpu_ms_by_process: dict[str, float]
     paced_p50_ms: float
     paced_p99_ms: float
+    paced_cpu_ms_per_call: float = float("nan")
+    """CPU of the same processes per call made one at a time: at 1 in flight, what the
+    consumers' polling costs beside the work itself (it also slows every hop: a woken
+    process waits for a core)."""
+    paced_cpu_ms_by_process: dict[str, float] = dataclasses.field(default_factory=dict)
     idle_cores: dict[str, float] | None = None
     """Average share of one core each process used over the idle phase."""
     first_after_idle_ms: list[float] | None = None
@@ -354,7 +359,9 @@ async def measure_baseline(
     meter = CpuMeter({"broker": children_named("--listener-url"), "relays": relays})
     try:
         await drive(cfg.warmup, cfg.concurrency, one)
+        meter.start()
         paced, _, _ = await drive(cfg.paced, 1, one)
+        paced_cpu = meter.stop()
         meter.start()
         latencies, outcomes, elapsed = await drive(cfg.n, cfg.concurrency, one)
         cpu = meter.stop()
@@ -365,7 +372,7 @@ async def measure_baseline(
         await watcher.stop()
         await producer.stop()
     result = summarize("baseline (bare aiokafka, 4 hops)", latencies, outcomes, elapsed)
-    return dataclasses.replace(result, costs=costs_of(cpu, result.completed, paced))
+    return dataclasses.replace(result, costs=costs_of(cpu, result.completed, paced, paced_cpu))
 
 
 async def settle(
@@ -382,7 +389,12 @@ async def settle(
             return
 
 
-def costs_of(cpu: dict[str, CpuReading], completed: int, paced: list[float]) -> Costs:
+def costs_of(
+    cpu: dict[str, CpuReading],
+    completed: int,
+    paced: list[float],
+    paced_cpu: dict[str, CpuReading],
+) -> Costs:
     per = max(completed, 1)
     ordered = sorted(paced)
     return Costs(
@@ -392,6 +404,10 @@ def costs_of(cpu: dict[str, CpuReading], completed: int, paced: list[float]) -> 
         paced_p99_ms=ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] * 1000
         if ordered
         else float("nan"),
+        paced_cpu_ms_per_call=sum(r.cpu_s for r in paced_cpu.values()) / max(len(paced), 1) * 1000,
+        paced_cpu_ms_by_process={
+            name: r.cpu_s / max(len(paced), 1) * 1000 for name, r in paced_cpu.items()
+        },
     )
 
 
@@ -521,13 +537,15 @@ async def measure_fleet(
         groups.update({name: [pid] for name, pid in workers.items()})
         observers = {name: groups[name] for name in ("audit", "status")}
         await settle(observers)  # audit and status catch up with the warm-up first
-        paced, _, _ = await drive(cfg.paced, 1, one)
         meter = CpuMeter(groups)
+        meter.start()
+        paced, _, _ = await drive(cfg.paced, 1, one)
+        paced_cpu = meter.stop()
         meter.start()
         latencies, outcomes, elapsed = await drive(cfg.n, cfg.concurrency, one)
         await settle(observers)  # the observers' backlog is part of the run's cost
         cpu = meter.stop()
-        costs = costs_of(cpu, len(latencies), paced)
+        costs = costs_of(cpu, len(latencies), paced, paced_cpu)
         if cfg.idle_s > 0:
             idle = CpuMeter({**groups, "client": [os.getpid()]}, alone=["client"])
             idle.start()
@@ -597,11 +615,14 @@ def costs_table(fleet: RunResult | None, base: RunResult, celery: dict[str, Any]
     if bc is not None:
         lines.append(f"baseline: {bc.cpu_ms_per_inv:.2f} ms CPU/inv "
                      f"(by process: {_fmt(bc.cpu_ms_by_process)}), paced p50/p99 "
-                     f"{bc.paced_p50_ms:.1f}/{bc.paced_p99_ms:.1f} ms")  # fmt: skip
+                     f"{bc.paced_p50_ms:.1f}/{bc.paced_p99_ms:.1f} ms "
+                     f"({bc.paced_cpu_ms_per_call:.1f} ms CPU/call)")  # fmt: skip
     if fc is not None:
         lines.append(f"fleet:    {fc.cpu_ms_per_inv:.2f} ms CPU/inv "
                      f"(by process: {_fmt(fc.cpu_ms_by_process)}), paced p50/p99 "
-                     f"{fc.paced_p50_ms:.1f}/{fc.paced_p99_ms:.1f} ms")  # fmt: skip
+                     f"{fc.paced_p50_ms:.1f}/{fc.paced_p99_ms:.1f} ms "
+                     f"({fc.paced_cpu_ms_per_call:.1f} ms CPU/call: "
+                     f"{_fmt(fc.paced_cpu_ms_by_process)})")  # fmt: skip
         if fc.idle_cores is not None:
             total = sum(fc.idle_cores.values())
             lines.append(f"idle fleet: {total * 100:.1f}% of one core "

@@ -60,8 +60,9 @@ class FleetSettings(BaseSettings):
     and ring on every send (less CPU per call, not faster on the dev broker: see the
     README's benchmarks)."""
     idle_fetch_interval_ms: int = Field(default=500, ge=10)
-    """How often a resting consumer looks for records nobody rang (the most a lost ring,
-    or a producer that does not ring, adds to a hop's latency)."""
+    """How often a resting consumer looks for records nobody rang, and how long an awake
+    one on the critical path waits between fetches outside its window after a ring (the
+    most a lost ring, or a producer that does not ring, adds to a hop's latency)."""
     linger_ms: int = Field(default=0, ge=0)
     """Producer batching delay, added to every hop (0 by default)."""
     enable_idempotence: bool = False

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -19,7 +19,7 @@ from prometheus_client import REGISTRY
 
 from tests.support.eventually import eventually
 from tests.support.pipeline import Fleet, fleet_settings, in_process_fleet
-from toolfleet.bus.fetch_wait import FetchPace, TrafficSignal, traffic_channel
+from toolfleet.bus.fetch_wait import FetchPace, TrafficSignal, fast_channel, traffic_channel
 from toolfleet.events.envelope import new_event
 from toolfleet.events.models import AgentContext, InvocationStatus, InvokeRequested
 from toolfleet.events.types import EventType, Source
@@ -153,3 +153,54 @@ async def test_a_listener_is_live_once_subscribed_and_wakes_the_consumers_of_a_r
         await ringer.close()
         await redis.aclose()
     assert not listener.live  # stopped: its consumers go back to fetching on their own
+
+
+async def test_critical_consumers_hear_their_topics_fast_rings_and_observers_do_not(
+    redis_url: str,
+) -> None:
+    channel = traffic_channel(f"t{uuid.uuid4().hex[:6]}.")
+    redis = connect_redis(redis_url)
+    listener = TrafficSignal(redis, channel=channel)
+    now = [100.0]
+    # Another process; its fleet channel rings a topic at most every half second.
+    ringer = TrafficSignal(redis, channel=channel, every_s=0.5, clock=lambda: now[0])
+    critical = FetchPace(topics=["x.results"], idle_after_s=1, interval_s=30, fast_window_s=0.01)
+    observer = FetchPace(
+        topics=["x.audit"], idle_after_s=1, interval_s=30, wake_delay_s=0.05, fast_window_s=0.01
+    )
+    listener.register(critical)
+    listener.register(observer)
+    stop = asyncio.Event()
+    listening = asyncio.create_task(listener.listen(stop))
+    try:
+
+        async def rung_awake() -> bool:
+            return critical.rung_awake
+
+        await eventually(rung_awake, timeout=10)
+        assert not observer.rung_awake
+        subscribers = dict(
+            await redis.pubsub_numsub(
+                fast_channel(channel, "x.results"), fast_channel(channel, "x.audit")
+            )
+        )
+        assert list(subscribers.values()) == [1, 0]
+        before = critical.rings
+
+        def rung(times: int) -> Callable[[], Awaitable[bool]]:
+            async def check() -> bool:
+                return critical.rings == before + times
+
+            return check
+
+        ringer.announce("x.results")
+        await eventually(rung(2), timeout=10)  # on the fleet channel and the fast one
+        now[0] += 0.01
+        ringer.announce("x.results")
+        await eventually(rung(3), timeout=10)  # on the fast channel only
+    finally:
+        stop.set()
+        await listening
+        await ringer.close()
+        await redis.aclose()
+    assert not critical.rung_awake  # not listening: it polls again

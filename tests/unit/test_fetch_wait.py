@@ -10,8 +10,10 @@ import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from toolfleet.bus.fetch_wait import (
+    FAST_RING_EVERY_S,
     FetchPace,
     TrafficSignal,
+    fast_channel,
     fetch_pace,
     fetch_waits,
     split_fetch_wait,
@@ -55,15 +57,22 @@ class Pipeline:
         if self._redis.fail:
             raise RedisConnectionError("down")
         self._redis.round_trips.append(sorted(self._queued))
-        return [1] * len(self._queued)
+        return [self._redis.listeners.get(channel, 1) for channel, _ in self._queued]
 
 
 class Publishes:
-    """A Redis stand-in that records each pipeline of PUBLISH calls (or fails them)."""
+    """A Redis stand-in that records each pipeline of PUBLISH calls (or fails them);
+    each channel has one subscriber unless ``listeners`` says otherwise."""
 
     def __init__(self, *, fail: bool = False) -> None:
         self.round_trips: list[list[tuple[str, str]]] = []
         self.fail = fail
+        self.listeners: dict[str, int] = {}
+
+    def on(self, channel: str) -> list[list[str]]:
+        """The topics rung on ``channel``, by round trip (those that rang it)."""
+        rung = [[m for c, m in trip if c == channel] for trip in self.round_trips]
+        return [topics for topics in rung if topics]
 
     def pipeline(self, *, transaction: bool) -> Pipeline:
         assert not transaction
@@ -171,8 +180,8 @@ async def test_a_ring_wakes_this_process_s_consumers_of_that_topic_only() -> Non
 
 
 async def test_rings_made_during_a_round_trip_go_together_in_the_next() -> None:
-    redis = Publishes()
-    signal = TrafficSignal(redis, channel="c")  # type: ignore[arg-type]
+    clock, redis = Clock(), Publishes()
+    signal = TrafficSignal(redis, channel="c", clock=clock)  # type: ignore[arg-type]
     signal.announce("a")
     await asyncio.sleep(0)  # the first pipeline is under way
     signal.announce("b")
@@ -180,7 +189,36 @@ async def test_rings_made_during_a_round_trip_go_together_in_the_next() -> None:
     signal.announce("b")
     await signal.close()
     await asyncio.sleep(0)
-    assert redis.round_trips == [[("c", "a")], [("c", "a"), ("c", "b")]]
+    assert redis.round_trips == [
+        [("c", "a"), ("c:a", "a")],
+        # "a" rang its fast channel too recently to ring it again; "b" had not.
+        [("c", "a"), ("c", "b"), ("c:b", "b")],
+    ]
+
+
+async def test_each_send_rings_its_topic_s_fast_channel_at_most_every_two_ms() -> None:
+    clock, redis = Clock(), Publishes()
+    signal = TrafficSignal(redis, channel="c", every_s=0.5, clock=clock)  # type: ignore[arg-type]
+    for step in (0.0, 0.001, 0.0015, 0.001):  # at 0, 1, 2.5 and 3.5 ms
+        clock.now += step
+        signal.announce("a")
+        await signal.close()
+    assert FAST_RING_EVERY_S == 0.002
+    assert redis.on(fast_channel("c", "a")) == [["a"], ["a"]]  # at 0 and 2.5 ms
+    assert redis.on("c") == [["a"]]  # resting consumers: once per half idle spell
+
+
+async def test_a_topic_nobody_hears_fast_is_left_alone_for_a_while() -> None:
+    clock, redis = Clock(), Publishes()
+    redis.listeners[fast_channel("c", "audit")] = 0  # read by observers only
+    signal = TrafficSignal(redis, channel="c", every_s=0.5, clock=clock)  # type: ignore[arg-type]
+    for step in (0.0, 0.01, 0.2, 0.1):  # at 0, 10, 210 and 310 ms
+        clock.now += step
+        signal.announce("audit")
+        signal.announce("results")
+        await signal.close()
+    assert redis.on(fast_channel("c", "audit")) == [["audit"], ["audit"]]  # at 0 and 310
+    assert len(redis.on(fast_channel("c", "results"))) == 4
 
 
 async def test_with_an_idle_spell_a_topic_rings_at_most_every_half_of_it() -> None:
@@ -194,7 +232,7 @@ async def test_with_an_idle_spell_a_topic_rings_at_most_every_half_of_it() -> No
         await signal.close()
     signal.announce("b")
     await signal.close()
-    assert redis.round_trips == [[("c", "a")], [("c", "a")], [("c", "b")]]
+    assert redis.on("c") == [["a"], ["a"], ["b"]]
     assert local.rings == 4  # this process's consumers hear every send
 
 
@@ -208,7 +246,7 @@ async def test_a_fleet_s_rings_are_spaced_by_half_its_idle_spell(
     for _ in range(2):
         signal.announce("a")
         await signal.close()
-    assert len(redis.round_trips) == round_trips
+    assert len(redis.on(traffic_channel(FleetSettings().topic_prefix))) == round_trips
 
 
 async def test_after_a_failed_ring_redis_is_left_alone_for_a_while() -> None:
@@ -226,7 +264,7 @@ async def test_after_a_failed_ring_redis_is_left_alone_for_a_while() -> None:
     clock.now += 1.0
     signal.announce("t")
     await signal.close()
-    assert redis.round_trips == [[("c", "t")]]
+    assert redis.round_trips == [[("c", "t"), ("c:t", "t")]]
 
 
 def test_the_doorbell_can_be_switched_off_and_fleets_do_not_share_a_channel() -> None:
@@ -273,3 +311,56 @@ async def test_a_ring_or_records_seen_waiting_cut_the_wait_between_fetches_short
     await asyncio.sleep(0)
     await waiting.records_wait(never())  # the end offsets showed records
     await asyncio.wait_for(task, 1)
+
+
+def critical_pace(clock: Clock, *, interval_s: float = 0.5) -> FetchPace:
+    return FetchPace(
+        topics=["t"], idle_after_s=1.0, interval_s=interval_s, fast_window_s=0.01, clock=clock
+    )
+
+
+def test_a_consumer_that_hears_fast_rings_waits_long_outside_its_fast_window() -> None:
+    clock = Clock()
+    awake = critical_pace(clock)
+    assert awake.critical
+    assert awake.next_wait(0.004) == 0.004  # fast rings not heard yet: it polls
+    awake.rung_awake = True
+    assert awake.next_wait(0.004) == 0.5  # nothing lately: until a ring (or the interval)
+    awake.ring()
+    assert awake.next_wait(0.004) == 0.004  # a send that rang may be followed by one
+    clock.now += 0.011  # that did not ring, within the window
+    assert awake.next_wait(0.004) == 0.5
+    awake.fetched(records=True)
+    assert awake.next_wait(0.004) == 0.004
+    awake.fetched(records=False)
+    clock.now += 0.011
+    assert awake.next_wait(0.004) == 0.5
+
+
+def test_observers_and_consumers_of_a_fleet_without_fast_rings_keep_polling() -> None:
+    clock = Clock()
+    observer = FetchPace(
+        topics=["t"], idle_after_s=1.0, interval_s=0.5, wake_delay_s=0.05,
+        fast_window_s=0.01, clock=clock,
+    )  # fmt: skip
+    assert not observer.critical
+    settings = FleetSettings(fetch_max_wait_ms=5)
+    critical = fetch_pace(settings, ["t"])
+    assert critical is not None
+    assert critical.critical
+    assert critical.fast_window_s == pytest.approx(FAST_RING_EVERY_S + 0.005 + 0.003)
+
+
+async def test_partitions_fetchable_again_end_a_long_wait_a_ring_was_spent_on() -> None:
+    clock = Clock()
+    awake = critical_pace(clock, interval_s=30)
+    awake.rung_awake = True
+    awake.ring()  # spent on a fetch that left out the partition whose records were buffered
+    clock.now += 0.02
+    for freed in (lambda: awake.fetched(records=True), awake.fetchable):  # taken; resumed
+        task = asyncio.create_task(awake.between_fetches(0.004, since=awake.rings))
+        await asyncio.sleep(0)
+        assert not task.done()  # outside its window: a long wait
+        freed()
+        await asyncio.wait_for(task, 1)
+        clock.now += 0.02

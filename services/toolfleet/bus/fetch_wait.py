@@ -33,6 +33,24 @@ redelivery are untouched.
 A consumer off the critical path (audit, status) waits ``wake_delay_s`` after a ring
 before fetching, so one fetch collects the records of several hops.
 
+**Rung awake.** Those rings wake resting consumers, but a consumer that is awake (traffic
+in the last ``idle_after``) used to find its records by fetching every
+``fetch_max_wait_ms``: at one call in flight, five consumers fetching every 5 ms cost the
+dev broker about 25 fetches per call, most of them empty, and the CPU they took made
+every hop wait for a core. So each topic also rings on its own *fast* channel
+(:func:`fast_channel`), at most once every :data:`FAST_RING_EVERY_S` per producer, and
+the consumers on the critical path (policy, executor, validator, the client's watcher)
+subscribe to the fast channels of their topics. Once that subscription is confirmed, such
+a consumer fetches every ``fetch_max_wait_ms`` only for a short *fast window* after a
+ring or a fetch that brought records, and otherwise waits up to
+``TOOLFLEET_IDLE_FETCH_INTERVAL_MS`` between fetches, until a ring. No record waits for
+that: a send that rings ends the wait; a send that does not ring follows, by less than
+:data:`FAST_RING_EVERY_S`, one that did, and the window after that ring
+(:data:`FAST_RING_EVERY_S` + ``fetch_max_wait_ms`` + a margin) holds at least one fetch
+sent after it. Nobody subscribes to the fast channels of the topics only observers read:
+a producer whose fast ring reached no one leaves that topic's fast channel alone for
+:data:`_UNHEARD_QUIET_S`. Observers keep the rings of the fleet channel.
+
 **Waiting in the client.** The dev broker spends CPU for as long as it holds a fetch
 that found nothing (it polls its logs meanwhile, more so the more partitions the fetch
 names): measured, a fetch held 5 ms costs it 0.6-1.4 ms of CPU, one held 1 ms 0.2-0.5
@@ -67,10 +85,27 @@ _QUIET_AFTER_FAILURE_S = 1.0
 """After a ring failed to reach Redis, rings are not sent for this long (local consumers
 are still woken): a client without a reachable Redis is not slowed by every send."""
 
+FAST_RING_EVERY_S = 0.002
+"""A producer rings a topic's fast channel at most this often: at saturation the rings of
+one topic are bounded whatever the rate of sends."""
+
+_FAST_WINDOW_MARGIN_S = 0.003
+"""Added to a fast window beyond its :data:`FAST_RING_EVERY_S` and one fetch wait: a ring
+handled late, a fetch answered late."""
+
+_UNHEARD_QUIET_S = 0.25
+"""A fast ring that reached no subscriber (a topic only observers read) is not sent
+again on that topic for this long."""
+
 
 def traffic_channel(topic_prefix: str) -> str:
     """The pub/sub channel a fleet's topics ring on (the message is the topic's name)."""
     return f"toolfleet:traffic:{topic_prefix}"
+
+
+def fast_channel(channel: str, topic: str) -> str:
+    """The channel ``topic`` rings on for the awake consumers on the critical path."""
+    return f"{channel}:{topic}"
 
 
 def traffic_signal(redis: Redis, settings: FleetSettings) -> TrafficSignal | None:
@@ -95,6 +130,7 @@ def fetch_pace(
         idle_after_s=settings.idle_after_ms / 1000,
         interval_s=settings.idle_fetch_interval_ms / 1000,
         wake_delay_s=wake_delay_s,
+        fast_window_s=FAST_RING_EVERY_S + settings.fetch_max_wait_ms / 1000 + _FAST_WINDOW_MARGIN_S,
     )
 
 
@@ -106,7 +142,11 @@ class FetchPace:
         idle_after_s: rest once caught up for this long (0: as soon as caught up).
         interval_s: while resting, look at the end offsets this often.
         wake_delay_s: after a ring, wait this long before fetching (batches the records
-            of several hops into one fetch; 0 for consumers on the critical path).
+            of several hops into one fetch; 0 for consumers on the critical path, which
+            listen to the fast rings of their topics).
+        fast_window_s: once the fast rings of its topics are heard (:attr:`rung_awake`),
+            fetch every ``fetch_max_wait_ms`` only this long after a ring or records,
+            and wait up to ``interval_s`` between fetches otherwise (0: never).
         clock: monotonic seconds (tests pass a fake one).
     """
 
@@ -117,13 +157,20 @@ class FetchPace:
         idle_after_s: float,
         interval_s: float,
         wake_delay_s: float = 0.0,
+        fast_window_s: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.topics = frozenset(topics)
         self.idle_after_s = idle_after_s
         self.interval_s = interval_s
         self.wake_delay_s = wake_delay_s
+        self.fast_window_s = fast_window_s
+        self.rung_awake = False
+        """Whether the fast rings of every topic it reads reach it (set by
+        :class:`TrafficSignal` once subscribed): only then may it wait long while awake."""
         self._clock = clock
+        self._fast_until = float("-inf")
+        self._owed = False
         self._last_traffic = clock()
         self._caught_up = False
         self._rings = 0
@@ -139,13 +186,50 @@ class FetchPace:
         """A fetch returned (``records``: whether it brought any). Either way it may have
         caught up: looking at the end offsets costs less than another fetch."""
         if records:
-            self._last_traffic = self._clock()
+            self._last_traffic = now = self._clock()
+            self._fast_until = now + self.fast_window_s
+            self.fetchable()
         self._caught_up = True
+
+    def fetchable(self) -> None:
+        """Partitions the last fetch left out can be fetched again (their records were
+        taken, or they were resumed): a wait between fetches ends. A ring heard while
+        they were left out was spent on a fetch that could not find its record."""
+        self._end_waits()
 
     def awake(self) -> None:
         """Too busy to fetch: that is not caught up."""
-        self._last_traffic = self._clock()
+        self._last_traffic = now = self._clock()
+        self._fast_until = now + self.fast_window_s
         self._caught_up = False
+
+    @property
+    def critical(self) -> bool:
+        """On the critical path (no wake delay): it listens to fast rings."""
+        return self.wake_delay_s <= 0 and self.fast_window_s > 0
+
+    def next_wait(self, seconds: float) -> float:
+        """How long to wait after a fetch that brought nothing: ``seconds`` in the fast
+        window or while fast rings are not heard, else up to ``interval_s``."""
+        if self.rung_awake and self._clock() >= self._fast_until:
+            return max(seconds, self.interval_s)
+        return seconds
+
+    def owes_a_look(self) -> bool:
+        """Rung since its last look, and about to wait long. A busy dev broker answers a
+        fetch it holds 1 ms without having read every partition (seen: a rung record
+        missing from the next three fetches, one of which brought another record), so
+        neither an empty fetch nor records found say the rung record was taken; the end
+        offsets do (:func:`unread`)."""
+        return self._owed and self.rung_awake and self._clock() >= self._fast_until
+
+    def looked(self, *, unread: bool) -> None:
+        """What the look of :meth:`owes_a_look` found: records left (fetch every
+        ``fetch_max_wait_ms`` for another window) or none (the ring is settled)."""
+        if unread:
+            self._fast_until = self._clock() + self.fast_window_s
+        else:
+            self._owed = False
 
     def should_rest(self) -> bool:
         return self._caught_up and self._clock() - self._last_traffic >= self.idle_after_s
@@ -154,6 +238,8 @@ class FetchPace:
         """A topic this consumer reads rang: a rest under way (or about to begin) ends,
         and so does a wait between fetches (:meth:`between_fetches`)."""
         self._rings += 1
+        self._fast_until = self._clock() + self.fast_window_s
+        self._owed = True
         self._rung.set()
         self._end_waits()
 
@@ -171,7 +257,7 @@ class FetchPace:
         waiting: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waits.add(waiting)
         try:
-            await asyncio.wait([waiting], timeout=seconds)
+            await asyncio.wait([waiting], timeout=self.next_wait(seconds))
         finally:
             self._waits.discard(waiting)
 
@@ -256,6 +342,8 @@ def wait_in_client(
             return True
         try:
             if pace is not None:
+                if pace.rings == since and pace.owes_a_look():
+                    pace.looked(unread=await unread(consumer))
                 await pace.between_fetches(seconds, since=since)
             else:
                 await asyncio.sleep(seconds)
@@ -280,9 +368,11 @@ class TrafficSignal:
     """One process's end of the fleet's doorbell: rings topics, wakes its consumers.
 
     :meth:`announce` wakes this process's consumers of the topic at once and rings it on
-    Redis in the background (a send never waits for Redis); topics rung while a ring is
-    under way go together in the next pipeline. :meth:`listen` (a worker's background
-    job) wakes the registered :class:`FetchPace` of each topic rung by anyone.
+    Redis in the background (a send never waits for Redis): on the fleet's channel, and
+    on the topic's fast channel (:func:`fast_channel`); topics rung while a ring is under
+    way go together in the next pipeline. :meth:`listen` (a worker's background job)
+    wakes the registered :class:`FetchPace` of each topic rung by anyone, and subscribes
+    to the fast channels of the topics its critical consumers read.
     """
 
     def __init__(
@@ -291,16 +381,25 @@ class TrafficSignal:
         *,
         channel: str,
         every_s: float = 0.0,
+        fast_every_s: float = FAST_RING_EVERY_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """``every_s``: ring a topic on Redis at most this often (half the consumers'
-        idle spell; 0: on every acknowledged send)."""
+        """``every_s``: ring a topic on the fleet's channel at most this often (half the
+        consumers' idle spell; 0: on every acknowledged send). ``fast_every_s``: the
+        same on its fast channel."""
         self._redis = redis
         self._channel = channel
         self._every_s = every_s
+        self._fast_every_s = fast_every_s
         self._rung: dict[str, float] = {}
+        self._fast_rung: dict[str, float] = {}
         self._clock = clock
         self._pending: set[str] = set()
+        self._pending_fast: set[str] = set()
+        self._heard: dict[str, str] = {}
+        """Fast channel -> topic, of the critical consumers registered here."""
+        self._confirmed: set[str] = set()
+        """Fast channels whose subscription the server confirmed."""
         self._ringing: asyncio.Task[None] | None = None
         self._quiet_until = float("-inf")
         self._paces: dict[str, set[FetchPace]] = {}
@@ -311,41 +410,65 @@ class TrafficSignal:
     def register(self, pace: FetchPace) -> None:
         for topic in pace.topics:
             self._paces.setdefault(topic, set()).add(pace)
+            if pace.critical:
+                self._heard[fast_channel(self._channel, topic)] = topic
+        self._update_rung_awake(pace)
 
     def unregister(self, pace: FetchPace) -> None:
         for topic in pace.topics:
             self._paces.get(topic, set()).discard(pace)
+        pace.rung_awake = False
+
+    def _update_rung_awake(self, pace: FetchPace) -> None:
+        pace.rung_awake = (
+            pace.critical
+            and self.live
+            and all(fast_channel(self._channel, t) in self._confirmed for t in pace.topics)
+        )
 
     def announce(self, topic: str) -> None:
         self._wake_local(topic)  # consumers of this process need no round trip
         now = self._clock()
         if now < self._quiet_until:
             return
-        if self._every_s > 0:
-            last = self._rung.get(topic)
-            if last is not None and now - last < self._every_s:
-                return  # its consumers are still awake from the last ring (see above)
+        last = self._rung.get(topic)
+        if self._every_s <= 0 or last is None or now - last >= self._every_s:
+            # Otherwise its consumers are still awake from the last ring (see above).
             self._rung[topic] = now
-        self._pending.add(topic)
-        if self._ringing is None:
+            self._pending.add(topic)
+        last_fast = self._fast_rung.get(topic)
+        if last_fast is None or now - last_fast >= self._fast_every_s:
+            self._fast_rung[topic] = now
+            self._pending_fast.add(topic)
+        if (self._pending or self._pending_fast) and self._ringing is None:
             self._ringing = asyncio.get_running_loop().create_task(self._ring())
 
     async def _ring(self) -> None:
         try:
-            while self._pending:
+            while self._pending or self._pending_fast:
                 topics, self._pending = sorted(self._pending), set()
+                fast, self._pending_fast = sorted(self._pending_fast), set()
                 try:
                     async with self._redis.pipeline(transaction=False) as pipe:
                         for topic in topics:
                             pipe.publish(self._channel, topic)
-                        await pipe.execute()
+                        for topic in fast:
+                            pipe.publish(fast_channel(self._channel, topic), topic)
+                        heard = await pipe.execute()
                 except (RedisError, OSError) as exc:
                     # Only latency is lost: resting consumers look for records every
                     # interval. Quiet for a while, so a Redis that is down is not asked
                     # again by every send.
                     self._quiet_until = self._clock() + _QUIET_AFTER_FAILURE_S
                     self._pending.clear()
+                    self._pending_fast.clear()
                     log.debug("ring not sent", extra={"error": type(exc).__name__})
+                    continue
+                for topic, listeners in zip(fast, heard[len(topics) :], strict=True):
+                    if not listeners:  # only observers read it: leave it alone a while
+                        self._fast_rung[topic] = (
+                            self._clock() + _UNHEARD_QUIET_S - self._fast_every_s
+                        )
         finally:
             self._ringing = None
 
@@ -380,6 +503,7 @@ class TrafficSignal:
             for paces in self._paces.values():
                 for pace in paces:
                     pace.ring()
+            self._update_all()
             if subscribed is not None:
                 subscribed()
 
@@ -391,10 +515,26 @@ class TrafficSignal:
             after_subscribe=confirmed,
             after_connection_lost=self._lost,
             max_backoff_s=max_backoff_s,
+            more_channels=lambda: self._heard,
+            after_channel_subscribe=self._fast_confirmed,
         )
+
+    def _fast_confirmed(self, channel: str) -> None:
+        self._confirmed.add(channel)
+        topic = self._heard.get(channel)
+        if topic is not None:
+            self._wake_local(topic)  # rings sent before it listened were missed
+        self._update_all()
+
+    def _update_all(self) -> None:
+        for paces in self._paces.values():
+            for pace in paces:
+                self._update_rung_awake(pace)
 
     def _lost(self) -> None:
         self.live = False
+        self._confirmed.clear()
+        self._update_all()
 
 
 async def unread(consumer: AIOKafkaConsumer, *, timeout_s: float = 2.0) -> bool:

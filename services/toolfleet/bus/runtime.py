@@ -417,6 +417,8 @@ class EventConsumer:
         elif self._paused:
             consumer.resume(*consumer.assignment())
             self._paused = False
+            if self._pace is not None:
+                self._pace.fetchable()
 
     async def _drain(self, timeout_s: float) -> None:
         if self._tasks:

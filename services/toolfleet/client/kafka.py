@@ -376,11 +376,14 @@ class ToolfleetClient(RequestPublisher):
                 self._waiting.clear()
                 await self._waiting.wait()
                 consumer.resume(*consumer.assignment())
+                if pace is not None:
+                    pace.fetchable()
             elif pace is not None and signal is not None and signal.live and pace.should_rest():
                 # Caught up: no fetches until the results or events topic rings.
                 consumer.pause(*consumer.assignment())
                 await pace.rest_unless_unread(consumer, never)
                 consumer.resume(*consumer.assignment())
+                pace.fetchable()
             batch = await consumer.getmany(timeout_ms=timeout_ms)
             if pace is not None:
                 pace.fetched(records=bool(batch))

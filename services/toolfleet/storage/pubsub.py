@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from typing import Any
 
 from redis.asyncio import Redis
@@ -36,6 +36,8 @@ async def listen_with_reconnect(
     after_subscribe: Callable[[], None] | None = None,
     after_connection_lost: Callable[[], None] | None = None,
     max_backoff_s: float = 5.0,
+    more_channels: Callable[[], Collection[str]] | None = None,
+    after_channel_subscribe: Callable[[str], None] | None = None,
 ) -> None:
     """Hand every message published on ``channel`` (as text) to ``on_message`` until
     ``stop`` is set, reconnecting with backoff when Redis goes away.
@@ -45,6 +47,9 @@ async def listen_with_reconnect(
             (from then on no message is missed).
         after_connection_lost: called when the subscription is lost, and once more when
             the listener stops (or is cancelled): messages may be missed from then on.
+        more_channels: further channels to listen on, asked after every message (and
+            every half second): the ones it names anew are subscribed to.
+        after_channel_subscribe: called with each of those once the server confirmed it.
     """
     backoff = 0.1
     try:
@@ -56,12 +61,21 @@ async def listen_with_reconnect(
                 if after_subscribe is not None:
                     after_subscribe()
                 backoff = 0.1
+                asked: set[str] = set()
                 while not stop.is_set():
-                    message = await pubsub.get_message(
-                        ignore_subscribe_messages=True, timeout=_POLL_S
-                    )
-                    if message is not None and message.get("type") == "message":
+                    if more_channels is not None:
+                        new = [c for c in more_channels() if c not in asked and c != channel]
+                        if new:
+                            asked.update(new)
+                            await pubsub.subscribe(*new)
+                    message = await pubsub.get_message(timeout=_POLL_S)
+                    if message is None:
+                        continue
+                    kind = message.get("type")
+                    if kind == "message":
                         await on_message(_text(message["data"]))
+                    elif kind == "subscribe" and after_channel_subscribe is not None:
+                        after_channel_subscribe(_text(message["channel"]))
             except (RedisError, OSError) as exc:
                 if after_connection_lost is not None:
                     after_connection_lost()

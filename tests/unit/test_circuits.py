@@ -375,3 +375,52 @@ def test_calls_finishing_together_are_recorded_as_one_by_one_in_fewer_writes(
     assert [s.transition for s in steps if s.transition] == transitions
     assert len(store.published) == len(transitions)
     assert store.swaps <= len(transitions) + 1  # not one write per call
+
+
+class CountingStore(SharedStore):
+    """A SharedStore that counts reads, and that another executor may write to."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loads = 0
+
+    async def load(self, name: str) -> str:
+        self.loads += 1
+        return await super().load(name)
+
+    def written_elsewhere(self, state: CircuitState) -> None:
+        self.raw = state.to_json()
+
+
+async def test_a_call_reads_its_circuit_once_and_records_in_one_write() -> None:
+    store = CountingStore()
+    breaker = CircuitBreaker(store=store, clock=lambda: 50.0)
+    for call in range(3):
+        peeked = await breaker.peek("c", POLICY)  # admission's gate: a fresh read
+        step = await breaker.before_call("c", POLICY, read=peeked.read)
+        assert step.allowed
+        await breaker.after_call("c", POLICY, OK)  # swapped against what this process wrote
+        assert (store.loads, store.swaps) == (call + 1, call + 1)
+    assert CircuitState.from_json(store.raw).window == (0, 0, 0)
+
+
+async def test_a_record_after_another_executor_s_write_reads_again_and_keeps_both() -> None:
+    store = CountingStore()
+    breaker = CircuitBreaker(store=store, clock=lambda: 50.0)
+    await breaker.after_call("c", POLICY, OK)
+    store.written_elsewhere(CircuitState(window=(0, 0)))  # another executor recorded two
+    await breaker.after_call("c", POLICY, FAIL)  # its swap fails; it reads and records
+    assert CircuitState.from_json(store.raw).window == (0, 0, 1)
+    # Nothing to write, judged on a state this process wrote: read before believing it.
+    store.written_elsewhere(CircuitState(status=CircuitStatus.OPEN, since=49.0))
+    loads = store.loads
+    await breaker.after_call("c", POLICY, IGNORED)
+    assert store.loads == loads + 1
+
+
+async def test_a_check_without_a_fresh_read_reads_the_circuit_opened_elsewhere() -> None:
+    store = CountingStore()
+    breaker = CircuitBreaker(store=store, clock=lambda: 50.0)
+    await breaker.after_call("c", POLICY, OK)
+    store.written_elsewhere(CircuitState(status=CircuitStatus.OPEN, since=49.0))
+    assert not (await breaker.before_call("c", POLICY)).allowed  # a retry's check: reads

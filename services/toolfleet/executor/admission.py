@@ -128,6 +128,9 @@ class Admitted:
     """The call's result-cache key (None: not cacheable, or no cache)."""
     capability: CredentialCapability | None = None
     resume: Checkpoint | None = None
+    circuit_read: str | None = None
+    """The tool's circuit state as the circuit gate read it (the first attempt's check
+    takes it instead of reading it again)."""
 
     @property
     def tool(self) -> ToolSpec:
@@ -253,6 +256,7 @@ class Admission:
             return None
         gate = await self.breaker.peek(spec.circuit_name, spec.circuit_breaker)
         if gate.allowed:
+            admitted.circuit_read = gate.read
             return None
         refused = CircuitBreakerOpen(
             f"the circuit {spec.circuit_name} is open; calls fail fast until it recovers",

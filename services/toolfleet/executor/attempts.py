@@ -68,6 +68,10 @@ class AttemptsInput:
     """Called with each transition this call's attempts caused, and the attempt number."""
     runner: ToolRunner = run_in_loop
     """Where each attempt runs (:class:`toolfleet.executor.isolated.IsolatedRunner`)."""
+    circuit_read: str | None = None
+    """The circuit's state as admission read it a moment ago: the first attempt's check
+    takes it instead of reading it again (:attr:`~toolfleet.executor.circuits.breaker.
+    Step.read`)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -158,7 +162,8 @@ async def _one_attempt(job: AttemptsInput, number: int) -> RunResult:
     name = job.spec.circuit_name
     policy = job.spec.circuit_breaker
     if job.breaker is not None:
-        step = await job.breaker.before_call(name, policy)
+        read = job.circuit_read if number == 1 else None
+        step = await job.breaker.before_call(name, policy, read=read)
         if step.transition is not None:
             await job.after_transition(step.transition, number)
         if not step.allowed:

@@ -301,6 +301,7 @@ class ExecutorService:
                         breaker=self.breaker,
                         after_transition=after_transition,
                         runner=runner,
+                        circuit_read=admitted.circuit_read,
                     )
                 )
                 result, attempts = done.result, done.attempts

@@ -148,6 +148,10 @@ class Step:
     allowed: bool = True
     retry_after_s: float = 0.0
     """When not allowed: seconds until a call may pass."""
+    read: str | None = field(default=None, compare=False)
+    """The stored state's JSON this step was taken on, when it wrote nothing (``peek``):
+    pass it to the call's first :meth:`CircuitBreaker.before_call`, which then needs no
+    read of its own."""
 
 
 def admit(name: str, state: CircuitState, policy: CircuitPolicy, now: float) -> Step:
@@ -296,9 +300,17 @@ class CircuitBreaker:
     _reports: dict[str, Coalescer[_Report, Step]] = field(
         default_factory=dict, init=False, repr=False
     )
+    _written: dict[str, str] = field(default_factory=dict, init=False, repr=False)
+    """Each circuit's state as this process last read or wrote it: a record's first
+    compare-and-swap tries it instead of reading first (another executor's write since
+    makes the swap fail, and the state is read then)."""
 
-    async def before_call(self, name: str, policy: CircuitPolicy) -> Step:
-        return await self._step(name, lambda s, now: admit(name, s, policy, now))
+    async def before_call(
+        self, name: str, policy: CircuitPolicy, *, read: str | None = None
+    ) -> Step:
+        """May the call go through? ``read``: the state as this call's :meth:`peek` read
+        it a moment ago (:attr:`Step.read`), taken instead of reading it again."""
+        return await self._step(name, lambda s, now: admit(name, s, policy, now), read=read)
 
     async def after_call(self, name: str, policy: CircuitPolicy, outcome: CallOutcome) -> Step:
         """Record a finished call; returns the step it caused (its transition, if any).
@@ -318,8 +330,9 @@ class CircuitBreaker:
 
     async def _fold(self, name: str, batch: Sequence[_Report]) -> list[Step]:
         """Record a prefix of ``batch`` in one write; the steps of the calls recorded."""
+        known = self._written.get(name)
         for _ in range(self.max_swaps):
-            raw = await self.store.load(name)
+            raw = known if known is not None else await self.store.load(name)
             current = CircuitState.from_json(raw)
             now = self.clock()
             state, steps = current, []
@@ -330,31 +343,46 @@ class CircuitBreaker:
                 if step.transition is not None:
                     break
             if state == current:
+                if known is not None:  # nothing to write, judged on what may be stale
+                    known = None
+                    continue
+                self._written[name] = raw
                 return steps
             last = steps[-1].transition
-            if await self.store.swap(name, raw, state.to_json(), last.to_json() if last else ""):
+            new = state.to_json()
+            if await self.store.swap(name, raw, new, last.to_json() if last else ""):
+                self._written[name] = new
                 if last is not None:
                     log.info("circuit %s", last.status.value, extra={"circuit": name})
                 return steps
+            known = None
         log.warning("circuit state kept changing; calls not recorded", extra={"circuit": name})
         return [Step(state=CircuitState()) for _ in batch]
 
     async def peek(self, name: str, policy: CircuitPolicy) -> Step:
         """What :meth:`before_call` would say for an open circuit, changing nothing."""
-        state = CircuitState.from_json(await self.store.load(name))
+        raw = await self.store.load(name)
+        self._written[name] = raw
+        state = CircuitState.from_json(raw)
         if state.status is CircuitStatus.OPEN:
-            return admit(name, state, policy, self.clock())
-        return Step(state=state)
+            return replace(admit(name, state, policy, self.clock()), read=raw)
+        return Step(state=state, read=raw)
 
-    async def _step(self, name: str, fn: Callable[[CircuitState, float], Step]) -> Step:
+    async def _step(
+        self, name: str, fn: Callable[[CircuitState, float], Step], *, read: str | None = None
+    ) -> Step:
         for _ in range(self.max_swaps):
-            raw = await self.store.load(name)
+            raw = read if read is not None else await self.store.load(name)
+            read = None  # a swap that fails reads the state again
+            self._written[name] = raw
             current = CircuitState.from_json(raw)
             step = fn(current, self.clock())
             if step.state == current:
                 return step
             transition = step.transition.to_json() if step.transition else ""
-            if await self.store.swap(name, raw, step.state.to_json(), transition):
+            new = step.state.to_json()
+            if await self.store.swap(name, raw, new, transition):
+                self._written[name] = new
                 if step.transition is not None:
                     log.info("circuit %s", step.transition.status.value, extra={"circuit": name})
                 return step

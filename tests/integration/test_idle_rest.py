@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from prometheus_client import REGISTRY
+from redis.asyncio import Redis
 
 from tests.support.eventually import eventually
 from tests.support.pipeline import Fleet, fleet_settings, in_process_fleet
@@ -119,11 +120,20 @@ async def test_a_request_nobody_announced_is_found_by_a_resting_consumer(
         assert outcome.result == {"message": "unannounced", "length": 11}
 
 
-async def test_a_listener_is_live_once_subscribed_and_wakes_the_consumers_of_a_rung_topic(
-    redis_url: str,
-) -> None:
-    channel = traffic_channel(f"t{uuid.uuid4().hex[:6]}.")
+@pytest.fixture
+async def channel_on(redis_url: str) -> AsyncIterator[tuple[str, Redis]]:
+    """A fleet's traffic channel of its own, and the Redis it rings on."""
     redis = connect_redis(redis_url)
+    try:
+        yield traffic_channel(f"t{uuid.uuid4().hex[:6]}."), redis
+    finally:
+        await redis.aclose()
+
+
+async def test_a_listener_is_live_once_subscribed_and_wakes_the_consumers_of_a_rung_topic(
+    channel_on: tuple[str, Redis],
+) -> None:
+    channel, redis = channel_on
     listener = TrafficSignal(redis, channel=channel)
     ringer = TrafficSignal(redis, channel=channel)  # another process
     of_topic = FetchPace(topics=["x.results"], idle_after_s=0, interval_s=30)
@@ -151,15 +161,13 @@ async def test_a_listener_is_live_once_subscribed_and_wakes_the_consumers_of_a_r
         stop.set()
         await listening
         await ringer.close()
-        await redis.aclose()
     assert not listener.live  # stopped: its consumers go back to fetching on their own
 
 
 async def test_critical_consumers_hear_their_topics_fast_rings_and_observers_do_not(
-    redis_url: str,
+    channel_on: tuple[str, Redis],
 ) -> None:
-    channel = traffic_channel(f"t{uuid.uuid4().hex[:6]}.")
-    redis = connect_redis(redis_url)
+    channel, redis = channel_on
     listener = TrafficSignal(redis, channel=channel)
     now = [100.0]
     # Another process; its fleet channel rings a topic at most every half second.
@@ -202,5 +210,4 @@ async def test_critical_consumers_hear_their_topics_fast_rings_and_observers_do_
         stop.set()
         await listening
         await ringer.close()
-        await redis.aclose()
     assert not critical.rung_awake  # not listening: it polls again

@@ -474,3 +474,68 @@ async def test_a_failing_emitter_under_a_lease_leaves_the_call_to_run_again() ->
     [(topic, env)] = await parts.service.on_authorized(event)  # the redelivery runs it
     assert topic is TopicName.EXECUTED
     assert env.data["execution_metadata"]["attempts"] == 2  # second run of the call
+
+
+# -- acks -------------------------------------------------------------------------
+
+
+@dataclass
+class HeldAcks(Emitter):
+    """Acknowledges nothing until the test says so."""
+
+    pending: list[asyncio.Future[object]] = field(default_factory=list)
+
+    async def emit(self, topic: TopicName, envelope: Envelope) -> Awaitable[object]:
+        self.emitted.append((topic, envelope))
+        ack: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+        self.pending.append(ack)
+        return ack
+
+
+async def settle_until(done: Any) -> None:
+    for _ in range(200):
+        if done():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("never happened")
+
+
+def leased_with(emitter: HeldAcks) -> tuple[Rig, MemoryLeases]:
+    parts, leases = leased()
+    parts.service.emitter = parts.emitter = emitter
+    return parts, leases
+
+
+async def test_the_outcome_waits_for_the_invoked_ack_which_is_awaited_as_the_lease_finishes() -> (
+    None
+):
+    emitter = HeldAcks()
+    parts, leases = leased_with(emitter)
+    key = uuid.uuid4().hex
+    event = authorized("test__cached", {"key": key})
+    running = asyncio.create_task(parts.service.on_authorized(event))
+    # The lease's finish (the outcome claimed) does not wait for the ack, one round trip
+    # fewer in a row; the outcome is not handed on before it.
+    await settle_until(lambda: str(event.data["invocation_id"]) in leases.done)
+    assert not running.done()
+    [invoked] = emitter.pending
+    invoked.set_result(None)
+    [(topic, env)] = await running
+    assert topic is TopicName.EXECUTED
+    assert env.data["result"] is not None
+    assert sample_tools.RUNS[f"cached:{key}"] == 1
+
+
+async def test_an_invoked_ack_that_fails_fails_the_delivery_and_the_next_one_replays() -> None:
+    emitter = HeldAcks()
+    parts, _ = leased_with(emitter)
+    key = uuid.uuid4().hex
+    event = authorized("test__cached", {"key": key})
+    running = asyncio.create_task(parts.service.on_authorized(event))
+    await settle_until(lambda: emitter.pending)
+    emitter.pending[0].set_exception(EmitterDown("the broker refused the send"))
+    with pytest.raises(EmitterDown):
+        await running
+    [(topic, _)] = await parts.service.on_authorized(event)  # redelivered
+    assert topic is TopicName.EXECUTED
+    assert sample_tools.RUNS[f"cached:{key}"] == 1  # replayed, not run again

@@ -23,6 +23,7 @@ import logging
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from typing import Any
 
 from toolfleet.auth.grants import ExecutionGrant, GrantVerifier
 from toolfleet.auth.revocation import RevocationList
@@ -172,22 +173,32 @@ class ExecutorService:
             return self._stopped(unleased, stop)
         # The grant is verified once, here: the run and its sandbox read what it says.
         unleased = replace(unleased, grant=verified[0] if verified else None)
+        acks: list[asyncio.Future[object]] = []
+        acknowledged: asyncio.Future[list[object]] | None = None
         try:
             async with AsyncExitStack() as stack:
                 if self.lease_guard is None:
-                    return await self._run(unleased, stack)
-                held = await stack.enter_async_context(
-                    self.lease_guard.hold(
-                        invocation_id, stopping=lambda: self.is_suspended(invocation_id)
+                    outcome = await self._run(unleased, stack, acks)
+                else:
+                    held = await stack.enter_async_context(
+                        self.lease_guard.hold(
+                            invocation_id, stopping=lambda: self.is_suspended(invocation_id)
+                        )
                     )
-                )
-                if held.replay is not None:
-                    return held.replay
-                seen = held.seen if self.trust_lease_reads else None
-                run = replace(unleased, fence=held.fence, seen=seen)
-                held.outcome = await self._run(run, stack)
-                return held.outcome  # claimed with finish() as the lease's hold ends
+                    if held.replay is not None:
+                        return held.replay
+                    seen = held.seen if self.trust_lease_reads else None
+                    run = replace(unleased, fence=held.fence, seen=seen)
+                    # Claimed with finish() as the lease's hold ends.
+                    held.outcome = outcome = await self._run(run, stack, acks)
+                # The acks of what the run published are awaited while the stack
+                # unwinds (the slot's release, the lease's finish): not one after the other.
+                acknowledged = asyncio.gather(*acks)
+            await acknowledged
+            return outcome
         finally:
+            if acknowledged is None or not acknowledged.done():
+                _retrieve_later(acknowledged, acks)
             self.suspended_calls.discard(invocation_id)
             self.network_grants.pop(invocation_id, None)
 
@@ -202,8 +213,14 @@ class ExecutorService:
     def is_suspended(self, invocation_id: str) -> bool:
         return self.suspending or invocation_id in self.suspended_calls
 
-    async def _run(self, run: RunInput, stack: AsyncExitStack) -> list[Emitted]:
-        """Admit the call, run its tool, and build its outcome (releases: ``stack``)."""
+    async def _run(
+        self, run: RunInput, stack: AsyncExitStack, acks: list[asyncio.Future[object]]
+    ) -> list[Emitted]:
+        """Admit the call, run its tool, and build its outcome (releases: ``stack``).
+
+        The acks of the events published on the way (``invoked``, checkpoints, circuit
+        changes) are left in ``acks``: the caller awaits them before the outcome leaves.
+        """
         admitted = await self.admission.admit(run, stack)
         if not isinstance(admitted, Admitted):
             return self._stopped(run, admitted)
@@ -320,7 +337,7 @@ class ExecutorService:
         usage = result.usage
         result, encoded = outcomes.screened(run, result, leaks, spec.tool_id)
 
-        await asyncio.gather(invoked_ack, *sink.acks)
+        acks += [asyncio.ensure_future(ack) for ack in (invoked_ack, *sink.acks)]
         completed_at = datetime.now(UTC)
         metadata = ExecutionMetadata(
             duration_ms=int((completed_at - started_at).total_seconds() * 1000),
@@ -391,6 +408,21 @@ class ExecutorService:
         running.cancel_event.set()
         asyncio.get_running_loop().call_later(self.cancel_grace_s, _force_cancel, running)
         return True
+
+
+def _retrieve_later(
+    acknowledged: asyncio.Future[list[object]] | None, acks: list[asyncio.Future[object]]
+) -> None:
+    """A run that ends without awaiting its acks (an error, a lost lease, a cancel) still
+    takes their failures, so none is reported as never retrieved."""
+    for future in [acknowledged, *acks]:
+        if future is not None:
+            future.add_done_callback(_swallow)
+
+
+def _swallow(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 def _force_cancel(running: _RunningCall) -> None:

@@ -172,7 +172,14 @@ async def test_critical_consumers_hear_their_topics_fast_rings_and_observers_do_
     now = [100.0]
     # Another process; its fleet channel rings a topic at most every half second.
     ringer = TrafficSignal(redis, channel=channel, every_s=0.5, clock=lambda: now[0])
-    critical = FetchPace(topics=["x.results"], idle_after_s=1, interval_s=30, fast_window_s=0.01)
+    pace_now = [0.0]
+    critical = FetchPace(
+        topics=["x.results"],
+        idle_after_s=1,
+        interval_s=30,
+        fast_window_s=0.01,
+        clock=lambda: pace_now[0],
+    )
     observer = FetchPace(
         topics=["x.audit"], idle_after_s=1, interval_s=30, wake_delay_s=0.05, fast_window_s=0.01
     )
@@ -187,6 +194,11 @@ async def test_critical_consumers_hear_their_topics_fast_rings_and_observers_do_
 
         await eventually(rung_awake, timeout=10)
         assert not observer.rung_awake
+        # Confirmed just now: a producer whose ring found nobody a moment ago may not ring
+        # again for a quarter of a second, so it fetches as if rung until then.
+        assert critical.next_wait(0.004) == 0.004
+        pace_now[0] += 0.3
+        assert critical.next_wait(0.004) == 30  # then: until a ring
         subscribers = dict(
             await redis.pubsub_numsub(
                 fast_channel(channel, "x.results"), fast_channel(channel, "x.audit")

@@ -47,9 +47,13 @@ ring or a fetch that brought records, and otherwise waits up to
 that: a send that rings ends the wait; a send that does not ring follows, by less than
 :data:`FAST_RING_EVERY_S`, one that did, and the window after that ring
 (:data:`FAST_RING_EVERY_S` + ``fetch_max_wait_ms`` + a margin) holds at least one fetch
-sent after it. Nobody subscribes to the fast channels of the topics only observers read:
-a producer whose fast ring reached no one leaves that topic's fast channel alone for
-:data:`_UNHEARD_QUIET_S`. Observers keep the rings of the fleet channel.
+sent after it. A busy dev broker may answer that fetch without having read every
+partition, so a window that closes with a ring not yet accounted for ends with one look
+at the end offsets (:meth:`FetchPace.owes_a_look`): records left, another window.
+Nobody subscribes to the fast channels of the topics only observers read: a producer
+whose fast ring reached no one leaves that topic's fast channel alone for
+:data:`_UNHEARD_QUIET_S`, and a consumer whose subscription is confirmed fetches every
+``fetch_max_wait_ms`` for that long first. Observers keep the rings of the fleet channel.
 
 **Waiting in the client.** The dev broker spends CPU for as long as it holds a fetch
 that found nothing (it polls its logs meanwhile, more so the more partitions the fetch
@@ -186,8 +190,8 @@ class FetchPace:
         """A fetch returned (``records``: whether it brought any). Either way it may have
         caught up: looking at the end offsets costs less than another fetch."""
         if records:
-            self._last_traffic = now = self._clock()
-            self._fast_until = now + self.fast_window_s
+            self._last_traffic = self._clock()
+            self.keep_fast(self.fast_window_s)
             self.fetchable()
         self._caught_up = True
 
@@ -199,9 +203,13 @@ class FetchPace:
 
     def awake(self) -> None:
         """Too busy to fetch: that is not caught up."""
-        self._last_traffic = now = self._clock()
-        self._fast_until = now + self.fast_window_s
+        self._last_traffic = self._clock()
+        self.keep_fast(self.fast_window_s)
         self._caught_up = False
+
+    def keep_fast(self, seconds: float) -> None:
+        """Fetch every ``fetch_max_wait_ms`` for ``seconds`` from now, at least."""
+        self._fast_until = max(self._fast_until, self._clock() + seconds)
 
     @property
     def critical(self) -> bool:
@@ -227,7 +235,7 @@ class FetchPace:
         """What the look of :meth:`owes_a_look` found: records left (fetch every
         ``fetch_max_wait_ms`` for another window) or none (the ring is settled)."""
         if unread:
-            self._fast_until = self._clock() + self.fast_window_s
+            self.keep_fast(self.fast_window_s)
         else:
             self._owed = False
 
@@ -238,7 +246,7 @@ class FetchPace:
         """A topic this consumer reads rang: a rest under way (or about to begin) ends,
         and so does a wait between fetches (:meth:`between_fetches`)."""
         self._rings += 1
-        self._fast_until = self._clock() + self.fast_window_s
+        self.keep_fast(self.fast_window_s)
         self._owed = True
         self._rung.set()
         self._end_waits()
@@ -523,6 +531,10 @@ class TrafficSignal:
         self._confirmed.add(channel)
         topic = self._heard.get(channel)
         if topic is not None:
+            # A producer whose ring found nobody a moment ago may not ring the channel
+            # again for a while: until then, its consumers fetch as if just rung.
+            for pace in self._paces.get(topic, ()):
+                pace.keep_fast(_UNHEARD_QUIET_S + pace.fast_window_s)
             self._wake_local(topic)  # rings sent before it listened were missed
         self._update_all()
 

@@ -352,6 +352,11 @@ def wait_in_client(
             if pace is not None:
                 if pace.rings == since and pace.owes_a_look():
                     pace.looked(unread=await unread(consumer))
+                if getattr(fetcher, "_closed", False):
+                    # Closing: a cancel that came during the look may have been taken by
+                    # its timeout (asyncio.wait_for in 3.11); a long wait would hold the
+                    # close for up to an interval.
+                    return False
                 await pace.between_fetches(seconds, since=since)
             else:
                 await asyncio.sleep(seconds)

@@ -52,7 +52,7 @@ from toolfleet.devstack.broker import start_broker
 from toolfleet.events.codec import encode
 from toolfleet.events.envelope import new_event
 from toolfleet.events.models import AgentContext, InvokeRequested
-from toolfleet.events.types import EventType, Source
+from toolfleet.events.types import EventType, Source, TopicName, topic
 from toolfleet.settings import FleetSettings
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -100,6 +100,8 @@ class Costs:
     consumers' polling costs beside the work itself (it also slows every hop: a woken
     process waits for a core)."""
     paced_cpu_ms_by_process: dict[str, float] = dataclasses.field(default_factory=dict)
+    paced_hops_ms: dict[str, float] = dataclasses.field(default_factory=dict)
+    """Median ms of each step of a paced call, from the Kafka timestamps of its events."""
     idle_cores: dict[str, float] | None = None
     """Average share of one core each process used over the idle phase."""
     first_after_idle_ms: list[float] | None = None
@@ -496,6 +498,52 @@ async def _run_fleet_on(
         return await measure_fleet(settings, cfg, tokens, work, pids)
 
 
+HOP_TOPICS = (
+    TopicName.REQUESTED,
+    TopicName.AUTHORIZED,
+    TopicName.EVENTS,
+    TopicName.EXECUTED,
+    TopicName.RESULTS,
+)
+HOPS = ("client publish", "policy", "executor to invoked", "executor after", "validator",
+        "client watch")  # fmt: skip
+
+
+async def hops_of(
+    settings: FleetSettings, calls: dict[str, tuple[float, float]]
+) -> dict[str, float]:
+    """Where a paced call's time went: each event's Kafka timestamp (set when its producer
+    sent it) against the one before, and the client's clock at both ends. Medians, ms."""
+    stamps: dict[str, dict[TopicName, float]] = {call: {} for call in calls}
+    consumer = AIOKafkaConsumer(**connection_kwargs(settings), enable_auto_commit=False)
+    await consumer.start()
+    try:
+        for name in HOP_TOPICS:
+            name_of = topic(settings.topic_prefix, name)
+            parts = [TopicPartition(name_of, p) for p in range(settings.topic_partitions)]
+            consumer.assign(parts)
+            await consumer.seek_to_beginning(*parts)
+            ends = await consumer.end_offsets(parts)
+            while [tp for tp in parts if await consumer.position(tp) < ends[tp]]:
+                batch = await consumer.getmany(timeout_ms=500)
+                for records in batch.values():
+                    for record in records:
+                        call = dict(record.headers).get("ce_invocationid", b"").decode()
+                        if call in stamps:
+                            stamps[call].setdefault(name, record.timestamp / 1000)
+    finally:
+        await consumer.stop()
+    steps: dict[str, list[float]] = {hop: [] for hop in HOPS}
+    for call, (start, end) in calls.items():
+        seen = stamps[call]
+        if len(seen) < len(HOP_TOPICS):
+            continue
+        points = [start, *(seen[name] for name in HOP_TOPICS), end]
+        for hop, (a, b) in zip(HOPS, itertools.pairwise(points), strict=True):
+            steps[hop].append((b - a) * 1000)
+    return {hop: statistics.median(v) for hop, v in steps.items() if v}
+
+
 async def measure_fleet(
     settings: FleetSettings,
     cfg: BenchConfig,
@@ -506,10 +554,12 @@ async def measure_fleet(
     from toolfleet.client import ToolfleetClient
 
     async with ToolfleetClient(settings, watch=True) as client:
+        traced: dict[str, tuple[float, float]] | None = None
+        """Invocation id -> wall clock at publish and at the outcome, of the paced calls."""
 
         async def one(i: int) -> tuple[float, str]:
             tenant = tenant_of(i, cfg.tenants)
-            start = time.perf_counter()
+            start, wall = time.perf_counter(), time.time()
             handle = await client.invoke(
                 "core__echo",
                 {"message": "hello"},
@@ -518,6 +568,8 @@ async def measure_fleet(
                 capability_token=tokens[tenant],
             )
             outcome = await client.wait(handle, timeout=cfg.timeout_s)
+            if traced is not None:
+                traced[handle.invocation_id] = (wall, time.time())
             return time.perf_counter() - start, str(outcome.status)
 
         # Warm-up: workers join their groups; wait for the first success, then the rest.
@@ -539,13 +591,16 @@ async def measure_fleet(
         await settle(observers)  # audit and status catch up with the warm-up first
         meter = CpuMeter(groups)
         meter.start()
+        traced = {}
         paced, _, _ = await drive(cfg.paced, 1, one)
         paced_cpu = meter.stop()
+        paced_calls, traced = traced, None
         meter.start()
         latencies, outcomes, elapsed = await drive(cfg.n, cfg.concurrency, one)
         await settle(observers)  # the observers' backlog is part of the run's cost
         cpu = meter.stop()
         costs = costs_of(cpu, len(latencies), paced, paced_cpu)
+        costs = dataclasses.replace(costs, paced_hops_ms=await hops_of(settings, paced_calls))
         if cfg.idle_s > 0:
             idle = CpuMeter({**groups, "client": [os.getpid()]}, alone=["client"])
             idle.start()
@@ -623,6 +678,8 @@ def costs_table(fleet: RunResult | None, base: RunResult, celery: dict[str, Any]
                      f"{fc.paced_p50_ms:.1f}/{fc.paced_p99_ms:.1f} ms "
                      f"({fc.paced_cpu_ms_per_call:.1f} ms CPU/call: "
                      f"{_fmt(fc.paced_cpu_ms_by_process)})")  # fmt: skip
+        if fc.paced_hops_ms:
+            lines.append(f"fleet paced call, median ms by step: {_fmt(fc.paced_hops_ms)}")
         if fc.idle_cores is not None:
             total = sum(fc.idle_cores.values())
             lines.append(f"idle fleet: {total * 100:.1f}% of one core "

@@ -46,8 +46,9 @@ class FleetSettings(BaseSettings):
     Kafka that long-polls (wakes a held fetch when a record lands) set it to
     ``fetch_max_wait_ms`` or more, as ``docker-compose.yml`` does."""
     observer_fetch_max_wait_ms: int = Field(default=50, ge=0)
-    """``fetch_max_wait_ms`` of audit and status, which are off the outcome's critical path,
-    and how long they wait after a ring before fetching: one fetch collects several hops."""
+    """``fetch_max_wait_ms`` of audit and status, which are off the outcome's critical path:
+    while awake they fetch at most this often, and wait this long after a ring before
+    fetching; one fetch collects several hops."""
     fetch_doorbell: bool = True
     """Fetch on demand: producers ring a topic (Redis pub/sub) once a send to it is
     acknowledged, and a consumer that has caught up rests (partitions paused, no fetch
@@ -61,8 +62,8 @@ class FleetSettings(BaseSettings):
     README's benchmarks)."""
     idle_fetch_interval_ms: int = Field(default=500, ge=10)
     """How often a resting consumer looks for records nobody rang, and how long an awake
-    one on the critical path waits between fetches outside its window after a ring (the
-    most a lost ring, or a producer that does not ring, adds to a hop's latency)."""
+    one on the critical path holds a fetch no ring named records for (the most a lost
+    ring, or a producer that does not ring, adds to a hop's latency)."""
     linger_ms: int = Field(default=0, ge=0)
     """Producer batching delay, added to every hop (0 by default)."""
     enable_idempotence: bool = False

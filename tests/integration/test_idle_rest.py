@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
+from aiokafka import TopicPartition
 from prometheus_client import REGISTRY
 from redis.asyncio import Redis
 
@@ -196,9 +197,9 @@ async def test_critical_consumers_hear_their_topics_fast_rings_and_observers_do_
         assert not observer.rung_awake
         # Confirmed just now: a producer whose ring found nobody a moment ago may not ring
         # again for a quarter of a second, so it fetches as if rung until then.
-        assert critical.next_wait(0.004) == 0.004
+        assert not critical.exact
         pace_now[0] += 0.3
-        assert critical.next_wait(0.004) == 30  # then: until a ring
+        assert critical.exact  # then: it fetches what the rings name
         subscribers = dict(
             await redis.pubsub_numsub(
                 fast_channel(channel, "x.results"), fast_channel(channel, "x.audit")
@@ -213,11 +214,16 @@ async def test_critical_consumers_hear_their_topics_fast_rings_and_observers_do_
 
             return check
 
-        ringer.announce("x.results")
+        part = TopicPartition("x.results", 2)
+        assert not critical.owed({part: 7}, {part})
+        ringer.announce("x.results", 2, 7)
         await eventually(rung(2), timeout=10)  # on the fleet channel and the fast one
+        assert critical.owed({part: 7}, {part})  # the fast ring said where
+        assert not critical.owed({part: 8}, {part})
         now[0] += 0.01
-        ringer.announce("x.results")
+        ringer.announce("x.results", 2, 8)
         await eventually(rung(3), timeout=10)  # on the fast channel only
+        assert critical.owed({part: 8}, {part})
     finally:
         stop.set()
         await listening

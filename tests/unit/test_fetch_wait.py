@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-from types import TracebackType
-from typing import Self
+import time
+from types import SimpleNamespace, TracebackType
+from typing import Any, Self
 
 import pytest
+from aiokafka import TopicPartition
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from toolfleet.bus.fetch_wait import (
@@ -14,11 +16,14 @@ from toolfleet.bus.fetch_wait import (
     FetchPace,
     TrafficSignal,
     fast_channel,
+    fast_ring,
     fetch_pace,
     fetch_waits,
+    parse_ring,
     split_fetch_wait,
     traffic_channel,
     traffic_signal,
+    wait_in_client,
 )
 from toolfleet.settings import FleetSettings
 
@@ -179,33 +184,62 @@ async def test_a_ring_wakes_this_process_s_consumers_of_that_topic_only() -> Non
     await signal.close()
 
 
+async def rung(signal: TrafficSignal) -> None:
+    """Let the ring under way finish (the stand-in's round trip is one loop turn)."""
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
 async def test_rings_made_during_a_round_trip_go_together_in_the_next() -> None:
     clock, redis = Clock(), Publishes()
     signal = TrafficSignal(redis, channel="c", clock=clock)  # type: ignore[arg-type]
-    signal.announce("a")
+    signal.announce("a", 0, 5)
     await asyncio.sleep(0)  # the first pipeline is under way
-    signal.announce("b")
-    signal.announce("a")
-    signal.announce("b")
-    await signal.close()
-    await asyncio.sleep(0)
+    signal.announce("b", 1, 7)
+    signal.announce("a", 0, 6)
+    signal.announce("b", 1, 8)
+    await rung(signal)
     assert redis.round_trips == [
-        [("c", "a"), ("c:a", "a")],
-        # "a" rang its fast channel too recently to ring it again; "b" had not.
-        [("c", "a"), ("c", "b"), ("c:b", "b")],
+        [("c", "a"), ("c:a", "a 0:5")],
+        # "a" rang its fast channel too recently to ring it again; "b" had not, and its
+        # ring names the last offset acknowledged.
+        [("c", "a"), ("c", "b"), ("c:b", "b 1:8")],
     ]
+    await signal.close()  # a closing producer rings what waited for the spell's end
+    assert redis.round_trips[-1] == [("c:a", "a 0:6")]
 
 
-async def test_each_send_rings_its_topic_s_fast_channel_at_most_every_two_ms() -> None:
+async def test_a_fast_ring_names_each_partition_s_last_offset_at_most_every_two_ms() -> None:
     clock, redis = Clock(), Publishes()
     signal = TrafficSignal(redis, channel="c", every_s=0.5, clock=clock)  # type: ignore[arg-type]
-    for step in (0.0, 0.001, 0.0015, 0.001):  # at 0, 1, 2.5 and 3.5 ms
-        clock.now += step
-        signal.announce("a")
-        await signal.close()
+    for step, partition, offset in ((0.0, 0, 1), (0.001, 0, 2), (0.0, 3, 9), (0.0015, 0, 4)):
+        clock.now += step  # at 0, 1, 1 and 2.5 ms
+        signal.announce("a", partition, offset)
+        await rung(signal)
     assert FAST_RING_EVERY_S == 0.002
-    assert redis.on(fast_channel("c", "a")) == [["a"], ["a"]]  # at 0 and 2.5 ms
+    # The sends at 1 ms go in the ring at 2.5 ms, with the newest offset of partition 0.
+    assert redis.on(fast_channel("c", "a")) == [["a 0:1"], ["a 0:4,3:9"]]
     assert redis.on("c") == [["a"]]  # resting consumers: once per half idle spell
+
+
+async def test_marks_left_within_a_spell_ring_at_its_end_without_another_send() -> None:
+    redis = Publishes()
+    signal = TrafficSignal(redis, channel="c")  # type: ignore[arg-type]  # a real clock
+    signal.announce("a", 0, 1)
+    await rung(signal)
+    signal.announce("a", 0, 2)  # within the spell: no ring now
+    await rung(signal)
+    assert redis.on(fast_channel("c", "a")) == [["a 0:1"]]
+    await asyncio.sleep(FAST_RING_EVERY_S * 3)
+    assert redis.on(fast_channel("c", "a")) == [["a 0:1"], ["a 0:2"]]
+    await signal.close()
+
+
+def test_a_ring_s_message_reads_back_and_a_foreign_one_only_wakes() -> None:
+    assert parse_ring(fast_ring("t", {2: 10, 0: 3})) == ("t", {0: 3, 2: 10})
+    assert parse_ring("t") == ("t", None)  # the fleet channel's: no marks
+    assert parse_ring("t ") == ("t", {})  # a fast ring that does not say where
+    assert parse_ring("t 1:x") == ("t", {})
 
 
 async def test_a_topic_nobody_hears_fast_is_left_alone_for_a_while() -> None:
@@ -214,11 +248,12 @@ async def test_a_topic_nobody_hears_fast_is_left_alone_for_a_while() -> None:
     signal = TrafficSignal(redis, channel="c", every_s=0.5, clock=clock)  # type: ignore[arg-type]
     for step in (0.0, 0.01, 0.2, 0.1):  # at 0, 10, 210 and 310 ms
         clock.now += step
-        signal.announce("audit")
-        signal.announce("results")
-        await signal.close()
-    assert redis.on(fast_channel("c", "audit")) == [["audit"], ["audit"]]  # at 0 and 310
+        signal.announce("audit", 0, int(clock.now * 1000))
+        signal.announce("results", 0, int(clock.now * 1000))
+        await rung(signal)
+    assert len(redis.on(fast_channel("c", "audit"))) == 2  # at 0 and 310
     assert len(redis.on(fast_channel("c", "results"))) == 4
+    await signal.close()
 
 
 async def test_with_an_idle_spell_a_topic_rings_at_most_every_half_of_it() -> None:
@@ -254,17 +289,18 @@ async def test_after_a_failed_ring_redis_is_left_alone_for_a_while() -> None:
     signal = TrafficSignal(redis, channel="c", clock=clock)  # type: ignore[arg-type]
     local = pace(("t",))
     signal.register(local)
-    signal.announce("t")
-    await signal.close()
+    signal.announce("t", 0, 1)
+    await rung(signal)
     redis.fail = False
-    signal.announce("t")  # an unreachable Redis is not asked again by every send
-    await signal.close()
+    clock.now += 0.01
+    signal.announce("t", 0, 2)  # an unreachable Redis is not asked again by every send
+    await rung(signal)
     assert redis.round_trips == []
     assert local.rings == 2  # this process's consumers are woken all the same
     clock.now += 1.0
-    signal.announce("t")
+    signal.announce("t", 0, 3)
     await signal.close()
-    assert redis.round_trips == [[("c", "t"), ("c:t", "t")]]
+    assert redis.round_trips == [[("c", "t"), ("c:t", "t 0:3")]]
 
 
 def test_the_doorbell_can_be_switched_off_and_fleets_do_not_share_a_channel() -> None:
@@ -313,28 +349,52 @@ async def test_a_ring_or_records_seen_waiting_cut_the_wait_between_fetches_short
     await asyncio.wait_for(task, 1)
 
 
-def critical_pace(clock: Clock, *, interval_s: float = 0.5) -> FetchPace:
+def critical_pace(clock: Clock | None = None, *, interval_s: float = 0.5) -> FetchPace:
     return FetchPace(
-        topics=["t"], idle_after_s=1.0, interval_s=interval_s, fast_window_s=0.01, clock=clock
+        topics=["t"],
+        idle_after_s=1.0,
+        interval_s=interval_s,
+        fast_window_s=0.01,
+        clock=clock if clock is not None else time.monotonic,
     )
 
 
-def test_a_consumer_that_hears_fast_rings_waits_long_outside_its_fast_window() -> None:
+T0, T1 = TopicPartition("t", 0), TopicPartition("t", 1)
+
+
+def test_a_consumer_that_hears_fast_rings_fetches_only_what_they_name() -> None:
     clock = Clock()
     awake = critical_pace(clock)
     assert awake.critical
-    assert awake.next_wait(0.004) == 0.004  # fast rings not heard yet: it polls
+    assert not awake.exact  # fast rings not heard yet: it polls
     awake.rung_awake = True
-    assert awake.next_wait(0.004) == 0.5  # nothing lately: until a ring (or the interval)
-    awake.ring()
-    assert awake.next_wait(0.004) == 0.004  # a send that rang may be followed by one
-    clock.now += 0.011  # that did not ring, within the window
-    assert awake.next_wait(0.004) == 0.5
-    awake.fetched(records=True)
-    assert awake.next_wait(0.004) == 0.004
-    awake.fetched(records=False)
+    assert awake.exact
+    assigned = {T0, T1}
+    assert not awake.owed({T0: 5, T1: 0}, assigned)  # nothing rung: hold the fetch
+    awake.ring("t", {0: 5})  # the record at offset 5 of partition 0 was acknowledged
+    assert awake.owed({T0: 5, T1: 0}, assigned)
+    assert awake.owed({T0: 5, T1: 0}, assigned)  # an empty answer settles nothing
+    assert not awake.owed({T1: 0}, assigned)  # partition 0 left out (records buffered)
+    assert not awake.owed({T0: 6, T1: 0}, assigned)  # fetched past it: settled
+    assert not awake.owed({T0: 5, T1: 0}, assigned)
+    awake.ring("t", {1: 3})
+    assert not awake.owed({T0: 6}, {T0})  # partition 1 no longer assigned: forgotten
+    assert not awake.owed({T0: 6, T1: 0}, assigned)
+
+
+def test_a_fast_ring_that_does_not_say_where_and_a_new_subscription_poll_for_a_while() -> None:
+    clock = Clock()
+    awake = critical_pace(clock)
+    awake.rung_awake = True
+    awake.ring("t", None)  # the fleet channel's ring: wakes, says nothing
+    assert awake.exact
+    awake.ring("t", {})  # a send whose offset was not known
+    assert not awake.exact
     clock.now += 0.011
-    assert awake.next_wait(0.004) == 0.5
+    assert awake.exact
+    awake.keep_fast(0.3)  # just subscribed: rings may not reach it for a while
+    clock.now += 0.2
+    assert not awake.exact
 
 
 def test_observers_and_consumers_of_a_fleet_without_fast_rings_keep_polling() -> None:
@@ -344,6 +404,12 @@ def test_observers_and_consumers_of_a_fleet_without_fast_rings_keep_polling() ->
         fast_window_s=0.01, clock=clock,
     )  # fmt: skip
     assert not observer.critical
+    observer.rung_awake = True  # never set for an observer; and if it were:
+    assert observer.spacing(0.05) == 0  # at most one fetch every 50 ms
+    clock.now += 0.02
+    assert observer.spacing(0.05) == pytest.approx(0.03)
+    clock.now += 0.03
+    assert observer.spacing(0.05) == pytest.approx(0.05)
     settings = FleetSettings(fetch_max_wait_ms=5)
     critical = fetch_pace(settings, ["t"])
     assert critical is not None
@@ -351,16 +417,81 @@ def test_observers_and_consumers_of_a_fleet_without_fast_rings_keep_polling() ->
     assert critical.fast_window_s == pytest.approx(FAST_RING_EVERY_S + 0.005 + 0.003)
 
 
-async def test_partitions_fetchable_again_end_a_long_wait_a_ring_was_spent_on() -> None:
-    clock = Clock()
-    awake = critical_pace(clock, interval_s=30)
-    awake.rung_awake = True
-    awake.ring()  # spent on a fetch that left out the partition whose records were buffered
-    clock.now += 0.02
-    for freed in (lambda: awake.fetched(records=True), awake.fetchable):  # taken; resumed
-        task = asyncio.create_task(awake.between_fetches(0.004, since=awake.rings))
+async def test_a_hold_ends_with_a_ring_or_partitions_freed_and_lasts_one_interval_else() -> None:
+    awake = critical_pace(interval_s=30)
+    for end in (lambda: awake.ring("t", {0: 1}), awake.fetchable):
+        task = asyncio.create_task(awake.hold(since=awake.rings))
         await asyncio.sleep(0)
-        assert not task.done()  # outside its window: a long wait
-        freed()
-        await asyncio.wait_for(task, 1)
-        clock.now += 0.02
+        assert not task.done()
+        end()
+        assert await asyncio.wait_for(task, 1) is True
+    brief = critical_pace(interval_s=0.01)
+    assert await asyncio.wait_for(brief.hold(since=brief.rings), 1) is False
+
+
+class Fetcher:
+    """aiokafka's fetcher as :func:`wait_in_client` sees it: one request per call."""
+
+    def __init__(self) -> None:
+        self.sent: list[dict[TopicPartition, int]] = []
+        self.found: list[bool] = []
+        self._closed = False
+
+    async def _proc_fetch_request(self, assignment: object, node_id: int, request: Any) -> bool:
+        self.sent.append({TopicPartition(t, p): o for t, ps in request.topics for p, o, _ in ps})
+        return self.found.pop(0) if self.found else False
+
+
+def request(**offsets: int) -> SimpleNamespace:
+    return SimpleNamespace(topics=[("t", [(int(p[1:]), o, 1024) for p, o in offsets.items()])])
+
+
+async def test_an_exact_consumer_sends_a_fetch_only_when_a_ring_named_its_records() -> None:
+    awake = critical_pace(interval_s=30)
+    awake.rung_awake = True
+    fetcher = Fetcher()
+    wait_in_client(SimpleNamespace(_fetcher=fetcher), 0.004, awake)  # type: ignore[arg-type]
+    fetch = fetcher._proc_fetch_request
+    assignment = SimpleNamespace(tps={T0, T1})
+
+    held = asyncio.create_task(fetch(assignment, 0, request(p0=5, p1=0)))
+    await asyncio.sleep(0.01)
+    assert fetcher.sent == []
+    assert not held.done()
+    awake.ring("t", {0: 5})
+    assert await asyncio.wait_for(held, 1) is False  # the fetcher builds it anew
+    assert fetcher.sent == []
+
+    # The busy dev broker answers without the record: asked again, after the short wait.
+    fetcher.found = [False, True]
+    assert await fetch(assignment, 0, request(p0=5, p1=0)) is False
+    assert await fetch(assignment, 0, request(p0=5, p1=0)) is True
+    assert fetcher.sent == [{T0: 5, T1: 0}] * 2
+
+    # Taken: partition 0 is past the mark, and the next request is held again.
+    held = asyncio.create_task(fetch(assignment, 0, request(p0=6, p1=0)))
+    await asyncio.sleep(0.01)
+    assert len(fetcher.sent) == 2
+    assert not held.done()
+    fetcher._closed = True
+    held.cancel()
+    assert await held is False  # a cancelled request ends as an empty fetch
+
+
+async def test_an_observer_fetches_at_most_once_per_its_wait_rings_or_not() -> None:
+    observer = pace(wake_delay_s=0.05)
+    observer.fast_window_s = 0.01
+    fetcher = Fetcher()
+    wait_in_client(SimpleNamespace(_fetcher=fetcher), 0.03, observer)  # type: ignore[arg-type]
+    assignment = SimpleNamespace(tps={T0})
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    fetcher.found = [True]
+    await fetcher._proc_fetch_request(assignment, 0, request(p0=0))  # records
+    second = asyncio.create_task(fetcher._proc_fetch_request(assignment, 0, request(p0=1)))
+    await asyncio.sleep(0)
+    observer.ring("t", None)
+    observer.fetchable()
+    await second
+    assert loop.time() - started >= 0.025
+    assert len(fetcher.sent) == 2

@@ -33,27 +33,32 @@ redelivery are untouched.
 A consumer off the critical path (audit, status) waits ``wake_delay_s`` after a ring
 before fetching, so one fetch collects the records of several hops.
 
-**Rung awake.** Those rings wake resting consumers, but a consumer that is awake (traffic
-in the last ``idle_after``) used to find its records by fetching every
+**Rung awake, exactly.** Those rings wake resting consumers, but a consumer that is awake
+(traffic in the last ``idle_after``) used to find its records by fetching every
 ``fetch_max_wait_ms``: at one call in flight, five consumers fetching every 5 ms cost the
 dev broker about 25 fetches per call, most of them empty, and the CPU they took made
 every hop wait for a core. So each topic also rings on its own *fast* channel
-(:func:`fast_channel`), at most once every :data:`FAST_RING_EVERY_S` per producer, and
-the consumers on the critical path (policy, executor, validator, the client's watcher)
-subscribe to the fast channels of their topics. Once that subscription is confirmed, such
-a consumer fetches every ``fetch_max_wait_ms`` only for a short *fast window* after a
-ring or a fetch that brought records, and otherwise waits up to
-``TOOLFLEET_IDLE_FETCH_INTERVAL_MS`` between fetches, until a ring. No record waits for
-that: a send that rings ends the wait; a send that does not ring follows, by less than
-:data:`FAST_RING_EVERY_S`, one that did, and the window after that ring
-(:data:`FAST_RING_EVERY_S` + ``fetch_max_wait_ms`` + a margin) holds at least one fetch
-sent after it. A busy dev broker may answer that fetch without having read every
-partition, so a window that closes with a ring not yet accounted for ends with one look
-at the end offsets (:meth:`FetchPace.owes_a_look`): records left, another window.
+(:func:`fast_channel`), and the ring says where the records are: the offset of the last
+record acknowledged on each partition (*marks*, ``"<topic> <partition>:<offset>,..."``).
+A producer rings a topic's fast channel at most once every :data:`FAST_RING_EVERY_S`;
+marks acknowledged meanwhile go out in one ring at the end of that spell, so every
+acknowledged record is named by a ring within :data:`FAST_RING_EVERY_S`. The consumers on
+the critical path (policy, executor, validator, the client's watcher) subscribe to the
+fast channels of their topics and, once that is confirmed (:attr:`FetchPace.exact`),
+send a fetch only when it is *owed* a record: a partition it names has a mark at or past
+the offset it fetches from. Otherwise the request is held until a ring or partitions
+freed (records taken, partitions resumed), and sent anyway after
+``TOOLFLEET_IDLE_FETCH_INTERVAL_MS`` (a ring may be lost). A fetch that comes back
+without an owed record (a busy dev broker answers a fetch it holds 1 ms without having
+read every partition) is sent again after ``fetch_max_wait_ms``: marks are settled by
+positions, never by time, and no end-offset look is needed. So a record costs each of
+its consumers one fetch, and a ring without a record for it costs nothing.
 Nobody subscribes to the fast channels of the topics only observers read: a producer
 whose fast ring reached no one leaves that topic's fast channel alone for
 :data:`_UNHEARD_QUIET_S`, and a consumer whose subscription is confirmed fetches every
-``fetch_max_wait_ms`` for that long first. Observers keep the rings of the fleet channel.
+``fetch_max_wait_ms`` for that long first. Observers keep the rings of the fleet channel,
+and fetch at most once every ``TOOLFLEET_OBSERVER_FETCH_MAX_WAIT_MS`` while awake: one
+fetch collects the records of several hops, and rings do not cut that short.
 
 **Waiting in the client.** The dev broker spends CPU for as long as it holds a fetch
 that found nothing (it polls its logs meanwhile, more so the more partitions the fetch
@@ -71,10 +76,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any, Protocol
 
-from aiokafka import AIOKafkaConsumer
+from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.consumer.fetcher import Fetcher
 from aiokafka.errors import KafkaError
 from redis.asyncio import Redis
@@ -91,11 +96,15 @@ are still woken): a client without a reachable Redis is not slowed by every send
 
 FAST_RING_EVERY_S = 0.002
 """A producer rings a topic's fast channel at most this often: at saturation the rings of
-one topic are bounded whatever the rate of sends."""
+one topic are bounded whatever the rate of sends. Marks acknowledged meanwhile ring at the
+end of the spell."""
 
 _FAST_WINDOW_MARGIN_S = 0.003
 """Added to a fast window beyond its :data:`FAST_RING_EVERY_S` and one fetch wait: a ring
 handled late, a fetch answered late."""
+
+Marks = Mapping[int, int]
+"""Partition -> offset of the last record acknowledged there (a fast ring's payload)."""
 
 _UNHEARD_QUIET_S = 0.25
 """A fast ring that reached no subscriber (a topic only observers read) is not sent
@@ -110,6 +119,28 @@ def traffic_channel(topic_prefix: str) -> str:
 def fast_channel(channel: str, topic: str) -> str:
     """The channel ``topic`` rings on for the awake consumers on the critical path."""
     return f"{channel}:{topic}"
+
+
+def fast_ring(topic: str, marks: Marks) -> str:
+    """A fast ring's message: ``"<topic> <partition>:<offset>,..."``."""
+    return f"{topic} " + ",".join(f"{p}:{o}" for p, o in sorted(marks.items()))
+
+
+def parse_ring(message: str) -> tuple[str, dict[int, int] | None]:
+    """The topic and marks of a ring: None for a ring of the fleet channel (it wakes
+    resting consumers), ``{}`` for a fast ring that does not say where."""
+    topic, fast, rest = message.partition(" ")
+    if not fast:
+        return topic, None
+    marks: dict[int, int] = {}
+    if rest:
+        try:
+            for item in rest.split(","):
+                partition, _, offset = item.partition(":")
+                marks[int(partition)] = int(offset)
+        except ValueError:
+            return topic, {}
+    return topic, marks
 
 
 def traffic_signal(redis: Redis, settings: FleetSettings) -> TrafficSignal | None:
@@ -148,9 +179,9 @@ class FetchPace:
         wake_delay_s: after a ring, wait this long before fetching (batches the records
             of several hops into one fetch; 0 for consumers on the critical path, which
             listen to the fast rings of their topics).
-        fast_window_s: once the fast rings of its topics are heard (:attr:`rung_awake`),
-            fetch every ``fetch_max_wait_ms`` only this long after a ring or records,
-            and wait up to ``interval_s`` between fetches otherwise (0: never).
+        fast_window_s: how long a consumer on the critical path is sized to keep fetching
+            every ``fetch_max_wait_ms`` after its fast channels are confirmed (beyond
+            :data:`_UNHEARD_QUIET_S`); 0 for observers, which hear no fast rings.
         clock: monotonic seconds (tests pass a fake one).
     """
 
@@ -174,7 +205,9 @@ class FetchPace:
         :class:`TrafficSignal` once subscribed): only then may it wait long while awake."""
         self._clock = clock
         self._fast_until = float("-inf")
-        self._owed = False
+        self._marks: dict[TopicPartition, int] = {}
+        """Offsets rung (last acknowledged record) not yet passed by a fetch."""
+        self._last_sent = float("-inf")
         self._last_traffic = clock()
         self._caught_up = False
         self._rings = 0
@@ -191,7 +224,6 @@ class FetchPace:
         caught up: looking at the end offsets costs less than another fetch."""
         if records:
             self._last_traffic = self._clock()
-            self.keep_fast(self.fast_window_s)
             self.fetchable()
         self._caught_up = True
 
@@ -204,11 +236,11 @@ class FetchPace:
     def awake(self) -> None:
         """Too busy to fetch: that is not caught up."""
         self._last_traffic = self._clock()
-        self.keep_fast(self.fast_window_s)
         self._caught_up = False
 
     def keep_fast(self, seconds: float) -> None:
-        """Fetch every ``fetch_max_wait_ms`` for ``seconds`` from now, at least."""
+        """Fetch every ``fetch_max_wait_ms`` for ``seconds`` from now, at least (whatever
+        the marks say: the rings of that spell may not have reached it)."""
         self._fast_until = max(self._fast_until, self._clock() + seconds)
 
     @property
@@ -216,38 +248,55 @@ class FetchPace:
         """On the critical path (no wake delay): it listens to fast rings."""
         return self.wake_delay_s <= 0 and self.fast_window_s > 0
 
-    def next_wait(self, seconds: float) -> float:
-        """How long to wait after a fetch that brought nothing: ``seconds`` in the fast
-        window or while fast rings are not heard, else up to ``interval_s``."""
-        if self.rung_awake and self._clock() >= self._fast_until:
-            return max(seconds, self.interval_s)
-        return seconds
+    @property
+    def exact(self) -> bool:
+        """It fetches only when owed a record (:meth:`owed`): the fast rings of every topic
+        it reads reach it, and the spell after their confirmation has passed."""
+        return self.rung_awake and self._clock() >= self._fast_until
 
-    def owes_a_look(self) -> bool:
-        """Rung since its last look, and about to wait long. A busy dev broker answers a
-        fetch it holds 1 ms without having read every partition (seen: a rung record
-        missing from the next three fetches, one of which brought another record), so
-        neither an empty fetch nor records found say the rung record was taken; the end
-        offsets do (:func:`unread`)."""
-        return self._owed and self.rung_awake and self._clock() >= self._fast_until
+    def owed(
+        self, offsets: Mapping[TopicPartition, int], assigned: Collection[TopicPartition]
+    ) -> bool:
+        """Whether a fetch from ``offsets`` (partition -> offset it fetches from) is owed a
+        record a ring named. Settles the marks it passed and those of partitions no
+        longer ``assigned``; a partition the fetch leaves out (records buffered, paused)
+        keeps its mark until a fetch names it."""
+        owed = False
+        for tp, mark in list(self._marks.items()):
+            start = offsets.get(tp)
+            if start is None:
+                if tp not in assigned:
+                    del self._marks[tp]
+            elif mark < start:
+                del self._marks[tp]
+            else:
+                owed = True
+        return owed
 
-    def looked(self, *, unread: bool) -> None:
-        """What the look of :meth:`owes_a_look` found: records left (fetch every
-        ``fetch_max_wait_ms`` for another window) or none (the ring is settled)."""
-        if unread:
-            self.keep_fast(self.fast_window_s)
-        else:
-            self._owed = False
+    def spacing(self, seconds: float) -> float:
+        """An observer's fetch is sent at least ``seconds`` after its last one: how long
+        to wait before this one (it is then counted as sent)."""
+        now = self._clock()
+        wait = max(0.0, self._last_sent + seconds - now)
+        self._last_sent = now + wait
+        return wait
 
     def should_rest(self) -> bool:
         return self._caught_up and self._clock() - self._last_traffic >= self.idle_after_s
 
-    def ring(self) -> None:
-        """A topic this consumer reads rang: a rest under way (or about to begin) ends,
-        and so does a wait between fetches (:meth:`between_fetches`)."""
+    def ring(self, topic: str | None = None, marks: Marks | None = None) -> None:
+        """A topic this consumer reads rang (``marks``: where its records are, from a
+        fast ring): a rest under way (or about to begin) ends, and so does a wait between
+        fetches (:meth:`between_fetches`, :meth:`hold`). A fast ring that does not say
+        where (a send whose offset was not known) makes it fetch for a fast window."""
+        if topic is not None and marks is not None:
+            if not marks:
+                self.keep_fast(self.fast_window_s)
+            for partition, offset in marks.items():
+                tp = TopicPartition(topic, partition)
+                if offset > self._marks.get(tp, -1):
+                    self._marks[tp] = offset
         self._rings += 1
-        self.keep_fast(self.fast_window_s)
-        self._owed = True
         self._rung.set()
         self._end_waits()
 
@@ -260,14 +309,26 @@ class FetchPace:
     async def between_fetches(self, seconds: float, *, since: int) -> None:
         """Wait ``seconds`` before the next fetch, unless a ring after ``since`` (taken
         before the fetch that came back empty was sent) or records seen waiting end it."""
-        if self._rings != since or seconds <= 0:
-            return
+        await self._wait(seconds, since=since)
+
+    async def hold(self, *, since: int) -> bool:
+        """Hold a fetch that is owed nothing: True once a ring after ``since`` or
+        partitions freed end the hold (build the request again), False after
+        ``interval_s`` (send it: a ring may have been lost)."""
+        return await self._wait(self.interval_s, since=since)
+
+    async def _wait(self, seconds: float, *, since: int) -> bool:
+        if self._rings != since:
+            return True
+        if seconds <= 0:
+            return False
         waiting: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waits.add(waiting)
         try:
-            await asyncio.wait([waiting], timeout=self.next_wait(seconds))
+            await asyncio.wait([waiting], timeout=seconds)
         finally:
             self._waits.discard(waiting)
+        return waiting.done()
 
     async def rest(self, stopped: asyncio.Future[Any], *, since: int) -> bool:
         """Rest until a ring after ``since`` (True), one interval, or ``stopped`` (False).
@@ -344,22 +405,28 @@ def wait_in_client(
     send = fetcher._proc_fetch_request
 
     async def fetch_then_wait(assignment: Any, node_id: int, request: Any) -> bool:
-        since = pace.rings if pace is not None else 0
-        found: bool = await send(assignment, node_id, request)
-        if found:
-            return True
         try:
-            if pace is not None:
-                if pace.rings == since and pace.owes_a_look():
-                    pace.looked(unread=await unread(consumer))
-                if getattr(fetcher, "_closed", False):
-                    # Closing: a cancel that came during the look may have been taken by
-                    # its timeout (asyncio.wait_for in 3.11); a long wait would hold the
-                    # close for up to an interval.
-                    return False
+            if pace is None:
+                found: bool = await send(assignment, node_id, request)
+                if not found:
+                    await asyncio.sleep(seconds)
+                return found
+            since = pace.rings
+            if not pace.critical:
+                # An observer: at most one fetch every ``seconds``, rings or not.
+                await asyncio.sleep(pace.spacing(seconds))
+                return bool(await send(assignment, node_id, request))
+            if pace.exact and not pace.owed(_offsets(request), assignment.tps):
+                if await pace.hold(since=since) or getattr(fetcher, "_closed", False):
+                    return False  # rung, or partitions freed: the fetcher builds it anew
+                since = pace.rings
+            found = await send(assignment, node_id, request)
+            if found:
+                return True
+            if getattr(fetcher, "_closed", False):
+                return False
+            if not pace.exact or pace.owed(_offsets(request), assignment.tps):
                 await pace.between_fetches(seconds, since=since)
-            else:
-                await asyncio.sleep(seconds)
         except asyncio.CancelledError:
             # Only the fetcher cancels its requests (closing, or the assignment changed)
             # and awaits them afterwards; like aiokafka's own, end as an empty fetch.
@@ -369,11 +436,21 @@ def wait_in_client(
     fetcher._proc_fetch_request = fetch_then_wait
 
 
+def _offsets(request: Any) -> dict[TopicPartition, int]:
+    """Partition -> offset a fetch request reads from (as aiokafka's fetcher reads it)."""
+    return {
+        TopicPartition(topic, partition): offset
+        for topic, partitions in request.topics
+        for partition, offset, *_ in partitions
+    }
+
+
 class TrafficAnnouncer(Protocol):
     """What a producer tells once a send was acknowledged: :class:`TrafficSignal`."""
 
-    def announce(self, topic: str) -> None:
-        """A record is now on ``topic`` (never blocks, never raises)."""
+    def announce(self, topic: str, partition: int | None = None, offset: int | None = None) -> None:
+        """A record is now on ``topic`` (at ``offset`` of ``partition``, when known);
+        never blocks, never raises."""
         ...
 
 
@@ -409,6 +486,10 @@ class TrafficSignal:
         self._clock = clock
         self._pending: set[str] = set()
         self._pending_fast: set[str] = set()
+        self._marks: dict[str, dict[int, int]] = {}
+        """Marks acknowledged since the topic's last fast ring."""
+        self._trailing: asyncio.TimerHandle | None = None
+        self._trailing_at = float("inf")
         self._heard: dict[str, str] = {}
         """Fast channel -> topic, of the critical consumers registered here."""
         self._confirmed: set[str] = set()
@@ -439,8 +520,9 @@ class TrafficSignal:
             and all(fast_channel(self._channel, t) in self._confirmed for t in pace.topics)
         )
 
-    def announce(self, topic: str) -> None:
-        self._wake_local(topic)  # consumers of this process need no round trip
+    def announce(self, topic: str, partition: int | None = None, offset: int | None = None) -> None:
+        mark = {partition: offset} if partition is not None and offset is not None else {}
+        self._wake_local(topic, mark)  # consumers of this process need no round trip
         now = self._clock()
         if now < self._quiet_until:
             return
@@ -449,11 +531,40 @@ class TrafficSignal:
             # Otherwise its consumers are still awake from the last ring (see above).
             self._rung[topic] = now
             self._pending.add(topic)
+        marks = self._marks.setdefault(topic, {})
+        for p, o in mark.items():
+            marks[p] = max(o, marks.get(p, -1))
+        self._due(topic, now)
+        if (self._pending or self._pending_fast) and self._ringing is None:
+            self._ringing = asyncio.get_running_loop().create_task(self._ring())
+
+    def _due(self, topic: str, now: float) -> None:
+        """Ring ``topic``'s fast channel now if its spell allows, else at the spell's end
+        (one timer for every topic waiting: marks acknowledged meanwhile go together)."""
         last_fast = self._fast_rung.get(topic)
         if last_fast is None or now - last_fast >= self._fast_every_s:
             self._fast_rung[topic] = now
             self._pending_fast.add(topic)
-        if (self._pending or self._pending_fast) and self._ringing is None:
+            return
+        at = last_fast + self._fast_every_s
+        if at < self._trailing_at:
+            if self._trailing is not None:
+                self._trailing.cancel()
+            self._trailing_at = at
+            self._trailing = asyncio.get_running_loop().call_later(at - now, self._ring_trailing)
+
+    def _ring_trailing(self, *, now_or_never: bool = False) -> None:
+        """Ring the marks whose spell is over (``now_or_never``: all of them, closing)."""
+        self._trailing, self._trailing_at = None, float("inf")
+        now = self._clock()
+        if now < self._quiet_until:
+            return
+        for topic in [t for t, marks in self._marks.items() if marks]:
+            if now_or_never:
+                self._pending_fast.add(topic)
+            else:
+                self._due(topic, now)
+        if self._pending_fast and self._ringing is None:
             self._ringing = asyncio.get_running_loop().create_task(self._ring())
 
     async def _ring(self) -> None:
@@ -461,12 +572,15 @@ class TrafficSignal:
             while self._pending or self._pending_fast:
                 topics, self._pending = sorted(self._pending), set()
                 fast, self._pending_fast = sorted(self._pending_fast), set()
+                marks = {topic: self._marks.pop(topic, {}) for topic in fast}
                 try:
                     async with self._redis.pipeline(transaction=False) as pipe:
                         for topic in topics:
                             pipe.publish(self._channel, topic)
                         for topic in fast:
-                            pipe.publish(fast_channel(self._channel, topic), topic)
+                            pipe.publish(
+                                fast_channel(self._channel, topic), fast_ring(topic, marks[topic])
+                            )
                         heard = await pipe.execute()
                 except (RedisError, OSError) as exc:
                     # Only latency is lost: resting consumers look for records every
@@ -475,6 +589,7 @@ class TrafficSignal:
                     self._quiet_until = self._clock() + _QUIET_AFTER_FAILURE_S
                     self._pending.clear()
                     self._pending_fast.clear()
+                    self._marks.clear()
                     log.debug("ring not sent", extra={"error": type(exc).__name__})
                     continue
                 for topic, listeners in zip(fast, heard[len(topics) :], strict=True):
@@ -485,12 +600,16 @@ class TrafficSignal:
         finally:
             self._ringing = None
 
-    def _wake_local(self, topic: str) -> None:
+    def _wake_local(self, topic: str, marks: Marks | None = None) -> None:
         for pace in self._paces.get(topic, ()):
-            pace.ring()
+            pace.ring(topic, marks)
 
     async def close(self) -> None:
-        """Wait for a ring under way (bounded: it is one pipeline of ``PUBLISH``)."""
+        """Ring what waits for the end of a spell, and wait for a ring under way (bounded:
+        it is one pipeline of ``PUBLISH``)."""
+        if self._trailing is not None:
+            self._trailing.cancel()
+            self._ring_trailing(now_or_never=True)
         ringing = self._ringing
         if ringing is not None:
             await asyncio.wait([ringing], timeout=1.0)
@@ -508,8 +627,8 @@ class TrafficSignal:
         Each time the subscription is (re)confirmed every registered pace is rung: rings
         sent while nobody listened were missed, so each consumer looks for itself."""
 
-        async def wake(topic: str) -> None:
-            self._wake_local(topic)
+        async def wake(message: str) -> None:
+            self._wake_local(*parse_ring(message))
 
         def confirmed() -> None:
             self.live = True

@@ -91,15 +91,21 @@ class EventProducer:
         if traffic is not None:
             # Rung once the record is on the broker: a consumer woken earlier would
             # find nothing and rest again.
-            future.add_done_callback(
-                lambda done: (
-                    None
-                    if done.cancelled() or done.exception() is not None
-                    else traffic.announce(topic)
-                )
-            )
+            future.add_done_callback(lambda done: _announce(traffic, topic, done))
         return future
 
     async def partitions_for(self, topic: str) -> set[int]:
         result: set[int] = await self._producer.partitions_for(topic)
         return result
+
+
+def _announce(traffic: TrafficAnnouncer, topic: str, done: asyncio.Future[object]) -> None:
+    """Tell ``traffic`` where an acknowledged record landed (its ring names the offset)."""
+    if done.cancelled() or done.exception() is not None:
+        return
+    metadata = done.result()
+    partition, offset = getattr(metadata, "partition", None), getattr(metadata, "offset", None)
+    if isinstance(partition, int) and isinstance(offset, int) and offset >= 0:
+        traffic.announce(topic, partition, offset)
+    else:
+        traffic.announce(topic)

@@ -127,6 +127,66 @@ async def test_forwards_dedupes_and_dead_letters(settings: FleetSettings) -> Non
     assert json.dumps(record.data)  # serializable for SIEMs
 
 
+async def test_a_topic_the_handler_makes_idempotent_costs_no_dedupe_markers(
+    settings: FleetSettings,
+) -> None:
+    prefix = f"{settings.topic_prefix}rt{uuid.uuid4().hex[:6]}."
+    local = settings.model_copy(update={"topic_prefix": prefix})
+    from toolfleet.bus.admin import ensure_topics
+
+    await ensure_topics(local)
+    producer = EventProducer(local)
+    await producer.start()
+    redis = connect_redis(local.redis_url)
+    seen: list[str] = []
+
+    async def handler(event: Inbound) -> Sequence[Outbound]:
+        seen.append(event.envelope.id)
+        return [_authorized_of(event, prefix)]
+
+    group = f"g-{uuid.uuid4().hex[:6]}"
+    req = topic(prefix, TopicName.REQUESTED)
+    runtime = EventConsumer(
+        ConsumerSpec(
+            service="test",
+            source="/toolfleet/test",
+            group_id=group,
+            topics=[req],
+            idempotent_topics=frozenset({req}),
+        ),
+        handler,
+        settings=local,
+        producer=producer,
+        processed=RedisProcessedEvents(redis, group=group, ttl_s=600),
+        dlq_topic=topic(prefix, TopicName.DLQ),
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(runtime.run(stop))
+    raw = AIOKafkaProducer(**connection_kwargs(local))
+    await raw.start()
+    try:
+        event = new_event(
+            event_type=EventType.INVOKE_REQUESTED,
+            source=Source.CLI,
+            data={"n": 1},
+            tenant_id="t1",
+            invocation_id=str(uuid.uuid4()),
+        )
+        wire = encode(event, ContentMode.BINARY)
+        for copies in (1, 2):  # the copy once the first was handled (redelivered, say)
+            await raw.send_and_wait(req, wire.value, key=wire.key, headers=wire.headers)
+            await _read_all(local, TopicName.AUTHORIZED, want=copies)
+        markers = [key async for key in redis.scan_iter(match=f"dedupe:{group}:*")]
+    finally:
+        stop.set()
+        await task
+        await raw.stop()
+        await producer.stop()
+        await redis.aclose()
+    assert seen == [event.id, event.id]  # the handler sees the copy: no marker stops it
+    assert markers == []
+
+
 def _authorized_of(event: Inbound, prefix: str) -> Outbound:
     out = new_event(
         event_type=EventType.INVOKE_AUTHORIZED,

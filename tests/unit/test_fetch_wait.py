@@ -382,6 +382,18 @@ def test_a_consumer_that_hears_fast_rings_fetches_only_what_they_name() -> None:
     assert not awake.owed({T0: 6, T1: 0}, assigned)
 
 
+def test_rings_of_a_quiet_topic_are_ignored() -> None:
+    awake = critical_pace()
+    awake.rung_awake = True
+    awake.quiet_topics = frozenset({"t"})  # its records come with fetches of the others
+    awake.ring("t", {0: 5})
+    assert awake.rings == 0
+    assert not awake.owed({T0: 5}, {T0})
+    awake.quiet_topics = frozenset()
+    awake.ring("t", {0: 5})
+    assert awake.owed({T0: 5}, {T0})
+
+
 def test_a_fast_ring_that_does_not_say_where_and_a_new_subscription_poll_for_a_while() -> None:
     clock = Clock()
     awake = critical_pace(clock)

@@ -204,6 +204,9 @@ class FetchPace:
         """Whether the fast rings of every topic it reads reach it (set by
         :class:`TrafficSignal` once subscribed): only then may it wait long while awake."""
         self._clock = clock
+        self.quiet_topics: frozenset[str] = frozenset()
+        """Topics whose rings it ignores: their records come with its next fetch of the
+        others (the client's watcher reads progress events only when someone waits)."""
         self._fast_until = float("-inf")
         self._marks: dict[TopicPartition, int] = {}
         """Offsets rung (last acknowledged record) not yet passed by a fetch."""
@@ -289,6 +292,8 @@ class FetchPace:
         fast ring): a rest under way (or about to begin) ends, and so does a wait between
         fetches (:meth:`between_fetches`, :meth:`hold`). A fast ring that does not say
         where (a send whose offset was not known) makes it fetch for a fast window."""
+        if topic in self.quiet_topics:
+            return
         if topic is not None and marks is not None:
             if not marks:
                 self.keep_fast(self.fast_window_s)

@@ -140,6 +140,10 @@ class ConsumerSpec:
     off the critical path collect several hops' records in one fetch)."""
     extra_transient: tuple[type[BaseException], ...] = field(default_factory=tuple)
     """More exception types to treat as transient (retried without limit)."""
+    idempotent_topics: frozenset[str] = frozenset()
+    """Topics whose records the handler may see twice without effect (it makes them
+    idempotent itself): no dedupe marker is read or written for them, two Redis round
+    trips a record saved."""
     schedule: Callable[[Envelope], Placement] | None = None
     """Opt-in scheduling: where a decoded record goes in the backlog (rank, tenant). Must
     not raise. Unset: every record starts as soon as it is fetched (the default)."""
@@ -537,7 +541,9 @@ class EventConsumer:
                 return
             self._in_flight_keys.add(key)  # claimed before any await: no race with a twin
             try:
-                processed = self._processed
+                processed = (
+                    self._processed if record.topic not in self.spec.idempotent_topics else None
+                )
                 if processed is not None and await self._retrying(lambda: processed.seen(key)):
                     self._duplicates.inc()
                     outcome = "duplicate"
@@ -668,8 +674,8 @@ class EventConsumer:
                 if fresh:
                     done = await self._handle_fetch(fresh, finish)
                     processed = self._processed
-                    if processed is not None and done:
-                        keys = [item.key for item in done]
+                    keys = [item.key for item in done if self._guarded(item.record)]
+                    if processed is not None and keys:
                         await self._retrying(lambda: processed.mark_all(keys))
                     for item in done:
                         finish(item.record, item.inbound.envelope.type, "ok")
@@ -689,19 +695,25 @@ class EventConsumer:
                 counted, _ = self._metrics_of("unknown", "abandoned")
                 counted.inc(len(unfinished))
 
+    def _guarded(self, record: ConsumerRecord[bytes, bytes]) -> bool:
+        """Whether ``record``'s topic is deduplicated by marker (not idempotent itself)."""
+        return record.topic not in self.spec.idempotent_topics
+
     async def _unseen(
         self,
         claimed: list[_Claimed],
         finish: Callable[[ConsumerRecord[bytes, bytes], str, str], None],
     ) -> list[_Claimed]:
         processed = self._processed
-        if processed is None or not claimed:
+        guarded = [item for item in claimed if self._guarded(item.record)]
+        if processed is None or not guarded:
             return claimed
-        keys = [item.key for item in claimed]
+        keys = [item.key for item in guarded]
         seen = await self._retrying(lambda: processed.seen_all(keys))
+        duplicates = {id(item) for item, was in zip(guarded, seen, strict=True) if was}
         fresh: list[_Claimed] = []
-        for item, was_seen in zip(claimed, seen, strict=True):
-            if was_seen:
+        for item in claimed:  # in fetch order
+            if id(item) in duplicates:
                 self._duplicates.inc()
                 finish(item.record, item.inbound.envelope.type, "duplicate")
             else:

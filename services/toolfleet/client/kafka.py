@@ -305,6 +305,10 @@ class ToolfleetClient(RequestPublisher):
             self._outcomes[handle.invocation_id] = future
         if on_progress is not None:
             self._progress[handle.invocation_id] = on_progress
+            if self._pace is not None and self._pace.quiet_topics:
+                # Its rings were ignored until now: fetch for a while, as if rung.
+                self._pace.quiet_topics = frozenset()
+                self._pace.ring(self._topic(TopicName.EVENTS), {})
         self._waiting.set()
         try:
             return await asyncio.wait_for(asyncio.shield(future), timeout)
@@ -368,7 +372,12 @@ class ToolfleetClient(RequestPublisher):
         pace, signal = self._pace, self._own_traffic
         never: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         timeout_ms = self._settings.fetch_max_wait_ms + 10 if pace is not None else 200
+        progress = frozenset({self._topic(TopicName.EVENTS)})
         while True:
+            if pace is not None:
+                # Progress events wake it only while someone follows progress; otherwise
+                # they come with the next fetch of outcomes (and are skipped unparsed).
+                pace.quiet_topics = frozenset() if self._progress else progress
             if not self._outcomes and not self._progress:
                 # Nobody waits: no fetches until someone does. Paused partitions keep
                 # their position, so nothing published meanwhile is skipped.

@@ -114,6 +114,9 @@ async def build(res: Resources) -> list[EventConsumer]:
         routing.POLICY_CONSUMER,
         max_in_flight=settings.max_in_flight,
         starts_traces=True,  # the first service to read a request
+        # An outcome read twice finds its waiters already taken (``finish`` is atomic)
+        # and emits nothing: no dedupe marker per outcome.
+        idempotent_topics=frozenset({res.topic(TopicName.RESULTS)}),
     )
     return [res.consumer(spec, handle)]
 

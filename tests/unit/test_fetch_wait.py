@@ -454,6 +454,18 @@ class Fetcher:
         return self.found.pop(0) if self.found else False
 
 
+class Assignment:
+    """aiokafka's assignment as the fetcher's requests see it: each partition's state,
+    with the high watermark its last fetch reported."""
+
+    def __init__(self, *tps: TopicPartition, ends: dict[TopicPartition, int] | None = None):
+        self.tps = set(tps)
+        self.ends = ends if ends is not None else {}
+
+    def state_value(self, tp: TopicPartition) -> SimpleNamespace:
+        return SimpleNamespace(highwater=self.ends.get(tp))
+
+
 def request(**offsets: int) -> SimpleNamespace:
     return SimpleNamespace(topics=[("t", [(int(p[1:]), o, 1024) for p, o in offsets.items()])])
 
@@ -464,7 +476,7 @@ async def test_an_exact_consumer_sends_a_fetch_only_when_a_ring_named_its_record
     fetcher = Fetcher()
     wait_in_client(SimpleNamespace(_fetcher=fetcher), 0.004, awake)  # type: ignore[arg-type]
     fetch = fetcher._proc_fetch_request
-    assignment = SimpleNamespace(tps={T0, T1})
+    assignment = Assignment(T0, T1, ends={T0: 5, T1: 0})  # caught up, as last reported
 
     held = asyncio.create_task(fetch(assignment, 0, request(p0=5, p1=0)))
     await asyncio.sleep(0.01)
@@ -481,6 +493,7 @@ async def test_an_exact_consumer_sends_a_fetch_only_when_a_ring_named_its_record
     assert fetcher.sent == [{T0: 5, T1: 0}] * 2
 
     # Taken: partition 0 is past the mark, and the next request is held again.
+    assignment.ends[T0] = 6
     held = asyncio.create_task(fetch(assignment, 0, request(p0=6, p1=0)))
     await asyncio.sleep(0.01)
     assert len(fetcher.sent) == 2
@@ -490,12 +503,37 @@ async def test_an_exact_consumer_sends_a_fetch_only_when_a_ring_named_its_record
     assert await held is False  # a cancelled request ends as an empty fetch
 
 
+async def test_records_nobody_rang_are_read_while_a_fetch_reports_more() -> None:
+    awake = critical_pace(interval_s=30)
+    awake.rung_awake = True
+    fetcher = Fetcher()
+    wait_in_client(SimpleNamespace(_fetcher=fetcher), 0.004, awake)  # type: ignore[arg-type]
+    fetch = fetcher._proc_fetch_request
+    # Just assigned: nothing fetched yet, so nothing known of the partition's end.
+    assignment = Assignment(T0)
+    fetcher.found = [True, True]
+    assert await fetch(assignment, 0, request(p0=0)) is True
+    # A backlog published before this consumer had the partition: its last fetch
+    # reported the end at 900, so it keeps fetching without a ring...
+    assignment.ends[T0] = 900
+    assert await fetch(assignment, 0, request(p0=500)) is True
+    assert len(fetcher.sent) == 2
+    # ...until it has read up to the end.
+    assignment.ends[T0] = 900
+    held = asyncio.create_task(fetch(assignment, 0, request(p0=900)))
+    await asyncio.sleep(0.01)
+    assert len(fetcher.sent) == 2
+    assert not held.done()
+    held.cancel()
+    assert await held is False
+
+
 async def test_an_observer_fetches_at_most_once_per_its_wait_rings_or_not() -> None:
     observer = pace(wake_delay_s=0.05)
     observer.fast_window_s = 0.01
     fetcher = Fetcher()
     wait_in_client(SimpleNamespace(_fetcher=fetcher), 0.03, observer)  # type: ignore[arg-type]
-    assignment = SimpleNamespace(tps={T0})
+    assignment = Assignment(T0)
     loop = asyncio.get_running_loop()
     started = loop.time()
     fetcher.found = [True]

@@ -46,8 +46,9 @@ acknowledged record is named by a ring within :data:`FAST_RING_EVERY_S`. The con
 the critical path (policy, executor, validator, the client's watcher) subscribe to the
 fast channels of their topics and, once that is confirmed (:attr:`FetchPace.exact`),
 send a fetch only when it is *owed* a record: a partition it names has a mark at or past
-the offset it fetches from. Otherwise the request is held until a ring or partitions
-freed (records taken, partitions resumed), and sent anyway after
+the offset it fetches from, or lies behind the high watermark its last fetch reported
+(a backlog nobody rang, a partition just assigned). Otherwise the request is held
+until a ring or partitions freed (records taken, partitions resumed), and sent anyway after
 ``TOOLFLEET_IDLE_FETCH_INTERVAL_MS`` (a ring may be lost). A fetch that comes back
 without an owed record (a busy dev broker answers a fetch it holds 1 ms without having
 read every partition) is sent again after ``fetch_max_wait_ms``: marks are settled by
@@ -258,13 +259,21 @@ class FetchPace:
         return self.rung_awake and self._clock() >= self._fast_until
 
     def owed(
-        self, offsets: Mapping[TopicPartition, int], assigned: Collection[TopicPartition]
+        self,
+        offsets: Mapping[TopicPartition, int],
+        assigned: Collection[TopicPartition],
+        ends: Mapping[TopicPartition, int | None] | None = None,
     ) -> bool:
         """Whether a fetch from ``offsets`` (partition -> offset it fetches from) is owed a
-        record a ring named. Settles the marks it passed and those of partitions no
-        longer ``assigned``; a partition the fetch leaves out (records buffered, paused)
-        keeps its mark until a fetch names it."""
-        owed = False
+        record: one a ring named, or one before a partition's end as the last fetch
+        reported it (``ends``: its high watermark, None before any fetch), so a backlog
+        nobody rang (records published before this consumer was assigned them) is read
+        without waiting for rings. Settles the marks it passed and those of partitions
+        no longer ``assigned``; a partition the fetch leaves out (records buffered,
+        paused) keeps its mark until a fetch names it."""
+        owed = ends is not None and any(
+            (end := ends.get(tp)) is None or start < end for tp, start in offsets.items()
+        )
         for tp, mark in list(self._marks.items()):
             start = offsets.get(tp)
             if start is None:
@@ -421,7 +430,7 @@ def wait_in_client(
                 # An observer: at most one fetch every ``seconds``, rings or not.
                 await asyncio.sleep(pace.spacing(seconds))
                 return bool(await send(assignment, node_id, request))
-            if pace.exact and not pace.owed(_offsets(request), assignment.tps):
+            if pace.exact and not _owed(pace, assignment, request):
                 if await pace.hold(since=since) or getattr(fetcher, "_closed", False):
                     return False  # rung, or partitions freed: the fetcher builds it anew
                 since = pace.rings
@@ -430,7 +439,7 @@ def wait_in_client(
                 return True
             if getattr(fetcher, "_closed", False):
                 return False
-            if not pace.exact or pace.owed(_offsets(request), assignment.tps):
+            if not pace.exact or _owed(pace, assignment, request):
                 await pace.between_fetches(seconds, since=since)
         except asyncio.CancelledError:
             # Only the fetcher cancels its requests (closing, or the assignment changed)
@@ -441,13 +450,16 @@ def wait_in_client(
     fetcher._proc_fetch_request = fetch_then_wait
 
 
-def _offsets(request: Any) -> dict[TopicPartition, int]:
-    """Partition -> offset a fetch request reads from (as aiokafka's fetcher reads it)."""
-    return {
+def _owed(pace: FetchPace, assignment: Any, request: Any) -> bool:
+    """:meth:`FetchPace.owed` of a fetch request (read as aiokafka's fetcher reads it),
+    with the high watermarks the assignment's last fetches reported."""
+    offsets = {
         TopicPartition(topic, partition): offset
         for topic, partitions in request.topics
         for partition, offset, *_ in partitions
     }
+    ends = {tp: getattr(assignment.state_value(tp), "highwater", None) for tp in offsets}
+    return pace.owed(offsets, assignment.tps, ends)
 
 
 class TrafficAnnouncer(Protocol):

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import uuid
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from redis.asyncio import Redis
 
 from tests.support.eventually import eventually
 from toolfleet.bus.connection import connection_kwargs
@@ -48,40 +51,71 @@ async def _read_all(settings: FleetSettings, name: TopicName, *, want: int, time
     return got
 
 
-async def test_forwards_dedupes_and_dead_letters(settings: FleetSettings) -> None:
-    prefix = f"{settings.topic_prefix}rt{uuid.uuid4().hex[:6]}."
-    local = settings.model_copy(update={"topic_prefix": prefix})
+@dataclass
+class EchoConsumer:
+    """A runtime that answers each request with an authorized event, on its own topics."""
+
+    settings: FleetSettings
+    requested: str
+    group: str
+    raw: AIOKafkaProducer
+    redis: Redis
+    seen: list[str] = field(default_factory=list)
+
+
+@contextlib.asynccontextmanager
+async def echo_consumer(
+    settings: FleetSettings, *, idempotent: bool = False
+) -> AsyncIterator[EchoConsumer]:
+    """Runs until the block ends; ``idempotent``: its requests topic skips dedupe markers."""
     from toolfleet.bus.admin import ensure_topics
 
+    prefix = f"{settings.topic_prefix}rt{uuid.uuid4().hex[:6]}."
+    local = settings.model_copy(update={"topic_prefix": prefix})
     await ensure_topics(local)
-    producer = EventProducer(local)
-    await producer.start()
-    redis = connect_redis(local.redis_url)
-    seen: list[str] = []
+    requested, group = topic(prefix, TopicName.REQUESTED), f"g-{uuid.uuid4().hex[:6]}"
+    async with contextlib.AsyncExitStack() as stack:
+        producer = EventProducer(local)
+        await producer.start()
+        stack.push_async_callback(producer.stop)
+        redis = connect_redis(local.redis_url)
+        stack.push_async_callback(redis.aclose)
+        raw = AIOKafkaProducer(**connection_kwargs(local))
+        await raw.start()
+        stack.push_async_callback(raw.stop)
+        echo = EchoConsumer(settings=local, requested=requested, group=group, raw=raw, redis=redis)
 
-    async def handler(event: Inbound) -> Sequence[Outbound]:
-        seen.append(event.envelope.id)
-        return [_authorized_of(event, prefix)]
+        async def handler(event: Inbound) -> Sequence[Outbound]:
+            echo.seen.append(event.envelope.id)
+            return [_authorized_of(event, prefix)]
 
-    group = f"g-{uuid.uuid4().hex[:6]}"
-    runtime = EventConsumer(
-        ConsumerSpec(
-            service="test",
-            source="/toolfleet/test",
-            group_id=group,
-            topics=[topic(prefix, TopicName.REQUESTED)],
-        ),
-        handler,
-        settings=local,
-        producer=producer,
-        processed=RedisProcessedEvents(redis, group=group, ttl_s=600),
-        dlq_topic=topic(prefix, TopicName.DLQ),
-    )
-    stop = asyncio.Event()
-    task = asyncio.create_task(runtime.run(stop))
-    raw = AIOKafkaProducer(**connection_kwargs(local))
-    await raw.start()
-    try:
+        runtime = EventConsumer(
+            ConsumerSpec(
+                service="test",
+                source="/toolfleet/test",
+                group_id=group,
+                topics=[requested],
+                idempotent_topics=frozenset({requested} if idempotent else ()),
+            ),
+            handler,
+            settings=local,
+            producer=producer,
+            processed=RedisProcessedEvents(redis, group=group, ttl_s=600),
+            dlq_topic=topic(prefix, TopicName.DLQ),
+        )
+        stop = asyncio.Event()
+        task = asyncio.create_task(runtime.run(stop))
+
+        async def stopped() -> None:
+            stop.set()
+            await task
+
+        stack.push_async_callback(stopped)
+        yield echo
+
+
+async def test_forwards_dedupes_and_dead_letters(settings: FleetSettings) -> None:
+    async with echo_consumer(settings) as echo:
         event = new_event(
             event_type=EventType.INVOKE_REQUESTED,
             source=Source.CLI,
@@ -96,23 +130,18 @@ async def test_forwards_dedupes_and_dead_letters(settings: FleetSettings) -> Non
             tenant_id="t2",
             invocation_id=str(uuid.uuid4()),
         )
-        req = topic(prefix, TopicName.REQUESTED)
+        req = echo.requested
         for env, mode in (
             (event, ContentMode.BINARY),
             (event, ContentMode.BINARY),
             (structured, ContentMode.STRUCTURED),
         ):
             wire = encode(env, mode)
-            await raw.send_and_wait(req, wire.value, key=wire.key, headers=wire.headers)
-        await raw.send_and_wait(req, b"\x00garbage", key=b"t1", headers=[("x", b"y")])
-        outputs = await _read_all(local, TopicName.AUTHORIZED, want=2)
-        dlq = await _read_all(local, TopicName.DLQ, want=1)
-    finally:
-        stop.set()
-        await task
-        await raw.stop()
-        await producer.stop()
-        await redis.aclose()
+            await echo.raw.send_and_wait(req, wire.value, key=wire.key, headers=wire.headers)
+        await echo.raw.send_and_wait(req, b"\x00garbage", key=b"t1", headers=[("x", b"y")])
+        outputs = await _read_all(echo.settings, TopicName.AUTHORIZED, want=2)
+        dlq = await _read_all(echo.settings, TopicName.DLQ, want=1)
+    seen = echo.seen
 
     # the duplicate (same source+id) was processed once; both content modes were accepted
     assert sorted(seen) == sorted([event.id, structured.id])
@@ -130,41 +159,7 @@ async def test_forwards_dedupes_and_dead_letters(settings: FleetSettings) -> Non
 async def test_a_topic_the_handler_makes_idempotent_costs_no_dedupe_markers(
     settings: FleetSettings,
 ) -> None:
-    prefix = f"{settings.topic_prefix}rt{uuid.uuid4().hex[:6]}."
-    local = settings.model_copy(update={"topic_prefix": prefix})
-    from toolfleet.bus.admin import ensure_topics
-
-    await ensure_topics(local)
-    producer = EventProducer(local)
-    await producer.start()
-    redis = connect_redis(local.redis_url)
-    seen: list[str] = []
-
-    async def handler(event: Inbound) -> Sequence[Outbound]:
-        seen.append(event.envelope.id)
-        return [_authorized_of(event, prefix)]
-
-    group = f"g-{uuid.uuid4().hex[:6]}"
-    req = topic(prefix, TopicName.REQUESTED)
-    runtime = EventConsumer(
-        ConsumerSpec(
-            service="test",
-            source="/toolfleet/test",
-            group_id=group,
-            topics=[req],
-            idempotent_topics=frozenset({req}),
-        ),
-        handler,
-        settings=local,
-        producer=producer,
-        processed=RedisProcessedEvents(redis, group=group, ttl_s=600),
-        dlq_topic=topic(prefix, TopicName.DLQ),
-    )
-    stop = asyncio.Event()
-    task = asyncio.create_task(runtime.run(stop))
-    raw = AIOKafkaProducer(**connection_kwargs(local))
-    await raw.start()
-    try:
+    async with echo_consumer(settings, idempotent=True) as echo:
         event = new_event(
             event_type=EventType.INVOKE_REQUESTED,
             source=Source.CLI,
@@ -174,16 +169,12 @@ async def test_a_topic_the_handler_makes_idempotent_costs_no_dedupe_markers(
         )
         wire = encode(event, ContentMode.BINARY)
         for copies in (1, 2):  # the copy once the first was handled (redelivered, say)
-            await raw.send_and_wait(req, wire.value, key=wire.key, headers=wire.headers)
-            await _read_all(local, TopicName.AUTHORIZED, want=copies)
-        markers = [key async for key in redis.scan_iter(match=f"dedupe:{group}:*")]
-    finally:
-        stop.set()
-        await task
-        await raw.stop()
-        await producer.stop()
-        await redis.aclose()
-    assert seen == [event.id, event.id]  # the handler sees the copy: no marker stops it
+            await echo.raw.send_and_wait(
+                echo.requested, wire.value, key=wire.key, headers=wire.headers
+            )
+            await _read_all(echo.settings, TopicName.AUTHORIZED, want=copies)
+        markers = [key async for key in echo.redis.scan_iter(match=f"dedupe:{echo.group}:*")]
+    assert echo.seen == [event.id, event.id]  # the handler sees the copy: no marker stops it
     assert markers == []
 
 

@@ -470,11 +470,17 @@ def request(**offsets: int) -> SimpleNamespace:
     return SimpleNamespace(topics=[("t", [(int(p[1:]), o, 1024) for p, o in offsets.items()])])
 
 
-async def test_an_exact_consumer_sends_a_fetch_only_when_a_ring_named_its_records() -> None:
+def exact_consumer() -> tuple[FetchPace, Fetcher]:
+    """A consumer on the critical path whose fast rings are heard, and its fetcher."""
     awake = critical_pace(interval_s=30)
     awake.rung_awake = True
     fetcher = Fetcher()
     wait_in_client(SimpleNamespace(_fetcher=fetcher), 0.004, awake)  # type: ignore[arg-type]
+    return awake, fetcher
+
+
+async def test_an_exact_consumer_sends_a_fetch_only_when_a_ring_named_its_records() -> None:
+    awake, fetcher = exact_consumer()
     fetch = fetcher._proc_fetch_request
     assignment = Assignment(T0, T1, ends={T0: 5, T1: 0})  # caught up, as last reported
 
@@ -504,10 +510,7 @@ async def test_an_exact_consumer_sends_a_fetch_only_when_a_ring_named_its_record
 
 
 async def test_records_nobody_rang_are_read_while_a_fetch_reports_more() -> None:
-    awake = critical_pace(interval_s=30)
-    awake.rung_awake = True
-    fetcher = Fetcher()
-    wait_in_client(SimpleNamespace(_fetcher=fetcher), 0.004, awake)  # type: ignore[arg-type]
+    _, fetcher = exact_consumer()  # and no ring at all
     fetch = fetcher._proc_fetch_request
     # Just assigned: nothing fetched yet, so nothing known of the partition's end.
     assignment = Assignment(T0)

@@ -18,9 +18,9 @@ from tests.support.eventually import eventually
 from toolfleet.bus.connection import connection_kwargs
 from toolfleet.bus.dedupe import RedisProcessedEvents
 from toolfleet.bus.producer import EventProducer, Outbound
-from toolfleet.bus.runtime import ByBatch, ConsumerSpec, EventConsumer, Inbound
+from toolfleet.bus.runtime import ByBatch, ConsumerSpec, EventConsumer, Handler, Inbound
 from toolfleet.events.codec import ContentMode, decode, encode
-from toolfleet.events.envelope import derived_event_id, new_event
+from toolfleet.events.envelope import Envelope, derived_event_id, new_event
 from toolfleet.events.types import EventType, Source, TopicName, topic
 from toolfleet.settings import FleetSettings
 from toolfleet.storage.redis import connect_redis
@@ -52,28 +52,61 @@ async def _read_all(settings: FleetSettings, name: TopicName, *, want: int, time
 
 
 @dataclass
-class EchoConsumer:
-    """A runtime that answers each request with an authorized event, on its own topics."""
+class Rig:
+    """Topics of its own, a raw producer to feed them, and Redis; :meth:`start` runs an
+    :class:`EventConsumer` of its requests topic until the rig's block ends."""
 
     settings: FleetSettings
     requested: str
     group: str
     raw: AIOKafkaProducer
     redis: Redis
+    producer: EventProducer
+    stack: contextlib.AsyncExitStack
     seen: list[str] = field(default_factory=list)
+
+    def start(self, handler: Handler | ByBatch, *, idempotent: bool = False) -> None:
+        """``idempotent``: the requests topic skips dedupe markers."""
+        runtime = EventConsumer(
+            ConsumerSpec(
+                service="test",
+                source="/toolfleet/test",
+                group_id=self.group,
+                topics=[self.requested],
+                idempotent_topics=frozenset({self.requested} if idempotent else ()),
+            ),
+            handler,
+            settings=self.settings,
+            producer=self.producer,
+            processed=RedisProcessedEvents(self.redis, group=self.group, ttl_s=600),
+            dlq_topic=topic(self.settings.topic_prefix, TopicName.DLQ),
+        )
+        stop = asyncio.Event()
+        task = asyncio.create_task(runtime.run(stop))
+
+        async def stopped() -> None:
+            stop.set()
+            await task
+
+        self.stack.push_async_callback(stopped)
+
+    def echo(self, *, idempotent: bool = False) -> None:
+        """Start a consumer that answers each request with an authorized event."""
+
+        async def handler(event: Inbound) -> Sequence[Outbound]:
+            self.seen.append(event.envelope.id)
+            return [_authorized_of(event, self.settings.topic_prefix)]
+
+        self.start(handler, idempotent=idempotent)
 
 
 @contextlib.asynccontextmanager
-async def echo_consumer(
-    settings: FleetSettings, *, idempotent: bool = False
-) -> AsyncIterator[EchoConsumer]:
-    """Runs until the block ends; ``idempotent``: its requests topic skips dedupe markers."""
+async def rig(settings: FleetSettings) -> AsyncIterator[Rig]:
     from toolfleet.bus.admin import ensure_topics
 
     prefix = f"{settings.topic_prefix}rt{uuid.uuid4().hex[:6]}."
     local = settings.model_copy(update={"topic_prefix": prefix})
     await ensure_topics(local)
-    requested, group = topic(prefix, TopicName.REQUESTED), f"g-{uuid.uuid4().hex[:6]}"
     async with contextlib.AsyncExitStack() as stack:
         producer = EventProducer(local)
         await producer.start()
@@ -83,53 +116,22 @@ async def echo_consumer(
         raw = AIOKafkaProducer(**connection_kwargs(local))
         await raw.start()
         stack.push_async_callback(raw.stop)
-        echo = EchoConsumer(settings=local, requested=requested, group=group, raw=raw, redis=redis)
-
-        async def handler(event: Inbound) -> Sequence[Outbound]:
-            echo.seen.append(event.envelope.id)
-            return [_authorized_of(event, prefix)]
-
-        runtime = EventConsumer(
-            ConsumerSpec(
-                service="test",
-                source="/toolfleet/test",
-                group_id=group,
-                topics=[requested],
-                idempotent_topics=frozenset({requested} if idempotent else ()),
-            ),
-            handler,
+        yield Rig(
             settings=local,
+            requested=topic(prefix, TopicName.REQUESTED),
+            group=f"g-{uuid.uuid4().hex[:6]}",
+            raw=raw,
+            redis=redis,
             producer=producer,
-            processed=RedisProcessedEvents(redis, group=group, ttl_s=600),
-            dlq_topic=topic(prefix, TopicName.DLQ),
+            stack=stack,
         )
-        stop = asyncio.Event()
-        task = asyncio.create_task(runtime.run(stop))
-
-        async def stopped() -> None:
-            stop.set()
-            await task
-
-        stack.push_async_callback(stopped)
-        yield echo
 
 
 async def test_forwards_dedupes_and_dead_letters(settings: FleetSettings) -> None:
-    async with echo_consumer(settings) as echo:
-        event = new_event(
-            event_type=EventType.INVOKE_REQUESTED,
-            source=Source.CLI,
-            data={"n": 1},
-            tenant_id="t1",
-            invocation_id=str(uuid.uuid4()),
-        )
-        structured = new_event(
-            event_type=EventType.INVOKE_REQUESTED,
-            source=Source.CLI,
-            data={"n": 2},
-            tenant_id="t2",
-            invocation_id=str(uuid.uuid4()),
-        )
+    async with rig(settings) as echo:
+        echo.echo()
+        event = _request(1, "t1")
+        structured = _request(2, "t2")
         req = echo.requested
         for env, mode in (
             (event, ContentMode.BINARY),
@@ -159,14 +161,9 @@ async def test_forwards_dedupes_and_dead_letters(settings: FleetSettings) -> Non
 async def test_a_topic_the_handler_makes_idempotent_costs_no_dedupe_markers(
     settings: FleetSettings,
 ) -> None:
-    async with echo_consumer(settings, idempotent=True) as echo:
-        event = new_event(
-            event_type=EventType.INVOKE_REQUESTED,
-            source=Source.CLI,
-            data={"n": 1},
-            tenant_id="t1",
-            invocation_id=str(uuid.uuid4()),
-        )
+    async with rig(settings) as echo:
+        echo.echo(idempotent=True)
+        event = _request(1, "t1")
         wire = encode(event, ContentMode.BINARY)
         for copies in (1, 2):  # the copy once the first was handled (redelivered, say)
             await echo.raw.send_and_wait(
@@ -176,6 +173,16 @@ async def test_a_topic_the_handler_makes_idempotent_costs_no_dedupe_markers(
         markers = [key async for key in echo.redis.scan_iter(match=f"dedupe:{echo.group}:*")]
     assert echo.seen == [event.id, event.id]  # the handler sees the copy: no marker stops it
     assert markers == []
+
+
+def _request(n: int, tenant: str) -> Envelope:
+    return new_event(
+        event_type=EventType.INVOKE_REQUESTED,
+        source=Source.CLI,
+        data={"n": n},
+        tenant_id=tenant,
+        invocation_id=str(uuid.uuid4()),
+    )
 
 
 def _authorized_of(event: Inbound, prefix: str) -> Outbound:
@@ -198,67 +205,37 @@ async def test_a_batch_consumer_handles_a_fetch_at_once_and_isolates_a_bad_recor
     duplicate is skipped, a transient failure retried, and a record the handler cannot
     handle is dead-lettered alone while the rest of its batch goes through; every offset
     is committed."""
-    prefix = f"{settings.topic_prefix}rb{uuid.uuid4().hex[:6]}."
-    local = settings.model_copy(update={"topic_prefix": prefix})
-    from toolfleet.bus.admin import ensure_topics
-
-    await ensure_topics(local)
-    producer = EventProducer(local)
-    await producer.start()
-    redis = connect_redis(local.redis_url)
     batches: list[list[int]] = []
     failed_once = False
+    async with rig(settings) as batch_rig:
+        local, req = batch_rig.settings, batch_rig.requested
+        prefix = local.topic_prefix
 
-    async def handle(events: Sequence[Inbound]) -> Sequence[Outbound]:
-        nonlocal failed_once
-        numbers = [int(e.envelope.data["n"]) for e in events]
-        batches.append(numbers)
-        if not failed_once:
-            failed_once = True
-            raise ConnectionError("Redis went away for a moment")  # transient: retried
-        if 7 in numbers:
-            raise ValueError("cannot handle record 7")
-        return [_authorized_of(e, prefix) for e in events]
+        async def handle(events: Sequence[Inbound]) -> Sequence[Outbound]:
+            nonlocal failed_once
+            numbers = [int(e.envelope.data["n"]) for e in events]
+            batches.append(numbers)
+            if not failed_once:
+                failed_once = True
+                raise ConnectionError("Redis went away for a moment")  # transient: retried
+            if 7 in numbers:
+                raise ValueError("cannot handle record 7")
+            return [_authorized_of(e, prefix) for e in events]
 
-    req = topic(prefix, TopicName.REQUESTED)
-    raw = AIOKafkaProducer(**connection_kwargs(local))
-    await raw.start()
-    sent = []
-    for n in range(12):
-        env = new_event(
-            event_type=EventType.INVOKE_REQUESTED,
-            source=Source.CLI,
-            data={"n": n},
-            tenant_id="t1",  # one partition: one fetch holds them all
-            invocation_id=str(uuid.uuid4()),
-        )
-        sent.append(env)
-        wire = encode(env, ContentMode.BINARY)
-        await raw.send_and_wait(req, wire.value, key=wire.key, headers=wire.headers)
-    twin = encode(sent[3], ContentMode.STRUCTURED)  # the same event again: a duplicate
-    await raw.send_and_wait(req, twin.value, key=twin.key, headers=twin.headers)
-    await raw.send_and_wait(req, b"\x00garbage", key=b"t1", headers=[("x", b"y")])
-
-    group = f"g-{uuid.uuid4().hex[:6]}"
-    runtime = EventConsumer(
-        ConsumerSpec(service="test", source="/toolfleet/test", group_id=group, topics=[req]),
-        ByBatch(handle),
-        settings=local,
-        producer=producer,
-        processed=RedisProcessedEvents(redis, group=group, ttl_s=600),
-        dlq_topic=topic(prefix, TopicName.DLQ),
-    )
-    stop = asyncio.Event()
-    task = asyncio.create_task(runtime.run(stop))
-    try:
+        raw = batch_rig.raw
+        sent = []
+        for n in range(12):
+            env = _request(n, "t1")  # one tenant, one partition: one fetch holds them all
+            sent.append(env)
+            wire = encode(env, ContentMode.BINARY)
+            await raw.send_and_wait(req, wire.value, key=wire.key, headers=wire.headers)
+        twin = encode(sent[3], ContentMode.STRUCTURED)  # the same event again: a duplicate
+        await raw.send_and_wait(req, twin.value, key=twin.key, headers=twin.headers)
+        await raw.send_and_wait(req, b"\x00garbage", key=b"t1", headers=[("x", b"y")])
+        batch_rig.start(ByBatch(handle))
         outputs = await _read_all(local, TopicName.AUTHORIZED, want=11)
         dlq = await _read_all(local, TopicName.DLQ, want=2)
-    finally:
-        stop.set()
-        await task
-        await raw.stop()
-        await producer.stop()
-        await redis.aclose()
+    group = batch_rig.group
 
     echoed = sorted(
         decode(key=r.key, value=r.value, headers=list(r.headers)).data["echo"]["n"] for r in outputs

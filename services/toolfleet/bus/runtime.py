@@ -541,9 +541,7 @@ class EventConsumer:
                 return
             self._in_flight_keys.add(key)  # claimed before any await: no race with a twin
             try:
-                processed = (
-                    self._processed if record.topic not in self.spec.idempotent_topics else None
-                )
+                processed = self._processed if self._guarded(record) else None
                 if processed is not None and await self._retrying(lambda: processed.seen(key)):
                     self._duplicates.inc()
                     outcome = "duplicate"

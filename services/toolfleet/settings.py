@@ -70,6 +70,12 @@ class FleetSettings(BaseSettings):
     """Idempotent producer; off by default because the dev broker lacks it."""
     session_timeout_ms: int = Field(default=10_000, ge=1_000)
     """Consumer session timeout: how soon a dead worker's partitions move elsewhere."""
+    kafka_leave_group: bool = False
+    """A stopping worker sends LeaveGroup, so its partitions move at once. Off by default
+    because the dev broker keeps a leader that leaves while its group rebalances as the
+    group's leader, and that group never assigns a partition again; off, a stopped
+    worker's partitions move after the session timeout. On with a real Kafka, as
+    ``docker-compose.yml`` sets it."""
     max_event_bytes: int = Field(default=1_048_576, ge=1024)
     """Largest accepted message value; larger ones go to the DLQ."""
     result_inline_bytes: int = Field(default=262_144, ge=1024)

@@ -322,16 +322,25 @@ class EventConsumer:
         )
         with contextlib.suppress(TimeoutError, KafkaError, OSError):
             await asyncio.wait_for(
-                consumer.stop(), timeout=self._settings.session_timeout_ms / 1000
+                self._stop_consumer(consumer), timeout=self._settings.session_timeout_ms / 1000
             )
         return False
+
+    async def _stop_consumer(self, consumer: AIOKafkaConsumer) -> None:
+        """Close ``consumer``; without LeaveGroup unless ``kafka_leave_group`` (the dev
+        broker's coordinator keeps a leader that leaves mid-rebalance as the group's
+        leader: no member is ever assigned again; a member that stays silent is evicted
+        after the session timeout, leadership included)."""
+        if not self._settings.kafka_leave_group:
+            _without_leave_group(consumer)
+        await consumer.stop()
 
     async def _leave(self, consumer: AIOKafkaConsumer, committer: asyncio.Task[None]) -> None:
         committer.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await committer
         await self._commit(final=True)
-        await consumer.stop()
+        await self._stop_consumer(consumer)
 
     async def _poll_loop(self, consumer: AIOKafkaConsumer, stop: asyncio.Event) -> None:
         stopped = asyncio.create_task(stop.wait())
@@ -894,6 +903,19 @@ class EventConsumer:
                 await asyncio.wait(pending)
         await self._commit(list(revoked_set))
         self._tracker.forget(revoked_set)
+
+
+def _without_leave_group(consumer: AIOKafkaConsumer) -> None:
+    """Make ``consumer.stop()`` forget its group membership without a LeaveGroup request
+    (aiokafka has no option for it; its coordinator exists once ``start`` has begun)."""
+    coordinator = consumer._coordinator
+    if coordinator is None:
+        return
+
+    async def forget() -> None:
+        coordinator.reset_generation()
+
+    coordinator._maybe_leave_group = forget
 
 
 def _failure_info(exc: Exception) -> ErrorInfo:

@@ -26,6 +26,7 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import itertools
 import json
 import os
@@ -58,7 +59,8 @@ from toolfleet.settings import FleetSettings
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from probes import CpuMeter, CpuReading, children_named, rss_mb
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
+BENCH_DIR = Path(__file__).resolve().parent
+RESULTS_DIR = BENCH_DIR / "results"
 WORKERS = ("policy", "executor", "validator", "audit", "status")
 MAX_N = 100_000
 BASELINE_HOPS = ("requested", "authorized", "executed", "results")
@@ -84,6 +86,10 @@ class BenchConfig:
     """Calls after 3-second pauses, after the first call after the idle phase."""
     fleet_env: dict[str, str] = dataclasses.field(default_factory=dict)
     """Extra ``TOOLFLEET_*`` settings of the fleet's workers (``--fleet-env KEY=VALUE``)."""
+    process_n: int = 300
+    """Calls of ``bench__echo_process`` (``isolation="process"``) at the same concurrency,
+    after the in-process run, and ``process_paced`` of them one at a time; 0 skips them."""
+    process_paced: int = 100
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -126,6 +132,8 @@ class RunResult:
     outcomes: dict[str, int]
     """How the calls ended: ``success``, other statuses, or ``no_outcome`` (timed out)."""
     costs: Costs | None = None
+    process: RunResult | None = None
+    """The same fleet calling ``bench__echo_process`` (``isolation="process"``)."""
 
 
 def free_port() -> int:
@@ -464,7 +472,7 @@ async def _run_fleet_on(
     private, public = work / "jwt_private.pem", work / "jwt_public.pem"
     ensure_key_pair(private, public)
     policy = work / "policy.yaml"
-    policy.write_text(yaml.safe_dump({"tenants": {"*": {"allow_tools": ["core__*"]}}}))
+    policy.write_text(yaml.safe_dump({"tenants": {"*": {"allow_tools": ["core__*", "bench__*"]}}}))
     env_values = {
         "KAFKA_BOOTSTRAP": bootstrap,
         "REDIS_URL": redis_url,
@@ -477,12 +485,16 @@ async def _run_fleet_on(
         "JWT_PRIVATE_KEY_FILE": str(private),
         "POLICY_FILE": str(policy),
         "LOG_LEVEL": "WARNING",
+        "TOOL_MODULES": "bench_tools",
+        "ISOLATION_WARM_PROCESSES": "2",
         **cfg.fleet_env,
     }
     settings = FleetSettings.model_validate({k.lower(): v for k, v in env_values.items()})
     await bootstrap_fleet(settings)  # migrate, topics, register tools
     env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLFLEET_")}
     env.update({f"TOOLFLEET_{k}": v for k, v in env_values.items()})
+    # The workers (and the executor's tool processes) import bench_tools from here.
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(BENCH_DIR), env.get("PYTHONPATH")]))
     argv = [sys.executable, "-m", "toolfleet", "worker"]
     commands = [(name, [*argv, name], env) for name in WORKERS]
     issuer = TokenIssuer.from_files(
@@ -490,7 +502,7 @@ async def _run_fleet_on(
     )
     tokens = {
         tenant_of(i, cfg.tenants): issuer.issue(
-            tenant_id=tenant_of(i, cfg.tenants), agent_did="did:agent:bench", tool_id="core__*"
+            tenant_id=tenant_of(i, cfg.tenants), agent_did="did:agent:bench", tool_id="*"
         )
         for i in range(cfg.tenants)
     }
@@ -557,11 +569,11 @@ async def measure_fleet(
         traced: dict[str, tuple[float, float]] | None = None
         """Invocation id -> wall clock at publish and at the outcome, of the paced calls."""
 
-        async def one(i: int) -> tuple[float, str]:
+        async def call(tool_id: str, i: int) -> tuple[float, str]:
             tenant = tenant_of(i, cfg.tenants)
             start, wall = time.perf_counter(), time.time()
             handle = await client.invoke(
-                "core__echo",
+                tool_id,
                 {"message": "hello"},
                 tenant_id=tenant,
                 agent_did="did:agent:bench",
@@ -571,6 +583,8 @@ async def measure_fleet(
             if traced is not None:
                 traced[handle.invocation_id] = (wall, time.time())
             return time.perf_counter() - start, str(outcome.status)
+
+        one = functools.partial(call, "core__echo")
 
         # Warm-up: workers join their groups; wait for the first success, then the rest.
         deadline = time.monotonic() + 120
@@ -601,6 +615,11 @@ async def measure_fleet(
         cpu = meter.stop()
         costs = costs_of(cpu, len(latencies), paced, paced_cpu)
         costs = dataclasses.replace(costs, paced_hops_ms=await hops_of(settings, paced_calls))
+        process = None
+        if cfg.process_n > 0:
+            process = await measure_process_tool(
+                cfg, functools.partial(call, "bench__echo_process"), meter, observers
+            )
         if cfg.idle_s > 0:
             idle = CpuMeter({**groups, "client": [os.getpid()]}, alone=["client"])
             idle.start()
@@ -618,7 +637,28 @@ async def measure_fleet(
         rss_end = {name: rss_mb([pid]).get(pid, 0.0) for name, pid in workers.items()}
         costs = dataclasses.replace(costs, rss_mb_after_warmup=rss_warm, rss_mb_after_run=rss_end)
     result = summarize("fleet (toolfleet, core__echo)", latencies, outcomes, elapsed)
-    return dataclasses.replace(result, costs=costs)
+    return dataclasses.replace(result, costs=costs, process=process)
+
+
+async def measure_process_tool(
+    cfg: BenchConfig,
+    one: Callable[[int], Awaitable[tuple[float, str]]],
+    meter: CpuMeter,
+    observers: dict[str, list[int]],
+) -> RunResult:
+    """The in-process run again, on a tool that runs in the executor's worker processes
+    (their CPU counts with the executor's: the meter counts children)."""
+    await drive(min(cfg.warmup, cfg.process_n), cfg.concurrency, one)  # the pool grows
+    await settle(observers)
+    meter.start()
+    paced, _, _ = await drive(cfg.process_paced, 1, one)
+    paced_cpu = meter.stop()
+    meter.start()
+    latencies, outcomes, elapsed = await drive(cfg.process_n, cfg.concurrency, one)
+    await settle(observers)
+    cpu = meter.stop()
+    result = summarize("process (bench__echo_process)", latencies, outcomes, elapsed)
+    return dataclasses.replace(result, costs=costs_of(cpu, len(latencies), paced, paced_cpu))
 
 
 # --- report -----------------------------------------------------------------------------
@@ -690,6 +730,13 @@ def costs_table(fleet: RunResult | None, base: RunResult, celery: dict[str, Any]
         if fc.paced_after_idle_ms is not None:
             lines.append("the call right after each (ms): "
                          + ", ".join(f"{v:.1f}" for v in fc.paced_after_idle_ms))  # fmt: skip
+        if fleet is not None and fleet.process is not None and fleet.process.costs:
+            pr, pc = fleet.process, fleet.process.costs
+            lines.append(f"isolation=process: {pr.throughput_per_s:.1f} inv/s, "
+                         f"{pc.cpu_ms_per_inv:.2f} ms CPU/inv (executor and its tool "
+                         f"processes {pc.cpu_ms_by_process.get('executor', 0.0):.1f}), "
+                         f"paced p50/p99 {pc.paced_p50_ms:.1f}/{pc.paced_p99_ms:.1f} ms, "
+                         f"outcomes {pr.outcomes}")  # fmt: skip
         if fc.rss_mb_after_run is not None and fc.rss_mb_after_warmup is not None:
             lines.append(f"worker RSS MB after warm-up: {_fmt(fc.rss_mb_after_warmup)}; "
                          f"after the run: {_fmt(fc.rss_mb_after_run)}")  # fmt: skip
@@ -720,6 +767,15 @@ def goal_ratios(
         ratios["first after idle max / paced p99"] = max(fc.first_after_idle_ms) / fc.paced_p99_ms
     if fc.idle_cores is not None:
         ratios["idle cores (sum)"] = sum(fc.idle_cores.values())
+    process = fleet.process
+    if process is not None and process.costs is not None:
+        pc = process.costs
+        ratios["process throughput / in-process"] = (
+            process.throughput_per_s / fleet.throughput_per_s
+        )
+        ratios["process cpu per inv / in-process"] = pc.cpu_ms_per_inv / fc.cpu_ms_per_inv
+        ratios["process paced p50 - in-process (ms)"] = pc.paced_p50_ms - fc.paced_p50_ms
+        ratios["process paced p99 / baseline"] = pc.paced_p99_ms / bc.paced_p99_ms
     if celery is not None:
         ratios["throughput fleet/celery"] = fleet.throughput_per_s / celery["throughput_per_s"]
         ratios["cpu per inv fleet/celery"] = fc.cpu_ms_per_inv / celery["cpu_ms_per_task"]
@@ -814,6 +870,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baseline-only", action="store_true", help="skip the fleet run")
     parser.add_argument("--no-save", action="store_true", help="do not write bench/results")
     parser.add_argument(
+        "--process-n", type=int, default=300, help="isolation=process calls (0: skip)"
+    )
+    parser.add_argument(
+        "--process-paced", type=int, default=100, help="isolation=process calls one at a time"
+    )
+    parser.add_argument(
         "--fleet-env",
         action="append",
         default=[],
@@ -837,6 +899,8 @@ def main(argv: list[str] | None = None) -> int:
         celery=not args.no_celery,
         short_idles=args.short_idles,
         fleet_env=dict(_setting(item, parser) for item in args.fleet_env),
+        process_n=args.process_n,
+        process_paced=args.process_paced,
     )
     report = asyncio.run(bench(cfg, baseline_only=args.baseline_only))
     if not args.no_save:

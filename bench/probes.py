@@ -29,14 +29,19 @@ def _tree(pids: Iterable[int], *, children: bool = True) -> list[psutil.Process]
 
 
 def cpu_seconds(pids: Iterable[int], *, children: bool = True) -> dict[int, float]:
-    """CPU seconds so far of each process under ``pids`` (children too, unless told), by pid."""
+    """CPU seconds so far of each process under ``pids`` (children too, unless told), by pid.
+
+    With children, a process's figure includes the children it has reaped (the
+    executor's one-shot tool processes), and its live children have figures of their own.
+    """
     seconds: dict[int, float] = {}
     for proc in _tree(pids, children=children):
         try:
             times = proc.cpu_times()
         except psutil.NoSuchProcess:
             continue
-        seconds[proc.pid] = times.user + times.system
+        reaped = times.children_user + times.children_system if children else 0.0
+        seconds[proc.pid] = times.user + times.system + reaped
     return seconds
 
 

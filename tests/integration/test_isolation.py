@@ -7,7 +7,9 @@ test runs a plain echo afterwards through the same runtime.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -539,3 +541,99 @@ async def test_a_tool_called_again_gets_a_warm_sandbox_of_its_grant_with_its_mod
         )
     )  # another grant shape is another pool: never a sandbox that sees more or less
     await still_serving(runtime)
+
+
+# --- process workers: forks of the fork server ----------------------------------------
+
+
+async def test_process_workers_are_fresh_forks_of_the_fork_server(
+    runtime: IsolationRuntime,
+) -> None:
+    """Each call gets a process of its own, forked from one server (no interpreter start
+    and SDK import per call)."""
+    outcomes = [
+        await run(runtime, hostile_tools.whoami, isolation=Isolation.PROCESS) for _ in range(3)
+    ]
+    pids = {int(o.result["text"].split()[1]) for o in outcomes if o.result is not None}
+    assert len(pids) == 3
+    zygote = runtime.fork_server_pid
+    assert zygote is not None
+    # a worker exits after its call; its parent was the fork server, not the executor
+    running = asyncio.create_task(
+        run(runtime, hostile_tools.blocking_sleep, isolation=Isolation.PROCESS, timeout_s=30)
+    )
+
+    async def forked_child() -> bool:
+        return any(_parent_of(pid) == zygote for pid in _children_of(zygote))
+
+    try:
+        assert await eventually(forked_child, timeout=10)
+    finally:
+        running.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await running
+
+
+@pytest.mark.parametrize(
+    ("tool", "overrides", "expected", "message"),
+    [
+        (hostile_tools.busy_loop, {"timeout_s": 1.5, "cpu_seconds": 30}, "timeout", ""),
+        (hostile_tools.busy_loop, {"timeout_s": 30, "cpu_seconds": 1}, "timeout", "CPU"),
+        (hostile_tools.memory_hog, {"memory_mb": 256}, "resource_exhausted", ""),
+        (hostile_tools.segfault, {}, "sandbox_failure", "SIGSEGV"),
+        (hostile_tools.flood_stdout, {"timeout_s": 30}, "resource_exhausted", ""),
+    ],
+)
+async def test_a_forked_process_worker_is_held_to_its_limits(
+    runtime: IsolationRuntime,
+    tool: Any,
+    overrides: dict[str, Any],
+    expected: str,
+    message: str,
+) -> None:
+    outcome = await run(runtime, tool, isolation=Isolation.PROCESS, **overrides)
+    assert code(outcome) == expected
+    assert outcome.error is not None
+    assert message in outcome.error.message
+    if tool is hostile_tools.memory_hog:
+        assert 100 <= outcome.usage.memory_peak_mb <= 300
+    if tool is hostile_tools.busy_loop:
+        assert outcome.usage.cpu_millicore_seconds >= 100  # it did spin
+    still = await run(runtime, hostile_tools.echo, {"text": "next"}, isolation=Isolation.PROCESS)
+    assert still.result == {"text": "next"}
+
+
+def _children_of(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as handle:
+            return [int(c) for c in handle.read().split()]
+    except OSError:
+        return []
+
+
+def _parent_of(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return int(handle.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+async def test_a_fork_server_that_died_is_started_again(runtime: IsolationRuntime) -> None:
+    await run(runtime, hostile_tools.echo, {"text": "up"}, isolation=Isolation.PROCESS)
+    zygote = runtime.fork_server_pid
+    assert zygote is not None
+    os.kill(zygote, signal.SIGKILL)
+
+    async def noticed() -> bool:
+        return runtime.fork_server_pid != zygote
+
+    await eventually(noticed, timeout=5)
+    # Its warm worker died with it (a call that had one fails as sandbox_failure); the
+    # next workers come from a new server.
+    for text in ("one", "two", "three"):
+        outcome = await run(
+            runtime, hostile_tools.echo, {"text": text}, isolation=Isolation.PROCESS
+        )
+        assert outcome.result == {"text": text}
+    assert runtime.fork_server_pid not in (None, zygote)

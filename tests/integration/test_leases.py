@@ -180,15 +180,16 @@ async def test_guard_discards_work_whose_lease_was_taken_over(redis: Redis) -> N
 
 
 async def test_guard_heartbeat_keeps_a_long_call_owned(redis: Redis) -> None:
-    leases = RedisLeases(redis, ttl_s=0.3)
+    # A TTL the heartbeat (every third of it) keeps alive on a loaded 2-core box too.
+    leases = RedisLeases(redis, ttl_s=1.0)
     inv = new_id()
     guard = LeaseGuard(leases=leases, worker_id="w1")
-    rival = RedisLeases(redis, ttl_s=0.3)
+    rival = RedisLeases(redis, ttl_s=1.0)
     holds: list[bool] = []
 
     async def long_call(fence: Fence) -> list[Emitted]:
-        for _ in range(5):  # 1 s in all, over three TTLs
-            await asyncio.sleep(0.2)
+        for _ in range(5):  # 3.5 s in all, over three TTLs
+            await asyncio.sleep(0.7)
             holds.append(isinstance(await rival.acquire(inv, "rival"), Held))
         return []
 

@@ -190,6 +190,7 @@ def build_runtime(
         config=RuntimeConfig(
             warm_sandboxes=settings.isolation_warm_sandboxes,
             warm_processes=settings.isolation_warm_processes,
+            fork_server=settings.isolation_fork_server,
             warm_tools=settings.isolation_warm_tools,
             max_workers=settings.isolation_max_workers,
             uid_base=settings.isolation_uid_base,

@@ -96,6 +96,9 @@ class ExecutorSettings(FleetSettings):
     """Sandboxes started ahead of calls (those without file or network grants take one)."""
     isolation_warm_processes: int = Field(default=1, ge=0)
     """Worker processes started ahead for ``isolation="process"`` tools."""
+    isolation_fork_server: bool = True
+    """Fork ``isolation="process"`` workers (still one fresh process per call) from a
+    server that has the SDK imported, instead of starting an interpreter for each call."""
     isolation_warm_tools: int = Field(default=8, ge=0)
     """Recently called tools (per code, runtime and file grant) that keep a warm worker
     of their own, their module imported; 0: none."""

@@ -40,19 +40,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--preload", default="")
     parser.add_argument("--sys-path", default="")
     args = parser.parse_args(argv)
-    fd: int = args.fd
+    return serve(
+        args.fd, uid=args.uid, workdir=args.workdir, preload=args.preload, sys_path=args.sys_path
+    )
+
+
+def serve(
+    fd: int, *, uid: int | None = None, workdir: str | None = None, preload: str, sys_path: str
+) -> int:
+    """Be the worker on RPC socket ``fd``: ready, one job, exit. A started interpreter
+    calls it from :func:`main`; the fork server (:mod:`toolfleet.isolation.zygote`) in
+    each process it forks."""
     os.set_inheritable(fd, False)  # commands the tool starts never see the RPC socket
-    if args.uid is not None and os.geteuid() == 0:
-        _drop_privileges(args.uid, args.workdir)
+    if uid is not None and os.geteuid() == 0:
+        _drop_privileges(uid, workdir)
     _no_new_privs()
     import toolfleet.sdk  # noqa: F401  (preloaded: the part of a start a warm worker saves)
 
-    if args.preload:
+    if preload:
         # A warm worker kept for one tool: its module imported now, as its own uid, in
         # its sandbox, before the call's limits (a failed import only costs the warmth).
-        sys.path[:] = [p for p in args.sys_path.split(os.pathsep) if p] or sys.path
+        sys.path[:] = [p for p in sys_path.split(os.pathsep) if p] or sys.path
         with contextlib.suppress(Exception):
-            importlib.import_module(args.preload)
+            importlib.import_module(preload)
 
     write_frame(fd, {"kind": "ready", "cpu_s": _cpu_seconds()})
     job = read_frame(fd)

@@ -53,6 +53,7 @@ from toolfleet.isolation.sandbox import (
     probe,
 )
 from toolfleet.isolation.worker import Worker, worker_command
+from toolfleet.isolation.zygote import ForkServer
 from toolfleet.sdk.context import ToolContext
 
 log = logging.getLogger(__name__)
@@ -73,6 +74,9 @@ class RuntimeConfig:
     """Workers alive at once (warm ones included); one more call waits for a slot."""
     uid_base: int = 200_000
     """When root: the sandbox in slot ``n`` runs as uid ``uid_base + n``."""
+    fork_server: bool = True
+    """Fork ``process`` workers from a server with the SDK imported
+    (:mod:`toolfleet.isolation.zygote`) instead of starting an interpreter for each."""
     start_timeout_s: float = 30.0
     """A worker not ready this long after its start is a ``sandbox_failure``."""
     workdir_mb: int = 64
@@ -179,6 +183,8 @@ class IsolationRuntime:
         )
         self._imports = import_paths()
         self._closed = False
+        self._zygote: ForkServer | None = None
+        self._zygote_lock = asyncio.Lock()
 
     @property
     def sandboxes(self) -> bool:
@@ -214,6 +220,8 @@ class IsolationRuntime:
         for kept in keyed:
             if kept is not None:
                 await self._release(kept)
+        if self._zygote is not None:
+            await self._zygote.close()
         with contextlib.suppress(OSError):
             os.rmdir(self._socket_dir)
 
@@ -230,6 +238,12 @@ class IsolationRuntime:
         """Whether a warm worker kept for ``call``'s tool and grants is waiting."""
         key = call.pool_key
         return key is not None and self._keyed.get(key) is not None
+
+    @property
+    def fork_server_pid(self) -> int | None:
+        """The fork server's pid while it runs (``process`` workers are its children)."""
+        zygote = self._zygote
+        return zygote.pid if zygote is not None and zygote.running else None
 
     @property
     def alive(self) -> int:
@@ -344,10 +358,14 @@ class IsolationRuntime:
                     if filter_fd is not None:
                         os.close(filter_fd)
             else:
-                command = worker_command(
-                    uid=None, workdir=None, preload=preload, sys_path=_sys_path()
-                )
-                worker = await Worker.spawn(command, slot=slot)
+                forked = await self._forked(slot, preload)
+                if forked is not None:
+                    worker = forked
+                else:
+                    command = worker_command(
+                        uid=None, workdir=None, preload=preload, sys_path=_sys_path()
+                    )
+                    worker = await Worker.spawn(command, slot=slot)
         except BaseException:
             self._free_slots.put_nowait(slot)
             raise
@@ -357,6 +375,29 @@ class IsolationRuntime:
             await self._release(worker)
             raise
         return worker
+
+    async def _forked(self, slot: int, preload: str) -> Worker | None:
+        """A ``process`` worker forked from the fork server (started on first use, again
+        after it died); None when there is none: the caller starts an interpreter."""
+        if not self.config.fork_server or self._closed:
+            return None
+        async with self._zygote_lock:
+            if self._zygote is None or not self._zygote.running:
+                zygote = ForkServer(start_timeout_s=self.config.start_timeout_s)
+                try:
+                    await zygote.start()
+                except SandboxFailure as exc:
+                    log.warning("no fork server, workers start as interpreters: %s", exc)
+                    return None
+                self._zygote = zygote
+            zygote = self._zygote
+        try:
+            return await zygote.fork(
+                slot=slot, preload=preload, sys_path=os.pathsep.join(_sys_path())
+            )
+        except SandboxFailure as exc:
+            log.warning("fork server failed, starting an interpreter: %s", exc)
+            return None
 
     def _refill(self, isolation: Isolation) -> None:
         if self._closed:

@@ -1,10 +1,11 @@
 """One worker process as the executor holds it: spawn, RPC socket, output drain, reaping.
 
-Spawned with ``posix_spawn`` in a session (process group) of its own; its RPC socket is
-its fd 3, the seccomp filter its fd 4, stdout and stderr one socket the executor drains
-and counts (never logs: output may hold anything). Reaped with ``wait4`` through a
-pidfd, so the run's CPU time and peak memory come from the kernel's ``rusage`` of the
-worker and every descendant it waited for.
+Spawned with ``posix_spawn`` (or forked by the fork server, :mod:`toolfleet.isolation.zygote`)
+in a session (process group) of its own; its RPC socket is its fd 3, the seccomp filter
+its fd 4, stdout and stderr one socket the executor drains and counts (never logs:
+output may hold anything). Reaped with ``wait4`` through a pidfd (a forked one by the
+fork server, which reports the same figures), so the run's CPU time and peak memory come
+from the kernel's ``rusage`` of the worker and every descendant it waited for.
 """
 
 from __future__ import annotations
@@ -64,7 +65,17 @@ def worker_command(
 class Worker:
     """A started worker. :meth:`spawn` it, :meth:`ready`, :meth:`send`, :meth:`receive`."""
 
-    def __init__(self, *, pid: int, rpc: socket.socket, output: socket.socket, slot: int) -> None:
+    def __init__(
+        self,
+        *,
+        pid: int,
+        rpc: socket.socket,
+        output: socket.socket,
+        slot: int,
+        reported: asyncio.Future[Exit] | None = None,
+    ) -> None:
+        """``reported``: the exit as the process's parent reports it, for a worker that is
+        not this process's child (a fork of the fork server); else it is reaped here."""
         self.pid = pid
         self.slot = slot
         self.ready_cpu_s = 0.0
@@ -75,10 +86,15 @@ class Worker:
         self.output_bytes = 0
         self.output_limit: int | None = None
         self.output_overflow = asyncio.Event()
-        self._pidfd = os.pidfd_open(pid)
         loop = asyncio.get_running_loop()
         self._exited: asyncio.Future[Exit] = loop.create_future()
-        loop.add_reader(self._pidfd, self._on_exit)
+        self._closed = False
+        if reported is None:
+            self._pidfd = os.pidfd_open(pid)
+            loop.add_reader(self._pidfd, self._on_exit)
+        else:
+            self._pidfd = -1
+            reported.add_done_callback(self._on_reported)
         self._drain = asyncio.create_task(self._drain_output())
 
     @classmethod
@@ -171,6 +187,10 @@ class Worker:
             )
         asyncio.get_running_loop().remove_reader(self._pidfd)
 
+    def _on_reported(self, reported: asyncio.Future[Exit]) -> None:
+        if not self._exited.done():
+            self._exited.set_result(reported.result())
+
     @property
     def exited(self) -> asyncio.Future[Exit]:
         return self._exited
@@ -211,8 +231,9 @@ class Worker:
         closed fd number may already belong to someone else)."""
         self.kill()
         exit_ = await asyncio.shield(self._exited)
-        if self._pidfd < 0:
+        if self._closed:
             return exit_
+        self._closed = True
         self._drain.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._drain
@@ -226,8 +247,9 @@ class Worker:
         self._rpc.close()
         self._output.close()
         pidfd, self._pidfd = self._pidfd, -1
-        with contextlib.suppress(OSError):
-            os.close(pidfd)
+        if pidfd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(pidfd)
         return exit_
 
 

@@ -2,18 +2,8 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel
-
 from toolfleet.sdk import ToolContext, tool
-
-
-class EchoInput(BaseModel):
-    message: str
-
-
-class EchoOutput(BaseModel):
-    message: str
-    length: int
+from toolfleet.sdk.builtin import EchoInput, EchoOutput
 
 
 @tool(
@@ -25,8 +15,5 @@ class EchoOutput(BaseModel):
     isolation="process",
 )
 async def echo_process(params: EchoInput, ctx: ToolContext) -> EchoOutput:
-    """``core__echo`` in a worker process of the executor's warm pool."""
+    """``core__echo`` in a worker process of its own (forked by the executor's server)."""
     return EchoOutput(message=params.message, length=len(params.message))
-
-
-TOOLS = [echo_process]

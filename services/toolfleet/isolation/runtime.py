@@ -383,6 +383,8 @@ class IsolationRuntime:
             return None
         async with self._zygote_lock:
             if self._zygote is None or not self._zygote.running:
+                if self._zygote is not None:
+                    await self._zygote.close()  # reaps the one that died
                 zygote = ForkServer(start_timeout_s=self.config.start_timeout_s)
                 try:
                     await zygote.start()

@@ -112,7 +112,12 @@ class ForkServer:
                 except OSError as exc:  # full (it stopped reading) or gone
                     await self.close()
                     raise SandboxFailure(f"the fork server did not take a fork ({exc})") from None
-                reply = await self._replies.get()
+                try:
+                    async with asyncio.timeout(self._start_timeout_s):
+                        reply = await self._replies.get()
+                except TimeoutError:
+                    await self.close()  # stuck: the next worker gets a new server
+                    raise SandboxFailure("the fork server did not answer a fork") from None
         except BaseException:
             parent_rpc.close()
             parent_out.close()

@@ -12,7 +12,10 @@ the runtime's ``run`` call to its result (the executor's view of one attempt):
   and every call once the pools are drained);
 * kept sandbox with a file grant: the warm worker kept for this tool and this grant
   (``warm_tools``), its module imported before the call;
-* cold sandbox with a file grant: the same call with no pool for it (``warm_tools=0``).
+* cold sandbox with a file grant: the same call with no pool for it (``warm_tools=0``);
+* cold process: ``isolation="process"`` with no pool, so each call starts its worker:
+  forked from the fork server (the default), or an interpreter started for it
+  (``fork_server=False``).
 
 Prints p50/p95 of each and the ratios to in-process. Only local processes; nothing is
 sent anywhere. Results go to ``bench/results/isolation-<timestamp>.json``.
@@ -35,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.support.hostile_tools import echo
 
 from toolfleet.executor.runner import run_tool
-from toolfleet.isolation.limits import AgentLimits, FleetLimits, bound_limits
+from toolfleet.isolation.limits import AgentLimits, FleetLimits, Isolation, bound_limits
 from toolfleet.isolation.runtime import (
     Grants,
     IsolatedCall,
@@ -66,9 +69,9 @@ def context(n: int) -> ToolContext:
 GRANT = Grants(binds=parse_filesystem_permissions(["/etc/ssl"]))
 
 
-def call(grants: Grants | None = None) -> IsolatedCall:
+def call(grants: Grants | None = None, isolation: Isolation | None = None) -> IsolatedCall:
     return IsolatedCall(
-        isolation=SPEC.isolation,
+        isolation=isolation or SPEC.isolation,
         tool_id=SPEC.tool_id,
         target=SPEC.target,
         parameters={"text": "hello"},
@@ -119,6 +122,22 @@ async def sandboxed(n: int, *, warm: bool) -> list[float]:
         return times
 
 
+async def processes(n: int, *, fork_server: bool) -> list[float]:
+    """Process workers started for each call: forked by the server, or interpreters."""
+    config = RuntimeConfig(
+        warm_sandboxes=0, warm_processes=0, warm_tools=0, fork_server=fork_server
+    )
+    async with IsolationRuntime(config=config) as runtime:
+        times = []
+        for i in range(n + 1):
+            start = time.perf_counter()
+            result = await runtime.run(call(isolation=Isolation.PROCESS), context(i))
+            if i:  # the first call starts the fork server
+                times.append(time.perf_counter() - start)
+            assert result.result == {"text": "hello"}, result.error
+        return times
+
+
 def summary(times: list[float]) -> dict[str, float]:
     ordered = sorted(times)
     return {
@@ -137,9 +156,18 @@ async def main() -> None:
         "cold_sandbox": summary(await sandboxed(args.n, warm=False)),
         "kept_sandbox_file_grant": summary(await granted(args.n, kept=True)),
         "cold_sandbox_file_grant": summary(await granted(args.n, kept=False)),
+        "cold_process_forked": summary(await processes(args.n, fork_server=True)),
+        "cold_process_spawned": summary(await processes(args.n, fork_server=False)),
     }
     base = runs["in_process"]["p50_ms"]
-    names = ("warm_sandbox", "cold_sandbox", "kept_sandbox_file_grant", "cold_sandbox_file_grant")
+    names = (
+        "warm_sandbox",
+        "cold_sandbox",
+        "kept_sandbox_file_grant",
+        "cold_sandbox_file_grant",
+        "cold_process_forked",
+        "cold_process_spawned",
+    )
     for name in names:
         runs[name]["p50_vs_in_process"] = round(runs[name]["p50_ms"] / base, 1)
     runs["cold_vs_warm_p50"] = round(

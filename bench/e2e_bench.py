@@ -615,11 +615,6 @@ async def measure_fleet(
         cpu = meter.stop()
         costs = costs_of(cpu, len(latencies), paced, paced_cpu)
         costs = dataclasses.replace(costs, paced_hops_ms=await hops_of(settings, paced_calls))
-        process = None
-        if cfg.process_n > 0:
-            process = await measure_process_tool(
-                cfg, functools.partial(call, "bench__echo_process"), meter, observers
-            )
         if cfg.idle_s > 0:
             idle = CpuMeter({**groups, "client": [os.getpid()]}, alone=["client"])
             idle.start()
@@ -636,6 +631,11 @@ async def measure_fleet(
             )
         rss_end = {name: rss_mb([pid]).get(pid, 0.0) for name, pid in workers.items()}
         costs = dataclasses.replace(costs, rss_mb_after_warmup=rss_warm, rss_mb_after_run=rss_end)
+        process = None
+        if cfg.process_n > 0:  # last: its tool processes stay out of the figures above
+            process = await measure_process_tool(
+                cfg, functools.partial(call, "bench__echo_process"), meter, observers
+            )
     result = summarize("fleet (toolfleet, core__echo)", latencies, outcomes, elapsed)
     return dataclasses.replace(result, costs=costs, process=process)
 

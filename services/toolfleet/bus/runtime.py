@@ -908,9 +908,9 @@ class EventConsumer:
 def _without_leave_group(consumer: AIOKafkaConsumer) -> None:
     """Make ``consumer.stop()`` forget its group membership without a LeaveGroup request
     (aiokafka has no option for it; its coordinator exists once ``start`` has begun)."""
-    coordinator = consumer._coordinator
-    if coordinator is None:
-        return
+    coordinator = getattr(consumer, "_coordinator", None)
+    if coordinator is None or not hasattr(coordinator, "_maybe_leave_group"):
+        return  # not started, or an aiokafka that changed: it leaves as usual
 
     async def forget() -> None:
         coordinator.reset_generation()

@@ -111,16 +111,12 @@ class Worker:
         ]
         if seccomp_fd is not None:
             actions.append((os.POSIX_SPAWN_DUP2, seccomp_fd, SECCOMP_FD))
-        env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
         try:
-            # posix_spawn returns as soon as the child exists (vfork): no await needed.
-            pid = os.posix_spawn(  # noqa: ASYNC221
-                argv[0], list(argv), env, file_actions=actions, setsid=True
-            )
-        except OSError as exc:
+            pid = spawn_in_session(argv, actions, what="the worker")
+        except SandboxFailure:
             parent_rpc.close()
             parent_out.close()
-            raise SandboxFailure(f"the worker could not start ({exc.strerror})") from None
+            raise
         finally:
             child_rpc.close()
             child_out.close()
@@ -253,6 +249,17 @@ class Worker:
         return exit_
 
 
+def spawn_in_session(argv: Sequence[str], actions: Sequence[tuple[Any, ...]], *, what: str) -> int:
+    """``posix_spawn`` ``argv`` in a session of its own, with ``actions`` on its fds and
+    only ``PATH`` and ``LANG`` in its environment; its pid."""
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
+    try:
+        # posix_spawn returns as soon as the child exists (vfork): no await needed.
+        return os.posix_spawn(argv[0], list(argv), env, file_actions=list(actions), setsid=True)
+    except OSError as exc:
+        raise SandboxFailure(f"{what} could not start ({exc.strerror})") from None
+
+
 def _descendants(root: int) -> list[int]:
     found: list[int] = []
     queue = [root]
@@ -267,4 +274,4 @@ def _descendants(root: int) -> list[int]:
     return found
 
 
-__all__ = ["Exit", "ProtocolError", "Worker", "worker_command"]
+__all__ = ["Exit", "ProtocolError", "Worker", "spawn_in_session", "worker_command"]

@@ -36,7 +36,7 @@ from typing import Any
 
 from toolfleet.errors import SandboxFailure
 from toolfleet.isolation.sandbox import RPC_FD
-from toolfleet.isolation.worker import Exit, Worker
+from toolfleet.isolation.worker import Exit, Worker, spawn_in_session
 
 _PR_SET_PDEATHSIG = 1
 _MAX_MESSAGE = 1 << 16
@@ -73,15 +73,11 @@ class ForkServer:
             (os.POSIX_SPAWN_OPEN, 2, "/dev/null", os.O_WRONLY, 0),
             (os.POSIX_SPAWN_DUP2, child.fileno(), RPC_FD),
         ]
-        env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
         try:
-            # posix_spawn returns as soon as the child exists (vfork): no await needed.
-            self._pid = os.posix_spawn(  # noqa: ASYNC221
-                argv[0], argv, env, file_actions=actions, setsid=True
-            )
-        except OSError as exc:
+            self._pid = spawn_in_session(argv, actions, what="the fork server")
+        except SandboxFailure:
             parent.close()
-            raise SandboxFailure(f"the fork server could not start ({exc.strerror})") from None
+            raise
         finally:
             child.close()
         parent.setblocking(False)
@@ -187,7 +183,7 @@ class ForkServer:
         self._replies.put_nowait({"failed": "the fork server ended"})
 
     async def close(self) -> None:
-        """Stop the server (its workers are the runtime's to kill)."""
+        """Stop the server; a worker of it still running dies with it."""
         pid, self._pid = self._pid, 0
         if self._sock is not None:
             self._gone()

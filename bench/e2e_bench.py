@@ -604,17 +604,20 @@ async def measure_fleet(
         observers = {name: groups[name] for name in ("audit", "status")}
         await settle(observers)  # audit and status catch up with the warm-up first
         meter = CpuMeter(groups)
-        meter.start()
         traced = {}
-        paced, _, _ = await drive(cfg.paced, 1, one)
-        paced_cpu = meter.stop()
-        paced_calls, traced = traced, None
-        meter.start()
-        latencies, outcomes, elapsed = await drive(cfg.n, cfg.concurrency, one)
-        await settle(observers)  # the observers' backlog is part of the run's cost
-        cpu = meter.stop()
-        costs = costs_of(cpu, len(latencies), paced, paced_cpu)
-        costs = dataclasses.replace(costs, paced_hops_ms=await hops_of(settings, paced_calls))
+        paced_calls: dict[str, tuple[float, float]] = {}
+
+        def paced_done() -> None:
+            nonlocal traced, paced_calls
+            paced_calls, traced = traced or {}, None
+
+        phase = await measure_phase(
+            one, cfg.paced, cfg.n, cfg, meter, observers, after_paced=paced_done
+        )
+        latencies = phase.latencies
+        costs = dataclasses.replace(
+            phase.costs(), paced_hops_ms=await hops_of(settings, paced_calls)
+        )
         if cfg.idle_s > 0:
             idle = CpuMeter({**groups, "client": [os.getpid()]}, alone=["client"])
             idle.start()
@@ -636,8 +639,53 @@ async def measure_fleet(
             process = await measure_process_tool(
                 cfg, functools.partial(call, "bench__echo_process"), meter, observers
             )
-    result = summarize("fleet (toolfleet, core__echo)", latencies, outcomes, elapsed)
+    result = summarize("fleet (toolfleet, core__echo)", latencies, phase.outcomes, phase.elapsed)
     return dataclasses.replace(result, costs=costs, process=process)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Phase:
+    """Calls made one at a time, then at the run's concurrency, and the CPU of each."""
+
+    paced: list[float]
+    paced_cpu: dict[str, CpuReading]
+    latencies: list[float]
+    outcomes: dict[str, int]
+    elapsed: float
+    cpu: dict[str, CpuReading]
+
+    def costs(self) -> Costs:
+        return costs_of(self.cpu, len(self.latencies), self.paced, self.paced_cpu)
+
+
+async def measure_phase(
+    one: Callable[[int], Awaitable[tuple[float, str]]],
+    paced_n: int,
+    n: int,
+    cfg: BenchConfig,
+    meter: CpuMeter,
+    observers: dict[str, list[int]],
+    *,
+    after_paced: Callable[[], None] | None = None,
+) -> Phase:
+    """``paced_n`` calls one at a time, then ``n`` at ``cfg.concurrency``, the observers'
+    backlog included in the second (it is part of the run's cost)."""
+    meter.start()
+    paced, _, _ = await drive(paced_n, 1, one)
+    paced_cpu = meter.stop()
+    if after_paced is not None:
+        after_paced()
+    meter.start()
+    latencies, outcomes, elapsed = await drive(n, cfg.concurrency, one)
+    await settle(observers)
+    return Phase(
+        paced=paced,
+        paced_cpu=paced_cpu,
+        latencies=latencies,
+        outcomes=outcomes,
+        elapsed=elapsed,
+        cpu=meter.stop(),
+    )
 
 
 async def measure_process_tool(
@@ -650,15 +698,11 @@ async def measure_process_tool(
     (their CPU counts with the executor's: the meter counts children)."""
     await drive(min(cfg.warmup, cfg.process_n), cfg.concurrency, one)  # the pool grows
     await settle(observers)
-    meter.start()
-    paced, _, _ = await drive(cfg.process_paced, 1, one)
-    paced_cpu = meter.stop()
-    meter.start()
-    latencies, outcomes, elapsed = await drive(cfg.process_n, cfg.concurrency, one)
-    await settle(observers)
-    cpu = meter.stop()
-    result = summarize("process (bench__echo_process)", latencies, outcomes, elapsed)
-    return dataclasses.replace(result, costs=costs_of(cpu, len(latencies), paced, paced_cpu))
+    phase = await measure_phase(one, cfg.process_paced, cfg.process_n, cfg, meter, observers)
+    result = summarize(
+        "process (bench__echo_process)", phase.latencies, phase.outcomes, phase.elapsed
+    )
+    return dataclasses.replace(result, costs=phase.costs())
 
 
 # --- report -----------------------------------------------------------------------------

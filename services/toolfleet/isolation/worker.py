@@ -16,7 +16,7 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -101,28 +101,17 @@ class Worker:
     async def spawn(
         cls, argv: Sequence[str], *, slot: int, seccomp_fd: int | None = None
     ) -> Worker:
-        parent_rpc, child_rpc = socket.socketpair()
-        parent_out, child_out = socket.socketpair()
-        actions: list[tuple[Any, ...]] = [
-            (os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
-            (os.POSIX_SPAWN_DUP2, child_out.fileno(), 1),
-            (os.POSIX_SPAWN_DUP2, child_out.fileno(), 2),
-            (os.POSIX_SPAWN_DUP2, child_rpc.fileno(), RPC_FD),
-        ]
-        if seccomp_fd is not None:
-            actions.append((os.POSIX_SPAWN_DUP2, seccomp_fd, SECCOMP_FD))
-        try:
+        with worker_sockets() as sockets:
+            actions: list[tuple[Any, ...]] = [
+                (os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
+                (os.POSIX_SPAWN_DUP2, sockets.child_output.fileno(), 1),
+                (os.POSIX_SPAWN_DUP2, sockets.child_output.fileno(), 2),
+                (os.POSIX_SPAWN_DUP2, sockets.child_rpc.fileno(), RPC_FD),
+            ]
+            if seccomp_fd is not None:
+                actions.append((os.POSIX_SPAWN_DUP2, seccomp_fd, SECCOMP_FD))
             pid = spawn_in_session(argv, actions, what="the worker")
-        except SandboxFailure:
-            parent_rpc.close()
-            parent_out.close()
-            raise
-        finally:
-            child_rpc.close()
-            child_out.close()
-        parent_rpc.setblocking(False)
-        parent_out.setblocking(False)
-        return cls(pid=pid, rpc=parent_rpc, output=parent_out, slot=slot)
+        return cls(pid=pid, rpc=sockets.rpc, output=sockets.output, slot=slot)
 
     async def ready(self, timeout_s: float) -> None:
         """Wait for the worker's ``ready`` frame."""
@@ -249,6 +238,35 @@ class Worker:
         return exit_
 
 
+@dataclass(frozen=True, slots=True)
+class WorkerSockets:
+    """The executor's ends (``rpc``, ``output``) and the worker's ends of its sockets."""
+
+    rpc: socket.socket
+    child_rpc: socket.socket
+    output: socket.socket
+    child_output: socket.socket
+
+
+@contextlib.contextmanager
+def worker_sockets() -> Iterator[WorkerSockets]:
+    """A new worker's socket pairs. The worker's ends are closed when the block ends
+    (handed over by then); the executor's ends too if it raised, else made non-blocking."""
+    rpc, child_rpc = socket.socketpair()
+    output, child_output = socket.socketpair()
+    try:
+        yield WorkerSockets(rpc, child_rpc, output, child_output)
+    except BaseException:
+        rpc.close()
+        output.close()
+        raise
+    finally:
+        child_rpc.close()
+        child_output.close()
+    rpc.setblocking(False)
+    output.setblocking(False)
+
+
 def spawn_in_session(argv: Sequence[str], actions: Sequence[tuple[Any, ...]], *, what: str) -> int:
     """``posix_spawn`` ``argv`` in a session of its own, with ``actions`` on its fds and
     only ``PATH`` and ``LANG`` in its environment; its pid."""
@@ -274,4 +292,12 @@ def _descendants(root: int) -> list[int]:
     return found
 
 
-__all__ = ["Exit", "ProtocolError", "Worker", "spawn_in_session", "worker_command"]
+__all__ = [
+    "Exit",
+    "ProtocolError",
+    "Worker",
+    "WorkerSockets",
+    "spawn_in_session",
+    "worker_command",
+    "worker_sockets",
+]

@@ -36,7 +36,7 @@ from typing import Any
 
 from toolfleet.errors import SandboxFailure
 from toolfleet.isolation.sandbox import RPC_FD
-from toolfleet.isolation.worker import Exit, Worker, spawn_in_session
+from toolfleet.isolation.worker import Exit, Worker, spawn_in_session, worker_sockets
 
 _PR_SET_PDEATHSIG = 1
 _MAX_MESSAGE = 1 << 16
@@ -95,16 +95,15 @@ class ForkServer:
 
     async def fork(self, *, slot: int, preload: str = "", sys_path: str = "") -> Worker:
         """A new worker forked from the server (its ``ready`` still to come)."""
-        parent_rpc, child_rpc = socket.socketpair()
-        parent_out, child_out = socket.socketpair()
-        try:
+        with worker_sockets() as sockets:
             async with self._lock:  # one fork at a time: replies come in order
                 sock = self._sock
                 if sock is None:
                     raise SandboxFailure("the fork server is not running")
                 request = json.dumps({"preload": preload, "sys_path": sys_path}).encode()
+                handed = [sockets.child_rpc.fileno(), sockets.child_output.fileno()]
                 try:
-                    socket.send_fds(sock, [request], [child_rpc.fileno(), child_out.fileno()])
+                    socket.send_fds(sock, [request], handed)
                 except OSError as exc:  # full (it stopped reading) or gone
                     await self.close()
                     raise SandboxFailure(f"the fork server did not take a fork ({exc})") from None
@@ -114,26 +113,15 @@ class ForkServer:
                 except TimeoutError:
                     await self.close()  # stuck: the next worker gets a new server
                     raise SandboxFailure("the fork server did not answer a fork") from None
-        except BaseException:
-            parent_rpc.close()
-            parent_out.close()
-            raise
-        finally:
-            child_rpc.close()
-            child_out.close()
-        pid = reply.get("forked")
-        if not isinstance(pid, int):
-            parent_rpc.close()
-            parent_out.close()
-            raise SandboxFailure(f"the fork server could not fork ({reply.get('failed')})")
-        parent_rpc.setblocking(False)
-        parent_out.setblocking(False)
+            pid = reply.get("forked")
+            if not isinstance(pid, int):
+                raise SandboxFailure(f"the fork server could not fork ({reply.get('failed')})")
         reported = self._exits.get(pid)
         if reported is None:
             reported = self._exits[pid] = asyncio.get_running_loop().create_future()
         elif reported.done():
             del self._exits[pid]  # it exited before this reply was read
-        return Worker(pid=pid, rpc=parent_rpc, output=parent_out, slot=slot, reported=reported)
+        return Worker(pid=pid, rpc=sockets.rpc, output=sockets.output, slot=slot, reported=reported)
 
     def _on_message(self) -> None:
         sock = self._sock

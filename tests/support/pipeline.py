@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import sys
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
@@ -124,11 +125,39 @@ async def running_services(
             await asyncio.gather(*tasks, return_exceptions=True)
 
 
+class TeardownWatch:
+    """Prints every task's stack to stderr if a teardown outlasts ``after_s`` (pytest
+    shows it with the test that then times out): a stop that hangs says where."""
+
+    def __init__(self, what: str, after_s: float = 45.0) -> None:
+        self._what = what
+        self._after_s = after_s
+        self._timer: asyncio.TimerHandle | None = None
+
+    def __enter__(self) -> TeardownWatch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+
+    def arm(self) -> None:
+        """The teardown begins: report if it is still going ``after_s`` from now."""
+        self._timer = asyncio.get_running_loop().call_later(self._after_s, self._report)
+
+    def _report(self) -> None:
+        print(f"{self._what} still running after {self._after_s} s; tasks:", file=sys.stderr)
+        for task in asyncio.all_tasks():
+            print(f"--- {task!r}", file=sys.stderr)
+            task.print_stack(file=sys.stderr)
+
+
 @contextlib.asynccontextmanager
 async def in_process_fleet(
     settings: FleetSettings, services: Sequence[str] = ("policy", "executor", "validator")
 ) -> AsyncIterator[Fleet]:
     async with contextlib.AsyncExitStack() as stack:
+        watch = stack.enter_context(TeardownWatch("the in-process fleet's teardown"))
         await stack.enter_async_context(running_services(settings, services))
         client = await stack.enter_async_context(ToolfleetClient(settings))
         producer = EventProducer(settings)
@@ -144,4 +173,5 @@ async def in_process_fleet(
         try:
             yield Fleet(settings=settings, issuer=issuer, client=client, producer=producer)
         finally:
+            watch.arm()
             await producer.stop()

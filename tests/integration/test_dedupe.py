@@ -20,13 +20,17 @@ IN_FLIGHT = 200
 
 
 class CountingRedis(Redis):
-    """Counts the pipelines sent: each is one round trip."""
+    """Counts round trips: pipelines sent and commands sent alone."""
 
-    pipelines = 0
+    round_trips = 0
 
     def pipeline(self, transaction: bool = True, shard_hint: Any = None) -> Any:
-        self.pipelines += 1
+        self.round_trips += 1
         return super().pipeline(transaction=transaction, shard_hint=shard_hint)
+
+    async def execute_command(self, *args: Any, **options: Any) -> Any:
+        self.round_trips += 1
+        return await super().execute_command(*args, **options)
 
 
 @pytest.fixture
@@ -49,13 +53,30 @@ async def test_records_in_flight_share_round_trips_and_get_their_own_answers(
     marked, fresh = keys[::2], keys[1::2]
     await asyncio.gather(*(processed.mark(k) for k in marked))
 
-    counting.pipelines = 0
+    counting.round_trips = 0
     answers = await asyncio.gather(*(processed.seen(k) for k in keys))
 
     # The 200 questions asked at once went out together, not as 200 round trips.
-    assert counting.pipelines <= 2
+    assert counting.round_trips <= 2
     assert answers == [k in marked for k in keys]
     assert not any([await processed.seen(k) for k in fresh])  # one at a time works too
+
+
+async def test_the_marks_of_one_fetch_are_one_round_trip_and_its_questions_another(
+    counting: CountingRedis,
+) -> None:
+    processed = RedisProcessedEvents(counting, group=f"g-{uuid.uuid4().hex[:8]}", ttl_s=60)
+    keys = event_keys(IN_FLIGHT)
+    marked = keys[::3]
+
+    counting.round_trips = 0
+    await processed.mark_all(marked)
+    assert counting.round_trips == 1
+    assert await processed.seen_all(keys) == [k in marked for k in keys]
+    assert counting.round_trips == 2
+    assert await processed.seen_all([]) == []
+    await processed.mark_all([])
+    assert counting.round_trips == 2  # nothing to ask or mark: no round trip
 
 
 async def test_markers_expire_with_their_ttl(counting: CountingRedis) -> None:

@@ -574,6 +574,38 @@ async def test_process_workers_are_fresh_forks_of_the_fork_server(
             await running
 
 
+async def test_a_tools_module_is_imported_once_by_the_fork_server_not_by_each_call(
+    runtime: IsolationRuntime,
+) -> None:
+    """Once a tool was called (a worker is kept warm for it), every worker forked for it
+    starts with its module imported by the fork server: still a process per call."""
+    spec = spec_of(hostile_tools.imported_by)
+    call = IsolatedCall(
+        isolation=Isolation.PROCESS,
+        tool_id=spec.tool_id,
+        target=spec.target,
+        parameters={},
+        limits=limits(),
+        grants=Grants(),
+    )
+    await run(runtime, hostile_tools.imported_by, isolation=Isolation.PROCESS)
+
+    async def kept() -> bool:
+        return runtime.warm_for(call)
+
+    assert await eventually(kept, timeout=30)
+    zygote = runtime.fork_server_pid
+    workers = set()
+    for _ in range(3):  # the kept worker, then workers forked on demand
+        outcome = await run(runtime, hostile_tools.imported_by, isolation=Isolation.PROCESS)
+        assert outcome.result is not None
+        importer, worker = (int(pid) for pid in outcome.result["text"].split())
+        assert importer == zygote
+        workers.add(worker)
+    assert len(workers) == 3
+    assert zygote not in workers
+
+
 @pytest.mark.parametrize(
     ("tool", "overrides", "expected", "message"),
     [

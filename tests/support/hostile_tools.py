@@ -22,6 +22,9 @@ from toolfleet.sdk import ToolContext, tool
 #: Whether this module was imported by a call's job (its environment set) or before it,
 #: by a warm worker kept for one of its tools.
 IMPORTED_IN_A_CALL = "TOOLFLEET_SANDBOX" in os.environ
+#: The process that imported this module (a ``process`` worker's fork server, once it
+#: imported the module for the tool's warm workers).
+IMPORTED_BY = os.getpid()
 
 
 class Empty(BaseModel):
@@ -278,6 +281,12 @@ async def documents(params: DocumentId, ctx: ToolContext) -> Text:
         denied = str(exc.code)
     found = ",".join(hit.document_id for hit in hits)
     return Text(text=f"{doc.version} {meta.latest_version} {found} {denied} {doc.content}")
+
+
+@_hostile("imported_by")
+async def imported_by(params: Empty, ctx: ToolContext) -> Text:
+    """``"{pid that imported the module} {own pid}"``."""
+    return Text(text=f"{IMPORTED_BY} {os.getpid()}")
 
 
 @_hostile("preloaded")

@@ -8,6 +8,13 @@ exit; nothing of an earlier call is in it), in a session of its own, its stdout 
 stderr and its RPC socket handed over by the executor (``SCM_RIGHTS``), its limits set
 by the job as before (:mod:`toolfleet.isolation.child`).
 
+A tool's module is imported in the server too, the first time a worker is kept warm
+for that tool (``preload``): the workers forked afterwards, for every call of it, start
+with the module imported rather than paying the import per call. Module-level state made
+at import (a thread, a connection) is then the server's, and a forked worker gets a copy
+without the thread: such a tool should make it in the call, or run with
+``TOOLFLEET_ISOLATION_FORK_SERVER=false``.
+
 The server is the workers' parent, so it reaps them and reports each exit (status,
 CPU, peak RSS from ``wait4``) to the executor, which holds them as
 :class:`~toolfleet.isolation.worker.Worker` objects like spawned ones. Sandboxes are
@@ -26,6 +33,7 @@ import argparse
 import asyncio
 import contextlib
 import ctypes
+import importlib
 import json
 import os
 import selectors
@@ -238,6 +246,9 @@ def _fork(
         control.send(json.dumps({"failed": "a fork takes two fds"}).encode())
         return
     rpc, output = fds
+    preload = str(request.get("preload", ""))
+    if preload:
+        _import_once(preload, str(request.get("sys_path", "")))
     try:
         pid = os.fork()
     except OSError as exc:
@@ -276,6 +287,24 @@ def _fork(
     os.close(rpc)
     os.close(output)
     control.send(json.dumps({"forked": pid}).encode())
+
+
+_TRIED: set[str] = set()
+
+
+def _import_once(module: str, sys_path: str) -> None:
+    """Import a tool's module here, once (the first worker kept warm for it asks): every
+    worker forked afterwards, for any call of that tool, finds it imported. The executor
+    imported the module too, to register the tool, so no code runs here that did not run
+    there. A module that fails to import is left to the worker, which reports it."""
+    if module in _TRIED:
+        return
+    _TRIED.add(module)
+    paths = [p for p in sys_path.split(os.pathsep) if p]
+    if paths:
+        sys.path[:] = paths
+    with contextlib.suppress(Exception, SystemExit):
+        importlib.import_module(module)
 
 
 def _die_with_parent() -> None:

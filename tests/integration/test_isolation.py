@@ -606,6 +606,20 @@ async def test_a_tools_module_is_imported_once_by_the_fork_server_not_by_each_ca
     assert zygote not in workers
 
 
+async def test_with_no_warm_workers_every_call_is_forked_with_its_module_imported() -> None:
+    """The first worker forked for a tool has the fork server import its module."""
+    config = RuntimeConfig(warm_sandboxes=0, warm_processes=0, warm_tools=0)
+    async with IsolationRuntime(config=config) as cold:
+        outcomes = [
+            await run(cold, hostile_tools.imported_by, isolation=Isolation.PROCESS)
+            for _ in range(3)
+        ]
+        zygote = cold.fork_server_pid
+    pids = [tuple(int(p) for p in o.result["text"].split()) for o in outcomes if o.result]
+    assert [importer for importer, _ in pids] == [zygote] * 3
+    assert len({worker for _, worker in pids}) == 3
+
+
 @pytest.mark.parametrize(
     ("tool", "overrides", "expected", "message"),
     [

@@ -284,7 +284,9 @@ class IsolationRuntime:
             if not worker.exited.done():
                 return worker
             await self._release(worker)
-        return await self._start(call.isolation, call.grants.binds, egress_host)
+        return await self._start(
+            call.isolation, call.grants.binds, egress_host, server_import=_module_of(call)
+        )
 
     def _refill_key(self, key: PoolKey) -> None:
         """Start a warm worker kept for ``key`` (its module imported), in place of the
@@ -330,6 +332,7 @@ class IsolationRuntime:
         egress_host: str | None,
         *,
         preload: str = "",
+        server_import: str = "",
     ) -> Worker:
         slot = await self._free_slots.get()
         try:
@@ -358,7 +361,7 @@ class IsolationRuntime:
                     if filter_fd is not None:
                         os.close(filter_fd)
             else:
-                forked = await self._forked(slot, preload)
+                forked = await self._forked(slot, preload, server_import or preload)
                 if forked is not None:
                     worker = forked
                 else:
@@ -376,7 +379,7 @@ class IsolationRuntime:
             raise
         return worker
 
-    async def _forked(self, slot: int, preload: str) -> Worker | None:
+    async def _forked(self, slot: int, preload: str, server_import: str) -> Worker | None:
         """A ``process`` worker forked from the fork server (started on first use, again
         after it died); None when there is none: the caller starts an interpreter."""
         if not self.config.fork_server or self._closed:
@@ -395,7 +398,10 @@ class IsolationRuntime:
             zygote = self._zygote
         try:
             return await zygote.fork(
-                slot=slot, preload=preload, sys_path=os.pathsep.join(_sys_path())
+                slot=slot,
+                preload=preload,
+                sys_path=os.pathsep.join(_sys_path()),
+                server_import=server_import,
             )
         except SandboxFailure as exc:
             log.warning("fork server failed, starting an interpreter: %s", exc)
@@ -653,6 +659,14 @@ def _usage(*, cpu_s: float, maxrss_kb: int, baseline_cpu_s: float) -> Usage:
         cpu_millicore_seconds=max(1, round(max(0.0, cpu_s - baseline_cpu_s) * 1000)),
         memory_peak_mb=max(1, round(maxrss_kb / 1024)),
     )
+
+
+def _module_of(call: IsolatedCall) -> str:
+    """The module of a Python tool's call (the fork server imports it for the workers
+    it forks), empty for a command."""
+    if call.command or not call.target:
+        return ""
+    return call.target.partition(":")[0]
 
 
 def _sys_path() -> list[str]:

@@ -8,9 +8,10 @@ exit; nothing of an earlier call is in it), in a session of its own, its stdout 
 stderr and its RPC socket handed over by the executor (``SCM_RIGHTS``), its limits set
 by the job as before (:mod:`toolfleet.isolation.child`).
 
-A tool's module is imported in the server too, the first time a worker is kept warm
-for that tool (``preload``): the workers forked afterwards, for every call of it, start
-with the module imported rather than paying the import per call. Module-level state made
+A tool's module is imported in the server too, the first time a worker is forked for a
+call of that tool or kept warm for it (``import``, ``preload``): the workers forked
+afterwards, for every call of it, start with the module imported rather than paying
+the import per call. Module-level state made
 at import (a thread, a connection) is then the server's, and a forked worker gets a copy
 without the thread: such a tool should make it in the call, or run with
 ``TOOLFLEET_ISOLATION_FORK_SERVER=false``.
@@ -21,7 +22,7 @@ CPU, peak RSS from ``wait4``) to the executor, which holds them as
 never forked from it (they start through ``bwrap``). The server dies with the executor
 (``PR_SET_PDEATHSIG``) and ends when its socket closes.
 
-Messages, one per ``SOCK_SEQPACKET`` datagram, JSON: ``{"preload", "sys_path"}`` with
+Messages, one per ``SOCK_SEQPACKET`` datagram, JSON: ``{"preload", "sys_path", "import"}`` with
 two fds (RPC, output) from the executor; ``{"ready": true}``, ``{"forked": pid}`` or
 ``{"failed": reason}``, and ``{"exited": pid, "status", "cpu_s", "maxrss_kb"}`` from
 the server.
@@ -101,14 +102,19 @@ class ForkServer:
             await self.close()
             raise SandboxFailure("the fork server ended before it was ready")
 
-    async def fork(self, *, slot: int, preload: str = "", sys_path: str = "") -> Worker:
-        """A new worker forked from the server (its ``ready`` still to come)."""
+    async def fork(
+        self, *, slot: int, preload: str = "", sys_path: str = "", server_import: str = ""
+    ) -> Worker:
+        """A new worker forked from the server (its ``ready`` still to come). The server
+        imports ``server_import`` (and ``preload``) first, once per module."""
         with worker_sockets() as sockets:
             async with self._lock:  # one fork at a time: replies come in order
                 sock = self._sock
                 if sock is None:
                     raise SandboxFailure("the fork server is not running")
-                request = json.dumps({"preload": preload, "sys_path": sys_path}).encode()
+                request = json.dumps(
+                    {"preload": preload, "sys_path": sys_path, "import": server_import}
+                ).encode()
                 handed = [sockets.child_rpc.fileno(), sockets.child_output.fileno()]
                 try:
                     socket.send_fds(sock, [request], handed)
@@ -246,9 +252,9 @@ def _fork(
         control.send(json.dumps({"failed": "a fork takes two fds"}).encode())
         return
     rpc, output = fds
-    preload = str(request.get("preload", ""))
-    if preload:
-        _import_once(preload, str(request.get("sys_path", "")))
+    for module in {str(request.get("import") or ""), str(request.get("preload") or "")}:
+        if module:
+            _import_once(module, str(request.get("sys_path", "")))
     try:
         pid = os.fork()
     except OSError as exc:

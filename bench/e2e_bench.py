@@ -114,6 +114,10 @@ class Costs:
     """Latency of the first call after the idle phase, then after short idles (3 s)."""
     paced_after_idle_ms: list[float] | None = None
     """Latencies of calls made right after each of those (the fleet awake): their twins."""
+    after_idle_hops_ms: dict[str, float] = dataclasses.field(default_factory=dict)
+    """Median ms of each step of the calls after idle (as ``paced_hops_ms``)."""
+    awake_hops_ms: dict[str, float] = dataclasses.field(default_factory=dict)
+    """The same of their twins: which hop a rest slows."""
     rss_mb_after_warmup: dict[str, float] | None = None
     rss_mb_after_run: dict[str, float] | None = None
 
@@ -623,14 +627,30 @@ async def measure_fleet(
             idle.start()
             await asyncio.sleep(cfg.idle_s)
             idle_cores = {name: r.cores for name, r in idle.stop().items()}
-            first = [(await one(0))[0] * 1000]
-            awake = [(await one(0))[0] * 1000]
+            after_idle: dict[str, tuple[float, float]] = {}
+            after_awake: dict[str, tuple[float, float]] = {}
+
+            async def traced_call(into: dict[str, tuple[float, float]]) -> float:
+                nonlocal traced
+                traced = into
+                try:
+                    return (await one(0))[0] * 1000
+                finally:
+                    traced = None
+
+            first = [await traced_call(after_idle)]
+            awake = [await traced_call(after_awake)]
             for _ in range(cfg.short_idles):  # past TOOLFLEET_IDLE_AFTER_MS: all rest again
                 await asyncio.sleep(3)
-                first.append((await one(0))[0] * 1000)
-                awake.append((await one(0))[0] * 1000)
+                first.append(await traced_call(after_idle))
+                awake.append(await traced_call(after_awake))
             costs = dataclasses.replace(
-                costs, idle_cores=idle_cores, first_after_idle_ms=first, paced_after_idle_ms=awake
+                costs,
+                idle_cores=idle_cores,
+                first_after_idle_ms=first,
+                paced_after_idle_ms=awake,
+                after_idle_hops_ms=await hops_of(settings, after_idle),
+                awake_hops_ms=await hops_of(settings, after_awake),
             )
         rss_end = {name: rss_mb([pid]).get(pid, 0.0) for name, pid in workers.items()}
         costs = dataclasses.replace(costs, rss_mb_after_warmup=rss_warm, rss_mb_after_run=rss_end)
@@ -774,6 +794,9 @@ def costs_table(fleet: RunResult | None, base: RunResult, celery: dict[str, Any]
         if fc.paced_after_idle_ms is not None:
             lines.append("the call right after each (ms): "
                          + ", ".join(f"{v:.1f}" for v in fc.paced_after_idle_ms))  # fmt: skip
+        if fc.after_idle_hops_ms:
+            lines.append(f"calls after idle, median ms by step: {_fmt(fc.after_idle_hops_ms)}; "
+                         f"the calls right after: {_fmt(fc.awake_hops_ms)}")  # fmt: skip
         if fleet is not None and fleet.process is not None and fleet.process.costs:
             pr, pc = fleet.process, fleet.process.costs
             lines.append(f"isolation=process: {pr.throughput_per_s:.1f} inv/s, "

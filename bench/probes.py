@@ -9,10 +9,10 @@ shared box; CPU seconds per unit of work much less so).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-import psutil
+import psutil  # type: ignore[import-untyped]
 
 
 def _tree(pids: Iterable[int], *, children: bool = True) -> list[psutil.Process]:
@@ -65,7 +65,7 @@ class CpuMeter:
     (the benchmark's own process, whose children are the fleet).
     """
 
-    def __init__(self, groups: dict[str, Sequence[int]], *, alone: Sequence[str] = ()) -> None:
+    def __init__(self, groups: Mapping[str, Sequence[int]], *, alone: Sequence[str] = ()) -> None:
         self._groups = groups
         self._alone = set(alone)
         self._before: dict[str, dict[int, float]] = {}

@@ -106,18 +106,29 @@ async def run(
         tool_id=spec.tool_id,
         tool_version=spec.version,
     )
-    return await runtime.run(
-        IsolatedCall(
-            isolation=isolation or spec.isolation,
-            tool_id=spec.tool_id,
-            target=spec.target,
-            command=spec.command,
-            parameters=parameters or {},
-            limits=limits(**limit_overrides),
-            grants=grants or Grants(),
-            credentials=bool(spec.credentials),
-        ),
-        ctx,
+    call = call_of(fn, parameters, grants=grants, isolation=isolation, **limit_overrides)
+    return await runtime.run(call, ctx)
+
+
+def call_of(
+    fn: Any,
+    parameters: dict[str, Any] | None = None,
+    *,
+    grants: Grants | None = None,
+    isolation: Isolation | None = None,
+    **limit_overrides: Any,
+) -> IsolatedCall:
+    """The isolated call of tool ``fn`` (its own isolation unless ``isolation``)."""
+    spec = spec_of(fn)
+    return IsolatedCall(
+        isolation=isolation or spec.isolation,
+        tool_id=spec.tool_id,
+        target=spec.target,
+        command=spec.command,
+        parameters=parameters or {},
+        limits=limits(**limit_overrides),
+        grants=grants or Grants(),
+        credentials=bool(spec.credentials),
     )
 
 
@@ -511,15 +522,7 @@ async def test_a_tool_called_again_gets_a_warm_sandbox_of_its_grant_with_its_mod
     runtime: IsolationRuntime, tmp_path: Path
 ) -> None:
     grants = Grants(binds=parse_filesystem_permissions([str(tmp_path)]))
-    spec = spec_of(hostile_tools.preloaded)
-    call = IsolatedCall(
-        isolation=spec.isolation,
-        tool_id=spec.tool_id,
-        target=spec.target,
-        parameters={},
-        limits=limits(),
-        grants=grants,
-    )
+    call = call_of(hostile_tools.preloaded, grants=grants)
     first = await run(runtime, hostile_tools.preloaded, grants=grants)
     assert first.result == {"text": "imported in the call"}  # a file grant: started cold
 
@@ -531,14 +534,7 @@ async def test_a_tool_called_again_gets_a_warm_sandbox_of_its_grant_with_its_mod
     assert second.result == {"text": "imported before"}
     other = Grants(binds=parse_filesystem_permissions([str(tmp_path), "/etc/ssl"]))
     assert not runtime.warm_for(
-        IsolatedCall(
-            isolation=spec.isolation,
-            tool_id=spec.tool_id,
-            target=spec.target,
-            parameters={},
-            limits=limits(),
-            grants=other,
-        )
+        call_of(hostile_tools.preloaded, grants=other)
     )  # another grant shape is another pool: never a sandbox that sees more or less
     await still_serving(runtime)
 
@@ -579,15 +575,7 @@ async def test_a_tools_module_is_imported_once_by_the_fork_server_not_by_each_ca
 ) -> None:
     """Once a tool was called (a worker is kept warm for it), every worker forked for it
     starts with its module imported by the fork server: still a process per call."""
-    spec = spec_of(hostile_tools.imported_by)
-    call = IsolatedCall(
-        isolation=Isolation.PROCESS,
-        tool_id=spec.tool_id,
-        target=spec.target,
-        parameters={},
-        limits=limits(),
-        grants=Grants(),
-    )
+    call = call_of(hostile_tools.imported_by, isolation=Isolation.PROCESS)
     await run(runtime, hostile_tools.imported_by, isolation=Isolation.PROCESS)
 
     async def kept() -> bool:

@@ -9,12 +9,11 @@ stderr and its RPC socket handed over by the executor (``SCM_RIGHTS``), its limi
 by the job as before (:mod:`toolfleet.isolation.child`).
 
 A tool's module is imported in the server too, the first time a worker is forked for a
-call of that tool or kept warm for it (``import``, ``preload``): the workers forked
+call of that tool or kept warm for it (``import``): the workers forked
 afterwards, for every call of it, start with the module imported rather than paying
-the import per call. Module-level state made
-at import (a thread, a connection) is then the server's, and a forked worker gets a copy
-without the thread: such a tool should make it in the call, or run with
-``TOOLFLEET_ISOLATION_FORK_SERVER=false``.
+the import per call. Module-level state made at import (a thread, a connection) is
+then the server's, and a forked worker gets a copy without the thread: such a tool
+should make it in the call, or run with ``TOOLFLEET_ISOLATION_FORK_SERVER=false``.
 
 The server is the workers' parent, so it reaps them and reports each exit (status,
 CPU, peak RSS from ``wait4``) to the executor, which holds them as
@@ -106,7 +105,7 @@ class ForkServer:
         self, *, slot: int, preload: str = "", sys_path: str = "", server_import: str = ""
     ) -> Worker:
         """A new worker forked from the server (its ``ready`` still to come). The server
-        imports ``server_import`` (and ``preload``) first, once per module."""
+        imports ``server_import`` first, once per module."""
         with worker_sockets() as sockets:
             async with self._lock:  # one fork at a time: replies come in order
                 sock = self._sock
@@ -252,9 +251,9 @@ def _fork(
         control.send(json.dumps({"failed": "a fork takes two fds"}).encode())
         return
     rpc, output = fds
-    for module in {str(request.get("import") or ""), str(request.get("preload") or "")}:
-        if module:
-            _import_once(module, str(request.get("sys_path", "")))
+    module = str(request.get("import") or "")
+    if module:
+        _import_once(module, str(request.get("sys_path", "")))
     try:
         pid = os.fork()
     except OSError as exc:
@@ -299,7 +298,7 @@ _TRIED: set[str] = set()
 
 
 def _import_once(module: str, sys_path: str) -> None:
-    """Import a tool's module here, once (the first worker kept warm for it asks): every
+    """Import a tool's module here, once (the first worker forked for it asks): every
     worker forked afterwards, for any call of that tool, finds it imported. The executor
     imported the module too, to register the tool, so no code runs here that did not run
     there. A module that fails to import is left to the worker, which reports it."""

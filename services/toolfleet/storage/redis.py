@@ -5,8 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import hiredis
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.client import Pipeline
+from redis.asyncio.connection import AbstractConnection
 
 from toolfleet.coalescing import Coalescer
 
@@ -16,7 +18,43 @@ def connect_redis(url: str, *, max_connections: int = 64, wait_s: float = 30.0) 
     pool = BlockingConnectionPool.from_url(
         url, max_connections=max_connections, timeout=wait_s, health_check_interval=30
     )
+    # from_url picked the class for the URL's scheme (TCP, TLS, Unix socket); hiredis
+    # writes text as UTF-8, so a URL that asks for another encoding keeps redis-py's.
+    if str(pool.connection_kwargs.get("encoding", "utf-8")).lower() in _UTF8:
+        pool.connection_class = packed_in_c(pool.connection_class)
     return Redis(connection_pool=pool, decode_responses=False)
+
+
+def packed_in_c(base: type[AbstractConnection]) -> type[AbstractConnection]:
+    """``base`` whose commands hiredis packs into the wire format.
+
+    redis-py parses replies with hiredis but packs every command in Python: about 16 us
+    of CPU for a script call of a dozen arguments, most of what a pipelined command
+    costs the client (``bench/PROFILE.md``, eleventh pass); ``hiredis.pack_command``
+    writes the same bytes in 2 us. What hiredis refuses (a memoryview, a value that is
+    not text, bytes or a number) goes to redis-py's packer, which sends it or raises
+    its own ``DataError`` as before.
+    """
+    packed = _PACKED.get(base)
+    if packed is None:
+
+        def pack_command(self: AbstractConnection, *args: Any) -> list[bytes]:
+            name = args[0]
+            if isinstance(name, str):  # "CONFIG GET" is two words on the wire
+                args = (*name.encode().split(), *args[1:])
+            elif b" " in name:
+                args = (*name.split(), *args[1:])
+            try:
+                return [hiredis.pack_command(args)]
+            except (TypeError, UnicodeError):
+                return base.pack_command(self, *args)
+
+        packed = _PACKED[base] = type(base.__name__, (base,), {"pack_command": pack_command})
+    return packed
+
+
+_UTF8 = frozenset({"utf-8", "utf8"})
+_PACKED: dict[type[AbstractConnection], type[AbstractConnection]] = {}
 
 
 Command = Callable[[Pipeline], Any]

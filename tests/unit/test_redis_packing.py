@@ -1,0 +1,79 @@
+"""Commands packed by hiredis are the bytes redis-py's own packer writes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from redis.asyncio.connection import Connection, SSLConnection, UnixDomainSocketConnection
+from redis.exceptions import DataError
+
+from toolfleet.storage.redis import connect_redis, packed_in_c
+
+ARGUMENT = st.one_of(
+    st.text(),
+    st.binary(),
+    st.integers(),
+    st.floats(allow_nan=False, allow_infinity=False),
+)
+
+
+def both(*args: Any) -> tuple[bytes, bytes]:
+    theirs = b"".join(Connection().pack_command(*args))
+    ours = b"".join(packed_in_c(Connection)().pack_command(*args))
+    return ours, theirs
+
+
+@given(st.lists(ARGUMENT, max_size=12))
+def test_any_arguments_pack_to_the_same_bytes(arguments: list[Any]) -> None:
+    ours, theirs = both("EVALSHA", *arguments)
+    assert ours == theirs
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("CONFIG GET", "maxmemory"),  # two words in the name: sent as two arguments
+        (b"CLIENT SETNAME", b"toolfleet"),
+        ("SET", "k", "é \u2603 \U0001f600", "EX", 30),
+        ("SET", "k", 10**30),  # past 64 bits: decimal text like any other integer
+        ("SET", "k", memoryview(b"payload")),  # hiredis refuses it; redis-py sends it
+        ("SET", "k", bytearray(b"payload")),
+        ("SET", "k", "x" * 100_000),  # past redis-py's buffer cut-off
+    ],
+)
+def test_edge_arguments_pack_to_the_same_bytes(args: tuple[Any, ...]) -> None:
+    ours, theirs = both(*args)
+    assert ours == theirs
+
+
+@pytest.mark.parametrize("bad", [True, None, object(), "\ud800"])
+def test_what_redis_py_refuses_is_still_refused(bad: Any) -> None:
+    with pytest.raises((DataError, UnicodeError)) as theirs:
+        Connection().pack_command("SET", "k", bad)
+    with pytest.raises(theirs.type):
+        packed_in_c(Connection)().pack_command("SET", "k", bad)
+
+
+@pytest.mark.parametrize(
+    ("url", "base"),
+    [
+        ("redis://127.0.0.1:6379/0", Connection),
+        ("rediss://127.0.0.1:6379/0", SSLConnection),
+        ("unix:///tmp/redis.sock", UnixDomainSocketConnection),
+    ],
+)
+def test_every_scheme_keeps_its_connection_class(url: str, base: type[Connection]) -> None:
+    cls = connect_redis(url).connection_pool.connection_class
+    assert issubclass(cls, base)
+    assert cls is packed_in_c(base)
+
+
+def test_another_encoding_keeps_redis_pys_packer() -> None:
+    cls = connect_redis(
+        "redis://127.0.0.1:6379/0?encoding=latin-1"
+    ).connection_pool.connection_class
+    assert cls is Connection
+    assert cls(encoding="latin-1").pack_command("SET", "k", "é")[0].endswith(b"\xe9\r\n")

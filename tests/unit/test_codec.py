@@ -247,7 +247,8 @@ def test_an_event_without_time_is_stamped_when_encoded_and_when_decoded() -> Non
 
 
 def test_integers_past_64_bits_survive_both_modes() -> None:
-    big = {"n": 2**70, "m": -(2**70)}
+    # Just past each end of 64 bits, and values no float holds exactly.
+    big = {"n": 2**64 + 1, "m": -(2**63) - 1, "k": [3**50, -(3**50)], "u": 2**64 - 1}
     for mode in ContentMode:
         message = encode(_sample(data=big), mode)
         assert decode(key=message.key, value=message.value, headers=message.headers).data == big
@@ -288,3 +289,25 @@ def test_structured_binary_data_is_not_a_json_object() -> None:
             value=json.dumps(event).encode(),
             headers=[("content-type", STRUCTURED_CONTENT_TYPE.encode())],
         )
+
+
+def test_binary_headers_in_any_case_decode_like_lower_case() -> None:
+    binary = encode(_sample(subject="i1"), ContentMode.BINARY)
+    shouted = [(name.upper(), value) for name, value in binary.headers]
+    assert decode(key=binary.key, value=binary.value, headers=shouted) == _sample(subject="i1")
+
+
+def test_a_repeated_binary_header_takes_its_last_value() -> None:
+    binary = encode(_sample(), ContentMode.BINARY)
+    headers = [*binary.headers, ("CE_SUBJECT", b"first"), ("ce_subject", b"last")]
+    assert decode(key=binary.key, value=binary.value, headers=headers).subject == "last"
+
+
+def test_a_structured_content_type_after_another_decides_the_mode() -> None:
+    structured = encode(_sample(id="from-value"), ContentMode.STRUCTURED)
+    headers = [
+        ("content-type", b"application/json"),
+        ("ce_id", b"\xff not text"),  # a stray header is never read in structured mode
+        *structured.headers,
+    ]
+    assert decode(key=b"t1", value=structured.value, headers=headers).id == "from-value"

@@ -29,6 +29,7 @@ from typing import Any
 import orjson
 from pydantic import ValidationError
 
+from toolfleet import json_text
 from toolfleet.errors import InvalidEvent
 from toolfleet.events.envelope import Envelope, field_errors
 
@@ -98,26 +99,51 @@ def _dumps(value: dict[str, Any]) -> bytes:
         return json.dumps(value, separators=(",", ":")).encode()
 
 
-def _loads(value: bytes) -> Any:
-    try:
-        return orjson.loads(value)
-    except orjson.JSONDecodeError:
-        # orjson refuses integers past 64 bits, which are still JSON.
-        return json.loads(value)
+#: Header name -> (attribute, whether it is a ``ce_`` header), for the names toolfleet
+#: writes; any other spelling takes the general path in :func:`_header_attributes`.
+_HEADER_ATTRIBUTES: dict[str, tuple[str, bool]] = {
+    **{_CE_PREFIX + name: (name, True) for name in _KNOWN},
+    "content-type": ("datacontenttype", False),
+}
+
+
+def _announces_structured(content_type: bytes) -> bool:
+    return content_type.split(b";")[0].strip().lower().startswith(b"application/cloudevents")
 
 
 def content_mode(headers: Iterable[tuple[str, bytes]]) -> ContentMode | None:
     """The content mode the headers announce, or ``None`` if this is no CloudEvent."""
+    return _header_attributes(headers)[0]
+
+
+def _header_attributes(
+    headers: Iterable[tuple[str, bytes]],
+) -> tuple[ContentMode | None, dict[str, bytes]]:
+    """The content mode and, for binary mode, the attributes the headers carry (raw).
+
+    One pass: a ``content-type`` announcing a structured event decides at once, as the
+    binding says; otherwise ``ce_*`` headers (any case) make the event binary, the last
+    of a repeated name winning, and ``content-type`` is its ``datacontenttype``.
+    """
+    attributes: dict[str, bytes] = {}
     has_ce_headers = False
-    for name, value in headers:
-        lowered = name.lower()
-        if lowered == "content-type" and value.split(b";")[0].strip().lower().startswith(
-            b"application/cloudevents"
-        ):
-            return ContentMode.STRUCTURED
-        if lowered.startswith(_CE_PREFIX):
+    for name, raw in headers:
+        known = _HEADER_ATTRIBUTES.get(name)
+        if known is None:
+            lowered = name.lower()
+            if lowered.startswith(_CE_PREFIX):
+                known = (lowered[3:], True)
+            elif lowered == "content-type":
+                known = ("datacontenttype", False)
+            else:
+                continue
+        attribute, is_ce_header = known
+        if is_ce_header:
             has_ce_headers = True
-    return ContentMode.BINARY if has_ce_headers else None
+        elif _announces_structured(raw):
+            return ContentMode.STRUCTURED, {}
+        attributes[attribute] = raw
+    return (ContentMode.BINARY if has_ce_headers else None), attributes
 
 
 def decode(
@@ -128,14 +154,15 @@ def decode(
     Raises :class:`InvalidEvent` with a safe reason for anything that is not a valid
     CloudEvent with a JSON object as ``data``.
     """
-    mode = content_mode(headers)
+    mode, raw_attributes = _header_attributes(headers)
     if mode is None:
         raise InvalidEvent("not a CloudEvent: no ce_* headers and no structured content-type")
     try:
         if mode is ContentMode.STRUCTURED:
             attributes, data = _structured(value or b"")
         else:
-            attributes, data = _binary(headers, value or b"")
+            attributes = {name: raw.decode() for name, raw in raw_attributes.items()}
+            data = json_text.loads(value) if value else None
         if key is not None:
             attributes["partitionkey"] = key.decode()
     except (ValueError, TypeError, RecursionError):  # malformed JSON, UTF-8 or shape
@@ -143,19 +170,8 @@ def decode(
     return _to_envelope(mode, attributes, data)
 
 
-def _binary(headers: Sequence[tuple[str, bytes]], value: bytes) -> tuple[dict[str, Any], object]:
-    attributes: dict[str, Any] = {}
-    for name, raw in headers:
-        lowered = name.lower()
-        if lowered.startswith(_CE_PREFIX):
-            attributes[lowered[3:]] = raw.decode()
-        elif lowered == "content-type":
-            attributes["datacontenttype"] = raw.decode()
-    return attributes, (_loads(value) if value else None)
-
-
 def _structured(value: bytes) -> tuple[dict[str, Any], object]:
-    attributes = _loads(value)
+    attributes = json_text.loads(value)
     if not isinstance(attributes, dict):
         raise TypeError("a structured CloudEvent is a JSON object")
     data = attributes.pop("data", None)

@@ -16,7 +16,6 @@ transaction, so a poison event fails alone.
 
 from __future__ import annotations
 
-import json
 import logging
 import uuid
 from collections.abc import Sequence
@@ -29,7 +28,7 @@ from toolfleet.events.models import InvocationStatus
 from toolfleet.status.projection import Checkpoint, InvocationRow
 from toolfleet.status.service import ProjectInput
 from toolfleet.storage.errors import POSTGRES_UNAVAILABLE
-from toolfleet.storage.pg_text import escape_array, escape_json
+from toolfleet.storage.pg_text import encode_json, escape_array
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +152,7 @@ class PostgresProjection:
                 ids,
                 [c.kind for c in calls],
                 [c.occurred_at for c in calls],
-                [json.dumps(escape_json(c.detail)) for c in calls],
+                [encode_json(c.detail) for c in calls],
             )
             # Scalar text columns come back through the connection's codec: unescaped.
             fresh = {(r["source"], r["event_id"]) for r in marked}

@@ -31,6 +31,8 @@ import orjson
 from pydantic import BaseModel
 from pydantic_core import to_jsonable_python
 
+from toolfleet import json_text
+
 ESCAPE: Final = "\ue000"
 """First character of an escape: the first code point of Unicode's private use area."""
 
@@ -115,7 +117,7 @@ def encode_json(value: object) -> str:
 
 def decode_json(text: str) -> Any:
     """The value :func:`encode_json` was given."""
-    value = json.loads(text)
+    value = json_text.loads(text)
     # jsonb returns the escape character as is; ``json`` keeps the text it was given,
     # where it may be an ASCII escape.
     if ESCAPE in text or "\\ue000" in text or "\\uE000" in text:

@@ -21,19 +21,27 @@ def connect_redis(url: str, *, max_connections: int = 64, wait_s: float = 30.0) 
     # from_url picked the class for the URL's scheme (TCP, TLS, Unix socket); hiredis
     # writes text as UTF-8, so a URL that asks for another encoding keeps redis-py's.
     if str(pool.connection_kwargs.get("encoding", "utf-8")).lower() in _UTF8:
-        pool.connection_class = packed_in_c(pool.connection_class)
+        pool.connection_class = lean_connection(pool.connection_class)
     return Redis(connection_pool=pool, decode_responses=False)
 
 
-def packed_in_c(base: type[AbstractConnection]) -> type[AbstractConnection]:
-    """``base`` whose commands hiredis packs into the wire format.
+def lean_connection(base: type[AbstractConnection]) -> type[AbstractConnection]:
+    """``base`` whose commands hiredis packs and which sends no health-check ``PING``.
 
-    redis-py parses replies with hiredis but packs every command in Python: about 16 us
-    of CPU for a script call of a dozen arguments, most of what a pipelined command
-    costs the client (``bench/PROFILE.md``, eleventh pass); ``hiredis.pack_command``
-    writes the same bytes in 2 us. What hiredis refuses (a memoryview, a value that is
-    not text, bytes or a number) goes to redis-py's packer, which sends it or raises
-    its own ``DataError`` as before.
+    Packing: redis-py parses replies with hiredis but packs every command in Python:
+    about 16 us of CPU for a script call of a dozen arguments, most of what a pipelined
+    command costs the client (``bench/PROFILE.md``, eleventh pass);
+    ``hiredis.pack_command`` writes the same bytes in 2 us. What hiredis refuses (a
+    memoryview, a value that is not text, bytes or a number) goes to redis-py's packer,
+    which sends it or raises its own ``DataError`` as before.
+
+    Health checks: with ``health_check_interval`` set, redis-py sends a ``PING`` and
+    waits for it before the first command on a connection idle that long: one more
+    round trip on every hop of the first call after a rest. Commands do not retry
+    here (callers do), so the ``PING`` only moved the same ``ConnectionError`` earlier;
+    a command on a connection Redis dropped fails as the ``PING`` would have, and is
+    never executed. Pub/sub keeps its checks (``PubSub.check_health`` is its own):
+    there a dead connection would otherwise stay silent.
     """
     packed = _PACKED.get(base)
     if packed is None:
@@ -49,7 +57,12 @@ def packed_in_c(base: type[AbstractConnection]) -> type[AbstractConnection]:
             except (TypeError, UnicodeError):
                 return base.pack_command(self, *args)
 
-        packed = _PACKED[base] = type(base.__name__, (base,), {"pack_command": pack_command})
+        async def check_health(self: AbstractConnection) -> None:
+            return None
+
+        packed = _PACKED[base] = type(
+            base.__name__, (base,), {"pack_command": pack_command, "check_health": check_health}
+        )
     return packed
 
 

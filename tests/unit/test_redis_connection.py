@@ -1,16 +1,20 @@
-"""Commands packed by hiredis are the bytes redis-py's own packer writes."""
+"""The fleet's Redis connections: hiredis packs the bytes redis-py would, no idle PING."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from redis.asyncio.connection import Connection, SSLConnection, UnixDomainSocketConnection
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import DataError
 
-from toolfleet.storage.redis import connect_redis, packed_in_c
+from toolfleet.storage.redis import connect_redis, lean_connection
+
+pytestmark = pytest.mark.unit
 
 ARGUMENT = st.one_of(
     st.text(),
@@ -22,7 +26,7 @@ ARGUMENT = st.one_of(
 
 def both(*args: Any) -> tuple[bytes, bytes]:
     theirs = b"".join(Connection().pack_command(*args))
-    ours = b"".join(packed_in_c(Connection)().pack_command(*args))
+    ours = b"".join(lean_connection(Connection)().pack_command(*args))
     return ours, theirs
 
 
@@ -54,7 +58,7 @@ def test_what_redis_py_refuses_is_still_refused(bad: Any) -> None:
     with pytest.raises((DataError, UnicodeError)) as theirs:
         Connection().pack_command("SET", "k", bad)
     with pytest.raises(theirs.type):
-        packed_in_c(Connection)().pack_command("SET", "k", bad)
+        lean_connection(Connection)().pack_command("SET", "k", bad)
 
 
 @pytest.mark.parametrize(
@@ -68,7 +72,7 @@ def test_what_redis_py_refuses_is_still_refused(bad: Any) -> None:
 def test_every_scheme_keeps_its_connection_class(url: str, base: type[Connection]) -> None:
     cls = connect_redis(url).connection_pool.connection_class
     assert issubclass(cls, base)
-    assert cls is packed_in_c(base)
+    assert cls is lean_connection(base)
 
 
 def test_another_encoding_keeps_redis_pys_packer() -> None:
@@ -77,3 +81,14 @@ def test_another_encoding_keeps_redis_pys_packer() -> None:
     ).connection_pool.connection_class
     assert cls is Connection
     assert cls(encoding="latin-1").pack_command("SET", "k", "é")[0].endswith(b"\xe9\r\n")
+
+
+async def test_a_command_connection_sends_no_health_check_ping() -> None:
+    # Idle past the interval, pointed at a port nothing listens on: redis-py's check
+    # would connect to send a PING (and fail); ours goes straight to the command.
+    conn = lean_connection(Connection)(host="127.0.0.1", port=1, health_check_interval=30)
+    conn.next_health_check = asyncio.get_running_loop().time() - 60
+    await conn.check_health()
+    assert not conn.is_connected
+    with pytest.raises(RedisConnectionError):
+        await Connection(host="127.0.0.1", port=1, health_check_interval=30).check_health()

@@ -277,3 +277,30 @@ def test_secret_at_the_cut_of_a_long_string_is_masked_first() -> None:
     text = "g" * (MAX_STRING - 10) + " " + secret
     out = sanitize_parameters({"s": text})["s"]
     assert "AKIAIOSF" not in out
+
+
+def test_keys_sanitize_the_same_the_second_time() -> None:
+    # Key verdicts are remembered: a repeat must mask, redact and drop exactly as before.
+    parameters = {
+        "api_key": "abc",
+        "user@example.com": "x",
+        "capability_token": "t",
+        "city": "Paris",
+        "k" * 80: "long keys are not remembered",
+    }
+    first = sanitize_parameters(parameters)
+    assert sanitize_parameters(parameters) == first
+    assert first["api_key"] == "[REDACTED]"
+    assert "capability_token" not in first
+    assert "user@example.com" not in first
+    assert first["city"] == "Paris"
+
+
+def test_remembered_key_verdicts_stay_bounded() -> None:
+    from toolfleet.events import sanitize
+
+    for i in range(sanitize._KEY_VERDICTS_MAX + 100):
+        sanitize_parameters({f"field_{i}": 1, "password": "p", "x" * 100 + str(i): 2})
+    assert len(sanitize._KEY_VERDICTS) <= sanitize._KEY_VERDICTS_MAX
+    assert not any(len(key) > 64 for key in sanitize._KEY_VERDICTS)
+    assert sanitize_parameters({"password": "p"}) == {"password": "[REDACTED]"}

@@ -352,11 +352,36 @@ def _mapping(value: Mapping[Any, Any], depth: int, budget: _Budget) -> dict[str,
             out[TRUNCATED] = TRUNCATED
             break
         key = str(raw_key)
-        if key.lower() in _DROPPED_KEYS:
+        verdict = _KEY_VERDICTS.get(key)
+        if verdict is None:
+            verdict = _key_verdict(key)
+        masked, secret = verdict
+        if masked is None:
             continue
-        safe_key = _unique(out, _clip(mask_text(key)))
-        out[safe_key] = REDACTED if is_secret_key(key) else _value(item, depth, budget)
+        out[_unique(out, masked)] = REDACTED if secret else _value(item, depth, budget)
     return out
+
+
+#: What :func:`_key_verdict` said of the short keys seen lately: a tool's parameters
+#: repeat the same few keys, and masking and splitting each every time was a third of
+#: building an audit record. Keys come from the wire, so it is bounded and cleared
+#: when full; long keys are never kept.
+_KEY_VERDICTS: dict[str, tuple[str | None, bool]] = {}
+_KEY_VERDICTS_MAX: Final = 4_096
+_CACHED_KEY_LENGTH: Final = 64
+
+
+def _key_verdict(key: str) -> tuple[str | None, bool]:
+    """``(masked key, whether its value is a secret)``; masked key ``None``: dropped."""
+    if key.lower() in _DROPPED_KEYS:
+        verdict: tuple[str | None, bool] = (None, True)
+    else:
+        verdict = (_clip(mask_text(key)), is_secret_key(key))
+    if len(key) <= _CACHED_KEY_LENGTH:
+        if len(_KEY_VERDICTS) >= _KEY_VERDICTS_MAX:
+            _KEY_VERDICTS.clear()
+        _KEY_VERDICTS[key] = verdict
+    return verdict
 
 
 def _unique(existing: Mapping[str, Any], key: str) -> str:

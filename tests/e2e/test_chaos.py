@@ -114,13 +114,18 @@ async def run_and_tally(
     report.seconds = round(time.monotonic() - began, 1)
     # Waiting for the absence of an effect: a redelivery's late duplicate outcome.
     await asyncio.sleep(SETTLE_S)
-    return await tally(
-        report,
-        settings=fleet.settings,
-        published=published,
-        counter_url=counter_url,
-        workload=workload,
-    )
+    counting = time.monotonic()
+    print(f"CHAOS {report.test}: outcomes in after {report.seconds} s; reading back")
+    try:
+        return await tally(
+            report,
+            settings=fleet.settings,
+            published=published,
+            counter_url=counter_url,
+            workload=workload,
+        )
+    finally:
+        print(f"CHAOS {report.test}: read back in {time.monotonic() - counting:.1f} s")
 
 
 def assert_exactly_one_outcome_each(report: ChaosReport, home: Path) -> None:

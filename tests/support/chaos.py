@@ -335,6 +335,12 @@ class Located:
     envelope: Envelope
 
 
+#: How long reading a topic back may take. It takes seconds; once, in CI, a chaos test
+#: sat in its tally for ten minutes after every outcome had arrived, and nothing said
+#: where: past this, the read fails and names the partitions it could not finish.
+READ_BACK_S = 90.0
+
+
 async def read_records(settings: FleetSettings, name: TopicName) -> list[Located]:
     """Every decodable record of a topic, from the beginning up to its current end."""
     consumer = AIOKafkaConsumer(
@@ -353,7 +359,14 @@ async def read_records(settings: FleetSettings, name: TopicName) -> list[Located
         await consumer.seek_to_beginning(*parts)
         ends = await consumer.end_offsets(parts)
         remaining = {tp for tp in parts if ends[tp] > 0}
+        deadline = time.monotonic() + READ_BACK_S
         while remaining:
+            if time.monotonic() > deadline:
+                short = {
+                    tp.partition: f"at {await consumer.position(tp)} of {ends[tp]}"
+                    for tp in sorted(remaining)
+                }
+                raise AssertionError(f"{wanted} not read back in {READ_BACK_S:.0f} s: {short}")
             batch = await consumer.getmany(*remaining, timeout_ms=500)
             for records in batch.values():
                 for record in records:

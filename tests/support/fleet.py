@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.support.pipeline import Fleet
+from tests.support.pipeline import Fleet, TeardownWatch
 from tests.support.servers import kill_quietly
 from toolfleet.auth.tokens import TokenIssuer
 from toolfleet.bus.admin import ensure_topics
@@ -98,8 +98,6 @@ async def process_fleet(
     await ensure_topics(settings)
     await bootstrap(settings)
     procs = ProcessFleet(settings=settings, log_dir=home, env=fleet_env(settings, **env))
-    for service in ALL_SERVICES:
-        procs.start(service)
     assert settings.jwt_private_key_file
     assert settings.jwt_public_key_file
     issuer = TokenIssuer.from_files(
@@ -108,21 +106,25 @@ async def process_fleet(
         issuer=settings.jwt_issuer,
         audience=settings.jwt_audience,
     )
-    producer = EventProducer(settings)
-    await producer.start()
-    try:
-        async with ToolfleetClient(settings) as client:
-            running = Fleet(settings=settings, issuer=issuer, client=client, producer=producer)
-            first = await client.call(
-                "core__echo",
-                {"message": "ready?"},
-                tenant_id="t1",
-                agent_did=READY_AGENT,
-                capability_token=running.token("t1", READY_AGENT),
-                timeout=90,
-            )
-            assert first.status is InvocationStatus.SUCCESS, procs.logs()
-            yield running, procs
-    finally:
-        await producer.stop()
-        procs.stop_all()
+    async with contextlib.AsyncExitStack() as stack:
+        # Unwound last to first: the watch is armed before anything stops.
+        watch = stack.enter_context(TeardownWatch("the process fleet's teardown"))
+        stack.callback(procs.stop_all)
+        for service in ALL_SERVICES:
+            procs.start(service)
+        producer = EventProducer(settings)
+        await producer.start()
+        stack.push_async_callback(producer.stop)
+        client = await stack.enter_async_context(ToolfleetClient(settings))
+        stack.callback(watch.arm)
+        running = Fleet(settings=settings, issuer=issuer, client=client, producer=producer)
+        first = await client.call(
+            "core__echo",
+            {"message": "ready?"},
+            tenant_id="t1",
+            agent_did=READY_AGENT,
+            capability_token=running.token("t1", READY_AGENT),
+            timeout=90,
+        )
+        assert first.status is InvocationStatus.SUCCESS, procs.logs()
+        yield running, procs

@@ -43,6 +43,11 @@ AUXILIARY = ("maintenance",)
 
 Job = Callable[[asyncio.Event], Coroutine[Any, Any, None]]
 
+OBSERVED_PER_CALL = 5
+"""Lifecycle records an observer sees of one plain call (requested, authorized, invoked,
+executed, the outcome). Bounded by ``max_in_flight`` alone, audit and status fell seconds
+behind a saturated fleet (the bench's "caught up" figure), a backlog that only grew."""
+
 
 @dataclass(frozen=True, kw_only=True)
 class Resources:
@@ -87,6 +92,18 @@ class Resources:
             topics=[self.topic(name) for name in route.topics],
             auto_offset_reset=route.auto_offset_reset,
             **options,
+        )
+
+    def observer_spec(self, route: routing.Consumer) -> ConsumerSpec:
+        """The spec of an observer (audit, status): off the critical path, it fetches at
+        observer pace, and it holds :data:`OBSERVED_PER_CALL` times the records of a
+        critical consumer in flight, one call's worth for each it sees of a call."""
+        wait_ms = self.settings.observer_fetch_max_wait_ms
+        return self.spec(
+            route,
+            max_in_flight=self.settings.max_in_flight * OBSERVED_PER_CALL,
+            fetch_max_wait_ms=wait_ms,
+            wake_delay_ms=wait_ms,
         )
 
     def consumer(

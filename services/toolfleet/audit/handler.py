@@ -29,10 +29,5 @@ async def build(res: Resources) -> list[EventConsumer]:
             for event in events
         ]
 
-    spec = res.spec(
-        routing.AUDIT_CONSUMER,
-        max_in_flight=res.settings.max_in_flight,
-        fetch_max_wait_ms=res.settings.observer_fetch_max_wait_ms,
-        wake_delay_ms=res.settings.observer_fetch_max_wait_ms,
-    )
+    spec = res.observer_spec(routing.AUDIT_CONSUMER)
     return [res.consumer(spec, ByBatch(handle))]

@@ -28,11 +28,6 @@ async def build(res: Resources) -> list[EventConsumer]:
         await projector.on_events([event.envelope for event in events])
         return []
 
-    spec = res.spec(
-        routing.STATUS_CONSUMER,
-        max_in_flight=res.settings.max_in_flight,
-        fetch_max_wait_ms=res.settings.observer_fetch_max_wait_ms,
-        wake_delay_ms=res.settings.observer_fetch_max_wait_ms,
-    )
+    spec = res.observer_spec(routing.STATUS_CONSUMER)
     # Projection is idempotent in Postgres (projected_events): no Redis dedupe needed.
     return [res.consumer(spec, ByBatch(handle), dedupe=False)]

@@ -1,0 +1,33 @@
+"""Observers (audit, status) fetch at their own pace and hold every hop of the calls the
+critical path holds: bounded by ``max_in_flight`` alone, they fell behind a saturated
+fleet (``bench/e2e_bench.py``'s "caught up" figure)."""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+from toolfleet.events import routing
+from toolfleet.settings import FleetSettings
+from toolfleet.worker import OBSERVED_PER_CALL, Resources
+
+
+def resources(**settings: Any) -> Resources:
+    unused = cast(Any, None)  # specs are built from settings alone
+    return Resources(
+        settings=FleetSettings(**settings),
+        producer=unused,
+        redis=unused,
+        pool=unused,
+        worker_id="w1",
+    )
+
+
+def test_observers_hold_every_hop_of_the_calls_a_critical_consumer_holds() -> None:
+    res = resources(max_in_flight=100, observer_fetch_max_wait_ms=40, topic_prefix="p.")
+    for route in (routing.AUDIT_CONSUMER, routing.STATUS_CONSUMER):
+        spec = res.observer_spec(route)
+        assert spec.max_in_flight == 100 * OBSERVED_PER_CALL
+        assert spec.fetch_max_wait_ms == 40
+        assert spec.wake_delay_ms == 40
+        assert spec.group_id == f"p.{route.group}"
+        assert sorted(spec.topics) == sorted(f"p.{name}" for name in route.topics)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from opentelemetry import trace as otel_trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -24,6 +25,7 @@ def exported(monkeypatch: pytest.MonkeyPatch) -> Iterator[InMemorySpanExporter]:
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     monkeypatch.setattr(tracing, "_tracer", provider.get_tracer("toolfleet"))
     monkeypatch.setattr(tracing, "_recording", True)
+    monkeypatch.setattr(tracing, "_provider", provider)
     yield exporter
     provider.shutdown()
 
@@ -32,7 +34,45 @@ def exported(monkeypatch: pytest.MonkeyPatch) -> Iterator[InMemorySpanExporter]:
 def not_exported(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(tracing, "_tracer", tracing._tracer)
     monkeypatch.setattr(tracing, "_recording", tracing._recording)
+    monkeypatch.setattr(tracing, "_provider", tracing._provider)
     tracing.configure_tracing(service="executor", exporter="none")
+
+
+@pytest.fixture
+def library(monkeypatch: pytest.MonkeyPatch) -> None:
+    """toolfleet inside an application that never configured its tracing (the SDK)."""
+    monkeypatch.setattr(tracing, "_recording", True)
+    monkeypatch.setattr(tracing, "_provider", None)
+    monkeypatch.setattr(otel_trace, "_TRACER_PROVIDER", None)
+    monkeypatch.setattr(tracing, "_tracer", otel_trace.get_tracer("toolfleet"))
+
+
+def test_in_an_application_without_opentelemetry_a_span_costs_no_parsing(
+    library: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def parsed(*_: object) -> None:
+        raise AssertionError("the trace context was parsed for a span nobody records")
+
+    monkeypatch.setattr(tracing, "_context_of", parsed)
+    with tracing.span("send x", traceparent=REQUEST) as current:
+        assert not current.is_recording()
+    assert not tracing.recording()
+
+
+def test_the_sdks_spans_join_the_applications_provider_once_it_installs_one(
+    library: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    with tracing.span("send x", traceparent=REQUEST) as before:
+        assert not before.is_recording()
+    monkeypatch.setattr(otel_trace, "_TRACER_PROVIDER", provider)  # the app's set_tracer_provider
+    with tracing.span("send x", traceparent=REQUEST) as current:
+        assert current.is_recording()
+    (finished,) = exporter.get_finished_spans()
+    assert format(finished.context.trace_id, "032x") == TRACE_ID
+    provider.shutdown()
 
 
 def test_an_exported_span_is_a_child_of_the_requests_trace(

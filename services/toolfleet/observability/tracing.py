@@ -120,7 +120,7 @@ def span(
     attributes: dict[str, str | int] | None = None,
 ) -> Iterator[Span]:
     """A span; given a ``traceparent`` it becomes that remote trace's child."""
-    if not _recording:  # nothing would record it: skip parsing the trace context too
+    if not _records():  # nothing would record it: skip parsing the trace context too
         yield trace.INVALID_SPAN
         return
     with _tracer.start_as_current_span(
@@ -130,8 +130,19 @@ def span(
 
 
 def recording() -> bool:
-    """Whether spans are recorded (an exporter is configured)."""
-    return _recording
+    """Whether spans are recorded (see :func:`_records`)."""
+    return _records()
+
+
+def _records() -> bool:
+    """Whether a span started now is recorded: tracing configured here with an exporter
+    (a worker, the API), or, in a process that never configured it (the SDK inside an
+    agent platform), once the application installed OpenTelemetry's global provider.
+    Until then the API's spans are no-ops, and building one cost the client about 11 us
+    per call for nothing."""
+    if _provider is not None:
+        return True
+    return _recording and not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
 
 
 @contextmanager
@@ -144,7 +155,7 @@ def batch_span(
     """One consumer span for records handled together, linked to each record's trace
     (OpenTelemetry's messaging conventions for batch processing). When every record
     belongs to one trace, the span is also that trace's child, so the trace shows it."""
-    if not _recording:
+    if not _records():
         yield trace.INVALID_SPAN
         return
     links: list[trace.Link] = []
@@ -181,7 +192,7 @@ def trace_root(
     service; for any other event this is a no-op.
     """
     parsed = parse_traceparent(traceparent)
-    if not _recording or parsed is None or traceparent != derived_traceparent(source, event_id):
+    if not _records() or parsed is None or traceparent != derived_traceparent(source, event_id):
         yield trace.INVALID_SPAN
         return
     ids = _root_ids.set((int(parsed.trace_id, 16), int(parsed.parent_id, 16)))

@@ -11,6 +11,7 @@ import pytest
 from aiokafka import TopicPartition
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from tests.support.eventually import eventually
 from toolfleet.bus.fetch_wait import (
     FAST_RING_EVERY_S,
     FetchPace,
@@ -223,15 +224,21 @@ async def test_a_fast_ring_names_each_partition_s_last_offset_at_most_every_two_
 
 
 async def test_marks_left_within_a_spell_ring_at_its_end_without_another_send() -> None:
-    redis = Publishes()
-    signal = TrafficSignal(redis, channel="c")  # type: ignore[arg-type]  # a real clock
+    clock, redis = Clock(), Publishes()
+    signal = TrafficSignal(redis, channel="c", clock=clock)  # type: ignore[arg-type]
     signal.announce("a", 0, 1)
     await rung(signal)
+    clock.now += FAST_RING_EVERY_S / 2
     signal.announce("a", 0, 2)  # within the spell: no ring now
     await rung(signal)
     assert redis.on(fast_channel("c", "a")) == [["a 0:1"]]
-    await asyncio.sleep(FAST_RING_EVERY_S * 3)
-    assert redis.on(fast_channel("c", "a")) == [["a 0:1"], ["a 0:2"]]
+    clock.now += FAST_RING_EVERY_S  # the spell is over; its end's timer rings the mark
+
+    async def trailing_ring() -> bool:
+        await rung(signal)
+        return redis.on(fast_channel("c", "a")) == [["a 0:1"], ["a 0:2"]]
+
+    await eventually(trailing_ring, timeout=5.0, interval=0.001)
     await signal.close()
 
 

@@ -122,6 +122,10 @@ class Costs:
     """The same of their twins: which hop a rest slows."""
     rss_mb_after_warmup: dict[str, float] | None = None
     rss_mb_after_run: dict[str, float] | None = None
+    client_cpu_ms_per_inv: float | None = None
+    """The bench's own client (``CLIENT``) per saturated call: reported, not counted above
+    (the baseline's client is not either)."""
+    client_paced_cpu_ms_per_call: float | None = None
     observers_behind_s: float = 0.0
     """After the saturated phase's last outcome, how long audit and status took to commit
     every lifecycle record: work the throughput figure leaves out, and the cost counts."""
@@ -409,10 +413,9 @@ class Observers:
         prefix = self.settings.topic_prefix
         names = {topic(prefix, name) for route in routes for name in route.topics}
         parts = [TopicPartition(n, p) for n in names for p in range(self.settings.topic_partitions)]
-        ends = await self._end_offsets(parts)
         behind = 0
         for route in routes:
-            # A consumer of the group that never joins it: it only reads its offsets.
+            # A consumer of the group that never joins it: it only reads offsets.
             group = AIOKafkaConsumer(
                 **connection_kwargs(self.settings),
                 group_id=f"{prefix}{route.group}",
@@ -420,6 +423,7 @@ class Observers:
             )
             await group.start()
             try:
+                ends = await group.end_offsets(parts)
                 done = await asyncio.gather(*(group.committed(tp) for tp in parts))
             finally:
                 await group.stop()
@@ -435,15 +439,6 @@ class Observers:
                 raise TimeoutError(f"audit and status did not catch up in {limit_s} s")
             await asyncio.sleep(0.25)  # each look asks 144 committed offsets of the broker
         return time.monotonic() - began
-
-    async def _end_offsets(self, parts: list[TopicPartition]) -> dict[TopicPartition, int]:
-        consumer = AIOKafkaConsumer(**connection_kwargs(self.settings), enable_auto_commit=False)
-        await consumer.start()
-        try:
-            ends: dict[TopicPartition, int] = await consumer.end_offsets(parts)
-            return ends
-        finally:
-            await consumer.stop()
 
 
 async def settle(observers: Observers, *, quiet: float = 0.25, limit_s: float = 180) -> None:
@@ -467,22 +462,22 @@ def costs_of(
     paced_cpu: dict[str, CpuReading],
     observers_behind_s: float = 0.0,
 ) -> Costs:
-    per = max(completed, 1)
+    per, paced_n = max(completed, 1), max(len(paced), 1)
     ordered = sorted(paced)
+    client, paced_client = cpu.get(CLIENT), paced_cpu.get(CLIENT)
+    cpu = {name: r for name, r in cpu.items() if name != CLIENT}
+    paced_cpu = {name: r for name, r in paced_cpu.items() if name != CLIENT}
     return Costs(
-        # The bench's own client is reported, not counted (the baseline's is not either).
-        cpu_ms_per_inv=sum(r.cpu_s for name, r in cpu.items() if name != CLIENT) / per * 1000,
+        cpu_ms_per_inv=sum(r.cpu_s for r in cpu.values()) / per * 1000,
         cpu_ms_by_process={name: r.cpu_s / per * 1000 for name, r in cpu.items()},
         paced_p50_ms=ordered[len(ordered) // 2] * 1000 if ordered else float("nan"),
         paced_p99_ms=ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] * 1000
         if ordered
         else float("nan"),
-        paced_cpu_ms_per_call=sum(r.cpu_s for name, r in paced_cpu.items() if name != CLIENT)
-        / max(len(paced), 1)
-        * 1000,
-        paced_cpu_ms_by_process={
-            name: r.cpu_s / max(len(paced), 1) * 1000 for name, r in paced_cpu.items()
-        },
+        paced_cpu_ms_per_call=sum(r.cpu_s for r in paced_cpu.values()) / paced_n * 1000,
+        paced_cpu_ms_by_process={name: r.cpu_s / paced_n * 1000 for name, r in paced_cpu.items()},
+        client_cpu_ms_per_inv=client.cpu_s / per * 1000 if client else None,
+        client_paced_cpu_ms_per_call=paced_client.cpu_s / paced_n * 1000 if paced_client else None,
         observers_behind_s=observers_behind_s,
     )
 
@@ -844,16 +839,15 @@ def costs_table(fleet: RunResult | None, base: RunResult, celery: dict[str, Any]
                      f"{bc.paced_p50_ms:.1f}/{bc.paced_p99_ms:.1f} ms "
                      f"({bc.paced_cpu_ms_per_call:.1f} ms CPU/call)")  # fmt: skip
     if fc is not None:
-        by_process = {k: v for k, v in fc.cpu_ms_by_process.items() if k != CLIENT}
-        paced_by = {k: v for k, v in fc.paced_cpu_ms_by_process.items() if k != CLIENT}
         lines.append(f"fleet:    {fc.cpu_ms_per_inv:.2f} ms CPU/inv "
-                     f"(by process: {_fmt(by_process)}), paced p50/p99 "
+                     f"(by process: {_fmt(fc.cpu_ms_by_process)}), paced p50/p99 "
                      f"{fc.paced_p50_ms:.1f}/{fc.paced_p99_ms:.1f} ms "
-                     f"({fc.paced_cpu_ms_per_call:.1f} ms CPU/call: {_fmt(paced_by)})")  # fmt: skip
-        if CLIENT in fc.cpu_ms_by_process:
-            paced_client = fc.paced_cpu_ms_by_process.get(CLIENT, 0.0)
+                     f"({fc.paced_cpu_ms_per_call:.1f} ms CPU/call: "
+                     f"{_fmt(fc.paced_cpu_ms_by_process)})")  # fmt: skip
+        if fc.client_cpu_ms_per_inv is not None:
+            paced_client = fc.client_paced_cpu_ms_per_call or 0.0
             lines.append(f"the bench's client (publishing, watching; not counted above): "
-                         f"{fc.cpu_ms_by_process[CLIENT]:.2f} ms CPU/inv saturated, "
+                         f"{fc.client_cpu_ms_per_inv:.2f} ms CPU/inv saturated, "
                          f"{paced_client:.1f} ms per paced call")  # fmt: skip
         lines.append(f"audit and status caught up {fc.observers_behind_s:.1f} s after the "
                      "last outcome")  # fmt: skip

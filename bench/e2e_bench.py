@@ -44,6 +44,7 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -57,13 +58,16 @@ from toolfleet.events.types import EventType, Source, TopicName, topic
 from toolfleet.settings import FleetSettings
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from probes import CpuMeter, CpuReading, children_named, rss_mb
+from probes import CpuMeter, CpuReading, children_named, listening_pids, rss_mb
 
 BENCH_DIR = Path(__file__).resolve().parent
 RESULTS_DIR = BENCH_DIR / "results"
 WORKERS = ("policy", "executor", "validator", "audit", "status")
 CLIENT = "client"
 """This process in CPU readings: the fleet's ``ToolfleetClient`` (publishing, watching)."""
+SERVERS = {"postgres": 5432, "redis": 6379}
+"""The servers the fleet uses, by default port, in CPU readings (each server process with
+its children, found by the port it listens on): reported apart, like ``CLIENT``."""
 MAX_N = 100_000
 BASELINE_HOPS = ("requested", "authorized", "executed", "results")
 
@@ -126,6 +130,9 @@ class Costs:
     """The bench's own client (``CLIENT``) per saturated call: reported, not counted above
     (the baseline's client is not either)."""
     client_paced_cpu_ms_per_call: float | None = None
+    servers_cpu_ms_per_inv: dict[str, float] = dataclasses.field(default_factory=dict)
+    """Postgres and Redis (``SERVERS``) per saturated call: on the same cores as the fleet,
+    so part of what its throughput pays for, though not counted in ``cpu_ms_per_inv``."""
     observers_behind_s: float = 0.0
     """After the saturated phase's last outcome, how long audit and status took to commit
     every lifecycle record: work the throughput figure leaves out, and the cost counts."""
@@ -465,8 +472,9 @@ def costs_of(
     per, paced_n = max(completed, 1), max(len(paced), 1)
     ordered = sorted(paced)
     client, paced_client = cpu.get(CLIENT), paced_cpu.get(CLIENT)
-    cpu = {name: r for name, r in cpu.items() if name != CLIENT}
-    paced_cpu = {name: r for name, r in paced_cpu.items() if name != CLIENT}
+    servers = {name: r for name, r in cpu.items() if name in SERVERS}
+    cpu = {name: r for name, r in cpu.items() if name != CLIENT and name not in SERVERS}
+    paced_cpu = {name: r for name, r in paced_cpu.items() if name != CLIENT and name not in SERVERS}
     return Costs(
         cpu_ms_per_inv=sum(r.cpu_s for r in cpu.values()) / per * 1000,
         cpu_ms_by_process={name: r.cpu_s / per * 1000 for name, r in cpu.items()},
@@ -478,6 +486,7 @@ def costs_of(
         paced_cpu_ms_by_process={name: r.cpu_s / paced_n * 1000 for name, r in paced_cpu.items()},
         client_cpu_ms_per_inv=client.cpu_s / per * 1000 if client else None,
         client_paced_cpu_ms_per_call=paced_client.cpu_s / paced_n * 1000 if paced_client else None,
+        servers_cpu_ms_per_inv={name: r.cpu_s / per * 1000 for name, r in servers.items()},
         observers_behind_s=observers_behind_s,
     )
 
@@ -664,7 +673,8 @@ async def measure_fleet(
         groups.update({name: [pid] for name, pid in workers.items()})
         observers = Observers({name: groups[name] for name in ("audit", "status")}, settings)
         await settle(observers)  # audit and status catch up with the warm-up first
-        meter = CpuMeter({**groups, CLIENT: [os.getpid()]}, alone=[CLIENT])
+        apart = {CLIENT: [os.getpid()], **server_pids(settings)}
+        meter = CpuMeter({**groups, **apart}, alone=[CLIENT])
         traced = {}
         paced_calls: dict[str, tuple[float, float]] = {}
 
@@ -736,6 +746,19 @@ class Phase:
         return costs_of(
             self.cpu, len(self.latencies), self.paced, self.paced_cpu, self.observers_behind_s
         )
+
+
+def server_pids(settings: FleetSettings) -> dict[str, list[int]]:
+    """``SERVERS`` the fleet's settings point at on this machine, by name: the process
+    listening on each one's port (none where it is elsewhere or cannot be read)."""
+    urls = {"postgres": settings.database_url, "redis": settings.redis_url}
+    ports: dict[str, int] = {}
+    for name, url in urls.items():
+        parts = urlsplit(url)
+        if parts.hostname in ("127.0.0.1", "localhost", "::1"):
+            ports[name] = parts.port or SERVERS[name]
+    pids = listening_pids(ports.values())
+    return {name: [pids[port]] for name, port in ports.items() if port in pids}
 
 
 async def measure_phase(
@@ -849,6 +872,9 @@ def costs_table(fleet: RunResult | None, base: RunResult, celery: dict[str, Any]
             lines.append(f"the bench's client (publishing, watching; not counted above): "
                          f"{fc.client_cpu_ms_per_inv:.2f} ms CPU/inv saturated, "
                          f"{paced_client:.1f} ms per paced call")  # fmt: skip
+        if fc.servers_cpu_ms_per_inv:
+            lines.append(f"servers on the same cores (not counted above): "
+                         f"{_fmt(fc.servers_cpu_ms_per_inv, 2)} ms CPU/inv saturated")  # fmt: skip
         lines.append(f"audit and status caught up {fc.observers_behind_s:.1f} s after the "
                      "last outcome")  # fmt: skip
         if fc.paced_hops_ms:

@@ -90,6 +90,22 @@ class CpuMeter:
         return readings
 
 
+def listening_pids(ports: Iterable[int]) -> dict[int, int]:
+    """The pid of the process listening on each of ``ports`` (TCP, this machine), where
+    one does and may be read: a server the benchmark did not start (Postgres, Redis)."""
+    wanted = set(ports)
+    found: dict[int, int] = {}
+    try:
+        connections = psutil.net_connections(kind="tcp")
+    except psutil.AccessDenied:
+        return found
+    for conn in connections:
+        listening = conn.status == psutil.CONN_LISTEN and conn.pid is not None
+        if listening and conn.laddr and conn.laddr.port in wanted:
+            found.setdefault(conn.laddr.port, conn.pid)
+    return found
+
+
 def rss_mb(pids: Iterable[int]) -> dict[int, float]:
     """Resident set size of each process under ``pids`` (children included), in MB."""
     sizes: dict[int, float] = {}

@@ -10,14 +10,19 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from pydantic import BaseModel
+from pydantic_core import to_jsonable_python
 
 from toolfleet.storage.pg_text import (
     ESCAPE,
     decode_json,
     encode_json,
     escape_array,
+    escape_json,
     escape_text,
+    jsonable,
     unescape_array,
+    unescape_json,
     unescape_text,
 )
 
@@ -100,3 +105,18 @@ def test_arrays_round_trip(values: list[str | None]) -> None:
     assert all(v is None or storable(v) for v in stored)
     assert unescape_array(stored) == values
     assert unescape_array(None) is None
+
+
+class _Holder(BaseModel):
+    details: dict[str, Any]
+    items: list[Any]
+
+
+@given(st.dictionaries(tricky, json_value, max_size=4), st.lists(json_value, max_size=3))
+def test_jsonable_keeps_every_text_as_sent(details: dict[str, Any], items: list[Any]) -> None:
+    model = _Holder(details=details, items=items)
+    # What it gives is what the escaping serializer pass gives, surrogates and NUL kept.
+    escaped = unescape_json(to_jsonable_python(escape_json(model.model_dump())))
+    assert jsonable(model) == escaped
+    assert jsonable(model) == {"details": details, "items": items}
+    assert decode_json(encode_json(jsonable(model))) == escaped

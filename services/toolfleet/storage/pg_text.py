@@ -43,7 +43,10 @@ _ESCAPED: Final = re.compile("\ue000([0-9a-f]{4})")
 
 def escape_text(text: str) -> str:
     """``text`` with NUL, surrogates and :data:`ESCAPE` escaped (unchanged if none)."""
-    if _REFUSED.search(text) is None:
+    if text.isascii():  # of the three, only NUL is ASCII (the common case: two C scans)
+        if "\x00" not in text:
+            return text
+    elif _REFUSED.search(text) is None:
         return text
     return _REFUSED.sub(lambda m: f"{ESCAPE}{ord(m.group()):04x}", text)
 
@@ -97,10 +100,15 @@ def jsonable(model: BaseModel, *, include: set[str] | None = None) -> dict[str, 
     pydantic's JSON mode cannot encode a lone surrogate in an object key (nested in a
     free-form member it raises, at the top it writes replacement characters), and tool
     output may carry one. So the texts are escaped around the one serializer pass."""
-    dumped: dict[str, Any] = unescape_json(
-        to_jsonable_python(escape_json(model.model_dump(include=include)))
-    )
-    return dumped
+    dumped = model.model_dump(include=include)
+    try:
+        # orjson refuses a lone surrogate anywhere (key or value): none, no escaping.
+        orjson.dumps(dumped, option=orjson.OPT_NON_STR_KEYS)
+    except TypeError:
+        escaped: dict[str, Any] = unescape_json(to_jsonable_python(escape_json(dumped)))
+        return escaped
+    plain: dict[str, Any] = to_jsonable_python(dumped)
+    return plain
 
 
 def encode_json(value: object) -> str:

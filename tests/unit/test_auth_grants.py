@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import base64
+import hashlib
+import hmac
 import json
 from pathlib import Path
 from typing import Any
@@ -12,11 +14,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from toolfleet.auth import jws
 from toolfleet.auth.grants import (
+    TYP,
     GrantKeyError,
     GrantSigner,
     GrantVerifier,
     ensure_grant_key,
+    grant_kid,
     load_grant_keys,
     parameters_hash,
     rotate_grant_key,
@@ -227,3 +232,58 @@ def test_a_grant_binds_the_calls_document_context() -> None:
     # A grant issued without documents does not let an edited event add some.
     with pytest.raises(PermissionDenied, match="other documents"):
         verifier.verify(_grant(), **_bound(CALL), document_context=DOCS)
+
+
+def _signed_with_key(claims: dict[str, Any]) -> str:
+    """``claims`` signed with the fleet's grant key: a grant only a key holder can make."""
+    return jws.HS256Signer(KEY, {"kid": grant_kid(KEY), "typ": TYP}).sign(claims)
+
+
+def _claims_of(grant: str) -> dict[str, Any]:
+    payload = grant.split(".")[1]
+    claims: dict[str, Any] = json.loads(
+        base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4))
+    )
+    return claims
+
+
+def test_a_grant_re_signed_with_the_key_verifies() -> None:
+    # The premise of the tests below: the same claims re-signed here pass.
+    _verifier().verify(_signed_with_key(_claims_of(_grant())), **_bound(CALL))
+
+
+@pytest.mark.parametrize(
+    ("claim", "value"),
+    [
+        ("iss", "toolfleet/someone-else"),
+        ("aud", "toolfleet/another-service"),
+        ("aud", ["toolfleet/executor"]),  # grants name one audience, as a string
+    ],
+)
+def test_a_grant_for_another_issuer_or_audience_is_denied(claim: str, value: Any) -> None:
+    claims = {**_claims_of(_grant()), claim: value}
+    with pytest.raises(PermissionDenied, match="execution grant is invalid"):
+        _verifier().verify(_signed_with_key(claims), **_bound(CALL))
+
+
+@pytest.mark.parametrize("claim", ["iss", "aud", "iat", "exp", "jti", "tool_version", "cap_jti"])
+@pytest.mark.parametrize("absent", [True, False])
+def test_a_grant_without_a_required_claim_is_denied(claim: str, absent: bool) -> None:
+    claims = _claims_of(_grant())
+    if absent:
+        del claims[claim]
+    else:
+        claims[claim] = None
+    with pytest.raises(PermissionDenied, match=f"lacks the '{claim}' claim"):
+        _verifier().verify(_signed_with_key(claims), **_bound(CALL))
+
+
+def test_a_signed_payload_that_is_not_a_json_object_is_denied() -> None:
+    signer = jws.HS256Signer(KEY, {"kid": grant_kid(KEY), "typ": TYP})
+    for payload in (b"[1, 2]", b"not json", b"\xff\xfe"):
+        head = signer.sign({}).split(".")[0]
+        body = base64.urlsafe_b64encode(payload).rstrip(b"=").decode()
+        mac = hmac.new(KEY, f"{head}.{body}".encode(), hashlib.sha256).digest()
+        sig = base64.urlsafe_b64encode(mac).rstrip(b"=").decode()
+        with pytest.raises(PermissionDenied, match="malformed"):
+            _verifier().verify(f"{head}.{body}.{sig}", **_bound(CALL))

@@ -13,6 +13,7 @@ import hashlib
 import hmac
 import json
 import re
+from collections.abc import Callable
 from typing import Any
 
 from toolfleet.errors import PermissionDenied
@@ -46,14 +47,49 @@ def segments(jws: object, *, what: str) -> list[bytes]:
 
 def header(jws: object, *, what: str) -> dict[str, Any]:
     """The JOSE header of a canonical compact JWS (unverified)."""
-    raw = segments(jws, what=what)[0]
+    return _json_object(segments(jws, what=what)[0], what=what)
+
+
+def _json_object(raw: bytes, *, what: str) -> dict[str, Any]:
     try:
         parsed = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         raise PermissionDenied(f"{what} is malformed") from None
     if not isinstance(parsed, dict):
         raise PermissionDenied(f"{what} is malformed")
     return parsed
+
+
+class HS256Verified:
+    """A compact JWS whose HMAC-SHA256 signature was checked: its header and claims."""
+
+    __slots__ = ("claims", "header")
+
+    def __init__(self, header: dict[str, Any], claims: dict[str, Any]) -> None:
+        self.header = header
+        self.claims = claims
+
+
+def verify_hs256(
+    jws: object, key_of: Callable[[dict[str, Any]], bytes], *, what: str
+) -> HS256Verified:
+    """Check the HMAC-SHA256 signature of a canonical compact JWS and parse its claims.
+
+    ``key_of`` gets the (unverified) header and returns the key, or raises
+    :class:`PermissionDenied` (an unknown ``kid``, a header it refuses). The signature
+    is compared in constant time over the exact signing input; nothing of the payload
+    is parsed before it verified. Claims are not checked here (issuer, audience, times:
+    the caller's), only that the payload is a JSON object.
+    """
+    raw_header, raw_payload, signature = segments(jws, what=what)
+    head = _json_object(raw_header, what=what)
+    key = key_of(head)
+    assert isinstance(jws, str)  # segments() refused anything else
+    signing_input = jws[: jws.rindex(".")].encode("ascii")  # base64url: ASCII only
+    expected = hmac.new(key, signing_input, hashlib.sha256).digest()
+    if not hmac.compare_digest(expected, signature):
+        raise PermissionDenied(f"{what} signature is invalid")
+    return HS256Verified(head, _json_object(raw_payload, what=what))
 
 
 class HS256Signer:

@@ -119,6 +119,9 @@ def test_the_shortest_matches_are_not_skipped() -> None:
     assert mask_text("+1 23 45") == "[REDACTED:phone]"
     assert mask_text("1.2.3.4") == "[REDACTED:ip]"
     assert mask_text("eyJa.b.") == "[REDACTED:jwt]"
+    # The fewest digits each digit rule can match: 13 (a card), 9, 5, 4.
+    assert mask_text("4222222222222") == "[REDACTED:card]"
+    assert mask_text("123-45-6789") == "[REDACTED:ssn]"
 
 
 @given(

@@ -148,8 +148,9 @@ class _Rule:
     """A substring of every match."""
     folded: str | None = None
     """A substring of every match, ignoring case (tested on ASCII text only)."""
-    digits: bool = False
-    """Every match holds a decimal digit (``\\d``)."""
+    digits: int = 0
+    """Decimal digits (``\\d``) every match holds at least (counted in ASCII text; in other
+    text, any digit at all passes)."""
     replacement: str | Callable[[re.Match[str]], str] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -224,14 +225,14 @@ _RULES: Final[tuple[_Rule, ...]] = (
         pattern=re.compile(r"(?<!\d)\d(?:[ -]?\d){12,18}(?!\d)"),
         replace=_card,
         min_length=13,
-        digits=True,
+        digits=13,
     ),
     _Rule(
         kind="ssn",
         pattern=re.compile(r"(?<!\d)\d{3}-\d{2}-\d{4}(?!\d)"),
         min_length=11,
         literal="-",
-        digits=True,
+        digits=9,
     ),
     _Rule(
         kind="phone",
@@ -240,18 +241,19 @@ _RULES: Final[tuple[_Rule, ...]] = (
             r"|(?<![\w.])\(?\d{3}\)?[ .-]\d{3}[ .-]\d{4}(?!\d)"
         ),
         min_length=6,
-        digits=True,
+        digits=5,
     ),
     _Rule(
         kind="ip",
         pattern=re.compile(rf"(?<!\d)(?<!\d\.){_OCTET}(?:\.{_OCTET}){{3}}(?!\.?\d)"),
         min_length=7,
         literal=".",
-        digits=True,
+        digits=4,
     ),
 )
 _SHORTEST_MATCH: Final = min(rule.min_length for rule in _RULES)
 _DIGIT: Final = re.compile(r"\d")
+_DROP_ASCII_DIGITS: Final = str.maketrans("", "", "0123456789")
 #: An RFC 3339 timestamp as pydantic and the codec write them (lifecycle events carry
 #: several). No rule matches one: it has no letter run, no "@", at most eight digits
 #: joined by single "-", one "." and no "+" that does not follow a digit.
@@ -273,15 +275,19 @@ def mask_text(text: str) -> str:
     # Taken from the text as it came: a mask replaces a match with "[REDACTED:<kind>]",
     # which holds no digit and cannot complete "bearer" or "basic" with its neighbours,
     # so a later rule can only lose, never gain, what these say the text holds.
-    folded = text.lower() if text.isascii() else None
-    has_digit = _DIGIT.search(text) is not None
     size = len(text)
+    if text.isascii():
+        folded: str | None = text.lower()
+        digit_count = size - len(text.translate(_DROP_ASCII_DIGITS))
+    else:  # ``\d`` matches digits of every script: any one lets every rule run
+        folded = None
+        digit_count = size if _DIGIT.search(text) is not None else 0
     for min_length, literal, folded_literal, digits, sub, replacement in _GUARDED:
         if (
             size < min_length
             or (literal is not None and literal not in text)
             or (folded_literal is not None and folded is not None and folded_literal not in folded)
-            or (digits and not has_digit)
+            or digits > digit_count
         ):
             continue
         text = sub(replacement, text)

@@ -194,3 +194,39 @@ def test_any_fields_round_trip_and_bind(tenant: str, decider: str, action: Contr
     _verifier().verify(signature, claims)
     with pytest.raises(PermissionDenied):
         _verifier().verify(signature, dataclasses.replace(claims, decider=decider + "x"))
+
+
+_DROP = object()
+
+
+def _resigned(**changes: Any) -> str:
+    """``_sign()``'s claims changed and signed again with the control key itself: what only
+    a key holder can make, so every check after the signature's must refuse it."""
+    signer = ControlSigner(KEY, ttl_s=600, clock=FakeClock())
+    payload = jwt.decode(_sign(), options={"verify_signature": False})
+    for name, value in changes.items():
+        if value is _DROP:
+            del payload[name]
+        else:
+            payload[name] = value
+    header = jwt.get_unverified_header(_sign())
+    return jwt.encode(payload, signer._key, algorithm="HS256", headers=header)
+
+
+def test_a_key_holders_signature_must_still_name_policy_and_every_claim() -> None:
+    _verifier().verify(_resigned(), CLAIMS)  # the premise: re-signed as is, it verifies
+    for changes in (
+        {"aud": "toolfleet/executor"},
+        {"iss": "someone"},
+        {"aud": ["toolfleet/policy"]},
+    ):
+        with pytest.raises(PermissionDenied, match="control signature is invalid"):
+            _verifier().verify(_resigned(**changes), CLAIMS)
+    for name in ("jti", "exp", "decider", "params_sha256"):
+        with pytest.raises(PermissionDenied, match=f"lacks the '{name}' claim"):
+            _verifier().verify(_resigned(**{name: _DROP}), CLAIMS)
+    with pytest.raises(PermissionDenied, match="lacks the 'jti' claim"):
+        _verifier().verify(_resigned(jti=None), CLAIMS)
+    # A decision not bound to parameters carries the claim as null.
+    unbound = dataclasses.replace(CLAIMS, parameters_hash=None)
+    _verifier().verify(_resigned(params_sha256=None), unbound)

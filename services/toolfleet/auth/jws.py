@@ -13,7 +13,7 @@ import hashlib
 import hmac
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from toolfleet.errors import PermissionDenied
@@ -60,6 +60,57 @@ def _json_object(raw: bytes, *, what: str) -> dict[str, Any]:
     return parsed
 
 
+def hs256_claims(
+    token: object,
+    keys: Mapping[str, bytes],
+    *,
+    what: str,
+    typ: str,
+    issuer: str,
+    audience: str,
+    required: Sequence[str],
+    now: float,
+    leeway_s: float,
+) -> dict[str, Any]:
+    """The claims of a toolfleet HS256 JWS (grants, control signatures), all checked.
+
+    The header must name HS256, ``typ`` and a ``kid`` of ``keys`` (and no ``crit``); the
+    signature must verify with that key (:func:`verify_hs256`); every ``required`` claim
+    must be present and not null (as PyJWT's ``require``); ``iss`` and ``aud`` must be
+    exactly ``issuer`` and ``audience`` (one string: toolfleet signs no list); ``exp``
+    and ``iat`` numbers, not expired nor issued in the future beyond ``leeway_s``.
+    """
+
+    def key_of(header: dict[str, Any]) -> bytes:
+        if header.get("alg") != "HS256":
+            raise PermissionDenied(f"{what} is not HS256-signed")
+        if header.get("typ") != typ:
+            raise PermissionDenied(f"{what} has the wrong type")
+        if "crit" in header:
+            raise PermissionDenied(f"{what} has critical header parameters")
+        kid = header.get("kid")
+        key = keys.get(kid) if isinstance(kid, str) else None
+        if key is None:
+            raise PermissionDenied(f"{what} is signed by an unknown key")
+        return key
+
+    claims = verify_hs256(token, key_of, what=what).claims
+    missing = next((name for name in required if claims.get(name) is None), None)
+    if missing is not None:
+        raise PermissionDenied(f"{what} lacks the {missing!r} claim")
+    if claims.get("iss") != issuer or claims.get("aud") != audience:
+        raise PermissionDenied(f"{what} is invalid")
+    exp: Any = claims.get("exp")
+    iat: Any = claims.get("iat")
+    if not (is_number(exp) and is_number(iat)):
+        raise PermissionDenied(f"{what} time claims must be numbers")
+    if exp + leeway_s <= now:
+        raise PermissionDenied(f"{what} has expired")
+    if iat - leeway_s > now:
+        raise PermissionDenied(f"{what} was issued in the future (iat)")
+    return claims
+
+
 class HS256Verified:
     """A compact JWS whose HMAC-SHA256 signature was checked: its header and claims."""
 
@@ -88,7 +139,7 @@ def verify_hs256(
     signing_input = jws[: jws.rindex(".")].encode("ascii")  # base64url: ASCII only
     expected = hmac.new(key, signing_input, hashlib.sha256).digest()
     if not hmac.compare_digest(expected, signature):
-        raise PermissionDenied(f"{what} signature is invalid")
+        raise PermissionDenied(f"{what}: signature is invalid")
     return HS256Verified(head, _json_object(raw_payload, what=what))
 
 

@@ -38,34 +38,37 @@ MAX_BATCH: Final = 256
 #: Advisory-lock class of invocation rows (two-int form; the key is hashtext(id)).
 _LOCK_CLASS: Final = 7_143_022
 
-_COLUMNS: Final = (
-    "invocation_id",
-    "tenant_id",
-    "agent_did",
-    "user_did",
-    "session_id",
-    "tool_id",
-    "requested_version",
-    "tool_version",
-    "status",
-    "status_rank",
-    "current_phase",
-    "progress_percent",
-    "parameters",
-    "parameters_hash",
-    "result",
-    "error",
-    "warnings",
-    "latest_checkpoint",
-    "execution_metadata",
-    "documents_accessed",
-    "idempotency_key",
-    "priority",
-    "trace_id",
-    "created_at",
-    "started_at",
-    "completed_at",
+#: The row's columns in ``_values`` order, each with its Postgres type.
+_TYPED_COLUMNS: Final = (
+    ("invocation_id", "uuid"),
+    ("tenant_id", "text"),
+    ("agent_did", "text"),
+    ("user_did", "text"),
+    ("session_id", "text"),
+    ("tool_id", "text"),
+    ("requested_version", "text"),
+    ("tool_version", "text"),
+    ("status", "text"),
+    ("status_rank", "int2"),
+    ("current_phase", "text"),
+    ("progress_percent", "float8"),
+    ("parameters", "jsonb"),
+    ("parameters_hash", "text"),
+    ("result", "jsonb"),
+    ("error", "jsonb"),
+    ("warnings", "jsonb"),
+    ("latest_checkpoint", "jsonb"),
+    ("execution_metadata", "jsonb"),
+    ("documents_accessed", "jsonb"),
+    ("idempotency_key", "text"),
+    ("priority", "text"),
+    ("trace_id", "text"),
+    ("created_at", "timestamptz"),
+    ("started_at", "timestamptz"),
+    ("completed_at", "timestamptz"),
 )
+_COLUMNS: Final = tuple(name for name, _ in _TYPED_COLUMNS)
+_KINDS: Final = tuple(kind for _, kind in _TYPED_COLUMNS)
 
 # Both statements are built from the constant column list above, never from input.
 _COLUMN_LIST = ", ".join(_COLUMNS)
@@ -85,28 +88,6 @@ _MARK_MANY = """
     ON CONFLICT (source, event_id) DO NOTHING
     RETURNING source, event_id
 """
-# The Postgres type of each column that is not ``text``.
-_TYPES: Final = {
-    "invocation_id": "uuid",
-    "status_rank": "int2",
-    "progress_percent": "float8",
-    "created_at": "timestamptz",
-    "started_at": "timestamptz",
-    "completed_at": "timestamptz",
-    **dict.fromkeys(
-        (
-            "parameters",
-            "result",
-            "error",
-            "warnings",
-            "latest_checkpoint",
-            "execution_metadata",
-            "documents_accessed",
-        ),
-        "jsonb",
-    ),
-}
-_KINDS: Final = tuple(_TYPES.get(c, "text") for c in _COLUMNS)
 # The changed rows of a batch in one statement, one array per column (a statement per
 # row cost Postgres a quarter more). JSON goes as text: asyncpg keeps its own codec for
 # the element type of an array, so text and JSON are escaped here (``pg_text``).

@@ -75,7 +75,7 @@ def hs256_claims(
     """The claims of a toolfleet HS256 JWS (grants, control signatures), all checked.
 
     The header must name HS256, ``typ`` and a ``kid`` of ``keys`` (and no ``crit``); the
-    signature must verify with that key (:func:`verify_hs256`); every ``required`` claim
+    signature must verify with that key; every ``required`` claim
     must be present and not null (as PyJWT's ``require``); ``iss`` and ``aud`` must be
     exactly ``issuer`` and ``audience`` (one string: toolfleet signs no list); ``exp``
     and ``iat`` numbers, not expired nor issued in the future beyond ``leeway_s``.
@@ -94,7 +94,7 @@ def hs256_claims(
             raise PermissionDenied(f"{what} is signed by an unknown key")
         return key
 
-    claims = verify_hs256(token, key_of, what=what).claims
+    claims = _verified_payload(token, key_of, what=what)
     missing = next((name for name in required if claims.get(name) is None), None)
     if missing is not None:
         raise PermissionDenied(f"{what} lacks the {missing!r} claim")
@@ -111,36 +111,23 @@ def hs256_claims(
     return claims
 
 
-class HS256Verified:
-    """A compact JWS whose HMAC-SHA256 signature was checked: its header and claims."""
-
-    __slots__ = ("claims", "header")
-
-    def __init__(self, header: dict[str, Any], claims: dict[str, Any]) -> None:
-        self.header = header
-        self.claims = claims
-
-
-def verify_hs256(
+def _verified_payload(
     jws: object, key_of: Callable[[dict[str, Any]], bytes], *, what: str
-) -> HS256Verified:
-    """Check the HMAC-SHA256 signature of a canonical compact JWS and parse its claims.
+) -> dict[str, Any]:
+    """The payload of a canonical compact JWS whose HMAC-SHA256 signature verifies.
 
     ``key_of`` gets the (unverified) header and returns the key, or raises
-    :class:`PermissionDenied` (an unknown ``kid``, a header it refuses). The signature
-    is compared in constant time over the exact signing input; nothing of the payload
-    is parsed before it verified. Claims are not checked here (issuer, audience, times:
-    the caller's), only that the payload is a JSON object.
+    :class:`PermissionDenied`. The signature is compared in constant time over the exact
+    signing input; nothing of the payload is parsed before it verified.
     """
     raw_header, raw_payload, signature = segments(jws, what=what)
-    head = _json_object(raw_header, what=what)
-    key = key_of(head)
+    key = key_of(_json_object(raw_header, what=what))
     assert isinstance(jws, str)  # segments() refused anything else
     signing_input = jws[: jws.rindex(".")].encode("ascii")  # base64url: ASCII only
     expected = hmac.new(key, signing_input, hashlib.sha256).digest()
     if not hmac.compare_digest(expected, signature):
         raise PermissionDenied(f"{what}: signature is invalid")
-    return HS256Verified(head, _json_object(raw_payload, what=what))
+    return _json_object(raw_payload, what=what)
 
 
 class HS256Signer:

@@ -29,12 +29,13 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import asyncpg
-import psutil  # type: ignore[import-untyped]
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from tests.support.lifecycle import Lifecycle
 
+from probes import cpu_seconds, listening_pids
 from toolfleet.events.envelope import Envelope
 from toolfleet.status.service import StatusProjector
 from toolfleet.status.store import PostgresProjection
@@ -45,18 +46,10 @@ DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 
 def postgres_cpu_s(port: int) -> float:
     """CPU seconds so far of the Postgres server listening on ``port`` and its children."""
-    for conn in psutil.net_connections(kind="tcp"):
-        if conn.status == psutil.CONN_LISTEN and conn.laddr.port == port and conn.pid:
-            server = psutil.Process(conn.pid)
-            total = 0.0
-            for proc in [server, *server.children(recursive=True)]:
-                try:
-                    times = proc.cpu_times()
-                except psutil.NoSuchProcess:
-                    continue
-                total += times.user + times.system
-            return total
-    raise SystemExit(f"no Postgres process found listening on port {port}")
+    server = listening_pids([port]).get(port)
+    if server is None:
+        raise SystemExit(f"no Postgres process found listening on port {port}")
+    return sum(cpu_seconds([server]).values())
 
 
 def saturated_order(calls: int, gap: int) -> list[Envelope]:

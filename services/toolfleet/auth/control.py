@@ -32,8 +32,6 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-import jwt
-
 from toolfleet.auth import jws
 from toolfleet.auth.grants import MIN_KEY_BYTES, GrantKeyError, grant_kid, load_grant_keys
 from toolfleet.errors import InvalidEvent, PermissionDenied
@@ -42,7 +40,6 @@ from toolfleet.events.models import ApprovalDecision, CancelRequested
 from toolfleet.events.types import EventType
 from toolfleet.settings import FleetSettings
 
-ALGORITHM = "HS256"
 TYP = "toolfleet-control+jwt"
 ISSUER = "toolfleet/control"
 AUDIENCE = "toolfleet/policy"
@@ -134,6 +131,7 @@ class ControlSigner:
         self._kid = grant_kid(grant_key)
         self._ttl_s = ttl_s
         self._clock = clock
+        self._signer = jws.HS256Signer(self._key, {"kid": self._kid, "typ": TYP})
 
     @classmethod
     def from_settings(cls, settings: FleetSettings) -> ControlSigner | None:
@@ -157,9 +155,7 @@ class ControlSigner:
             "decider": claims.decider,
             "params_sha256": claims.parameters_hash,
         }
-        return jwt.encode(
-            payload, self._key, algorithm=ALGORITHM, headers={"kid": self._kid, "typ": TYP}
-        )
+        return self._signer.sign(payload)
 
 
 class ControlVerifier:

@@ -50,7 +50,6 @@ from toolfleet.errors import PermissionDenied, ToolfleetError
 from toolfleet.events.identity import CallRef
 from toolfleet.settings import FleetSettings
 
-ALGORITHM = "HS256"
 TYP = "toolfleet-grant+jwt"
 ISSUER = "toolfleet/policy"
 AUDIENCE = "toolfleet/executor"

@@ -14,10 +14,12 @@ import hmac
 import json
 import re
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Final
 
 from toolfleet.errors import PermissionDenied
 
+HS256: Final = "HS256"
+"""The one algorithm of toolfleet's own JWS (grants, control signatures)."""
 MAX_JWS_CHARS = 16_384
 """Longer strings are refused before any parsing."""
 _B64URL = re.compile(r"[A-Za-z0-9_-]*")
@@ -82,8 +84,8 @@ def hs256_claims(
     """
 
     def key_of(header: dict[str, Any]) -> bytes:
-        if header.get("alg") != "HS256":
-            raise PermissionDenied(f"{what} is not HS256-signed")
+        if header.get("alg") != HS256:
+            raise PermissionDenied(f"{what} is not {HS256}-signed")
         if header.get("typ") != typ:
             raise PermissionDenied(f"{what} has the wrong type")
         if "crit" in header:
@@ -140,7 +142,7 @@ class HS256Signer:
     """
 
     def __init__(self, key: bytes, headers: dict[str, Any]) -> None:
-        header = {"typ": "JWT", "alg": "HS256", **headers}
+        header = {"typ": "JWT", "alg": HS256, **headers}
         self._header = _b64(json.dumps(header, separators=(",", ":"), sort_keys=True).encode())
         self._mac = hmac.new(key, digestmod=hashlib.sha256)
 

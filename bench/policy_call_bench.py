@@ -3,8 +3,9 @@
     python bench/policy_call_bench.py [--n 4000] [--tenants 50] [--concurrency 200]
                                       [--rounds 3] [--scenario e2e|full|both]
 
-Drives :meth:`PolicyService.on_requested` and then :meth:`PolicyService.on_result`
-for N requests, ``--concurrency`` in flight, as policy's handler would: the service is
+Drives :meth:`PolicyService.on_requested` for N requests, ``--concurrency`` in flight,
+and then :meth:`PolicyService.on_results` on their outcomes, ``--concurrency`` at a time
+(a fetch's worth), as policy's consumers would: the service is
 built as ``policy/handler.py`` builds it (Postgres registry and policy store, Redis
 policy cache, cached revocation list following ``token:revocations``, Redis rate
 limiter, idempotency and approval stores, RS256 capability tokens, an HMAC grant
@@ -251,13 +252,9 @@ class Bench:
             emitted[str(topic)] += 1
         results = self.outcomes(self.producer)
 
-        async def result(event: Envelope) -> int:
-            answered = await self.service.on_result(event)
-            self.producer.extend(answered)
-            return len(answered)
-
         cpu, redis = time.process_time(), RedisMeter(METER.commands, METER.round_trips)
-        await drive(results, concurrency, result)
+        for at in range(0, len(results), concurrency):  # a fetch at a time, as consumed
+            self.producer.extend(await self.service.on_results(results[at : at + concurrency]))
         on_result = measured(cpu, redis, max(1, len(results)))
         return Round(requested=on_requested, result=on_result, emitted=emitted)
 

@@ -94,14 +94,17 @@ class Resources:
             **options,
         )
 
-    def observer_spec(self, route: routing.Consumer) -> ConsumerSpec:
-        """The spec of an observer (audit, status): off the critical path, it fetches at
-        observer pace, and it holds :data:`OBSERVED_PER_CALL` times the records of a
-        critical consumer in flight, one call's worth for each it sees of a call."""
+    def observer_spec(
+        self, route: routing.Consumer, *, per_call: int = OBSERVED_PER_CALL
+    ) -> ConsumerSpec:
+        """The spec of an observer (audit, status, policy's reading of outcomes): off
+        the critical path, it fetches at observer pace, and it holds ``per_call`` times
+        the records of a critical consumer in flight, one call's worth for each record it
+        sees of a call."""
         wait_ms = self.settings.observer_fetch_max_wait_ms
         return self.spec(
             route,
-            max_in_flight=self.settings.max_in_flight * OBSERVED_PER_CALL,
+            max_in_flight=self.settings.max_in_flight * per_call,
             fetch_max_wait_ms=wait_ms,
             wake_delay_ms=wait_ms,
         )

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from collections.abc import AsyncIterator
 
@@ -81,7 +80,7 @@ async def test_admission_claims_only_what_the_rate_limit_lets_through(redis: Red
     # Nothing was claimed: the key is still free.
     other = await stores.idempotency.claim("t_acme", "k2", str(uuid.uuid4()), OTHER)
     assert other.kind is ClaimKind.NEW
-    assert not await stores.idempotency.owns_key(third)
+    assert await stores.idempotency.owns_keys([third]) == [False]
 
 
 async def test_admission_answers_as_the_two_steps_one_after_the_other(redis: Redis) -> None:
@@ -102,13 +101,16 @@ async def test_admission_answers_as_the_two_steps_one_after_the_other(redis: Red
         assert admitted.claim.kind == claim.kind
 
 
-async def test_owns_key_knows_owners_of_any_process(redis: Redis) -> None:
+async def test_owns_keys_knows_owners_of_any_process(redis: Redis) -> None:
     prefix = f"test:{uuid.uuid4().hex}:"
     here, there = (RedisIdempotencyStore(redis, prefix=prefix) for _ in range(2))
     owner, duplicate, stranger = (str(uuid.uuid4()) for _ in range(3))
     await there.claim("t_acme", "k", owner, HASH)
-    checks = await asyncio.gather(*(here.owns_key(i) for i in (owner, duplicate, stranger)))
-    assert checks == [True, False, False]
-    assert await there.owns_key(owner)  # remembered locally, no round trip
+    await there.add_waiter(owner, duplicate, "{}")
+    assert await here.owns_keys([owner, duplicate, stranger]) == [True, False, False]
+    assert await here.owns_keys([]) == []
+    assert await there.owns_keys([owner]) == [True]  # remembered locally, no round trip
     await there.finish(owner, '{"done": true}')
-    assert await here.owns_key(owner)  # its outcome stays for later duplicates
+    await there.claim("t_acme", "k2", stranger, HASH)
+    # Its outcome stays for later duplicates; a new owner is seen from anywhere.
+    assert await here.owns_keys([stranger, duplicate, owner]) == [True, False, True]

@@ -67,22 +67,24 @@ class Rig:
     seen: list[str] = field(default_factory=list)
 
     def start(
-        self, handler: Handler | ByBatch, *, idempotent: bool = False
+        self, handler: Handler | ByBatch, *, dedupe: bool = True
     ) -> Callable[[], Awaitable[None]]:
-        """``idempotent``: the requests topic skips dedupe markers. Returns what stops the
-        consumer before the rig's block ends (SIGTERM's path: drain, commit, close)."""
+        """``dedupe``: skip what the group already processed (Redis markers), as the
+        consumers of a handler that is not idempotent by itself do. Returns what stops
+        the consumer before the rig's block ends (SIGTERM's path: drain, commit, close)."""
         runtime = EventConsumer(
             ConsumerSpec(
                 service="test",
                 source="/toolfleet/test",
                 group_id=self.group,
                 topics=[self.requested],
-                idempotent_topics=frozenset({self.requested} if idempotent else ()),
             ),
             handler,
             settings=self.settings,
             producer=self.producer,
-            processed=RedisProcessedEvents(self.redis, group=self.group, ttl_s=600),
+            processed=(
+                RedisProcessedEvents(self.redis, group=self.group, ttl_s=600) if dedupe else None
+            ),
             dlq_topic=topic(self.settings.topic_prefix, TopicName.DLQ),
         )
         stop = asyncio.Event()
@@ -95,14 +97,14 @@ class Rig:
         self.stack.push_async_callback(stopped)
         return stopped
 
-    def echo(self, *, idempotent: bool = False) -> Callable[[], Awaitable[None]]:
+    def echo(self, *, dedupe: bool = True) -> Callable[[], Awaitable[None]]:
         """Start a consumer that answers each request with an authorized event."""
 
         async def handler(event: Inbound) -> Sequence[Outbound]:
             self.seen.append(event.envelope.id)
             return [_authorized_of(event, self.settings.topic_prefix)]
 
-        return self.start(handler, idempotent=idempotent)
+        return self.start(handler, dedupe=dedupe)
 
 
 @contextlib.asynccontextmanager
@@ -163,11 +165,11 @@ async def test_forwards_dedupes_and_dead_letters(settings: FleetSettings) -> Non
     assert json.dumps(record.data)  # serializable for SIEMs
 
 
-async def test_a_topic_the_handler_makes_idempotent_costs_no_dedupe_markers(
+async def test_a_consumer_of_an_idempotent_handler_costs_no_dedupe_markers(
     settings: FleetSettings,
 ) -> None:
     async with rig(settings) as echo:
-        echo.echo(idempotent=True)
+        echo.echo(dedupe=False)
         event = _request(1, "t1")
         wire = encode(event, ContentMode.BINARY)
         for copies in (1, 2):  # the copy once the first was handled (redelivered, say)

@@ -311,3 +311,17 @@ def test_a_structured_content_type_after_another_decides_the_mode() -> None:
         *structured.headers,
     ]
     assert decode(key=b"t1", value=structured.value, headers=headers).id == "from-value"
+
+
+@pytest.mark.parametrize("name", ["ce_subject", "ce_comexampleext", "content-type"])
+def test_a_header_without_a_value_is_invalid_not_a_crash(name: str) -> None:
+    binary = encode(_sample(), ContentMode.BINARY)
+    headers: list[tuple[str, bytes | None]] = [*binary.headers, (name, None)]
+    with pytest.raises(InvalidEvent, match="undecodable binary"):
+        decode(key=binary.key, value=binary.value, headers=headers)
+
+
+def test_an_undecodable_header_replaced_by_a_later_one_of_its_name_decodes() -> None:
+    binary = encode(_sample(), ContentMode.BINARY)
+    headers = [*binary.headers, ("ce_subject", b"\xff"), ("CE_SUBJECT", b"later")]
+    assert decode(key=binary.key, value=binary.value, headers=headers).subject == "later"

@@ -37,3 +37,15 @@ def test_uvicorns_coloured_copy_of_the_message_is_not_repeated() -> None:
     console = ConsoleFormatter().format(record)
     assert console == "WARNING toolfleet.bus.runtime: Started server process [42]"
     assert "color_message" not in json.loads(JsonFormatter("api").format(record))
+
+
+def test_an_inner_context_adds_to_the_outer_one_and_wins_and_ends_with_its_block() -> None:
+    def fields() -> dict[str, object]:
+        line = json.loads(JsonFormatter("policy").format(_record()))
+        return {k: line[k] for k in ("tenant_id", "invocation_id", "trace_id") if k in line}
+
+    with log_context(tenant_id="acme", invocation_id="i-1"):
+        with log_context(invocation_id="i-2", trace_id=None):  # None: left out
+            assert fields() == {"tenant_id": "acme", "invocation_id": "i-2"}
+        assert fields() == {"tenant_id": "acme", "invocation_id": "i-1"}
+    assert fields() == {}

@@ -249,10 +249,9 @@ async def test_only_owners_and_their_waiters_need_an_outcome() -> None:
     store = MemoryIdempotencyStore()
     owner, stranger, duplicate = (str(uuid.uuid4()) for _ in range(3))
     await store.claim("t", "k", owner, "h")
-    assert await store.owns_key(owner)
-    assert not await store.owns_key(stranger)
+    assert await store.owns_keys([owner, stranger]) == [True, False]
     assert await store.add_waiter(owner, duplicate, "{}") is None
-    assert not await store.owns_key(duplicate)
+    assert await store.owns_keys([duplicate, owner]) == [False, True]
 
 
 class CountingIdempotency(MemoryIdempotencyStore):
@@ -265,7 +264,7 @@ class CountingIdempotency(MemoryIdempotencyStore):
 
 async def test_outcomes_of_calls_owning_no_key_are_passed_over_undecoded() -> None:
     idempotency = CountingIdempotency()
-    unused = cast(Any, None)  # on_result reads nothing else
+    unused = cast(Any, None)  # on_results reads nothing else
     service = PolicyService(
         lookup=unused,
         verifier=None,
@@ -285,7 +284,7 @@ async def test_outcomes_of_calls_owning_no_key_are_passed_over_undecoded() -> No
         invocationid=stranger,
         data={"invocation_id": stranger, "status": "not-a-status"},
     )
-    assert await service.on_result(event) == []
+    assert await service.on_results([event, event]) == []
     assert CountingIdempotency.finished == 0
     owner = str(uuid.uuid4())
     await idempotency.claim("t_acme", "k", owner, "h")
@@ -293,7 +292,7 @@ async def test_outcomes_of_calls_owning_no_key_are_passed_over_undecoded() -> No
         update={"invocationid": owner, "data": {"invocation_id": owner, "status": "bad"}}
     )
     with pytest.raises(InvalidEvent):  # an owner's outcome is validated, as before
-        await service.on_result(owned)
+        await service.on_results([event, owned])
 
 
 def test_manifest_schemas_answer_as_compiled_schemas() -> None:

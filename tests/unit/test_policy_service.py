@@ -319,7 +319,7 @@ async def test_a_duplicate_key_answers_with_the_first_calls_outcome(fleet: Fleet
         result={"message": "hi", "length": 2},
     )
     topic, answer = _one(
-        await fleet.service.on_result(outcome_event(first, Source.VALIDATOR, finished))
+        await fleet.service.on_results([outcome_event(first, Source.VALIDATOR, finished)])
     )
     assert topic == TopicName.RESULTS
     copy = answer.data_as(ToolOutcome)

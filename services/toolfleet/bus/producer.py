@@ -103,9 +103,10 @@ class EventProducer:
 
     async def send_all(self, outbounds: Sequence[Outbound]) -> None:
         """Publish all and return once the broker acknowledged every one."""
-        if not outbounds:
-            return
-        await asyncio.gather(*[await self.enqueue(out) for out in outbounds])
+        if len(outbounds) == 1:  # most handlers answer with one event: no gather
+            await (await self.enqueue(outbounds[0]))
+        elif outbounds:
+            await asyncio.gather(*[await self.enqueue(out) for out in outbounds])
 
     async def send_wire(self, topic: str, message: WireMessage) -> asyncio.Future[object]:
         """Enqueue raw bytes (DLQ records, replays); await the returned future for the ack."""

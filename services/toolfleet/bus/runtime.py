@@ -21,6 +21,7 @@ import contextlib
 import functools
 import logging
 import time
+import weakref
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -52,7 +53,7 @@ from toolfleet.events.envelope import Envelope
 from toolfleet.events.identity import trace_id_of, valid_traceparent, with_trace
 from toolfleet.observability import metrics
 from toolfleet.observability.logs import log_context
-from toolfleet.observability.tracing import batch_span, span, trace_root
+from toolfleet.observability.tracing import batch_span, recording, span, trace_root
 from toolfleet.settings import FleetSettings
 from toolfleet.storage.errors import POSTGRES_UNAVAILABLE
 
@@ -140,10 +141,6 @@ class ConsumerSpec:
     off the critical path collect several hops' records in one fetch)."""
     extra_transient: tuple[type[BaseException], ...] = field(default_factory=tuple)
     """More exception types to treat as transient (retried without limit)."""
-    idempotent_topics: frozenset[str] = frozenset()
-    """Topics whose records the handler may see twice without effect (it makes them
-    idempotent itself): no dedupe marker is read or written for them, two Redis round
-    trips a record saved."""
     schedule: Callable[[Envelope], Placement] | None = None
     """Opt-in scheduling: where a decoded record goes in the backlog (rank, tenant). Must
     not raise. Unset: every record starts as soon as it is fetched (the default)."""
@@ -238,7 +235,11 @@ class EventConsumer:
         self.assigned = asyncio.Event()
         """Set once the consumer has been assigned partitions (tests and readiness)."""
         # Metric children bound once: a ``labels()`` lookup per record was 6% of audit.
-        self._in_flight_gauge = metrics.IN_FLIGHT.labels(spec.service)
+        # The in-flight gauge is read when scraped, not set twice per record.
+        alive = weakref.ref(self)
+        metrics.IN_FLIGHT.labels(spec.service).set_function(
+            lambda: float(runtime._in_flight) if (runtime := alive()) is not None else 0.0
+        )
         self._duplicates = metrics.DUPLICATES_SKIPPED.labels(spec.service)
         self._per_type: dict[tuple[str, str], tuple[Counter, Histogram]] = {}
 
@@ -454,7 +455,7 @@ class EventConsumer:
         part = Partition(record.topic, record.partition)
         self._tracker.started(part, record.offset)  # queued is unfinished: not committed
         try:
-            envelope = self._decode(record, [(k, v) for k, v in record.headers])
+            envelope = self._decode(record)
         except InvalidEvent as exc:
             self._start(record, part, exc)
             return
@@ -501,26 +502,22 @@ class EventConsumer:
         task = asyncio.create_task(work)
         self._tasks[task] = _Work(parts, records)
         self._in_flight += records
-        self._in_flight_gauge.set(self._in_flight)
         task.add_done_callback(self._forget_task)
         return task
 
-    def _decode(
-        self, record: ConsumerRecord[bytes, bytes], headers: list[tuple[str, bytes]]
-    ) -> Envelope:
+    def _decode(self, record: ConsumerRecord[bytes, bytes]) -> Envelope:
         if record.value is not None and len(record.value) > self._settings.max_event_bytes:
             raise InvalidEvent(
                 "message larger than the configured limit",
                 details={"bytes": len(record.value), "limit": self._settings.max_event_bytes},
             )
         # Where a request without a trace gets one: every stage downstream inherits it.
-        return with_trace(decode(key=record.key, value=record.value, headers=headers))
+        return with_trace(decode(key=record.key, value=record.value, headers=record.headers))
 
     def _forget_task(self, task: asyncio.Task[None]) -> None:
         work = self._tasks.pop(task, None)
         if work is not None:
             self._in_flight -= work.records
-        self._in_flight_gauge.set(self._in_flight)
         if not task.cancelled() and task.exception() is not None:  # pragma: no cover
             log.error("record task crashed", exc_info=task.exception())
 
@@ -533,14 +530,13 @@ class EventConsumer:
         """Handle one record; ``decoded`` is its envelope (or why it is not one) when the
         backlog decoded it already."""
         started = time.perf_counter()
-        headers = [(k, v) for k, v in record.headers]
         event_type = "unknown"
         outcome = "ok"
         traceparent: str | None = None
         try:
             if isinstance(decoded, InvalidEvent):
                 raise decoded
-            envelope = self._decode(record, headers) if decoded is None else decoded
+            envelope = self._decode(record) if decoded is None else decoded
             event_type = envelope.type
             traceparent = envelope.traceparent
             key = envelope.dedupe_key
@@ -550,7 +546,7 @@ class EventConsumer:
                 return
             self._in_flight_keys.add(key)  # claimed before any await: no race with a twin
             try:
-                processed = self._processed if self._guarded(record) else None
+                processed = self._processed
                 if processed is not None and await self._retrying(lambda: processed.seen(key)):
                     self._duplicates.inc()
                     outcome = "duplicate"
@@ -573,11 +569,11 @@ class EventConsumer:
             raise
         except InvalidEvent as exc:
             outcome = "dlq"
-            await self._dead_letter(record, headers, exc.to_error_info(), traceparent)
+            await self._dead_letter(record, exc.to_error_info(), traceparent)
         except Exception as exc:
             outcome = "dlq"
             log.exception("giving up on event", extra={"event_type": event_type})
-            await self._dead_letter(record, headers, _failure_info(exc), traceparent)
+            await self._dead_letter(record, _failure_info(exc), traceparent)
         finally:
             if outcome != "abandoned":
                 self._tracker.finished(part, record.offset)
@@ -599,38 +595,41 @@ class EventConsumer:
 
     async def _handle_and_emit(self, inbound: Inbound) -> None:
         env = inbound.envelope
-        attributes: dict[str, str | int] = {
-            "messaging.destination.name": inbound.topic,
-            "messaging.kafka.offset": inbound.offset,
-            "toolfleet.service": self.spec.service,
-        }
-        with (
-            log_context(
-                tenant_id=env.tenantid,
-                invocation_id=env.invocationid,
-                trace_id=trace_id_of(env.traceparent),
-                event_type=env.type,
-            ),
-            (
-                trace_root(
-                    f"start {env.type}",
-                    traceparent=env.traceparent,
-                    source=env.source,
-                    event_id=env.id,
-                    attributes=attributes,
-                )
-                if self.spec.starts_traces
-                else contextlib.nullcontext()
-            ),
-            span(
-                f"process {env.type}",
-                kind=SpanKind.CONSUMER,
-                traceparent=env.traceparent,
-                tracestate=env.tracestate,
-                attributes=attributes,
-            ),
+        with log_context(
+            tenant_id=env.tenantid,
+            invocation_id=env.invocationid,
+            trace_id=trace_id_of(env.traceparent),
+            event_type=env.type,
         ):
-            await self._retrying(lambda: self._handle_once(inbound))
+            if not recording():  # no span would be recorded: build none
+                await self._retrying(lambda: self._handle_once(inbound))
+                return
+            attributes: dict[str, str | int] = {
+                "messaging.destination.name": inbound.topic,
+                "messaging.kafka.offset": inbound.offset,
+                "toolfleet.service": self.spec.service,
+            }
+            with (
+                (
+                    trace_root(
+                        f"start {env.type}",
+                        traceparent=env.traceparent,
+                        source=env.source,
+                        event_id=env.id,
+                        attributes=attributes,
+                    )
+                    if self.spec.starts_traces
+                    else contextlib.nullcontext()
+                ),
+                span(
+                    f"process {env.type}",
+                    kind=SpanKind.CONSUMER,
+                    traceparent=env.traceparent,
+                    tracestate=env.tracestate,
+                    attributes=attributes,
+                ),
+            ):
+                await self._retrying(lambda: self._handle_once(inbound))
 
     async def _handle_once(self, inbound: Inbound) -> None:
         handler = self._handler
@@ -656,9 +655,9 @@ class EventConsumer:
         try:
             for record in records:
                 try:
-                    envelope = self._decode(record, list(record.headers))
+                    envelope = self._decode(record)
                 except InvalidEvent as exc:
-                    await self._dead_letter(record, list(record.headers), exc.to_error_info(), None)
+                    await self._dead_letter(record, exc.to_error_info(), None)
                     finish(record, "unknown", "dlq")
                     continue
                 key = envelope.dedupe_key
@@ -681,7 +680,7 @@ class EventConsumer:
                 if fresh:
                     done = await self._handle_fetch(fresh, finish)
                     processed = self._processed
-                    keys = [item.key for item in done if self._guarded(item.record)]
+                    keys = [item.key for item in done]
                     if processed is not None and keys:
                         await self._retrying(lambda: processed.mark_all(keys))
                     for item in done:
@@ -702,25 +701,19 @@ class EventConsumer:
                 counted, _ = self._metrics_of("unknown", "abandoned")
                 counted.inc(len(unfinished))
 
-    def _guarded(self, record: ConsumerRecord[bytes, bytes]) -> bool:
-        """Whether ``record``'s topic is deduplicated by marker (not idempotent itself)."""
-        return record.topic not in self.spec.idempotent_topics
-
     async def _unseen(
         self,
         claimed: list[_Claimed],
         finish: Callable[[ConsumerRecord[bytes, bytes], str, str], None],
     ) -> list[_Claimed]:
         processed = self._processed
-        guarded = [item for item in claimed if self._guarded(item.record)]
-        if processed is None or not guarded:
+        if processed is None or not claimed:
             return claimed
-        keys = [item.key for item in guarded]
+        keys = [item.key for item in claimed]
         seen = await self._retrying(lambda: processed.seen_all(keys))
-        duplicates = {id(item) for item, was in zip(guarded, seen, strict=True) if was}
         fresh: list[_Claimed] = []
-        for item in claimed:  # in fetch order
-            if id(item) in duplicates:
+        for item, was in zip(claimed, seen, strict=True):  # in fetch order
+            if was:
                 self._duplicates.inc()
                 finish(item.record, item.inbound.envelope.type, "duplicate")
             else:
@@ -755,7 +748,6 @@ class EventConsumer:
             except InvalidEvent as exc:
                 await self._dead_letter(
                     item.record,
-                    list(item.record.headers),
                     exc.to_error_info(),
                     envelope.traceparent,
                 )
@@ -765,9 +757,7 @@ class EventConsumer:
                 if self._stopping.is_set():
                     raise asyncio.CancelledError from exc
                 log.exception("giving up on event", extra={"event_type": envelope.type})
-                await self._dead_letter(
-                    item.record, list(item.record.headers), _failure_info(exc), envelope.traceparent
-                )
+                await self._dead_letter(item.record, _failure_info(exc), envelope.traceparent)
                 finish(item.record, envelope.type, "dlq")
                 continue
             done.append(item)
@@ -823,7 +813,6 @@ class EventConsumer:
     async def _dead_letter(
         self,
         record: ConsumerRecord[bytes, bytes],
-        headers: list[tuple[str, bytes]],
         error: ErrorInfo,
         traceparent: str | None,
     ) -> None:
@@ -839,6 +828,7 @@ class EventConsumer:
                 "error_code": str(error.code),
             },
         )
+        headers = list(record.headers)
         message = dlq_message(
             source=self.spec.source,
             consumer_group=self.spec.group_id,

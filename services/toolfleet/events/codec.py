@@ -111,22 +111,24 @@ def _announces_structured(content_type: bytes) -> bool:
     return content_type.split(b";")[0].strip().lower().startswith(b"application/cloudevents")
 
 
-def content_mode(headers: Iterable[tuple[str, bytes]]) -> ContentMode | None:
-    """The content mode the headers announce, or ``None`` if this is no CloudEvent."""
-    return _header_attributes(headers)[0]
+#: Stands for a header value that is not UTF-8 text (or a null value) until a later
+#: header of the same name replaces it.
+_UNDECODABLE: Any = object()
 
 
 def _header_attributes(
-    headers: Iterable[tuple[str, bytes]],
-) -> tuple[ContentMode | None, dict[str, bytes]]:
-    """The content mode and, for binary mode, the attributes the headers carry (raw).
+    headers: Iterable[tuple[str, bytes | None]],
+) -> tuple[ContentMode | None, dict[str, Any], bool]:
+    """The content mode, for binary mode the attributes the headers carry (as text), and
+    whether any header took the general path (a spelling toolfleet does not write, or
+    an extension it does not know: the caller filters those).
 
     One pass: a ``content-type`` announcing a structured event decides at once, as the
     binding says; otherwise ``ce_*`` headers (any case) make the event binary, the last
     of a repeated name winning, and ``content-type`` is its ``datacontenttype``.
     """
-    attributes: dict[str, bytes] = {}
-    has_ce_headers = False
+    attributes: dict[str, Any] = {}
+    has_ce_headers = general = undecodable = False
     for name, raw in headers:
         known = _HEADER_ATTRIBUTES.get(name)
         if known is None:
@@ -137,37 +139,46 @@ def _header_attributes(
                 known = ("datacontenttype", False)
             else:
                 continue
+            general = True
         attribute, is_ce_header = known
         if is_ce_header:
             has_ce_headers = True
-        elif _announces_structured(raw):
-            return ContentMode.STRUCTURED, {}
-        attributes[attribute] = raw
-    return (ContentMode.BINARY if has_ce_headers else None), attributes
+        elif raw is not None and _announces_structured(raw):
+            return ContentMode.STRUCTURED, {}, False
+        try:
+            attributes[attribute] = raw.decode()  # type: ignore[union-attr]
+        except (UnicodeDecodeError, AttributeError):  # not UTF-8, or a null value
+            attributes[attribute] = _UNDECODABLE
+            undecodable = True
+    if not has_ce_headers:
+        return None, {}, False
+    if undecodable and any(value is _UNDECODABLE for value in attributes.values()):
+        raise InvalidEvent("undecodable binary CloudEvent")
+    return ContentMode.BINARY, attributes, general
 
 
 def decode(
-    *, key: bytes | None, value: bytes | None, headers: Sequence[tuple[str, bytes]]
+    *, key: bytes | None, value: bytes | None, headers: Sequence[tuple[str, bytes | None]]
 ) -> Envelope:
     """Decode a Kafka message in either content mode into an :class:`Envelope`.
 
     Raises :class:`InvalidEvent` with a safe reason for anything that is not a valid
     CloudEvent with a JSON object as ``data``.
     """
-    mode, raw_attributes = _header_attributes(headers)
+    mode, attributes, general = _header_attributes(headers)
     if mode is None:
         raise InvalidEvent("not a CloudEvent: no ce_* headers and no structured content-type")
     try:
         if mode is ContentMode.STRUCTURED:
             attributes, data = _structured(value or b"")
+            general = True  # any member of the JSON object may be an unknown extension
         else:
-            attributes = {name: raw.decode() for name, raw in raw_attributes.items()}
             data = json_text.loads(value) if value else None
         if key is not None:
             attributes["partitionkey"] = key.decode()
     except (ValueError, TypeError, RecursionError):  # malformed JSON, UTF-8 or shape
         raise InvalidEvent(f"undecodable {mode} CloudEvent") from None
-    return _to_envelope(mode, attributes, data)
+    return _to_envelope(mode, attributes, data, filtered=not general)
 
 
 def _structured(value: bytes) -> tuple[dict[str, Any], object]:
@@ -180,7 +191,10 @@ def _structured(value: bytes) -> tuple[dict[str, Any], object]:
     return attributes, data
 
 
-def _to_envelope(mode: ContentMode, attributes: dict[str, Any], data: object) -> Envelope:
+def _to_envelope(
+    mode: ContentMode, attributes: dict[str, Any], data: object, *, filtered: bool = False
+) -> Envelope:
+    """``filtered``: ``attributes`` holds only names of :data:`_KNOWN` already."""
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -188,10 +202,11 @@ def _to_envelope(mode: ContentMode, attributes: dict[str, Any], data: object) ->
     specversion = attributes.setdefault("specversion", "1.0")
     if specversion != "1.0":
         raise InvalidEvent(f"unsupported specversion {specversion!r}")
-    if any(name in attributes and not attributes[name] for name in _NON_EMPTY):
-        raise InvalidEvent(f"undecodable {mode} CloudEvent: empty attribute")
+    for name in _NON_EMPTY:
+        if name in attributes and not attributes[name]:
+            raise InvalidEvent(f"undecodable {mode} CloudEvent: empty attribute")
     # Extensions toolfleet does not know are legal CloudEvents and are dropped here.
-    known = {name: v for name, v in attributes.items() if name in _KNOWN}
+    known = attributes if filtered else {n: v for n, v in attributes.items() if n in _KNOWN}
     if "time" not in known:
         known["time"] = datetime.now(UTC)  # as the SDK stamps an event that lacks one
     elif not isinstance(known["time"], str):

@@ -14,6 +14,7 @@ Pure functions of an :class:`~toolfleet.events.envelope.Envelope`:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 import secrets
@@ -85,7 +86,25 @@ def parse_traceparent(value: str | None) -> TraceParent | None:
 
     Invalid per the spec: version ``ff``, a version ``00`` value with anything appended,
     an all-zero trace or parent id, upper-case hex.
+
+    A worker reads an event's ``traceparent`` several times (its trace, the log context,
+    the span): the answers for the last few thousand values of a valid length are kept.
     """
+    if value is not None and len(value) == _TRACEPARENT_LENGTH:
+        return _parse_remembered(value)
+    return _parse_traceparent(value)
+
+
+#: Length of a version ``00`` ``traceparent``, the only one a valid value has today.
+_TRACEPARENT_LENGTH: Final = 55
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_remembered(value: str) -> TraceParent | None:
+    return _parse_traceparent(value)
+
+
+def _parse_traceparent(value: str | None) -> TraceParent | None:
     match = _TRACEPARENT.match(value or "")
     if match is None:
         return None

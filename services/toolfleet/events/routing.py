@@ -108,6 +108,12 @@ POLICY_CONSUMER = Consumer(
             types=CONTROL,
             summary="Resolves pending approvals and cancels waiting calls.",
         ),
+    ),
+)
+POLICY_OUTCOMES = Consumer(
+    name="policy-outcomes",
+    group="policy-outcomes",
+    reads=(
         Route(
             topic=TopicName.RESULTS,
             types=TERMINAL,
@@ -186,7 +192,7 @@ PRODUCER = Party(
 POLICY = Party(
     name="policy",
     source=Source.POLICY,
-    consumers=(POLICY_CONSUMER,),
+    consumers=(POLICY_CONSUMER, POLICY_OUTCOMES),
     sends=(
         Route(
             topic=TopicName.AUTHORIZED,

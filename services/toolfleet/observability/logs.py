@@ -6,12 +6,12 @@ import contextvars
 import json
 import logging
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
 
-_CONTEXT: contextvars.ContextVar[dict[str, str]] = contextvars.ContextVar("toolfleet_log_context")
+_CONTEXT: contextvars.ContextVar[tuple[dict[str, str | None], ...]] = contextvars.ContextVar(
+    "toolfleet_log_context", default=()
+)
 _RESERVED = frozenset(vars(logging.makeLogRecord({})).keys()) | {
     "message",
     "asctime",
@@ -19,15 +19,31 @@ _RESERVED = frozenset(vars(logging.makeLogRecord({})).keys()) | {
 }
 
 
-@contextmanager
-def log_context(**fields: str | None) -> Iterator[None]:
-    """Add fields (``tenant_id``, ``invocation_id``, ``trace_id`` ...) to every log line."""
-    merged = {**_CONTEXT.get({}), **{k: v for k, v in fields.items() if v}}
-    token = _CONTEXT.set(merged)
-    try:
-        yield
-    finally:
-        _CONTEXT.reset(token)
+class log_context:  # lower case: used as a function, ``with log_context(...):``
+    """Add fields (``tenant_id``, ``invocation_id``, ``trace_id`` ...) to every log line
+    written inside the block; fields without a value are left out, an inner block's win.
+
+    Entered for every record a consumer handles, and read only when a line is written:
+    the fields are merged then, not on the way in."""
+
+    __slots__ = ("_fields", "_token")
+
+    def __init__(self, **fields: str | None) -> None:
+        self._fields = fields
+
+    def __enter__(self) -> None:
+        self._token = _CONTEXT.set((*_CONTEXT.get(), self._fields))
+
+    def __exit__(self, *_: object) -> None:
+        _CONTEXT.reset(self._token)
+
+
+def context_fields() -> dict[str, str]:
+    """The fields of the log contexts entered here, inner ones winning."""
+    merged: dict[str, str] = {}
+    for fields in _CONTEXT.get():
+        merged.update((name, value) for name, value in fields.items() if value)
+    return merged
 
 
 class JsonFormatter(logging.Formatter):
@@ -42,7 +58,7 @@ class JsonFormatter(logging.Formatter):
             "service": self._service,
             "logger": record.name,
             "msg": record.getMessage(),
-            **_CONTEXT.get({}),
+            **context_fields(),
         }
         entry.update(_extras(record))
         if record.exc_info and record.exc_info[0] is not None:
@@ -55,7 +71,7 @@ class ConsoleFormatter(logging.Formatter):
     """One line: level, logger, message, then the record's fields and the context's."""
 
     def format(self, record: logging.LogRecord) -> str:
-        fields = {**_extras(record), **_CONTEXT.get({})}
+        fields = {**_extras(record), **context_fields()}
         if record.exc_info and record.exc_info[0] is not None:
             fields["exc_type"] = record.exc_info[0].__name__
         ctx = " ".join(f"{k}={v}" for k, v in fields.items())

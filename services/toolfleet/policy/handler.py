@@ -18,7 +18,7 @@ from toolfleet.auth.grants import GrantSigner
 from toolfleet.auth.revocation import CachedRevocationList
 from toolfleet.auth.tokens import open_verifier
 from toolfleet.bus.producer import Outbound
-from toolfleet.bus.runtime import EventConsumer, Inbound
+from toolfleet.bus.runtime import ByBatch, EventConsumer, Inbound
 from toolfleet.errors import InvalidEvent
 from toolfleet.events import routing
 from toolfleet.events.types import EventType, TopicName
@@ -74,10 +74,12 @@ async def build(res: Resources) -> list[EventConsumer]:
             emitted = await service.on_requested(event.envelope, event.key)
         elif event.topic == res.topic(TopicName.CONTROL):
             emitted = await service.on_control(event.envelope, event.key)
-        elif event.topic == res.topic(TopicName.RESULTS):
-            emitted = await service.on_result(event.envelope)
         else:
             raise InvalidEvent(f"policy does not accept {event.envelope.type!r} on {event.topic}")
+        return [Outbound(envelope=env, topic=res.topic(name)) for name, env in emitted]
+
+    async def answer_waiters(events: Sequence[Inbound]) -> Sequence[Outbound]:
+        emitted = await service.on_results([event.envelope for event in events])
         return [Outbound(envelope=env, topic=res.topic(name)) for name, env in emitted]
 
     async def expire(pending: PendingApproval) -> None:
@@ -114,11 +116,16 @@ async def build(res: Resources) -> list[EventConsumer]:
         routing.POLICY_CONSUMER,
         max_in_flight=settings.max_in_flight,
         starts_traces=True,  # the first service to read a request
-        # An outcome read twice finds its waiters already taken (``finish`` is atomic)
-        # and emits nothing: no dedupe marker per outcome.
-        idempotent_topics=frozenset({res.topic(TopicName.RESULTS)}),
     )
-    return [res.consumer(spec, handle)]
+    # Outcomes are read off the critical path, a fetch at a time: the few that answer
+    # waiting duplicates are found in one round trip for the whole fetch. An outcome
+    # read twice finds its waiters already taken (``finish`` is atomic) and emits
+    # nothing: no dedupe marker per outcome.
+    outcomes = res.observer_spec(routing.POLICY_OUTCOMES, per_call=1)
+    return [
+        res.consumer(spec, handle),
+        res.consumer(outcomes, ByBatch(answer_waiters), dedupe=False),
+    ]
 
 
 def _mtime(path: object) -> float | None:

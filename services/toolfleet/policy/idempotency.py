@@ -19,7 +19,7 @@ The flow, for policy::
             outcome = await store.add_waiter(claim.first_invocation_id, invocation_id, ctx)
             emit outcome_for_duplicate(...) now if outcome is not None, else later
 
-    # on every terminal outcome seen on invoke.results (of an owner: owns_key):
+    # on every terminal outcome seen on invoke.results (of an owner: owns_keys):
     for waiter in await store.finish(outcome.invocation_id, outcome_json):
         emit outcome_for_duplicate(outcome, invocation_id=waiter.invocation_id, ...)
 
@@ -30,6 +30,7 @@ This module is the domain side (port, claim, outcome copy); the Redis adapter is
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
@@ -124,8 +125,8 @@ class IdempotencyStore(Protocol):
         """:meth:`record_outcome` and :meth:`take_waiters` as one atomic step."""
         ...
 
-    async def owns_key(self, invocation_id: str) -> bool:
-        """Whether ``invocation_id`` may own a key.
+    async def owns_keys(self, invocation_ids: Sequence[str]) -> list[bool]:
+        """Whether each of ``invocation_ids`` may own a key, asked in one round trip.
 
         ``False`` means :meth:`finish` would store nothing and return no waiters, so an
         outcome can be passed over without being decoded; ``True`` may be a false alarm

@@ -8,6 +8,7 @@ the adapters' business and are tested against Redis).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from toolfleet.policy.documents import TenantPolicy
@@ -104,5 +105,5 @@ class MemoryIdempotencyStore:
         await self.record_outcome(invocation_id, outcome_json)
         return await self.take_waiters(invocation_id)
 
-    async def owns_key(self, invocation_id: str) -> bool:
-        return invocation_id in self._owners or invocation_id in self._waiters
+    async def owns_keys(self, invocation_ids: Sequence[str]) -> list[bool]:
+        return [i in self._owners or i in self._waiters for i in invocation_ids]

@@ -11,7 +11,7 @@ contract's names); tests use it to share one Redis safely.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
 
 from redis.asyncio import Redis
@@ -21,7 +21,6 @@ from toolfleet.policy.idempotency import DEFAULT_TTL_S, Claim, ClaimKind, Waiter
 from toolfleet.policy.ratelimit import RateDecision, RateLimits
 from toolfleet.policy.service import PendingApproval
 from toolfleet.storage.lua import LuaScript
-from toolfleet.storage.redis import CoalescedCommands
 
 __all__ = [
     "RedisAdmission",
@@ -190,16 +189,15 @@ class RedisIdempotencyStore:
     - ``idempotency:waiters:<invocation_id>``: duplicates queued behind a running owner
 
     All live as long as the claim (``ttl_s``). Outcomes are stored only for owners, so
-    :meth:`finish` may be called for every terminal outcome; :meth:`owns_key` tells
-    first, for less: one ``EXISTS`` sent with the others in flight, and none for the
-    owners this process claimed itself (remembered until they finish, up to
+    :meth:`finish` may be called for every terminal outcome; :meth:`owns_keys` tells
+    first, for less: one ``EXISTS`` per outcome, a fetch's in one pipeline, and none for
+    the owners this process claimed itself (remembered until they finish, up to
     ``max_local_owners``).
     """
 
     def __init__(self, redis: Redis, *, prefix: str = "", max_local_owners: int = 100_000) -> None:
         self._redis = redis
         self._prefix = f"{prefix}idempotency:"
-        self._reads = CoalescedCommands(redis)
         self._claimed: dict[str, None] = {}  # owners claimed here, oldest first
         self._max_claimed = max_local_owners
 
@@ -299,12 +297,17 @@ class RedisIdempotencyStore:
         self._claimed.pop(invocation_id, None)
         return _waiters(reply[1:])
 
-    async def owns_key(self, invocation_id: str) -> bool:
-        """Whether ``invocation_id`` owns a key or has duplicates queued behind it."""
-        if invocation_id in self._claimed:
-            return True
-        owner, waiters = self._owner(invocation_id), self._waiters(invocation_id)
-        return bool(await self._reads.run(lambda pipe: pipe.exists(owner, waiters)))
+    async def owns_keys(self, invocation_ids: Sequence[str]) -> list[bool]:
+        """Whether each of ``invocation_ids`` owns a key or has duplicates queued behind
+        it: one ``EXISTS`` each, in one pipeline, for those not claimed here."""
+        asked = [i for i in invocation_ids if i not in self._claimed]
+        found: dict[str, bool] = {}
+        if asked:
+            pipe = self._redis.pipeline(transaction=False)
+            for invocation_id in asked:
+                pipe.exists(self._owner(invocation_id), self._waiters(invocation_id))
+            found = dict(zip(asked, map(bool, await pipe.execute()), strict=True))
+        return [found.get(i, True) for i in invocation_ids]
 
     def _remember_owner(self, invocation_id: str) -> None:
         if len(self._claimed) >= self._max_claimed:

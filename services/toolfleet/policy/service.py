@@ -10,7 +10,9 @@ terminal outcome, never an exception escaping the consumer.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
@@ -356,14 +358,25 @@ class PolicyService:
 
     # --- invoke.results: resolve duplicates waiting on an idempotency key ----------------
 
-    async def on_result(self, event: Envelope) -> list[Emitted]:
-        if event.type not in TERMINAL_TYPES or event.invocationid is None:
-            return []
-        # Nearly every outcome is of a call without an idempotency key, and nobody waits
-        # for it: ask before validating (and re-serializing) the outcome.
-        claimed = _uuid_text(event.data.get("invocation_id"))
-        if claimed is not None and not await self.idempotency.owns_key(claimed):
-            return []
+    async def on_results(self, events: Sequence[Envelope]) -> list[Emitted]:
+        """The outcomes owed to duplicates that waited for any of these outcomes.
+
+        Nearly every outcome is of a call without an idempotency key, and nobody waits
+        for it: which invocations may own a key is asked for all of ``events`` at once
+        (one round trip), before any outcome is validated or re-serialized.
+        """
+        ended = [e for e in events if e.type in TERMINAL_TYPES and e.invocationid is not None]
+        claimed = [_uuid_text(e.data.get("invocation_id")) for e in ended]
+        asked = [c for c in claimed if c is not None]
+        owners = {c for c, owns in zip(asked, await self._owns_keys(asked), strict=True) if owns}
+        answering = [e for e, c in zip(ended, claimed, strict=True) if c is None or c in owners]
+        answers = await asyncio.gather(*(self._answer_waiters(e) for e in answering))
+        return [emitted for answer in answers for emitted in answer]
+
+    async def _owns_keys(self, invocation_ids: list[str]) -> list[bool]:
+        return await self.idempotency.owns_keys(invocation_ids) if invocation_ids else []
+
+    async def _answer_waiters(self, event: Envelope) -> list[Emitted]:
         outcome = event.data_as(ToolOutcome)
         waiters = await self.idempotency.finish(
             str(outcome.invocation_id), outcome.model_dump_json()

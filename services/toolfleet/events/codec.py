@@ -64,20 +64,25 @@ def encode(envelope: Envelope, mode: ContentMode = ContentMode.BINARY) -> WireMe
     key = envelope.partitionkey.encode() if envelope.partitionkey is not None else None
     attributes = _wire_attributes(envelope)
     if mode is ContentMode.BINARY:
-        headers: list[tuple[str, bytes]] = [
-            ("content-type" if name == "datacontenttype" else _CE_PREFIX + name, value.encode())
-            for name, value in attributes.items()
-        ]
+        headers = [(_HEADER_OF[name], text.encode()) for name, text in attributes.items()]
         return WireMessage(key=key, value=_dumps(envelope.data), headers=headers)
     value = _dumps({**attributes, "data": envelope.data})
     return WireMessage(key=key, value=value, headers=list(_STRUCTURED_HEADERS))
 
 
+#: Attribute -> its binary-mode header.
+_HEADER_OF: dict[str, str] = {
+    name: "content-type" if name == "datacontenttype" else _CE_PREFIX + name
+    for name in _KNOWN_ORDER
+}
+
+
 def _wire_attributes(envelope: Envelope) -> dict[str, str]:
     """Attributes as the strings the wire carries, unset optionals left out."""
+    fields = envelope.__dict__  # a pydantic model's field values, read without getattr
     attributes: dict[str, str] = {}
     for name in _KNOWN_ORDER:
-        value = getattr(envelope, name)
+        value = fields[name]
         if value is not None:
             attributes[name] = value if isinstance(value, str) else _format_time(value)
     if "time" not in attributes:

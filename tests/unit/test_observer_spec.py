@@ -31,3 +31,18 @@ def test_observers_hold_every_hop_of_the_calls_a_critical_consumer_holds() -> No
         assert spec.wake_delay_ms == 40
         assert spec.group_id == f"p.{route.group}"
         assert sorted(spec.topics) == sorted(f"p.{name}" for name in route.topics)
+
+
+def test_policy_reads_outcomes_apart_at_observer_pace_and_requests_at_critical_pace() -> None:
+    res = resources(max_in_flight=100, observer_fetch_max_wait_ms=40, topic_prefix="p.")
+    outcomes = res.observer_spec(routing.POLICY_OUTCOMES, per_call=1)
+    assert (outcomes.group_id, list(outcomes.topics)) == (
+        "p.policy-outcomes",
+        ["p.invoke.results"],
+    )
+    assert (outcomes.max_in_flight, outcomes.fetch_max_wait_ms) == (100, 40)
+    critical = res.spec(routing.POLICY_CONSUMER)
+    assert critical.group_id == "p.policy"
+    assert "p.invoke.results" not in critical.topics
+    assert critical.fetch_max_wait_ms is None  # the fleet's critical pace
+    assert routing.party_of(routing.POLICY_OUTCOMES) is routing.POLICY

@@ -178,3 +178,33 @@ def test_a_call_ref_names_an_authorized_call_and_its_trace() -> None:
     assert (ref.tool_id, ref.tool_version) == ("core__echo", "1.0.0")
     assert ref.resolved("1.0.1").tool_version == "1.0.1"
     assert ref.tool_version == "1.0.0"  # frozen: resolved() is a copy
+
+
+_HEXISH = st.sampled_from("0123456789abcdefABCDEF-x")
+_HEX = "0123456789abcdef"
+
+
+def _ids(size: int) -> st.SearchStrategy[str]:
+    """Valid ids mostly, and the near misses: all zeros, upper case, a length off by one."""
+    return st.one_of(
+        st.text(_HEX, min_size=size, max_size=size),
+        st.just("0" * size),
+        st.text(_HEXISH, min_size=size - 1, max_size=size + 1),
+    )
+
+
+@given(
+    version=st.sampled_from(["00", "01", "ff", "0A", "zz"]),
+    trace_id=_ids(32),
+    parent_id=_ids(16),
+    flags=st.one_of(st.text(_HEX, min_size=2, max_size=2), st.text(_HEXISH, max_size=3)),
+    rest=st.sampled_from(["", "-x", "-"]),
+)
+def test_the_trace_id_fast_path_answers_as_the_parser(
+    version: str, trace_id: str, parent_id: str, flags: str, rest: str
+) -> None:
+    value = f"{version}-{trace_id}-{parent_id}-{flags}{rest}"
+    parsed = parse_traceparent(value)
+    assert trace_id_of(value) == (parsed.trace_id if parsed is not None else None)
+    envelope = Envelope(id="e1", source="/s", type="t", traceparent=value)
+    assert (with_trace(envelope).traceparent == value) is (parsed is not None)

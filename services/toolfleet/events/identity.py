@@ -14,7 +14,6 @@ Pure functions of an :class:`~toolfleet.events.envelope.Envelope`:
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import re
 import secrets
@@ -86,25 +85,7 @@ def parse_traceparent(value: str | None) -> TraceParent | None:
 
     Invalid per the spec: version ``ff``, a version ``00`` value with anything appended,
     an all-zero trace or parent id, upper-case hex.
-
-    A worker reads an event's ``traceparent`` several times (its trace, the log context,
-    the span): the answers for the last few thousand values of a valid length are kept.
     """
-    if value is not None and len(value) == _TRACEPARENT_LENGTH:
-        return _parse_remembered(value)
-    return _parse_traceparent(value)
-
-
-#: Length of a version ``00`` ``traceparent``, the only one a valid value has today.
-_TRACEPARENT_LENGTH: Final = 55
-
-
-@functools.lru_cache(maxsize=4096)
-def _parse_remembered(value: str) -> TraceParent | None:
-    return _parse_traceparent(value)
-
-
-def _parse_traceparent(value: str | None) -> TraceParent | None:
     match = _TRACEPARENT.match(value or "")
     if match is None:
         return None
@@ -116,6 +97,25 @@ def _parse_traceparent(value: str | None) -> TraceParent | None:
     return TraceParent(trace_id=trace_id, parent_id=parent_id, flags=match["flags"])
 
 
+#: A version ``00`` traceparent, the form every toolfleet event carries: its trace id
+#: is read without building a :class:`TraceParent` (every record a worker handles).
+_TRACEPARENT_00: Final = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}")
+_TRACEPARENT_00_LENGTH: Final = 55
+_ZERO_TRACE: Final = "0" * 32
+_ZERO_PARENT: Final = "0" * 16
+
+
+def _trace_id_00(value: str | None) -> str | None:
+    """The trace id of a valid version ``00`` ``traceparent``; ``None`` for anything else
+    (which may still be valid in another version: ask :func:`parse_traceparent`)."""
+    if value is None or len(value) != _TRACEPARENT_00_LENGTH:
+        return None
+    match = _TRACEPARENT_00.fullmatch(value)
+    if match is None or match[1] == _ZERO_TRACE or match[2] == _ZERO_PARENT:
+        return None
+    return match[1]
+
+
 def valid_traceparent(value: str | None) -> str | None:
     """``value`` in version ``00`` form when it is a valid ``traceparent``, else ``None``."""
     parsed = parse_traceparent(value)
@@ -124,6 +124,9 @@ def valid_traceparent(value: str | None) -> str | None:
 
 def trace_id_of(traceparent: str | None) -> str | None:
     """The trace id of a ``traceparent``, if it is valid."""
+    trace_id = _trace_id_00(traceparent)
+    if trace_id is not None:
+        return trace_id
     parsed = parse_traceparent(traceparent)
     return parsed.trace_id if parsed is not None else None
 
@@ -161,7 +164,7 @@ def with_trace(envelope: Envelope) -> Envelope:
     An invalid ``traceparent`` is replaced as a missing one is (W3C: a receiver that
     cannot parse it starts a new trace); ``tracestate`` then goes with it.
     """
-    if parse_traceparent(envelope.traceparent) is not None:
+    if trace_id_of(envelope.traceparent) is not None:
         return envelope
     return envelope.model_copy(
         update={

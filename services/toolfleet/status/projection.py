@@ -283,33 +283,18 @@ def fact_of(event: Envelope, *, now: datetime) -> Fact | None:
         "invocation_id": invocation_id,
         "tenant_id": event.tenantid or tenant_of(event),
         "occurred_at": event.time or now,
-        "trace_id": _trace_id(event.traceparent),
+        "trace_id": trace_id_of(event.traceparent),
     }
     return reader(event, base)
 
 
 _UUID_LEN: Final = 36
 _CANONICAL_UUID: Final = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
-#: A version ``00`` traceparent as toolfleet writes it (anything else: ``trace_id_of``).
-_TRACEPARENT_00: Final = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}")
-_TRACEPARENT_00_LEN: Final = 55
-_ZERO_TRACE: Final = "0" * 32
-_ZERO_SPAN: Final = "0" * 16
 
 
 def _is_canonical_uuid(value: Any) -> bool:
     """``value`` is a UUID as ``str(uuid.UUID(value))`` writes it (so it is its own)."""
     return type(value) is str and len(value) == _UUID_LEN and bool(_CANONICAL_UUID.fullmatch(value))
-
-
-def _trace_id(traceparent: str | None) -> str | None:
-    """``trace_id_of(traceparent)``, without its parser for the usual version ``00``."""
-    if traceparent is not None and len(traceparent) == _TRACEPARENT_00_LEN:
-        match = _TRACEPARENT_00.fullmatch(traceparent)
-        if match is not None:
-            trace_id = match[1]
-            return trace_id if trace_id != _ZERO_TRACE and match[2] != _ZERO_SPAN else None
-    return trace_id_of(traceparent)
 
 
 def _requested(event: Envelope, base: dict[str, Any]) -> Fact | None:

@@ -368,13 +368,11 @@ class PolicyService:
         ended = [e for e in events if e.type in TERMINAL_TYPES and e.invocationid is not None]
         claimed = [_uuid_text(e.data.get("invocation_id")) for e in ended]
         asked = [c for c in claimed if c is not None]
-        owners = {c for c, owns in zip(asked, await self._owns_keys(asked), strict=True) if owns}
+        owned = await self.idempotency.owns_keys(asked)
+        owners = {c for c, owns in zip(asked, owned, strict=True) if owns}
         answering = [e for e, c in zip(ended, claimed, strict=True) if c is None or c in owners]
         answers = await asyncio.gather(*(self._answer_waiters(e) for e in answering))
         return [emitted for answer in answers for emitted in answer]
-
-    async def _owns_keys(self, invocation_ids: list[str]) -> list[bool]:
-        return await self.idempotency.owns_keys(invocation_ids) if invocation_ids else []
 
     async def _answer_waiters(self, event: Envelope) -> list[Emitted]:
         outcome = event.data_as(ToolOutcome)

@@ -87,7 +87,10 @@ SCRIPT = [
         ("call_b", "core__echo", '{"message": "beta"}'),
         ("call_c", "core__echo", '{"message": "gam'),
         ("call_d", "test__sleep", '{"seconds": 0.05}'),
-        ("call_f", "core__long_running", '{"steps": 3, "step_seconds": 0.1}'),
+        # Steps longer than the HTTP port's 0.2 s status polls, with the status worker's
+        # lag on top: a poll lands between two checkpoints (at 0.1 s a step, the status
+        # view could go from the first checkpoint to the outcome between two polls).
+        ("call_f", "core__long_running", '{"steps": 3, "step_seconds": 0.5}'),
     ),
     _chat(("call_e", "core__echo", '{"message": "gamma"}')),
     _chat(text="alpha beta gamma, and I slept."),

@@ -14,6 +14,11 @@ requested -> authorized -> executed -> results, each hop a consumer in its own g
 the broker's ack, with the fleet's ``fetch_max_wait_ms`` and ``linger_ms`` and the same
 concurrency. The ratio fleet/baseline is the cost of everything toolfleet does per hop.
 
+Floor, same run, same broker (``--no-floor`` skips it): the records the contract makes one
+successful call write and read (five lifecycle records, five audit records, fifteen
+reads), relayed with no work by processes shaped like the fleet's (:func:`floor_legs`):
+what Kafka alone costs any implementation of the contract here.
+
 Only loopback traffic: the broker is started here on a free port; Redis and Postgres
 come from ``TOOLFLEET_REDIS_URL`` / ``TOOLFLEET_DATABASE_URL`` (the fleet gets a Redis
 database index of its own, emptied afterwards, and a throwaway Postgres database).
@@ -39,7 +44,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -70,6 +75,7 @@ SERVERS = {"postgres": 5432, "redis": 6379}
 its children, found by the port it listens on): reported apart, like ``CLIENT``."""
 MAX_N = 100_000
 BASELINE_HOPS = ("requested", "authorized", "executed", "results")
+FLOOR_TOPICS = ("requested", "authorized", "executed", "results", "events", "control", "audit")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -88,6 +94,11 @@ class BenchConfig:
     """How long the fleet idles before the first call after idle; 0 skips the idle phase."""
     celery: bool = True
     """Run the Celery peer (``celery_peer.py``) after the fleet."""
+    floor: bool = True
+    """Run the contract's floor (:func:`floor_legs`) after the baseline."""
+    workers: tuple[str, ...] = WORKERS
+    """The fleet's worker processes (``toolfleet worker NAME``), ``audit+status`` for
+    both observers in one process."""
     short_idles: int = 3
     """Calls after 3-second pauses, after the first call after the idle phase."""
     fleet_env: dict[str, str] = dataclasses.field(default_factory=dict)
@@ -248,42 +259,69 @@ def _kafka(bootstrap: str) -> dict[str, Any]:
     return connection_kwargs(FleetSettings(kafka_bootstrap=bootstrap))
 
 
-def relay_main(source: str, target: str, group: str, bootstrap: str, cfg: dict[str, int]) -> None:
-    """One baseline hop, as its own process: consume ``source``, re-produce to ``target``."""
+@dataclass(frozen=True)
+class Leg:
+    """One consumer of a relay process: reads ``sources`` in ``group`` and re-produces
+    every record, unread, to each of ``targets`` (none: it only consumes and commits)."""
+
+    sources: tuple[str, ...]
+    targets: tuple[str, ...]
+    group: str
+    fetch_max_wait_ms: int
+
+
+def relay_main(legs: list[Leg], bootstrap: str, linger_ms: int) -> None:
+    """One process of a bare chain: each leg a consumer of its own, one producer, each
+    batch re-produced and committed after the broker's acks."""
+
+    async def leg_loop(
+        leg: Leg, producer: AIOKafkaProducer, stop: asyncio.Event, assigned: asyncio.Event
+    ) -> None:
+        consumer = AIOKafkaConsumer(
+            *leg.sources,
+            **_kafka(bootstrap),
+            group_id=leg.group,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            fetch_max_wait_ms=leg.fetch_max_wait_ms,
+        )
+        await consumer.start()
+        try:
+            while not stop.is_set():
+                batch = await consumer.getmany(timeout_ms=100)
+                if consumer.assignment():
+                    assigned.set()
+                futures = [
+                    await producer.send(target, value=r.value, key=r.key, headers=list(r.headers))
+                    for records in batch.values()
+                    for r in records
+                    for target in leg.targets
+                ]
+                if futures:
+                    await asyncio.gather(*futures)
+                if batch:
+                    await consumer.commit()
+        finally:
+            await consumer.stop()
 
     async def relay() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, stop.set)
-        consumer = AIOKafkaConsumer(
-            source,
-            **_kafka(bootstrap),
-            group_id=group,
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-            fetch_max_wait_ms=cfg["fetch_max_wait_ms"],
-        )
-        producer = AIOKafkaProducer(**_kafka(bootstrap), acks="all", linger_ms=cfg["linger_ms"])
+        producer = AIOKafkaProducer(**_kafka(bootstrap), acks="all", linger_ms=linger_ms)
         await producer.start()
-        await consumer.start()
-        ready = Path(os.environ["BENCH_READY_FILE"])
-        announced = False
+        assigned = [asyncio.Event() for _ in legs]
+        tasks = [
+            asyncio.create_task(leg_loop(leg, producer, stop, ready))
+            for leg, ready in zip(legs, assigned, strict=True)
+        ]
         try:
-            while not stop.is_set():
-                batch = await consumer.getmany(timeout_ms=100)
-                if consumer.assignment() and not announced:
-                    await asyncio.to_thread(ready.write_text, "ok")
-                    announced = True
-                futures = [
-                    await producer.send(target, value=r.value, key=r.key, headers=list(r.headers))
-                    for records in batch.values()
-                    for r in records
-                ]
-                if futures:
-                    await asyncio.gather(*futures)
-                    await consumer.commit()
+            await asyncio.gather(*(ready.wait() for ready in assigned))
+            await asyncio.to_thread(Path(os.environ["BENCH_READY_FILE"]).write_text, "ok")
+            await asyncio.gather(*tasks)
         finally:
-            await consumer.stop()
+            stop.set()
+            await asyncio.gather(*tasks, return_exceptions=True)
             await producer.stop()
 
     asyncio.run(relay())
@@ -323,30 +361,91 @@ def processes(
                 proc.wait(5)
 
 
-async def run_baseline(bootstrap: str, cfg: BenchConfig, work: Path) -> RunResult:
-    prefix = f"base{uuid.uuid4().hex[:6]}."
+def baseline_legs(prefix: str, cfg: BenchConfig) -> dict[str, list[Leg]]:
+    """The bare four-hop chain: three relays, one hop each."""
     topics = [prefix + hop for hop in BASELINE_HOPS]
-    await create_topics(bootstrap, topics, cfg.partitions)
-    knobs = {"fetch_max_wait_ms": cfg.fetch_max_wait_ms, "linger_ms": cfg.linger_ms}
+    return {
+        f"relay{i}": [Leg((src,), (dst,), f"{prefix}hop{i}", cfg.fetch_max_wait_ms)]
+        for i, (src, dst) in enumerate(itertools.pairwise(topics))
+    }
+
+
+def floor_legs(prefix: str, cfg: BenchConfig) -> dict[str, list[Leg]]:
+    """The records the contract makes one successful call write and read, relayed by
+    processes shaped like the fleet's, doing nothing else: policy (requested and control
+    -> authorized; results read by a second group at observer pace), executor (authorized
+    -> invoked on the events topic, then executed), validator (executed -> results),
+    audit (every lifecycle topic -> one audit record each) and status (every lifecycle
+    topic, read and committed). The executor's per-worker control consumer is left out
+    (it rests without traffic): the floor errs on the cheap side."""
+    name = {hop: prefix + hop for hop in FLOOR_TOPICS}
+    lifecycle = tuple(name[hop] for hop in FLOOR_TOPICS if hop != "audit")
+    critical, observer = cfg.fetch_max_wait_ms, FleetSettings().observer_fetch_max_wait_ms
+    return {
+        "policy": [
+            Leg(
+                (name["requested"], name["control"]),
+                (name["authorized"],),
+                f"{prefix}policy",
+                critical,
+            ),
+            Leg((name["results"],), (), f"{prefix}policy-outcomes", observer),
+        ],
+        "executor": [
+            Leg(
+                (name["authorized"],),
+                (name["events"], name["executed"]),
+                f"{prefix}executor",
+                critical,
+            ),
+        ],
+        "validator": [Leg((name["executed"],), (name["results"],), f"{prefix}validator", critical)],
+        "audit": [Leg(lifecycle, (name["audit"],), f"{prefix}audit", observer)],
+        "status": [Leg(lifecycle, (), f"{prefix}status", observer)],
+    }
+
+
+async def run_relays(
+    bootstrap: str,
+    cfg: BenchConfig,
+    work: Path,
+    *,
+    floor: bool,
+) -> RunResult:
+    """The bare chain (``floor`` False) or the contract's floor (True), measured."""
+    prefix = f"{'floor' if floor else 'base'}{uuid.uuid4().hex[:6]}."
+    hops = FLOOR_TOPICS if floor else BASELINE_HOPS
+    await create_topics(bootstrap, [prefix + hop for hop in hops], cfg.partitions)
+    legs = (floor_legs if floor else baseline_legs)(prefix, cfg)
     commands = []
     ready_files = []
-    for i, (src, dst) in enumerate(itertools.pairwise(topics)):
-        ready = work / f"relay{i}.ready"
+    for name, process_legs in legs.items():
+        ready = work / f"{prefix}{name}.ready"
         ready_files.append(ready)
-        argv = [sys.executable, __file__, "--relay", src, dst, f"{prefix}hop{i}", bootstrap,
-                json.dumps(knobs)]  # fmt: skip
-        commands.append((f"relay{i}", argv, {**os.environ, "BENCH_READY_FILE": str(ready)}))
+        spec = json.dumps([dataclasses.asdict(leg) for leg in process_legs])
+        argv = [sys.executable, __file__, "--relay", spec, bootstrap, str(cfg.linger_ms)]
+        commands.append((f"{prefix}{name}", argv, {**os.environ, "BENCH_READY_FILE": str(ready)}))
     with processes(commands, work) as pids:
         deadline = time.monotonic() + 60
         while not all(f.exists() for f in ready_files):
             if time.monotonic() > deadline:
-                raise TimeoutError("baseline relays did not get their partitions in 60 s")
+                raise TimeoutError("relays did not get their partitions in 60 s")
             await asyncio.sleep(0.05)
-        return await measure_baseline(bootstrap, topics, cfg, list(pids.values()))
+        by_name = {name.removeprefix(prefix): [pid] for name, pid in pids.items()}
+        label = ("floor (bare aiokafka, the contract's records)" if floor
+                 else "baseline (bare aiokafka, 4 hops)")  # fmt: skip
+        return await measure_baseline(
+            bootstrap, prefix + "requested", prefix + "results", cfg, by_name, label
+        )
 
 
 async def measure_baseline(
-    bootstrap: str, topics: list[str], cfg: BenchConfig, relays: list[int]
+    bootstrap: str,
+    first: str,
+    last: str,
+    cfg: BenchConfig,
+    relays: dict[str, list[int]],
+    label: str,
 ) -> RunResult:
     producer = AIOKafkaProducer(**_kafka(bootstrap), acks="all", linger_ms=cfg.linger_ms)
     watcher = AIOKafkaConsumer(
@@ -354,7 +453,7 @@ async def measure_baseline(
     )
     await producer.start()
     await watcher.start()
-    parts = [TopicPartition(topics[-1], p) for p in range(cfg.partitions)]
+    parts = [TopicPartition(last, p) for p in range(cfg.partitions)]
     watcher.assign(parts)
     await watcher.seek_to_end(*parts)
     for tp in parts:
@@ -377,7 +476,7 @@ async def measure_baseline(
         future = asyncio.get_running_loop().create_future()
         waiting[invocation] = future
         start = time.perf_counter()
-        ack = await producer.send(topics[0], value=value, key=key, headers=headers)
+        ack = await producer.send(first, value=value, key=key, headers=headers)
         await ack
         try:
             arrived = await asyncio.wait_for(future, cfg.timeout_s)
@@ -386,7 +485,7 @@ async def measure_baseline(
         return arrived - start, "success"
 
     task = asyncio.create_task(watch())
-    meter = CpuMeter({"broker": children_named("--listener-url"), "relays": relays})
+    meter = CpuMeter({"broker": children_named("--listener-url"), **relays})
     try:
         await drive(cfg.warmup, cfg.concurrency, one)
         meter.start()
@@ -401,8 +500,21 @@ async def measure_baseline(
             await task
         await watcher.stop()
         await producer.stop()
-    result = summarize("baseline (bare aiokafka, 4 hops)", latencies, outcomes, elapsed)
+    result = summarize(label, latencies, outcomes, elapsed)
     return dataclasses.replace(result, costs=costs_of(cpu, result.completed, paced, paced_cpu))
+
+
+OBSERVERS = ("audit", "status")
+
+
+def observer_groups(workers: Sequence[str]) -> tuple[str, ...]:
+    """The consumer groups of audit and status among ``workers``: one each, or one shared
+    by both when a process runs them together (``audit+status``)."""
+    groups: list[str] = []
+    for process in workers:
+        observers = sorted(name for name in process.split("+") if name in OBSERVERS)
+        groups.extend(["+".join(observers)] if len(observers) > 1 else observers)
+    return tuple(groups)
 
 
 @dataclass(frozen=True)
@@ -411,21 +523,21 @@ class Observers:
 
     pids: dict[str, list[int]]
     settings: FleetSettings
+    groups: tuple[str, ...] = OBSERVERS
 
     async def lag(self) -> int:
         """Records on the lifecycle topics the observers' groups have not committed yet."""
         from toolfleet.events import routing
 
-        routes = (routing.AUDIT_CONSUMER, routing.STATUS_CONSUMER)
         prefix = self.settings.topic_prefix
-        names = {topic(prefix, name) for route in routes for name in route.topics}
+        names = {topic(prefix, name) for name in routing.AUDIT_CONSUMER.topics}
         parts = [TopicPartition(n, p) for n in names for p in range(self.settings.topic_partitions)]
         behind = 0
-        for route in routes:
+        for name in self.groups:
             # A consumer of the group that never joins it: it only reads offsets.
             group = AIOKafkaConsumer(
                 **connection_kwargs(self.settings),
-                group_id=f"{prefix}{route.group}",
+                group_id=f"{prefix}{name}",
                 enable_auto_commit=False,
             )
             await group.start()
@@ -566,7 +678,7 @@ async def _run_fleet_on(
     # The workers (and the executor's tool processes) import bench_tools from here.
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(BENCH_DIR), env.get("PYTHONPATH")]))
     argv = [sys.executable, "-m", "toolfleet", "worker"]
-    commands = [(name, [*argv, name], env) for name in WORKERS]
+    commands = [(name, [*argv, name], env) for name in cfg.workers]
     issuer = TokenIssuer.from_files(
         private, public, issuer=settings.jwt_issuer, audience=settings.jwt_audience
     )
@@ -671,7 +783,8 @@ async def measure_fleet(
         rss_warm = {name: rss_mb([pid]).get(pid, 0.0) for name, pid in workers.items()}
         groups = {"broker": children_named("--listener-url")}
         groups.update({name: [pid] for name, pid in workers.items()})
-        observers = Observers({name: groups[name] for name in ("audit", "status")}, settings)
+        watched = {n: groups[n] for n in cfg.workers if any(o in n.split("+") for o in OBSERVERS)}
+        observers = Observers(watched, settings, observer_groups(cfg.workers))
         await settle(observers)  # audit and status catch up with the warm-up first
         apart = {CLIENT: [os.getpid()], **server_pids(settings)}
         meter = CpuMeter({**groups, **apart}, alone=[CLIENT])
@@ -826,13 +939,14 @@ def table(results: list[RunResult]) -> str:
     ]
     names = [r.name.split(" ")[0] for r in results]
     header = f"{'metric':<20}" + "".join(f"{n:>14}" for n in names)
-    if len(results) == 2:
+    ratio = len(results) >= 2 and results[1].name.startswith("baseline")
+    if ratio:
         header += f"{'fleet/baseline':>16}"
     lines = [header, "-" * len(header)]
     for label, attr in metrics:
         values = [float(getattr(r, attr)) for r in results]
         row = f"{label:<20}" + "".join(f"{v:>14.1f}" for v in values)
-        if len(results) == 2 and attr not in {"completed", "failed"}:
+        if ratio and attr not in {"completed", "failed"}:
             row += f"{values[0] / values[1]:>16.2f}" if values[1] else f"{'-':>16}"
         lines.append(row)
     return "\n".join(lines)
@@ -851,7 +965,12 @@ def run_celery(cfg: BenchConfig) -> dict[str, Any] | None:
     return peer
 
 
-def costs_table(fleet: RunResult | None, base: RunResult, celery: dict[str, Any] | None) -> str:
+def costs_table(
+    fleet: RunResult | None,
+    base: RunResult,
+    celery: dict[str, Any] | None,
+    floor: RunResult | None = None,
+) -> str:
     """CPU, paced latency, idle and memory figures, and the ratios the goals are stated in."""
     lines = []
     bc = base.costs
@@ -861,6 +980,12 @@ def costs_table(fleet: RunResult | None, base: RunResult, celery: dict[str, Any]
                      f"(by process: {_fmt(bc.cpu_ms_by_process)}), paced p50/p99 "
                      f"{bc.paced_p50_ms:.1f}/{bc.paced_p99_ms:.1f} ms "
                      f"({bc.paced_cpu_ms_per_call:.1f} ms CPU/call)")  # fmt: skip
+    if floor is not None and floor.costs is not None:
+        lc = floor.costs
+        lines.append(f"floor:    {lc.cpu_ms_per_inv:.2f} ms CPU/inv "
+                     f"(by process: {_fmt(lc.cpu_ms_by_process)}), paced p50/p99 "
+                     f"{lc.paced_p50_ms:.1f}/{lc.paced_p99_ms:.1f} ms "
+                     f"({lc.paced_cpu_ms_per_call:.1f} ms CPU/call)")  # fmt: skip
     if fc is not None:
         lines.append(f"fleet:    {fc.cpu_ms_per_inv:.2f} ms CPU/inv "
                      f"(by process: {_fmt(fc.cpu_ms_by_process)}), paced p50/p99 "
@@ -906,20 +1031,35 @@ def costs_table(fleet: RunResult | None, base: RunResult, celery: dict[str, Any]
         lines.append(f"celery:   {celery['throughput_per_s']:.1f} tasks/s, "
                      f"{celery['cpu_ms_per_task']:.2f} ms CPU/task, paced p50/p99 "
                      f"{celery['paced_p50_ms']:.1f}/{celery['paced_p99_ms']:.1f} ms")  # fmt: skip
-    ratios = goal_ratios(fleet, base, celery)
+    ratios = goal_ratios(fleet, base, celery, floor)
     if ratios:
         lines.append("ratios: " + _fmt(ratios, digits=2))
     return "\n".join(lines)
 
 
 def goal_ratios(
-    fleet: RunResult | None, base: RunResult, celery: dict[str, Any] | None
+    fleet: RunResult | None,
+    base: RunResult,
+    celery: dict[str, Any] | None,
+    floor: RunResult | None = None,
 ) -> dict[str, float]:
-    """The issue's goals as ratios of figures taken in this run."""
+    """The issue's goals as ratios of figures taken in this run; with the contract's
+    floor, how far the bare relaying of the contract's records alone gets too."""
+    ratios: dict[str, float] = {}
+    if floor is not None and floor.costs is not None and base.costs is not None:
+        ratios["throughput floor/baseline"] = floor.throughput_per_s / base.throughput_per_s
+        ratios["cpu per inv floor/baseline"] = (
+            floor.costs.cpu_ms_per_inv / base.costs.cpu_ms_per_inv
+        )
+        if celery is not None:
+            ratios["throughput floor/celery"] = floor.throughput_per_s / celery["throughput_per_s"]
     if fleet is None or fleet.costs is None or base.costs is None:
-        return {}
+        return ratios
     fc, bc = fleet.costs, base.costs
-    ratios = {
+    if floor is not None and floor.costs is not None:
+        ratios["throughput fleet/floor"] = fleet.throughput_per_s / floor.throughput_per_s
+        ratios["cpu per inv fleet/floor"] = fc.cpu_ms_per_inv / floor.costs.cpu_ms_per_inv
+    ratios |= {
         "throughput fleet/baseline": fleet.throughput_per_s / base.throughput_per_s,
         # Outcomes per second counting the time audit and status still needed afterwards.
         "throughput caught up fleet/baseline": fleet.completed
@@ -967,7 +1107,8 @@ async def bench(cfg: BenchConfig, *, baseline_only: bool) -> dict[str, Any]:
         start_broker(free_port()) as bootstrap,
     ):
         work = Path(tmp)
-        baseline = await run_baseline(bootstrap, cfg, work)
+        baseline = await run_relays(bootstrap, cfg, work, floor=False)
+        floor = await run_relays(bootstrap, cfg, work, floor=True) if cfg.floor else None
         if not baseline_only:
             try:
                 results.append(await run_fleet(bootstrap, cfg, work))
@@ -975,12 +1116,14 @@ async def bench(cfg: BenchConfig, *, baseline_only: bool) -> dict[str, Any]:
                 error = f"{type(exc).__name__}: {exc}"
                 print_log_tails(work)
         results.append(baseline)
+        if floor is not None:
+            results.append(floor)
     celery = run_celery(cfg) if cfg.celery and not baseline_only else None
     print(table(results))
     for result in results:
         print(f"{result.name}: {result.outcomes}")
-    fleet = results[0] if len(results) == 2 else None
-    print(costs_table(fleet, baseline, celery))
+    fleet = results[0] if results[0] is not baseline else None
+    print(costs_table(fleet, baseline, celery, floor))
     if error:
         print(f"\nfleet run failed: {error}", file=sys.stderr)
     ratios = {}
@@ -991,7 +1134,7 @@ async def bench(cfg: BenchConfig, *, baseline_only: bool) -> dict[str, Any]:
             "p99": fleet.p99_ms / baseline.p99_ms,
         }
     return {
-        "goal_ratios": goal_ratios(fleet, baseline, celery),
+        "goal_ratios": goal_ratios(fleet, baseline, celery, floor),
         "celery": celery,
         "timestamp": datetime.now(UTC).isoformat(),
         "config": asdict(cfg),
@@ -1017,8 +1160,10 @@ def _setting(item: str, parser: argparse.ArgumentParser) -> tuple[str, str]:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--relay"]:
-        source, target, group, bootstrap, knobs = argv[1:6]
-        relay_main(source, target, group, bootstrap, json.loads(knobs))
+        spec, bootstrap, linger_ms = argv[1:4]
+        legs = [Leg(tuple(g["sources"]), tuple(g["targets"]), g["group"],
+                    g["fetch_max_wait_ms"]) for g in json.loads(spec)]  # fmt: skip
+        relay_main(legs, bootstrap, int(linger_ms))
         return 0
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--n", type=int, default=2000, help="invocations measured (default 2000)")
@@ -1032,6 +1177,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--paced", type=int, default=200, help="calls made one at a time")
     parser.add_argument("--idle-s", type=float, default=60.0, help="idle phase (0: skip)")
     parser.add_argument("--no-celery", action="store_true", help="skip the Celery peer")
+    parser.add_argument("--no-floor", action="store_true", help="skip the contract's floor")
+    parser.add_argument(
+        "--workers",
+        default=",".join(WORKERS),
+        help="the fleet's worker processes, comma-separated (default: %(default)s); "
+        "audit+status runs both observers in one process",
+    )
     parser.add_argument("--short-idles", type=int, default=3, help="calls after 3 s pauses")
     parser.add_argument("--baseline-only", action="store_true", help="skip the fleet run")
     parser.add_argument("--no-save", action="store_true", help="do not write bench/results")
@@ -1063,6 +1215,8 @@ def main(argv: list[str] | None = None) -> int:
         paced=args.paced,
         idle_s=args.idle_s,
         celery=not args.no_celery,
+        floor=not args.no_floor,
+        workers=tuple(args.workers.split(",")),
         short_idles=args.short_idles,
         fleet_env=dict(_setting(item, parser) for item in args.fleet_env),
         process_n=args.process_n,

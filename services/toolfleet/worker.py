@@ -14,18 +14,18 @@ import logging
 import os
 import signal
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, cast
 
 import asyncpg
 from redis.asyncio import Redis
 
 from toolfleet.bus.dedupe import RedisProcessedEvents
 from toolfleet.bus.fetch_wait import TrafficSignal, traffic_signal
-from toolfleet.bus.producer import EventProducer
-from toolfleet.bus.runtime import ByBatch, ConsumerSpec, EventConsumer, Handler
+from toolfleet.bus.producer import EventProducer, Outbound
+from toolfleet.bus.runtime import ByBatch, ConsumerSpec, EventConsumer, Handler, Inbound
 from toolfleet.events import routing
 from toolfleet.events.types import TopicName, topic
 from toolfleet.observability.logs import configure_logging
@@ -178,13 +178,80 @@ async def serve(
 BuildFn = Callable[[Resources], Awaitable[list[EventConsumer]]]
 
 
-def load_build(service: str) -> BuildFn:
+def worker_services(name: str) -> tuple[str, ...]:
+    """The services one worker process runs: ``NAME``, or ``NAME+NAME...`` for several
+    in one process (``audit+status``: see :func:`share_fetches`)."""
+    names = tuple(name.split("+"))
     known = SERVICES + AUXILIARY
-    if service not in known:
-        raise ValueError(f"unknown service {service!r}; choose one of {', '.join(known)}")
-    module = importlib.import_module(f"toolfleet.{service}.handler")
-    build: BuildFn = module.build
-    return build
+    unknown = [n for n in names if n not in known]
+    if unknown or len(set(names)) != len(names):
+        raise ValueError(
+            f"unknown or repeated service in {name!r}; choose from {', '.join(known)}, "
+            "several joined by '+'"
+        )
+    return names
+
+
+def load_build(service: str) -> BuildFn:
+    """The build of ``service`` (a name, or several joined by ``+``)."""
+    builds = [
+        cast(BuildFn, importlib.import_module(f"toolfleet.{name}.handler").build)
+        for name in worker_services(service)
+    ]
+    if len(builds) == 1:
+        return builds[0]
+
+    async def build_all(res: Resources) -> list[EventConsumer]:
+        consumers: list[EventConsumer] = []
+        for build in builds:
+            consumers.extend(await build(res))
+        return share_fetches(consumers, res)
+
+    return build_all
+
+
+def share_fetches(consumers: Sequence[EventConsumer], res: Resources) -> list[EventConsumer]:
+    """The consumers of a process that runs several services, where those that observe
+    the same topics (``ByBatch``: audit and status read every lifecycle topic) read
+    them once: one consumer in a group of their own (``audit+status``) hands each fetch
+    to each of their handlers in turn and publishes what they return once all of them
+    have handled it. A transient failure of one retries the fetch for all (each handler
+    is idempotent per record already); a record one of them cannot handle is
+    dead-lettered for all. Every other consumer is kept as it is."""
+    kept: list[EventConsumer] = []
+    observers: dict[frozenset[str], list[EventConsumer]] = {}
+    for consumer in consumers:
+        if isinstance(consumer.handler, ByBatch):
+            observers.setdefault(frozenset(consumer.spec.topics), []).append(consumer)
+        else:
+            kept.append(consumer)
+    for group in observers.values():
+        # Named in a fixed order (audit+status, however the process was named).
+        group.sort(key=lambda consumer: consumer.spec.service)
+        kept.append(group[0] if len(group) == 1 else _sharing(group, res))
+    return kept
+
+
+def _sharing(consumers: Sequence[EventConsumer], res: Resources) -> EventConsumer:
+    handlers = [cast(ByBatch, c.handler).handle for c in consumers]
+
+    async def handle(events: Sequence[Inbound]) -> Sequence[Outbound]:
+        outputs: list[Outbound] = []
+        for handler in handlers:
+            outputs.extend(await handler(events))
+        return outputs
+
+    name = "+".join(c.spec.service for c in consumers)
+    specs = [c.spec for c in consumers]
+    spec = replace(
+        specs[0],
+        service=name,
+        group_id=res.group(name),
+        max_in_flight=max(s.max_in_flight for s in specs),
+        commit_interval_s=min(s.commit_interval_s for s in specs),
+        extra_transient=tuple(dict.fromkeys(t for s in specs for t in s.extra_transient)),
+    )
+    return res.consumer(spec, ByBatch(handle), dedupe=any(c.deduplicates for c in consumers))
 
 
 def _log_tasks() -> None:

@@ -138,8 +138,10 @@ def test_bad_setting_names_the_variable() -> None:
 
 def test_worker_names_are_checked() -> None:
     assert {name.value for name in WorkerName} == {*SERVICES, *AUXILIARY, "analytics"}
-    result = CliRunner().invoke(app, ["worker", "bogus"])
-    assert result.exit_code == 2
+    for bad in ("bogus", "audit+bogus", "audit+audit"):
+        result = CliRunner().invoke(app, ["worker", bad])
+        assert result.exit_code == 2, bad
+        assert "unknown or repeated service" in result.stderr, bad
 
 
 def _audit_event(tenant: str) -> tuple[bytes | None, bytes, list[tuple[str, bytes]]]:

@@ -244,6 +244,15 @@ class EventConsumer:
         self._per_type: dict[tuple[str, str], tuple[Counter, Histogram]] = {}
 
     @property
+    def handler(self) -> Handler | ByBatch:
+        return self._handler
+
+    @property
+    def deduplicates(self) -> bool:
+        """Whether it skips records its group marked processed (Redis markers)."""
+        return self._processed is not None
+
+    @property
     def _fetch_max_wait_ms(self) -> int:
         wait = self.spec.fetch_max_wait_ms
         return wait if wait is not None else self._settings.fetch_max_wait_ms

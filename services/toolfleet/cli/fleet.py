@@ -98,10 +98,21 @@ def init(
 
 
 def worker(
-    name: Annotated[WorkerName, typer.Argument(help="Which service to run.", show_default=False)],
+    name: Annotated[
+        str,
+        typer.Argument(
+            help="Which service to run: "
+            + ", ".join(w.value for w in WorkerName)
+            + "; several joined by '+' run in one process (audit+status read each "
+            "lifecycle record once).",
+            metavar="NAME[+NAME...]",
+            show_default=False,
+        ),
+    ],
 ) -> None:
-    """Run one service (shown as `toolfleet worker NAME` in ps); SIGTERM drains."""
-    if name is WorkerName.ANALYTICS:
+    """Run one service, or several in one process (shown as `toolfleet worker NAME` in
+    ps); SIGTERM drains."""
+    if name == WorkerName.ANALYTICS:
         from toolfleet.analytics.app import run
         from toolfleet.analytics.settings import AnalyticsSettings
 
@@ -109,11 +120,15 @@ def worker(
         with reaching_fleet(analytics):
             run(analytics)
         return
-    from toolfleet.worker import run_worker
+    from toolfleet.worker import run_worker, worker_services
 
+    try:
+        worker_services(name)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="NAME") from None
     settings = load_settings(FleetSettings)
     with reaching_fleet(settings):
-        run_worker(name.value, settings)
+        run_worker(name, settings)
 
 
 def api(

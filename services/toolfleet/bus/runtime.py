@@ -22,7 +22,7 @@ import functools
 import logging
 import time
 import weakref
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -604,41 +604,49 @@ class EventConsumer:
 
     async def _handle_and_emit(self, inbound: Inbound) -> None:
         env = inbound.envelope
-        with log_context(
-            tenant_id=env.tenantid,
-            invocation_id=env.invocationid,
-            trace_id=trace_id_of(env.traceparent),
-            event_type=env.type,
+        with (
+            log_context(
+                tenant_id=env.tenantid,
+                invocation_id=env.invocationid,
+                trace_id=trace_id_of(env.traceparent),
+                event_type=env.type,
+            ),
+            # No span would be recorded: build none.
+            self._spans(inbound) if recording() else contextlib.nullcontext(),
         ):
-            if not recording():  # no span would be recorded: build none
-                await self._retrying(lambda: self._handle_once(inbound))
-                return
-            attributes: dict[str, str | int] = {
-                "messaging.destination.name": inbound.topic,
-                "messaging.kafka.offset": inbound.offset,
-                "toolfleet.service": self.spec.service,
-            }
-            with (
-                (
-                    trace_root(
-                        f"start {env.type}",
-                        traceparent=env.traceparent,
-                        source=env.source,
-                        event_id=env.id,
-                        attributes=attributes,
-                    )
-                    if self.spec.starts_traces
-                    else contextlib.nullcontext()
-                ),
-                span(
-                    f"process {env.type}",
-                    kind=SpanKind.CONSUMER,
+            await self._retrying(lambda: self._handle_once(inbound))
+
+    @contextlib.contextmanager
+    def _spans(self, inbound: Inbound) -> Iterator[None]:
+        """The record's consumer span (and the trace's root, for the consumer that starts
+        traces)."""
+        env = inbound.envelope
+        attributes: dict[str, str | int] = {
+            "messaging.destination.name": inbound.topic,
+            "messaging.kafka.offset": inbound.offset,
+            "toolfleet.service": self.spec.service,
+        }
+        with (
+            (
+                trace_root(
+                    f"start {env.type}",
                     traceparent=env.traceparent,
-                    tracestate=env.tracestate,
+                    source=env.source,
+                    event_id=env.id,
                     attributes=attributes,
-                ),
-            ):
-                await self._retrying(lambda: self._handle_once(inbound))
+                )
+                if self.spec.starts_traces
+                else contextlib.nullcontext()
+            ),
+            span(
+                f"process {env.type}",
+                kind=SpanKind.CONSUMER,
+                traceparent=env.traceparent,
+                tracestate=env.tracestate,
+                attributes=attributes,
+            ),
+        ):
+            yield
 
     async def _handle_once(self, inbound: Inbound) -> None:
         handler = self._handler

@@ -21,6 +21,7 @@ from toolfleet.bus.producer import Outbound
 from toolfleet.bus.runtime import ByBatch, EventConsumer, Inbound
 from toolfleet.errors import InvalidEvent
 from toolfleet.events import routing
+from toolfleet.events.envelope import Emitted
 from toolfleet.events.types import EventType, TopicName
 from toolfleet.policy.approval_expiry import expiry_outcome, run_expiry_sweeper
 from toolfleet.policy.cache import RedisPolicyCache, run_invalidation_listener
@@ -69,6 +70,9 @@ async def build(res: Resources) -> list[EventConsumer]:
         approval_ttl_s=settings.approval_ttl_s,
     )
 
+    def outbound(emitted: Sequence[Emitted]) -> list[Outbound]:
+        return [Outbound(envelope=env, topic=res.topic(name)) for name, env in emitted]
+
     async def handle(event: Inbound) -> Sequence[Outbound]:
         if event.envelope.type == EventType.INVOKE_REQUESTED:
             emitted = await service.on_requested(event.envelope, event.key)
@@ -76,11 +80,10 @@ async def build(res: Resources) -> list[EventConsumer]:
             emitted = await service.on_control(event.envelope, event.key)
         else:
             raise InvalidEvent(f"policy does not accept {event.envelope.type!r} on {event.topic}")
-        return [Outbound(envelope=env, topic=res.topic(name)) for name, env in emitted]
+        return outbound(emitted)
 
     async def answer_waiters(events: Sequence[Inbound]) -> Sequence[Outbound]:
-        emitted = await service.on_results([event.envelope for event in events])
-        return [Outbound(envelope=env, topic=res.topic(name)) for name, env in emitted]
+        return outbound(await service.on_results([event.envelope for event in events]))
 
     async def expire(pending: PendingApproval) -> None:
         name, envelope = expiry_outcome(pending)

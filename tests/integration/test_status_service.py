@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from functools import reduce
 
@@ -303,3 +303,28 @@ async def test_an_unreachable_database_fails_every_call_with_a_connection_error(
         await pool.close()
     # OSError is what the consumer runtime waits out; no event was given up on.
     assert all(isinstance(r, OSError) for r in results), results
+
+
+async def test_text_postgres_refuses_round_trips_through_every_kind_of_column(
+    fleet: StatusFleet,
+) -> None:
+    # NUL and a lone surrogate (Postgres stores neither), and the store's escape character
+    # (a request with a surrogate in an identifier is refused before it is projected).
+    tricky = "nul\x00 escape\ue000 \ue0000000"
+    lone = f"lone\ud800 {tricky}"
+    lc = Lifecycle(parameters={"message": lone, lone: [lone]})
+    env = lc.requested(
+        agent_context={"agent_did": lc.agent, "tenant_id": lc.tenant, "session_id": tricky},
+        execution_options={"priority": "high", "idempotency_key": tricky},
+    )
+    call = replace(_call(lc, env), source=f"/agents/{lone}", event_id=f"{lone}{uuid.uuid4()}")
+    store = fleet.store
+
+    assert await store.project(call) is True
+    row = await store.get(lc.invocation_id)
+    assert row is not None
+    assert (row.session_id, row.idempotency_key) == (tricky, tricky)  # text columns
+    assert row.parameters == {"message": lone, lone: [lone]}  # jsonb
+    assert await store.project(call) is False  # its source and id were stored as sent
+    stored_as = env.model_copy(update={"source": call.source, "id": call.event_id})
+    assert await fleet.projections_of(stored_as) == 1

@@ -97,6 +97,9 @@ class BenchConfig:
     floor: bool = True
     """Run the contract's floor (:func:`floor_legs`) after the baseline."""
     workers: tuple[str, ...] = WORKERS
+    api: bool = True
+    """Run ``toolfleet api`` beside the workers (no calls go through it: its cost is what
+    it takes to be up, idle above all)."""
     """The fleet's worker processes (``toolfleet worker NAME``), ``audit+status`` for
     both observers in one process."""
     short_idles: int = 3
@@ -679,6 +682,9 @@ async def _run_fleet_on(
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(BENCH_DIR), env.get("PYTHONPATH")]))
     argv = [sys.executable, "-m", "toolfleet", "worker"]
     commands = [(name, [*argv, name], env) for name in cfg.workers]
+    if cfg.api:  # idle, but part of the fleet whose idle cost the issue bounds
+        api_env = {**env, "TOOLFLEET_API_HOST": "127.0.0.1", "TOOLFLEET_API_PORT": str(free_port())}
+        commands.append(("api", [sys.executable, "-m", "toolfleet", "api"], api_env))
     issuer = TokenIssuer.from_files(
         private, public, issuer=settings.jwt_issuer, audience=settings.jwt_audience
     )
@@ -1178,6 +1184,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--idle-s", type=float, default=60.0, help="idle phase (0: skip)")
     parser.add_argument("--no-celery", action="store_true", help="skip the Celery peer")
     parser.add_argument("--no-floor", action="store_true", help="skip the contract's floor")
+    parser.add_argument("--no-api", action="store_true", help="do not run toolfleet api")
     parser.add_argument(
         "--workers",
         default=",".join(WORKERS),
@@ -1217,6 +1224,7 @@ def main(argv: list[str] | None = None) -> int:
         celery=not args.no_celery,
         floor=not args.no_floor,
         workers=tuple(args.workers.split(",")),
+        api=not args.no_api,
         short_idles=args.short_idles,
         fleet_env=dict(_setting(item, parser) for item in args.fleet_env),
         process_n=args.process_n,

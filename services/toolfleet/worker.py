@@ -217,12 +217,13 @@ def share_fetches(consumers: Sequence[EventConsumer], res: Resources) -> list[Ev
     to each of their handlers in turn and publishes what they return once all of them
     have handled it. A transient failure of one retries the fetch for all (each handler
     is idempotent per record already); a record one of them cannot handle is
-    dead-lettered for all. Every other consumer is kept as it is."""
+    dead-lettered for all. Observers that read the same topics at a different pace (or
+    otherwise differently) keep their own consumers, as does every other consumer."""
     kept: list[EventConsumer] = []
-    observers: dict[frozenset[str], list[EventConsumer]] = {}
+    observers: dict[ConsumerSpec, list[EventConsumer]] = {}
     for consumer in consumers:
         if isinstance(consumer.handler, ByBatch):
-            observers.setdefault(frozenset(consumer.spec.topics), []).append(consumer)
+            observers.setdefault(_how_it_reads(consumer.spec), []).append(consumer)
         else:
             kept.append(consumer)
     for group in observers.values():
@@ -230,6 +231,21 @@ def share_fetches(consumers: Sequence[EventConsumer], res: Resources) -> list[Ev
         group.sort(key=lambda consumer: consumer.spec.service)
         kept.append(group[0] if len(group) == 1 else _sharing(group, res))
     return kept
+
+
+def _how_it_reads(spec: ConsumerSpec) -> ConsumerSpec:
+    """What consumers must agree on to share one: the topics (in any order) and every
+    setting but their names and the ones :func:`_sharing` combines."""
+    return replace(
+        spec,
+        service="",
+        source="",
+        group_id="",
+        topics=tuple(sorted(spec.topics)),
+        max_in_flight=0,
+        commit_interval_s=0.0,
+        extra_transient=(),
+    )
 
 
 def _sharing(consumers: Sequence[EventConsumer], res: Resources) -> EventConsumer:

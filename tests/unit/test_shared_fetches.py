@@ -60,6 +60,16 @@ async def test_services_that_share_no_topics_keep_their_consumers() -> None:
     assert sorted(together) == sorted(alone) == ["p.audit", "p.validator"]
 
 
+async def test_observers_of_the_same_topics_at_another_pace_keep_their_consumers() -> None:
+    res = resources()
+    calls: list[str] = []
+    audit = _observer(res, "audit", calls)
+    slower = replace(audit.spec, service="status", group_id="p.status", fetch_max_wait_ms=500)
+    status = res.consumer(slower, audit.handler)
+    kept = share_fetches([audit, status], res)
+    assert [c.spec.group_id for c in kept] == ["p.audit", "p.status"]
+
+
 def _observer(res: Resources, name: str, calls: list[str], *, fail: bool = False) -> EventConsumer:
     async def handle(events: Sequence[Inbound]) -> Sequence[Outbound]:
         calls.append(f"{name}:{len(events)}")

@@ -979,19 +979,14 @@ def costs_table(
 ) -> str:
     """CPU, paced latency, idle and memory figures, and the ratios the goals are stated in."""
     lines = []
-    bc = base.costs
     fc = fleet.costs if fleet is not None else None
-    if bc is not None:
-        lines.append(f"baseline: {bc.cpu_ms_per_inv:.2f} ms CPU/inv "
-                     f"(by process: {_fmt(bc.cpu_ms_by_process)}), paced p50/p99 "
-                     f"{bc.paced_p50_ms:.1f}/{bc.paced_p99_ms:.1f} ms "
-                     f"({bc.paced_cpu_ms_per_call:.1f} ms CPU/call)")  # fmt: skip
-    if floor is not None and floor.costs is not None:
-        lc = floor.costs
-        lines.append(f"floor:    {lc.cpu_ms_per_inv:.2f} ms CPU/inv "
-                     f"(by process: {_fmt(lc.cpu_ms_by_process)}), paced p50/p99 "
-                     f"{lc.paced_p50_ms:.1f}/{lc.paced_p99_ms:.1f} ms "
-                     f"({lc.paced_cpu_ms_per_call:.1f} ms CPU/call)")  # fmt: skip
+    for label, relays in (("baseline", base), ("floor", floor)):
+        if relays is not None and relays.costs is not None:
+            rc = relays.costs
+            lines.append(f"{label + ':':<9} {rc.cpu_ms_per_inv:.2f} ms CPU/inv "
+                         f"(by process: {_fmt(rc.cpu_ms_by_process)}), paced p50/p99 "
+                         f"{rc.paced_p50_ms:.1f}/{rc.paced_p99_ms:.1f} ms "
+                         f"({rc.paced_cpu_ms_per_call:.1f} ms CPU/call)")  # fmt: skip
     if fc is not None:
         lines.append(f"fleet:    {fc.cpu_ms_per_inv:.2f} ms CPU/inv "
                      f"(by process: {_fmt(fc.cpu_ms_by_process)}), paced p50/p99 "

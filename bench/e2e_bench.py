@@ -1035,7 +1035,72 @@ def costs_table(
     ratios = goal_ratios(fleet, base, celery, floor)
     if ratios:
         lines.append("ratios: " + _fmt(ratios, digits=2))
+    verdicts = goal_verdicts(ratios, fleet)
+    if verdicts:
+        lines.append("goals (issue 13), this run:")
+        width = max(len(v.goal) for v in verdicts)
+        lines += [f"  {v.goal:<{width}}  {v.measured:<24} {v.verdict}" for v in verdicts]
     return "\n".join(lines)
+
+
+#: A worker's resident memory the goals allow (after 100k calls, no growth after warm-up).
+RSS_GOAL_MB = 150.0
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """One of the issue's goals against this run's figure."""
+
+    goal: str
+    measured: str
+    met: bool | None
+    """None: a figure stated, not judged (the extra cost of ``isolation="process"``)."""
+    note: str = ""
+
+    @property
+    def verdict(self) -> str:
+        said = {True: "met", False: "NOT MET", None: "stated"}[self.met]
+        return f"{said} ({self.note})" if self.note else said
+
+
+def goal_verdicts(ratios: dict[str, float], fleet: RunResult | None) -> list[Verdict]:
+    """Each goal this run measured, met or not; the throughput goals beside what the
+    contract's floor reached in the same run (the most any implementation could)."""
+    floor = {
+        "throughput fleet/baseline": ratios.get("throughput floor/baseline"),
+        "throughput fleet/celery": ratios.get("throughput floor/celery"),
+    }
+    out = [
+        Verdict(goal, text.format(ratios[key]), met(ratios[key]),
+                "" if floor.get(key) is None else f"the contract's floor: {floor[key]:.2f}x")
+        for goal, key, met, text in _JUDGED
+        if key in ratios
+    ]  # fmt: skip
+    rss = fleet.costs.rss_mb_after_run if fleet is not None and fleet.costs else None
+    if fleet is not None and rss:
+        largest = max(rss.values())
+        note = f"after {fleet.completed:,} calls, not 100k"
+        out.append(Verdict(f"worker RSS < {RSS_GOAL_MB:.0f} MB", f"{largest:.0f} MB at most",
+                           largest < RSS_GOAL_MB, note))  # fmt: skip
+    if "process throughput / in-process" in ratios:
+        cost = (f"{ratios['process throughput / in-process']:.2f}x calls/s, "
+                f"{ratios['process paced p50 - in-process (ms)']:+.1f} ms p50")  # fmt: skip
+        out.append(Verdict('isolation="process" at a stated cost', cost, None))
+    return out
+
+
+#: The goals stated as ratios: (goal, key in :func:`goal_ratios`, met?, figure format).
+_JUDGED: tuple[tuple[str, str, Callable[[float], bool], str], ...] = (
+    ("throughput >= 0.3x the bare chain", "throughput fleet/baseline", lambda v: v >= 0.3,
+     "{:.2f}x"),
+    ("throughput >= 1.5x Celery", "throughput fleet/celery", lambda v: v >= 1.5, "{:.2f}x"),
+    ("paced p50 <= the chain's + 10 ms", "paced p50 fleet-baseline (ms)", lambda v: v <= 10.0,
+     "{:+.1f} ms"),
+    ("paced p99 <= 2x the chain's", "paced p99 fleet/baseline", lambda v: v <= 2.0, "{:.2f}x"),
+    ("idle fleet <= 10% of a core", "idle cores (sum)", lambda v: v <= 0.10, "{:.1%} of a core"),
+    ("first call after idle <= paced p99", "first after idle max / paced p99",
+     lambda v: v <= 1.0, "{:.2f}x the p99"),
+)  # fmt: skip
 
 
 def goal_ratios(
@@ -1134,8 +1199,10 @@ async def bench(cfg: BenchConfig, *, baseline_only: bool) -> dict[str, Any]:
             "p50": fleet.p50_ms / baseline.p50_ms,
             "p99": fleet.p99_ms / baseline.p99_ms,
         }
+    goals = goal_verdicts(goal_ratios(fleet, baseline, celery, floor), fleet)
     return {
         "goal_ratios": goal_ratios(fleet, baseline, celery, floor),
+        "goals": [asdict(goal) | {"verdict": goal.verdict} for goal in goals],
         "celery": celery,
         "timestamp": datetime.now(UTC).isoformat(),
         "config": asdict(cfg),

@@ -6,8 +6,8 @@
 Drives :meth:`ExecutorService.on_authorized` directly (no Kafka) for N signed
 ``invoke.authorized`` events of ``core__echo``, built as the executor's handler builds
 the service: leases with fencing, cancel flags, agent slots, circuit breaker, result
-cache, hot (Redis) and durable (Postgres) checkpoints, grant verification and the
-cached revocation list; the producer is an in-memory twin whose acks are already done.
+cache, hot (Redis) and durable (Postgres) checkpoints, document pins, grant verification
+and the cached revocation list; the producer is an in-memory twin whose acks are already done.
 Calls run like the consumer runs them: ``--concurrency`` in flight, spread evenly over
 ``--tenants`` (one agent each, its default limit of 4 running calls).
 
@@ -42,6 +42,7 @@ from redis.asyncio.connection import AbstractConnection
 
 from toolfleet.auth.grants import GrantSigner, GrantVerifier
 from toolfleet.auth.revocation import CachedRevocationList, RedisRevocationList
+from toolfleet.documents.pins import TieredPinBook
 from toolfleet.events.envelope import Envelope, new_event
 from toolfleet.events.identity import CallRef
 from toolfleet.events.models import AgentContext, Effect, InvokeAuthorized
@@ -286,6 +287,8 @@ async def main(args: argparse.Namespace, redis_url: str) -> None:
             breaker=CircuitBreaker(store=RedisCircuitStore(redis), clock=time.time),
             cache=RedisResultCache(redis, cipher=None),
             lease_guard=LeaseGuard(leases=RedisLeases(redis, ttl_s=45), worker_id="bench-worker"),
+            # The worker's pin book (the default keeps every call's pins in memory: a twin).
+            document_pins=TieredPinBook(redis, pool, ttl_s=3600),
             **({"trust_lease_reads": True} if _HAS_TRUST else {}),
         )
         signer = GrantSigner(KEY)

@@ -1,6 +1,7 @@
 """What projecting a call's five lifecycle events costs the status worker and Postgres.
 
     python bench/status_store_bench.py [--calls 3000] [--batch 150] [--gap 30] [--repeat 3]
+                                       [--one-database]
 
 ``StatusProjector.on_events`` over ``PostgresProjection`` (the status worker's path from
 decoded events to committed rows) in a throwaway database on ``TOOLFLEET_DATABASE_URL``
@@ -24,10 +25,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import sys
 import time
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -66,8 +69,9 @@ def saturated_order(calls: int, gap: int) -> list[Envelope]:
     return [event for _, _, event in timed]
 
 
-async def one_run(dsn: str, port: int, args: argparse.Namespace) -> tuple[float, float, float]:
-    """(client, Postgres, wall) ms per call of one run in a fresh database."""
+@contextlib.asynccontextmanager
+async def projector_in_new_database(dsn: str) -> AsyncIterator[StatusProjector]:
+    """The status worker's projector over a pool of a throwaway database (dropped after)."""
     database = f"toolfleet_bench_store_{uuid.uuid4().hex[:8]}"
     admin = await asyncpg.connect(dsn)
     await admin.execute(f'CREATE DATABASE "{database}"')
@@ -75,19 +79,7 @@ async def one_run(dsn: str, port: int, args: argparse.Namespace) -> tuple[float,
         pool = await create_pool(dsn_with_database(dsn, database), min_size=2, max_size=4)
         try:
             await migrate(pool)
-            projector = StatusProjector(projection=PostgresProjection(pool))
-            events = saturated_order(args.calls, args.gap)
-            await projector.on_events(events[: args.batch])  # connections and plans warm
-            measured = events[args.batch :]
-            client, server, wall = time.process_time(), postgres_cpu_s(port), time.perf_counter()
-            for start in range(0, len(measured), args.batch):
-                await projector.on_events(measured[start : start + args.batch])
-            calls = len(measured) / 5
-            return (
-                (time.process_time() - client) / calls * 1000,
-                (postgres_cpu_s(port) - server) / calls * 1000,
-                (time.perf_counter() - wall) / calls * 1000,
-            )
+            yield StatusProjector(projection=PostgresProjection(pool))
         finally:
             await pool.close()
     finally:
@@ -95,10 +87,35 @@ async def one_run(dsn: str, port: int, args: argparse.Namespace) -> tuple[float,
         await admin.close()
 
 
+async def one_run(
+    projector: StatusProjector, port: int, args: argparse.Namespace
+) -> tuple[float, float, float]:
+    """(client, Postgres, wall) ms per call of one run of fresh calls."""
+    events = saturated_order(args.calls, args.gap)
+    await projector.on_events(events[: args.batch])  # connections and plans warm
+    measured = events[args.batch :]
+    client, server, wall = time.process_time(), postgres_cpu_s(port), time.perf_counter()
+    for start in range(0, len(measured), args.batch):
+        await projector.on_events(measured[start : start + args.batch])
+    calls = len(measured) / 5
+    return (
+        (time.process_time() - client) / calls * 1000,
+        (postgres_cpu_s(port) - server) / calls * 1000,
+        (time.perf_counter() - wall) / calls * 1000,
+    )
+
+
 async def main(args: argparse.Namespace) -> None:
     dsn = os.environ.get("TOOLFLEET_DATABASE_URL", DEFAULT_DSN)
     server_port = urlsplit(dsn).port or 5432
-    runs = [await one_run(dsn, server_port, args) for _ in range(args.repeat)]
+    runs = []
+    if args.one_database:  # one projector for every run, as a worker keeps it
+        async with projector_in_new_database(dsn) as projector:
+            runs = [await one_run(projector, server_port, args) for _ in range(args.repeat)]
+    else:  # each run in a fresh database, so none reads rows an earlier one wrote
+        for _ in range(args.repeat):
+            async with projector_in_new_database(dsn) as projector:
+                runs.append(await one_run(projector, server_port, args))
     client, server, wall = (min(values) for values in zip(*runs, strict=True))
     print(
         f"status projection, per call (5 events), best of {args.repeat}: "
@@ -112,4 +129,9 @@ if __name__ == "__main__":
     parser.add_argument("--batch", type=int, default=150, help="events per projection call")
     parser.add_argument("--gap", type=int, default=30, help="calls between a call's stages")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument(
+        "--one-database",
+        action="store_true",
+        help="every run through one projector and database (soak_bench.py), not a fresh one each",
+    )
     asyncio.run(main(parser.parse_args()))

@@ -1199,9 +1199,10 @@ async def bench(cfg: BenchConfig, *, baseline_only: bool) -> dict[str, Any]:
             "p50": fleet.p50_ms / baseline.p50_ms,
             "p99": fleet.p99_ms / baseline.p99_ms,
         }
-    goals = goal_verdicts(goal_ratios(fleet, baseline, celery, floor), fleet)
+    goal_figures = goal_ratios(fleet, baseline, celery, floor)
+    goals = goal_verdicts(goal_figures, fleet)
     return {
-        "goal_ratios": goal_ratios(fleet, baseline, celery, floor),
+        "goal_ratios": goal_figures,
         "goals": [asdict(goal) | {"verdict": goal.verdict} for goal in goals],
         "celery": celery,
         "timestamp": datetime.now(UTC).isoformat(),

@@ -63,7 +63,7 @@ from toolfleet.events.types import EventType, Source, TopicName, topic
 from toolfleet.settings import FleetSettings
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from probes import CpuMeter, CpuReading, children_named, listening_pids, rss_mb
+from probes import RSS_GOAL_MB, CpuMeter, CpuReading, children_named, listening_pids, rss_mb
 
 BENCH_DIR = Path(__file__).resolve().parent
 RESULTS_DIR = BENCH_DIR / "results"
@@ -1041,10 +1041,6 @@ def costs_table(
         width = max(len(v.goal) for v in verdicts)
         lines += [f"  {v.goal:<{width}}  {v.measured:<24} {v.verdict}" for v in verdicts]
     return "\n".join(lines)
-
-
-#: A worker's resident memory the goals allow (after 100k calls, no growth after warm-up).
-RSS_GOAL_MB = 150.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,8 +32,9 @@ from pathlib import Path
 
 import psutil  # type: ignore[import-untyped]
 
+from probes import RSS_GOAL_MB
+
 HERE = Path(__file__).resolve().parent
-RSS_GOAL_MB = 150.0
 WARM_FRACTION = 0.2
 """The share of a stage's run after which it counts as warm (imports, the first round)."""
 
@@ -110,7 +111,8 @@ class Soak:
 
 def soak(stage: Stage, calls: int, every_s: float) -> Soak:
     """Run ``stage`` for ``calls`` calls in a child process, sampling its RSS."""
-    argv = [sys.executable, str(HERE / stage.argv(calls)[0]), *stage.argv(calls)[1:]]
+    script, *options = stage.argv(calls)
+    argv = [sys.executable, str(HERE / script), *options]
     started = time.monotonic()
     samples: list[tuple[float, float]] = []
     with subprocess.Popen(argv, cwd=HERE, stdout=subprocess.DEVNULL) as child:

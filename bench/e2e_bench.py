@@ -650,12 +650,15 @@ async def _run_fleet_on(
 ) -> RunResult:
     import yaml
 
+    from toolfleet.auth.grants import ensure_grant_key
     from toolfleet.auth.keys import ensure_key_pair
     from toolfleet.auth.tokens import TokenIssuer
     from toolfleet.devstack.bootstrap import bootstrap as bootstrap_fleet
 
     private, public = work / "jwt_private.pem", work / "jwt_public.pem"
     ensure_key_pair(private, public)
+    grant_key = work / "grant.key"  # policy, executor, validator refuse to start without it
+    ensure_grant_key(grant_key)
     policy = work / "policy.yaml"
     policy.write_text(yaml.safe_dump({"tenants": {"*": {"allow_tools": ["core__*", "bench__*"]}}}))
     env_values = {
@@ -668,6 +671,7 @@ async def _run_fleet_on(
         "LINGER_MS": str(cfg.linger_ms),
         "JWT_PUBLIC_KEY_FILE": str(public),
         "JWT_PRIVATE_KEY_FILE": str(private),
+        "GRANT_KEY_FILE": str(grant_key),
         "POLICY_FILE": str(policy),
         "LOG_LEVEL": "WARNING",
         "TOOL_MODULES": "bench_tools",

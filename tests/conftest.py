@@ -6,6 +6,7 @@ import contextlib
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import asyncpg
 import pytest
@@ -16,6 +17,7 @@ from tests.support.servers import (
     postgres_server,
     redis_server,
 )
+from toolfleet.auth.grants import ensure_grant_key
 from toolfleet.bus.admin import ensure_topics
 from toolfleet.devstack.redis_claims import claimed_redis_database
 from toolfleet.settings import FleetSettings
@@ -129,12 +131,24 @@ async def unborn_database_url(postgres_admin_url: str) -> AsyncIterator[str]:
 
 
 @pytest.fixture(scope="session")
-async def settings(kafka_bootstrap: str, redis_url: str, database_url: str) -> FleetSettings:
+def fleet_grant_key_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The session's grant key file: services that end calls sign their outcomes with
+    it, and status (like every reader of outcomes) refuses to start without it."""
+    path = tmp_path_factory.mktemp("grant") / "grant.key"
+    ensure_grant_key(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+async def settings(
+    kafka_bootstrap: str, redis_url: str, database_url: str, fleet_grant_key_file: Path
+) -> FleetSettings:
     """Settings for this session: own topic prefix, 4 partitions, low latency."""
     fleet = FleetSettings(
         kafka_bootstrap=kafka_bootstrap,
         redis_url=redis_url,
         database_url=database_url,
+        grant_key_file=fleet_grant_key_file,
         topic_prefix=f"tf{uuid.uuid4().hex[:8]}.",
         topic_partitions=4,
         drain_timeout_s=5,

@@ -14,6 +14,7 @@ The retry predicate reads the ``retryable`` class attribute, never the message.
     ├── ApprovalDenied                  approval_denied
     ├── RateLimitExceeded               rate_limit_exceeded        (retryable)
     ├── IdempotencyConflict             idempotency_conflict
+    ├── InvocationIdConflict            invocation_id_conflict     (the id is another call's)
     ├── ToolExecutionError              tool_execution_error
     │   ├── SandboxFailure              sandbox_failure
     │   └── ExternalApiError            external_api_error         (retryable)
@@ -58,6 +59,7 @@ class ErrorCode(StrEnum):
     APPROVAL_DENIED = "approval_denied"
     RATE_LIMIT_EXCEEDED = "rate_limit_exceeded"
     IDEMPOTENCY_CONFLICT = "idempotency_conflict"
+    INVOCATION_ID_CONFLICT = "invocation_id_conflict"
     TOOL_EXECUTION_ERROR = "tool_execution_error"
     SANDBOX_FAILURE = "sandbox_failure"
     EXTERNAL_API_ERROR = "external_api_error"
@@ -160,6 +162,13 @@ class RateLimitExceeded(ToolfleetError):
 
 class IdempotencyConflict(ToolfleetError):
     code = ErrorCode.IDEMPOTENCY_CONFLICT
+
+
+class InvocationIdConflict(ToolfleetError):
+    """The invocation id belongs to an earlier call of another tenant, agent, tool,
+    version or parameters: the request is refused and the earlier call is untouched."""
+
+    code = ErrorCode.INVOCATION_ID_CONFLICT
 
 
 class ToolExecutionError(ToolfleetError):

@@ -135,6 +135,14 @@ class FleetSettings(BaseSettings):
     # --- Tools -------------------------------------------------------------------------
     tool_modules: str = ""
     """Comma-separated modules imported for their ``@tool`` definitions."""
+    isolation_memory_mb: int = Field(default=512, ge=16)
+    """Address space of an isolated run whose manifest sets none (``RLIMIT_AS``), and the
+    most a request's ``resource_limits.memory_mb_limit`` may ask then (policy refuses
+    more; limits only go down)."""
+    isolation_cpu_millicores: int = Field(default=1000, ge=1)
+    """CPU share of an isolated run whose manifest sets none, enforced as CPU time
+    (``millicores / 1000 x timeout``, ``RLIMIT_CPU``), and the most a request's
+    ``resource_limits.cpu_millicore_limit`` may ask then."""
 
     # --- Runtime -----------------------------------------------------------------------
     max_in_flight: int = Field(default=256, ge=1)
@@ -181,9 +189,10 @@ class FleetSettings(BaseSettings):
     time). A revocation still takes effect within a second: it is pushed on the Redis
     channel ``token:revocations``, and without that subscription nothing is cached."""
     grant_key_file: Path | None = None
-    """File of execution-grant HMAC keys (one per line, the first signs); a key derived
-    from it signs control decisions (approve, deny, cancel). Unset means policy mints no
-    grant, the executor cannot require one, and every control event is refused."""
+    """File of execution-grant HMAC keys (one per line, the first signs); keys derived
+    from it sign control decisions (approve, deny, cancel) and seal raw results at rest.
+    Policy, the executor, the validator and the API refuse to start without it: create
+    one with ``toolfleet keys grant PATH`` (``toolfleet dev`` makes one)."""
     grant_margin_s: int = Field(default=300, ge=0)
     """An execution grant lives for the tool's timeout plus this margin (queueing, retries)."""
 

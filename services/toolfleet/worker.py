@@ -22,11 +22,14 @@ from typing import Any, cast
 import asyncpg
 from redis.asyncio import Redis
 
+from toolfleet.auth.grants import fleet_grant_keys
+from toolfleet.auth.outcomes import OutcomeSigner
 from toolfleet.bus.dedupe import RedisProcessedEvents
 from toolfleet.bus.fetch_wait import TrafficSignal, traffic_signal
 from toolfleet.bus.producer import EventProducer, Outbound
 from toolfleet.bus.runtime import ByBatch, ConsumerSpec, EventConsumer, Handler, Inbound
 from toolfleet.events import routing
+from toolfleet.events.envelope import Envelope
 from toolfleet.events.types import TopicName, topic
 from toolfleet.observability.logs import configure_logging
 from toolfleet.observability.tracing import configure_tracing, shutdown_tracing
@@ -40,6 +43,10 @@ SERVICES = ("policy", "executor", "validator", "audit", "status")
 """The pipeline services (``toolfleet dev`` runs each)."""
 AUXILIARY = ("maintenance",)
 """Workers beside the pipeline, run on demand: ``maintenance`` prunes old rows."""
+KEYED = ("policy", "executor", "validator")
+"""Services that refuse to start without the fleet's grant key: policy signs grants and
+checks control signatures, the executor checks grants and cancels and seals raw results,
+the validator opens them. None of them runs with a check turned off instead."""
 
 Job = Callable[[asyncio.Event], Coroutine[Any, Any, None]]
 
@@ -128,15 +135,35 @@ class Resources:
         )
 
 
+_ENDS_CALLS: frozenset[str] = frozenset(
+    party.name
+    for party in routing.ROUTING
+    if party.source is not None and any(r.topic is TopicName.RESULTS for r in party.sends)
+)
+"""The services that write outcomes (policy, executor, validator)."""
+
+
+def _outcome_sealer(settings: FleetSettings, service: str) -> Callable[[Envelope], Envelope] | None:
+    """What signs the outcomes ``service`` sends (:mod:`toolfleet.auth.outcomes`): each
+    one as it is sent, whichever path built it, in every service the routing table
+    names as a writer of ``invoke.results``; ``None`` for the others."""
+    if not any(name in _ENDS_CALLS for name in service.split("+")):
+        return None
+    return OutcomeSigner.from_settings(settings).seal
+
+
 def worker_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
 
 @asynccontextmanager
 async def open_resources(settings: FleetSettings, *, service: str) -> AsyncIterator[Resources]:
+    before_send = _outcome_sealer(settings, service)  # before anything is opened
     redis = connect_redis(settings.redis_url)
     traffic = traffic_signal(redis, settings)
-    producer = EventProducer(settings, client_id=f"toolfleet-{service}", traffic=traffic)
+    producer = EventProducer(
+        settings, client_id=f"toolfleet-{service}", traffic=traffic, before_send=before_send
+    )
     pool = await create_pool(settings.database_url)
     try:
         await producer.start()
@@ -190,6 +217,18 @@ def worker_services(name: str) -> tuple[str, ...]:
             "several joined by '+'"
         )
     return names
+
+
+def require_keys(service: str, settings: FleetSettings) -> None:
+    """Refuse to start ``service`` (a name, or several joined by ``+``) without the keys
+    it needs, before any connection is made.
+
+    Raises:
+        GrantKeyError: one of its services is :data:`KEYED` and the grant key is unset
+            or unusable; the message is one line saying how to create one.
+    """
+    if any(name in KEYED for name in worker_services(service)):
+        fleet_grant_keys(settings)
 
 
 def load_build(service: str) -> BuildFn:
@@ -335,6 +374,7 @@ def loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
 def run_worker(service: str, settings: FleetSettings | None = None) -> None:
     """Entry point of ``toolfleet worker NAME``."""
     settings = settings or FleetSettings()
+    require_keys(service, settings)
     configure_logging(service=service, level=settings.log_level, fmt=settings.log_format)
     configure_tracing(
         service=service, exporter=settings.otel_exporter, endpoint=settings.otel_endpoint

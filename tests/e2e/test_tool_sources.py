@@ -18,7 +18,13 @@ from tests.support.pipeline import Fleet, fleet_settings
 from tests.support.source_servers import sandbox_state
 from toolfleet.client import InvocationHandle
 from toolfleet.events.envelope import Envelope
-from toolfleet.events.models import AgentContext, InvocationStatus, InvokeRequested, ToolOutcome
+from toolfleet.events.models import (
+    AgentContext,
+    Effect,
+    InvocationStatus,
+    InvokeRequested,
+    ToolOutcome,
+)
 from toolfleet.events.types import EventType, TopicName
 from toolfleet.policy.cache import RedisPolicyCache
 from toolfleet.policy.documents import TenantPolicy
@@ -28,6 +34,7 @@ from toolfleet.settings import FleetSettings
 from toolfleet.sources.models import HttpOperation, SourceDefinition, SourceKind
 from toolfleet.sources.pool import SessionPool
 from toolfleet.sources.provider import SourceCatalog
+from toolfleet.sources.rules import with_effect
 from toolfleet.sources.store import SourceStore
 from toolfleet.storage.postgres import create_pool
 from toolfleet.storage.redis import connect_redis
@@ -44,7 +51,18 @@ def tool(name: str) -> str:
 
 
 HELLO = "http__e2e_http__hello"
-NAMED = [*(tool(n) for n in ("add", "crash", "hang", "grow")), HELLO]
+#: A hostile server (tests/support/hostile_source.py), for every tenant.
+HOSTILE = "e2e_hostile"
+WIPE, FLOOD, HOSTILE_ADD = (f"mcp__{HOSTILE}__{n}" for n in ("wipe", "flood", "add"))
+#: A tenant whose policy wants a human to approve every external side effect.
+CAREFUL = "t_careful"
+NAMED = [
+    *(tool(n) for n in ("add", "crash", "hang", "grow")),
+    HELLO,
+    FLOOD,
+    HOSTILE_ADD,
+    "core__echo",
+]
 
 
 @pytest.fixture(scope="module")
@@ -52,33 +70,49 @@ def server_state(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("e2e-source-state")
 
 
-async def write_policy(settings: FleetSettings, allow: list[str]) -> None:
+@pytest.fixture(scope="module")
+def hostile_state(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return sandbox_state(tmp_path_factory.mktemp("e2e-hostile-state"))
+
+
+async def write_policy(
+    settings: FleetSettings, allow: list[str], *, tenant: str = TENANT, **more: Any
+) -> None:
     pool = await create_pool(settings.database_url)
     try:
-        await PolicyStore(pool).write(TENANT, TenantPolicy(allow_tools=allow), "test:operator")
+        policy = TenantPolicy(allow_tools=allow, **more)
+        await PolicyStore(pool).write(tenant, policy, "test:operator")
     finally:
         await pool.close()
     redis = connect_redis(settings.redis_url)
     try:
-        await RedisPolicyCache(redis).announce(TENANT)
+        await RedisPolicyCache(redis).announce(tenant)
     finally:
         await redis.aclose()
 
 
 @pytest.fixture(scope="module")
 async def fleet(
-    settings: FleetSettings, tmp_path_factory: pytest.TempPathFactory, server_state: Path
+    settings: FleetSettings,
+    tmp_path_factory: pytest.TempPathFactory,
+    server_state: Path,
+    hostile_state: Path,
 ) -> AsyncIterator[tuple[Fleet, ProcessFleet]]:
     home: Path = tmp_path_factory.mktemp("e2e-sources")
     local = fleet_settings(settings, home, session_timeout_ms=6000)
     async with serving(APP) as api:
-        await register_sources(local, server_state, api)
+        await register_sources(local, server_state, api, hostile_state)
         await write_policy(local, NAMED)
+        await write_policy(
+            local, [WIPE], tenant=CAREFUL, approval_effects=[Effect.EXTERNAL_SIDE_EFFECT]
+        )
         async with process_fleet(local, home) as running:
             yield running
 
 
-async def register_sources(local: FleetSettings, server_state: Path, api: str) -> None:
+async def register_sources(
+    local: FleetSettings, server_state: Path, api: str, hostile_state: Path
+) -> None:
     # The operator registers the source (as `toolfleet sources add` does), then names
     # four of its tools in the tenant's policy.
     pool = await create_pool(local.database_url)
@@ -108,8 +142,15 @@ async def register_sources(local: FleetSettings, server_state: Path, api: str) -
                 )
             ],
         )
+        hostile = SourceDefinition(
+            name=HOSTILE,
+            kind=SourceKind.MCP_STDIO,
+            target=f"{sys.executable} -m tests.support.hostile_source {hostile_state}",
+            filesystem_permissions=[f"rw:{hostile_state}"],
+            timeout_s=60,
+        )
         catalog = SourceCatalog(store=store, pool=sessions)
-        for each in (source, http):
+        for each in (source, http, hostile):
             await store.put(each)
             await catalog.refresh(each)
     finally:
@@ -119,15 +160,20 @@ async def register_sources(local: FleetSettings, server_state: Path, api: str) -
 
 
 async def invoke(
-    running: Fleet, tool_id: str, *, network: list[str] | None = None, **parameters: Any
+    running: Fleet,
+    tool_id: str,
+    *,
+    network: list[str] | None = None,
+    tenant: str = TENANT,
+    **parameters: Any,
 ) -> InvocationHandle:
     return await running.client.publish(
         InvokeRequested(
             invocation_id=uuid.uuid4(),
             tool_id=tool_id,
-            agent_context=AgentContext(agent_did=AGENT, tenant_id=TENANT),
+            agent_context=AgentContext(agent_did=AGENT, tenant_id=tenant),
             parameters=parameters,
-            capability_token=running.token(TENANT, AGENT, network_permissions=network),
+            capability_token=running.token(tenant, AGENT, network_permissions=network),
         )
     )
 
@@ -235,3 +281,67 @@ async def test_cancel_reaches_the_server(
         return (server_state / "cancelled").exists()
 
     assert await eventually(told, timeout=30)
+
+
+async def test_a_server_cannot_vouch_for_its_destructive_tool(
+    fleet: tuple[Fleet, ProcessFleet], hostile_state: Path
+) -> None:
+    running, procs = fleet
+    # ``wipe`` says readOnlyHint: true; the careful tenant's policy still parks it.
+    parked = await invoke(running, WIPE, tenant=CAREFUL)
+
+    async def approval_asked() -> list[Envelope]:
+        return [
+            e
+            for e in await running.read(TopicName.EVENTS, invocation_id=str(parked.invocation_id))
+            if e.type == EventType.APPROVAL_REQUESTED
+        ]
+
+    assert await eventually(approval_asked, timeout=30), procs.logs()
+    assert not (hostile_state / "wiped").exists()
+
+    # The operator vouches for it (``toolfleet sources configure e2e_hostile wipe
+    # --effect read_only``): then it runs without an approval.
+    pool = await create_pool(running.settings.database_url)
+    try:
+        store = SourceStore(pool)
+        await store.update(HOSTILE, lambda s: with_effect(s, "wipe", "read_only"))
+        await store.restate_rules(HOSTILE)
+    finally:
+        await pool.close()
+
+    async def runs() -> ToolOutcome | None:
+        handle = await invoke(running, WIPE, tenant=CAREFUL)
+        try:
+            return await running.client.wait(handle, timeout=5)
+        except TimeoutError:
+            return None  # parked still: policy's registry cache has not seen it yet
+
+    outcome = await eventually(runs, timeout=40, interval=0.5)
+    assert outcome.status is InvocationStatus.SUCCESS, (outcome.error, procs.logs())
+    assert (hostile_state / "wiped").exists()
+
+
+async def test_a_flooding_server_loses_its_session_not_the_executor(
+    fleet: tuple[Fleet, ProcessFleet], hostile_state: Path
+) -> None:
+    running, procs = fleet
+    assert (await call(running, HOSTILE_ADD, a=1, b=1)).status is InvocationStatus.SUCCESS
+    flood = await invoke(running, FLOOD)
+
+    async def flooding() -> bool:
+        return (hostile_state / "flooding").exists()
+
+    assert await eventually(flooding, timeout=60), procs.logs()
+    # 8 MiB of one 64 MiB message are in, the server is holding the rest: another
+    # tenant-visible call on the same executor completes meanwhile.
+    echo = await call(running, "core__echo", message="still here")
+    assert echo.status is InvocationStatus.SUCCESS, (echo.error, procs.logs())
+    (hostile_state / "release").write_text("yes")
+    outcome = await running.client.wait(flood, timeout=30)
+    assert outcome.status is InvocationStatus.ERROR, procs.logs()
+    assert outcome.error is not None
+    assert (outcome.error.code, outcome.error.retryable) == ("result_too_large", False)
+    (hostile_state / "release").unlink()
+    again = await call(running, HOSTILE_ADD, a=2, b=2)
+    assert again.status is InvocationStatus.SUCCESS, (again.error, procs.logs())

@@ -12,9 +12,11 @@ from redis.asyncio import Redis
 
 from tests.support.eventually import eventually
 from tests.unit.test_approval_expiry import pending_approval
+from toolfleet.events.identity import CallKey
 from toolfleet.policy.approval_expiry import run_expiry_sweeper
 from toolfleet.policy.redis_stores import RedisApprovalStore
 from toolfleet.policy.service import PendingApproval
+from toolfleet.storage.call_keys import call_scope
 from toolfleet.storage.redis import connect_redis
 
 pytestmark = pytest.mark.integration
@@ -36,8 +38,9 @@ def _expiring_in(seconds: float) -> PendingApproval:
     return pending_approval(expires_at=datetime.now(UTC) + timedelta(seconds=seconds))
 
 
-def _id(pending: PendingApproval) -> str:
-    return str(pending.authorized.invocation_id)
+def _id(pending: PendingApproval) -> CallKey:
+    """The call an approval is stored under: its tenant and its invocation id."""
+    return CallKey(tenant_id=pending.tenant_id, invocation_id=str(pending.authorized.invocation_id))
 
 
 async def test_expired_approval_is_ended_exactly_once_by_two_sweepers(
@@ -47,10 +50,10 @@ async def test_expired_approval_is_ended_exactly_once_by_two_sweepers(
     expiring, waiting = _expiring_in(1), _expiring_in(3600)
     await store.put(_id(expiring), expiring, 1)
     await store.put(_id(waiting), waiting, 3600)
-    assert await redis.zscore(f"{prefix}approval:expiries", _id(expiring)) == pytest.approx(
-        expiring.expires_at.timestamp()
-    )
-    emitted: list[tuple[int, str]] = []
+    assert await redis.zscore(
+        f"{prefix}approval:expiries", call_scope(_id(expiring))
+    ) == pytest.approx(expiring.expires_at.timestamp())
+    emitted: list[tuple[int, CallKey]] = []
 
     def emitter(replica: int):  # type: ignore[no-untyped-def]
         async def emit(pending: PendingApproval) -> None:
@@ -72,7 +75,7 @@ async def test_expired_approval_is_ended_exactly_once_by_two_sweepers(
     async def ended() -> bool:
         return (
             bool(emitted)
-            and await redis.zscore(f"{prefix}approval:expiries", _id(expiring)) is None
+            and await redis.zscore(f"{prefix}approval:expiries", call_scope(_id(expiring))) is None
         )
 
     await eventually(ended, timeout=10)
@@ -82,7 +85,7 @@ async def test_expired_approval_is_ended_exactly_once_by_two_sweepers(
     assert [inv for _, inv in emitted] == [_id(expiring)]
     # Its data is gone and a late human decision finds nothing to decide.
     assert await store.take(_id(expiring)) is None
-    assert await redis.exists(f"{prefix}approval:expiring:{_id(expiring)}") == 0
+    assert await redis.exists(f"{prefix}approval:expiring:{call_scope(_id(expiring))}") == 0
     # The other approval is untouched.
     assert (await store.take(_id(waiting))) == waiting
 
@@ -108,7 +111,7 @@ async def test_data_outlives_the_expiry_by_the_grace(redis: Redis, prefix: str) 
     store = RedisApprovalStore(redis, prefix=prefix, grace_s=600)
     pending = _expiring_in(60)
     await store.put(_id(pending), pending, 60)
-    ttl = await redis.ttl(f"{prefix}approval:pending:{_id(pending)}")
+    ttl = await redis.ttl(f"{prefix}approval:pending:{call_scope(_id(pending))}")
     assert 600 < ttl <= 660
 
 

@@ -21,6 +21,7 @@ from redis.asyncio import Redis
 from tests.support.pipeline import Fleet, fleet_settings, in_process_fleet
 from toolfleet.errors import CheckpointFailed
 from toolfleet.events.envelope import Envelope, new_event
+from toolfleet.events.identity import CallKey
 from toolfleet.events.models import (
     AgentContext,
     CheckpointConfig,
@@ -40,7 +41,7 @@ from toolfleet.executor.checkpoints.store import (
     TieredCheckpointStore,
     checkpoint_key,
 )
-from toolfleet.executor.leasing.fencing import Fence, StaleLease, epoch_key, lease_key
+from toolfleet.executor.leasing.fencing import Fence, StaleLease, epoch_key, lease_key, runs_key
 from toolfleet.executor.leasing.leases import RedisLeases, Taken
 from toolfleet.sdk.context import ToolContext
 from toolfleet.secrets.capability import LeakDetector
@@ -112,6 +113,11 @@ def big_state(step: int, rows: int = 300) -> dict[str, Any]:
     return state
 
 
+def k(invocation_id: str, tenant: str = "t1") -> CallKey:
+    """The call the tests' checkpoints belong to (``checkpoint()``'s default tenant)."""
+    return CallKey(tenant_id=tenant, invocation_id=invocation_id)
+
+
 async def rows_of(pool: asyncpg.Pool, invocation_id: str) -> list[asyncpg.Record]:
     return list(
         await pool.fetch(
@@ -173,19 +179,19 @@ async def test_big_states_are_compressed_deltas_in_bounded_chains(pool: asyncpg.
         assert read is not None
         assert canonical_json(read.state) == canonical_json(cp.state)
         assert (read.invocation_id, read.tenant_id, read.checkpoint_type) == (inv, "t1", "macro")
-    latest = await fresh.latest(inv)
+    latest = await fresh.latest(k(inv))
     assert latest is not None
     assert latest.checkpoint_id == saved[-1].checkpoint_id
     assert await fresh.get("no-such-checkpoint") is None
-    assert await fresh.latest(str(uuid.uuid4())) is None
-    assert await fresh.latest("not-a-uuid") is None
+    assert await fresh.latest(k(str(uuid.uuid4()))) is None
+    assert await fresh.latest(k("not-a-uuid")) is None
 
 
 async def test_a_takeover_worker_chains_onto_the_rows_of_the_last(pool: asyncpg.Pool) -> None:
     inv = str(uuid.uuid4())
     first, second = checkpoint(inv, big_state(1)), checkpoint(inv, big_state(2), kind="named")
     await PostgresCheckpointStore(pool).save(first)
-    await PostgresCheckpointStore(pool).save(second, fence=Fence(inv, 2))
+    await PostgresCheckpointStore(pool).save(second, fence=Fence(k(inv), 2))
     rows = await rows_of(pool, inv)
     assert [r["parent_checkpoint_id"] for r in rows] == [None, first.checkpoint_id]
     assert [r["encoding"] for r in rows] == ["json+zlib", "delta"]
@@ -214,9 +220,9 @@ async def test_runs_starting_together_each_find_their_own_newest_checkpoint(
             await store.save(checkpoint(inv, {"inv": i, "step": step}))
     never = [str(uuid.uuid4()) for _ in range(20)]
     asked = [*never[:10], *with_rows, *never[10:], with_rows[0], "not-a-uuid"]
-    found = await asyncio.gather(*(PostgresCheckpointStore(pool).latest(i) for i in asked))
+    found = await asyncio.gather(*(PostgresCheckpointStore(pool).latest(k(i)) for i in asked))
     shared = PostgresCheckpointStore(pool)  # one store: the lookups share one query
-    found_shared = await asyncio.gather(*(shared.latest(i) for i in asked))
+    found_shared = await asyncio.gather(*(shared.latest(k(i)) for i in asked))
     for answers in (found, found_shared):
         by_id = dict(zip(asked, answers, strict=True))
         assert all(by_id[inv] is None for inv in [*never, "not-a-uuid"])
@@ -240,7 +246,7 @@ async def test_hot_first_then_postgres_when_redis_lost_it(redis: Redis, pool: as
     await store.save(macro)
     await store.save(micro)
     assert [r["checkpoint_id"] for r in await rows_of(pool, inv)] == [macro.checkpoint_id]
-    hot = await store.latest(inv)
+    hot = await store.latest(k(inv))
     assert hot is not None
     assert (hot.checkpoint_id, hot.checkpoint_type, hot.state) == (
         micro.checkpoint_id,
@@ -248,8 +254,8 @@ async def test_hot_first_then_postgres_when_redis_lost_it(redis: Redis, pool: as
         {"step": 2},
     )
 
-    await redis.delete(checkpoint_key(inv))  # Redis restarted, or the TTL ran out
-    cold = await store.latest(inv)
+    await redis.delete(checkpoint_key(k(inv)))  # Redis restarted, or the TTL ran out
+    cold = await store.latest(k(inv))
     assert cold is not None
     assert (cold.checkpoint_id, cold.state, cold.tenant_id) == (
         macro.checkpoint_id,
@@ -264,7 +270,7 @@ async def test_the_pipeline_resumes_from_postgres_when_the_hot_copy_is_gone(
     inv = str(uuid.uuid4())
     durable = checkpoint(inv, {"step": 2, "marker": "from postgres", "rows": []})
     await PostgresCheckpointStore(pool).save(durable)
-    assert not await redis.exists(checkpoint_key(inv))
+    assert not await redis.exists(checkpoint_key(k(inv)))
 
     outcome = await invoke(fleet, {"steps": 4}, invocation_id=inv)
     assert outcome.status is InvocationStatus.SUCCESS, outcome.error
@@ -303,7 +309,7 @@ async def test_kinds_are_reported_and_durable_ones_chained(
         (refs[2].checkpoint_id, "named", "half"),
     ]
     assert [r["parent_checkpoint_id"] for r in rows] == [None, refs[0].checkpoint_id]
-    hot = await RedisCheckpointStore(redis).latest(inv)
+    hot = await RedisCheckpointStore(redis).latest(k(inv))
     assert hot is not None
     assert (hot.checkpoint_id, hot.checkpoint_type, hot.state["step"]) == (
         refs[3].checkpoint_id,
@@ -413,20 +419,20 @@ async def test_another_tenants_latest_checkpoint_is_never_resumed(
 async def test_a_stale_epoch_cannot_write_the_hot_checkpoint(redis: Redis) -> None:
     store = RedisCheckpointStore(redis)
     inv = str(uuid.uuid4())
-    await redis.set(epoch_key(inv), 2)
+    await redis.set(epoch_key(k(inv)), 2)
     with pytest.raises(StaleLease) as refused:
-        await store.save(checkpoint(inv, {"by": "zombie"}), fence=Fence(inv, 1))
-    assert refused.value.fence == Fence(inv, 1)
-    assert await store.latest(inv) is None
+        await store.save(checkpoint(inv, {"by": "zombie"}), fence=Fence(k(inv), 1))
+    assert refused.value.fence == Fence(k(inv), 1)
+    assert await store.latest(k(inv)) is None
 
     owner = checkpoint(inv, {"by": "owner"})
-    await store.save(owner, fence=Fence(inv, 2))
+    await store.save(owner, fence=Fence(k(inv), 2))
     with pytest.raises(StaleLease):
-        await store.save(checkpoint(inv, {"by": "zombie"}), fence=Fence(inv, 1))
-    latest = await store.latest(inv)
+        await store.save(checkpoint(inv, {"by": "zombie"}), fence=Fence(k(inv), 1))
+    latest = await store.latest(k(inv))
     assert latest is not None
     assert latest.state == {"by": "owner"}
-    assert int(await redis.ttl(checkpoint_key(inv))) > 3500
+    assert int(await redis.ttl(checkpoint_key(k(inv)))) > 3500
 
 
 async def test_after_redis_loses_the_epochs_postgres_still_fences_by_them(
@@ -437,21 +443,21 @@ async def test_after_redis_loses_the_epochs_postgres_still_fences_by_them(
         hot=RedisCheckpointStore(redis), cold=PostgresCheckpointStore(pool)
     )
     inv = str(uuid.uuid4())
-    first = await leases.acquire(inv, "first")
+    first = await leases.acquire(k(inv), "first")
     await asyncio.sleep(0.3)
-    zombie = await leases.acquire(inv, "zombie")  # took over, then froze
+    zombie = await leases.acquire(k(inv), "zombie")  # took over, then froze
     assert isinstance(first, Taken)
     assert isinstance(zombie, Taken)
     await tiers.save(checkpoint(inv, {"by": "zombie"}), fence=zombie.fence)
     # Redis restarts empty: epochs, lease and hot checkpoint are gone; Postgres keeps rows.
     await redis.delete(
-        epoch_key(inv), lease_key(inv), f"lease:tool:{inv}:runs", checkpoint_key(inv)
+        epoch_key(k(inv)), lease_key(k(inv)), runs_key(k(inv)), checkpoint_key(k(inv))
     )
     await asyncio.sleep(0.01)
-    owner = await leases.acquire(inv, "owner")
+    owner = await leases.acquire(k(inv), "owner")
     assert isinstance(owner, Taken)
     # The new owner resumes from Postgres and its durable checkpoints are accepted ...
-    resumed = await tiers.latest(inv)
+    resumed = await tiers.latest(k(inv))
     assert resumed is not None
     assert resumed.state == {"by": "zombie"}
     assert await tiers.save(checkpoint(inv, {"by": "owner"}), fence=owner.fence) == "macro"
@@ -462,7 +468,7 @@ async def test_after_redis_loses_the_epochs_postgres_still_fences_by_them(
         await PostgresCheckpointStore(pool).save(
             checkpoint(inv, {"by": "zombie, late"}), fence=zombie.fence
         )
-    latest = await tiers.latest(inv)
+    latest = await tiers.latest(k(inv))
     assert latest is not None
     assert latest.state == {"by": "owner"}
 
@@ -470,14 +476,14 @@ async def test_after_redis_loses_the_epochs_postgres_still_fences_by_them(
 async def test_a_stale_epoch_cannot_append_a_durable_checkpoint(pool: asyncpg.Pool) -> None:
     store = PostgresCheckpointStore(pool)
     inv = str(uuid.uuid4())
-    await store.save(checkpoint(inv, {"by": "first"}), fence=Fence(inv, 1))
-    await store.save(checkpoint(inv, {"by": "successor"}), fence=Fence(inv, 2))
+    await store.save(checkpoint(inv, {"by": "first"}), fence=Fence(k(inv), 1))
+    await store.save(checkpoint(inv, {"by": "successor"}), fence=Fence(k(inv), 2))
     zombie = checkpoint(inv, {"by": "zombie"})
     with pytest.raises(StaleLease):
-        await store.save(zombie, fence=Fence(inv, 1))
+        await store.save(zombie, fence=Fence(k(inv), 1))
     rows = await rows_of(pool, inv)
     assert [r["lease_epoch"] for r in rows] == [1, 2]
-    latest = await store.latest(inv)
+    latest = await store.latest(k(inv))
     assert latest is not None
     assert latest.state == {"by": "successor"}
 
@@ -488,7 +494,9 @@ async def test_concurrent_fenced_writers_never_interleave(pool: asyncpg.Pool) ->
 
     async def write(epoch: int) -> bool:
         try:
-            await stores[epoch % 2].save(checkpoint(inv, big_state(epoch)), fence=Fence(inv, epoch))
+            await stores[epoch % 2].save(
+                checkpoint(inv, big_state(epoch)), fence=Fence(k(inv), epoch)
+            )
         except StaleLease:
             return False
         return True
@@ -538,7 +546,7 @@ async def test_stale_lease_propagates_out_of_ctx_checkpoint(
         tenant_id="t1",
         invocation_id=str(inv),
     )
-    await redis.set(epoch_key(str(inv)), 1)
+    await redis.set(epoch_key(k(str(inv))), 1)
     sink = CheckpointSink(
         store=store,
         emitter=emitter,
@@ -549,7 +557,7 @@ async def test_stale_lease_propagates_out_of_ctx_checkpoint(
         call=call,
         cancel_event=asyncio.Event(),
         leaks=LeakDetector(()),
-        fence=Fence(str(inv), 1),
+        fence=Fence(k(str(inv)), 1),
     )
     ctx = ToolContext(
         tenant_id="t1",
@@ -560,7 +568,7 @@ async def test_stale_lease_propagates_out_of_ctx_checkpoint(
         checkpoints=sink,
     )
     assert await ctx.checkpoint({"step": 1}) is not None  # macro: both tiers, fenced
-    await redis.set(epoch_key(str(inv)), 2)  # another worker took the call over
+    await redis.set(epoch_key(k(str(inv))), 2)  # another worker took the call over
     with pytest.raises(StaleLease):
         await ctx.checkpoint({"step": 2})  # micro: the hot write is refused
     with pytest.raises(StaleLease):
@@ -595,7 +603,7 @@ class _FlakyCold:
             raise CheckpointFailed("checkpoint could not be saved: ConnectionRefusedError")
         self.saved.append(checkpoint)
 
-    async def latest(self, invocation_id: str) -> Checkpoint | None:
+    async def latest(self, call: CallKey) -> Checkpoint | None:
         return None
 
     async def get(self, checkpoint_id: str) -> Checkpoint | None:
@@ -617,7 +625,7 @@ async def test_a_postgres_blip_is_retried_then_a_macro_checkpoint_stays_hot(
         hot=hot, cold=down, cold_retry_delays_s=(0.01,), named_patience_s=0.2
     )
     assert await tiers.save(checkpoint(inv, {"step": 2})) == "micro"  # kept hot, not failed
-    latest = await hot.latest(inv)
+    latest = await hot.latest(k(inv))
     assert latest is not None
     assert latest.state == {"step": 2}
     with pytest.raises(CheckpointFailed):  # a named one was asked for: it must be durable

@@ -20,7 +20,9 @@ from tests.support.eventually import eventually
 from tests.support.servers import free_port
 from toolfleet.api import ApiSettings, create_app
 from toolfleet.api.resources import ApiResources
+from toolfleet.auth.grants import ensure_grant_key
 from toolfleet.auth.keys import generate_key_pair
+from toolfleet.auth.outcomes import OutcomeSigner
 from toolfleet.auth.tokens import TokenVerifier
 from toolfleet.bus.connection import connection_kwargs
 from toolfleet.bus.producer import EventProducer, Outbound
@@ -45,6 +47,7 @@ def cli_env(settings: FleetSettings, tmp_path_factory: pytest.TempPathFactory) -
     folder = tmp_path_factory.mktemp("cli-keys")
     (folder / "private.pem").write_bytes(pair.private_pem)
     (folder / "public.pem").write_bytes(pair.public_pem)
+    ensure_grant_key(folder / "grant.key")  # the API refuses to start without it
     return {
         "TOOLFLEET_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
         "TOOLFLEET_REDIS_URL": settings.redis_url,
@@ -53,6 +56,7 @@ def cli_env(settings: FleetSettings, tmp_path_factory: pytest.TempPathFactory) -
         "TOOLFLEET_API_URL": f"http://127.0.0.1:{free_port()}",
         "TOOLFLEET_JWT_PRIVATE_KEY_FILE": str(folder / "private.pem"),
         "TOOLFLEET_JWT_PUBLIC_KEY_FILE": str(folder / "public.pem"),
+        "TOOLFLEET_GRANT_KEY_FILE": str(folder / "grant.key"),
     }
 
 
@@ -67,6 +71,7 @@ async def server(cli_env: dict[str, str]) -> AsyncIterator[ApiResources]:
         api_url=cli_env["TOOLFLEET_API_URL"],
         jwt_private_key_file=Path(cli_env["TOOLFLEET_JWT_PRIVATE_KEY_FILE"]),
         jwt_public_key_file=Path(cli_env["TOOLFLEET_JWT_PUBLIC_KEY_FILE"]),
+        grant_key_file=Path(cli_env["TOOLFLEET_GRANT_KEY_FILE"]),
     )
     application = create_app(settings)
     port = int(settings.api_url.rsplit(":", 1)[1])
@@ -243,9 +248,15 @@ async def test_a_foreign_token_is_refused(server: ApiResources, cli_env: dict[st
     assert "not-a-real-token" not in result.output
 
 
+def _signing(settings: FleetSettings, cli_env: dict[str, str]) -> FleetSettings:
+    """``settings`` with the grant key the CLI checks outcomes with."""
+    return settings.model_copy(update={"grant_key_file": Path(cli_env["TOOLFLEET_GRANT_KEY_FILE"])})
+
+
 async def _answer_invokes(settings: FleetSettings, tenant: str, status: str) -> None:
-    """Play the fleet for ``tenant``: a checkpoint at 50 %, then a terminal outcome."""
-    producer = EventProducer(settings)
+    """Play the fleet for ``tenant``: a checkpoint at 50 %, then a terminal outcome,
+    signed with the grant key of ``settings`` as the fleet's services sign theirs."""
+    producer = EventProducer(settings, before_send=OutcomeSigner.from_settings(settings).seal)
     await producer.start()
     consumer = AIOKafkaConsumer(
         topic(settings.topic_prefix, TopicName.REQUESTED),
@@ -316,7 +327,7 @@ async def test_invoke_wait_exits_zero_only_on_success(
     cli_env: dict[str, str], settings: FleetSettings, status: str, exit_code: int
 ) -> None:
     tenant = f"tenant_{uuid.uuid4().hex[:8]}"
-    fleet = asyncio.create_task(_answer_invokes(settings, tenant, status))
+    fleet = asyncio.create_task(_answer_invokes(_signing(settings, cli_env), tenant, status))
     try:
         result = await run_cli(
             cli_env,
@@ -346,7 +357,7 @@ async def test_invoke_wait_exits_zero_only_on_success(
 
 async def test_invoke_wait_human_output(cli_env: dict[str, str], settings: FleetSettings) -> None:
     tenant = f"tenant_{uuid.uuid4().hex[:8]}"
-    fleet = asyncio.create_task(_answer_invokes(settings, tenant, "success"))
+    fleet = asyncio.create_task(_answer_invokes(_signing(settings, cli_env), tenant, "success"))
     try:
         result = await run_cli(
             cli_env,
@@ -395,3 +406,26 @@ async def test_sources_configure_and_the_policy_glob_warning(
     applied = await run_cli(cli_env, "policy", "apply", str(policy), "--tenant", "t_cli_src")
     assert applied.exit_code == 0, applied.output
     assert f"warning: allow_tools.0 'mcp__{name}__*' allows no MCP or HTTP" in applied.stdout
+
+
+async def test_sources_configure_effect_shows_hints_and_keeps_the_rules(
+    server: ApiResources, cli_env: dict[str, str], tmp_path: Path
+) -> None:
+    name = f"h{uuid.uuid4().hex[:8]}"
+    command = f"{sys.executable} -m tests.support.hostile_source {tmp_path / 'server'}"
+    added = await run_cli(cli_env, "sources", "add", name, "--stdio", command)
+    assert added.exit_code == 0, added.output
+    # The server says wipe is read-only: shown as its hint, not taken as its effect.
+    assert (
+        "external_side_effect  (source hints, not trusted: destructiveHint=false, "
+        "readOnlyHint=true)"
+    ) in added.stdout
+    allowed = await run_cli(cli_env, "sources", "configure", name, "wipe", "--allow", "content")
+    assert allowed.exit_code == 0, allowed.output
+    vouched = await run_cli(cli_env, "sources", "configure", name, "wipe", "--effect", "read_only")
+    assert vouched.exit_code == 0, vouched.output
+    assert f"mcp__{name}__wipe@" in vouched.stdout
+    assert "read_only" in vouched.stdout
+    assert "  allow: content\n" in vouched.stdout  # only --effect: the rules stay
+    wrong = await run_cli(cli_env, "sources", "configure", name, "wipe", "--effect", "harmless")
+    assert wrong.exit_code != 0

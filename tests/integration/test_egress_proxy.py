@@ -456,6 +456,36 @@ async def test_metadata_and_private_addresses_are_refused_to_wildcard_grants(
     ]
 
 
+async def test_ipv6_forms_of_loopback_are_refused_as_loopback(
+    audit: InMemoryEgressAudit, echo: Upstream
+) -> None:
+    """Issue 32: ``::127.0.0.1`` passed as public; every IPv6 form embedding loopback
+    (literal or resolved) is judged as the IPv4 it carries."""
+    forms = [
+        "::127.0.0.1",
+        "::7f00:1",
+        "::ffff:127.0.0.1",
+        "::ffff:0:7f00:1",
+        "64:ff9b::7f00:1",
+        "64:ff9b:1::7f00:1",
+        "2002:7f00:1::",
+        "2001:0:4136:e378:8000:63bf:80ff:fffe",
+    ]
+    resolver = StaticResolver(table={"sneaky.svc.test": ["::127.0.0.1", "::ffff:127.0.0.1"]})
+    async with proxy_session(audit, "*:*", resolver=resolver) as session:
+        for form in forms:
+            status, headers = await connect_status(session, f"[{form}]:{echo.port}")
+            assert (status, headers["x-toolfleet-egress"]) == (403, "private_address"), form
+        status, headers = await connect_status(session, f"sneaky.svc.test:{echo.port}")
+        assert (status, headers["x-toolfleet-egress"]) == (403, "private_address")
+        status, _, _ = await request(
+            session, f"GET http://[::127.0.0.1]:{echo.port}/ HTTP/1.1\r\n\r\n".encode()
+        )
+        assert status == 403
+    assert {r.reason for r in audit.records} == {EgressReason.PRIVATE_ADDRESS}
+    assert len(audit.records) == len(forms) + 2
+
+
 async def test_wildcard_grants(audit: InMemoryEgressAudit, echo: Upstream) -> None:
     resolver = StaticResolver(
         table={

@@ -21,7 +21,7 @@ from tests.support import hostile_tools
 from toolfleet.audit.records import audit_record
 from toolfleet.auth.grants import GrantSigner, GrantVerifier
 from toolfleet.events.envelope import Envelope, new_event
-from toolfleet.events.identity import CallRef
+from toolfleet.events.identity import CallKey, CallRef
 from toolfleet.events.models import (
     AgentContext,
     CancelRequested,
@@ -209,7 +209,7 @@ async def test_checkpoints_and_cancel_cross_into_the_sandbox(service: ExecutorSe
     invocation_id = str(event.data_as(InvokeAuthorized).invocation_id)
     store = service.checkpoints
     for _ in range(200):
-        if await store.latest(invocation_id) is not None:
+        if await store.latest(CallKey(tenant_id=TENANT, invocation_id=invocation_id)):
             break
         await asyncio.sleep(0.05)
     cancel = new_event(

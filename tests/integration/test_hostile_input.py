@@ -378,7 +378,7 @@ def hostile(draw: st.DrawFn, tokens: Tokens) -> Hostile:
         # Not a UUID; or a lone surrogate, which JSON carries as \ud800 (it has no UTF-8)
         bad = draw(st.sampled_from([f"not-a-uuid-{iid}", f"\ud800{iid}"]))
         data["invocation_id"] = bad
-        ids.add(invocation_uuid(bad))
+        ids.add(invocation_uuid(bad, tenant_id="t1"))
         key, value, headers = _binary(iid, data)
     return Hostile(kind=kind, key=key, value=value, headers=headers, invocation_ids=ids)
 

@@ -10,6 +10,7 @@ import pytest
 from redis.asyncio import Redis
 
 from tests.support.eventually import eventually
+from toolfleet.events.identity import CallKey
 from toolfleet.events.models import InvocationStatus, ToolOutcome
 from toolfleet.policy.idempotency import ClaimKind, Waiter, outcome_for_duplicate
 from toolfleet.policy.redis_stores import RedisIdempotencyStore
@@ -46,6 +47,11 @@ def _outcome(invocation_id: str) -> ToolOutcome:
     )
 
 
+def k(invocation_id: str, tenant: str = "t_acme") -> CallKey:
+    """The call of ``invocation_id`` in ``tenant``: what owners are keyed by."""
+    return CallKey(tenant_id=tenant, invocation_id=invocation_id)
+
+
 def _ids(n: int) -> list[str]:
     return [str(uuid.uuid4()) for _ in range(n)]
 
@@ -78,7 +84,7 @@ async def test_duplicate_of_a_finished_owner_gets_its_outcome(
     first, second = _ids(2)
     await store.claim("t_acme", "idem-2", first, HASH)
     outcome = _outcome(first)
-    assert await store.record_outcome(first, outcome.model_dump_json()) is True
+    assert await store.record_outcome(k(first), outcome.model_dump_json()) is True
     dup = await store.claim("t_acme", "idem-2", second, HASH)
     assert dup.kind == ClaimKind.DUPLICATE
     assert dup.first_outcome() == outcome
@@ -91,8 +97,8 @@ async def test_outcomes_of_invocations_without_a_key_are_not_stored(
     store: RedisIdempotencyStore,
 ) -> None:
     (stranger,) = _ids(1)
-    assert await store.record_outcome(stranger, _outcome(stranger).model_dump_json()) is False
-    assert await store.finish(stranger, _outcome(stranger).model_dump_json()) == []
+    assert await store.record_outcome(k(stranger), _outcome(stranger).model_dump_json()) is False
+    assert await store.finish(k(stranger), _outcome(stranger).model_dump_json()) == []
 
 
 async def test_concurrent_claims_have_one_owner(redis: Redis) -> None:
@@ -115,36 +121,36 @@ async def test_waiters_are_resolved_when_the_owner_finishes(
     await store.claim("t_acme", "idem-3", first, HASH)
     for waiter in (second, third):
         assert (await store.claim("t_acme", "idem-3", waiter, HASH)).outcome_json is None
-        assert await store.add_waiter(first, waiter, f'{{"who":"{waiter}"}}') is None
+        assert await store.add_waiter(k(first), waiter, f'{{"who":"{waiter}"}}') is None
     outcome_json = _outcome(first).model_dump_json()
-    waiters = await store.finish(first, outcome_json)
+    waiters = await store.finish(k(first), outcome_json)
     assert waiters == [
         Waiter(invocation_id=second, context_json=f'{{"who":"{second}"}}'),
         Waiter(invocation_id=third, context_json=f'{{"who":"{third}"}}'),
     ]
-    assert await store.take_waiters(first) == []  # handed over once
+    assert await store.take_waiters(k(first)) == []  # handed over once
     # A duplicate that queues after the owner finished is answered at once instead.
-    assert await store.add_waiter(first, late, "{}") == outcome_json
-    assert await store.take_waiters(first) == []
+    assert await store.add_waiter(k(first), late, "{}") == outcome_json
+    assert await store.take_waiters(k(first)) == []
 
 
 async def test_record_then_take_waiters_separately(store: RedisIdempotencyStore) -> None:
     first, second = _ids(2)
     await store.claim("t_acme", "idem-4", first, HASH)
-    assert await store.add_waiter(first, second, "{}") is None
-    assert await store.record_outcome(first, _outcome(first).model_dump_json())
-    assert await store.take_waiters(first) == [Waiter(invocation_id=second, context_json="{}")]
+    assert await store.add_waiter(k(first), second, "{}") is None
+    assert await store.record_outcome(k(first), _outcome(first).model_dump_json())
+    assert await store.take_waiters(k(first)) == [Waiter(invocation_id=second, context_json="{}")]
 
 
 async def test_waiting_on_an_unknown_owner_fails(store: RedisIdempotencyStore) -> None:
     with pytest.raises(LookupError):
-        await store.add_waiter(str(uuid.uuid4()), str(uuid.uuid4()), "{}")
+        await store.add_waiter(k(str(uuid.uuid4())), str(uuid.uuid4()), "{}")
 
 
 async def test_keys_expire(store: RedisIdempotencyStore, redis: Redis) -> None:
     first, second = _ids(2)
     await store.claim("t_acme", "idem-5", first, HASH, ttl_s=1)
-    await store.record_outcome(first, _outcome(first).model_dump_json())
+    await store.record_outcome(k(first), _outcome(first).model_dump_json())
     assert (await store.claim("t_acme", "idem-5", second, OTHER)).kind == ClaimKind.CONFLICT
 
     async def free_again() -> bool:
@@ -152,4 +158,4 @@ async def test_keys_expire(store: RedisIdempotencyStore, redis: Redis) -> None:
 
     await eventually(free_again, timeout=5)
     # The first's outcome went with its claim.
-    assert await store.record_outcome(first, "{}") is False
+    assert await store.record_outcome(k(first), "{}") is False

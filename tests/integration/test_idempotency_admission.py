@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 import pytest
 from redis.asyncio import Redis
 
+from toolfleet.events.identity import CallKey
 from toolfleet.policy.admission import AdmitInput
 from toolfleet.policy.idempotency import ClaimKind
 from toolfleet.policy.ratelimit import RateLimits
@@ -38,6 +39,10 @@ class Stores:
         self.limiter = RedisRateLimiter(redis, prefix=prefix)
         self.idempotency = RedisIdempotencyStore(redis, prefix=prefix)
         self.admission = RedisAdmission(self.limiter, self.idempotency)
+
+
+def k(invocation_id: str, tenant: str = "t_acme") -> CallKey:
+    return CallKey(tenant_id=tenant, invocation_id=invocation_id)
 
 
 def _admit(
@@ -80,7 +85,7 @@ async def test_admission_claims_only_what_the_rate_limit_lets_through(redis: Red
     # Nothing was claimed: the key is still free.
     other = await stores.idempotency.claim("t_acme", "k2", str(uuid.uuid4()), OTHER)
     assert other.kind is ClaimKind.NEW
-    assert await stores.idempotency.owns_keys([third]) == [False]
+    assert await stores.idempotency.owns_keys([k(third)]) == [False]
 
 
 async def test_admission_answers_as_the_two_steps_one_after_the_other(redis: Redis) -> None:
@@ -106,11 +111,14 @@ async def test_owns_keys_knows_owners_of_any_process(redis: Redis) -> None:
     here, there = (RedisIdempotencyStore(redis, prefix=prefix) for _ in range(2))
     owner, duplicate, stranger = (str(uuid.uuid4()) for _ in range(3))
     await there.claim("t_acme", "k", owner, HASH)
-    await there.add_waiter(owner, duplicate, "{}")
-    assert await here.owns_keys([owner, duplicate, stranger]) == [True, False, False]
+    await there.add_waiter(k(owner), duplicate, "{}")
+    assert await here.owns_keys([k(owner), k(duplicate), k(stranger)]) == [True, False, False]
+    # The same invocation id in another tenant is another call: it owns nothing.
+    assert await here.owns_keys([k(owner, "t_other")]) == [False]
+    assert await there.owns_keys([k(owner, "t_other")]) == [False]
     assert await here.owns_keys([]) == []
-    assert await there.owns_keys([owner]) == [True]  # remembered locally, no round trip
-    await there.finish(owner, '{"done": true}')
+    assert await there.owns_keys([k(owner)]) == [True]  # remembered locally, no round trip
+    await there.finish(k(owner), '{"done": true}')
     await there.claim("t_acme", "k2", stranger, HASH)
     # Its outcome stays for later duplicates; a new owner is seen from anywhere.
-    assert await here.owns_keys([stranger, duplicate, owner]) == [True, False, True]
+    assert await here.owns_keys([k(stranger), k(duplicate), k(owner)]) == [True, False, True]

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
+import json
 import os
 import signal
 from collections.abc import AsyncIterator
@@ -16,13 +18,14 @@ from typing import Any
 
 import pytest
 
-from tests.support import hostile_tools
+from tests.support import hostile_tools, sandbox_probes
 from tests.support.eventually import eventually
 from toolfleet.documents.cache import DocumentCache, MemoryCacheStore
 from toolfleet.documents.pins import MemoryDocumentPins, MemoryPinBook
 from toolfleet.documents.reader import CallDocuments
 from toolfleet.documents.source import MemoryDocumentSource
 from toolfleet.errors import ErrorCode, PermissionDenied, SandboxFailure
+from toolfleet.events.identity import CallKey
 from toolfleet.events.models import DocumentContext
 from toolfleet.executor.isolated import IsolatedRunner
 from toolfleet.isolation.builtin import RunPythonInput, run_python
@@ -486,7 +489,8 @@ async def test_a_sandboxed_tool_reads_documents_through_the_executors_checks_cac
     await eventually(lambda: _trusted(cache))
     context = DocumentContext.model_validate({"documents": [{"document_id": "handbook"}]})
     book = MemoryPinBook()
-    warm = CallDocuments(context=context, source=source, pins=book("inv-warm"), cache=cache)
+    call = CallKey(tenant_id="t1", invocation_id="inv-warm")
+    warm = CallDocuments(context=context, source=source, pins=book(call), cache=cache)
     await warm.get("handbook")  # the cache now holds version 1
     source.put("handbook", "rules second edition")  # not announced: the cache still says 1
     calls = source.calls
@@ -671,3 +675,51 @@ async def test_a_fork_server_that_died_is_started_again(runtime: IsolationRuntim
         )
         assert outcome.result == {"text": text}
     assert runtime.fork_server_pid not in (None, zygote)
+
+
+# Issue 32: calls of the same class as ptrace that the filter lacked; each made with
+# arguments the kernel itself would answer without EPERM.
+DENIED_PROBES = [name for name in sandbox_probes.SYSCALLS if name != "getpid"]
+
+
+async def test_seccomp_denies_io_uring_ldt_fanotify_and_page_migration(
+    runtime: IsolationRuntime,
+) -> None:
+    names = [*DENIED_PROBES, "getpid"]
+    outcome = await run(runtime, sandbox_probes.syscalls, {"names": names})
+    assert outcome.result is not None, outcome.error
+    answers = json.loads(outcome.result["text"])
+    refused = {name: answer for name, answer in answers.items() if name != "getpid"}
+    assert refused == {name: [-1, errno.EPERM] for name in refused}
+    assert answers["getpid"][0] > 0  # the probe itself works
+    await still_serving(runtime)
+
+
+async def test_a_sandboxed_tool_trusts_the_system_ca_bundle(runtime: IsolationRuntime) -> None:
+    outcome = await run(runtime, sandbox_probes.ca_bundle)
+    assert outcome.result is not None, outcome.error
+    assert int(outcome.result["text"]) > 0
+
+
+async def test_an_agent_asking_more_than_the_fleet_runs_under_the_fleets_limit(
+    runtime: IsolationRuntime,
+) -> None:
+    """Issue 32, attack 6 (defence in depth): an authorized event whose agent limits are
+    above the fleet's still runs under no more than the fleet's (policy refuses it first)."""
+    spec = spec_of(sandbox_probes.address_space)
+    runner = IsolatedRunner(
+        runtime=runtime,
+        fleet=FleetLimits(memory_mb=384),
+        agent=AgentLimits(memory_mb=8192, cpu_millicores=64_000),
+        grants=Grants(),
+    )
+    ctx = ToolContext(
+        tenant_id="tenant_a",
+        agent_did="did:agent:a",
+        invocation_id="inv-raise",
+        tool_id=spec.tool_id,
+        tool_version=spec.version,
+    )
+    outcome = await runner(spec, {}, ctx, 5.0)
+    assert outcome.error is None, outcome.error
+    assert outcome.result == {"text": "384"}

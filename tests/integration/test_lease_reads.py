@@ -11,6 +11,7 @@ import pytest
 from redis.asyncio import Redis
 
 from toolfleet.events.envelope import Emitted, Envelope, new_event
+from toolfleet.events.identity import CallKey
 from toolfleet.events.models import AgentContext, Effect, InvokeAuthorized
 from toolfleet.events.types import EventType, Source, TopicName
 from toolfleet.executor.checkpoints.store import (
@@ -70,6 +71,14 @@ def echo_call() -> Envelope:
     )
 
 
+def call_of(event: Envelope) -> CallKey:
+    return CallKey(tenant_id="t1", invocation_id=str(event.invocationid))
+
+
+def new_call() -> CallKey:
+    return CallKey(tenant_id="t1", invocation_id=str(uuid.uuid4()))
+
+
 def service(redis: Redis, emitter: Emitter) -> ExecutorService:
     return ExecutorService(
         catalog=discover([]),
@@ -88,16 +97,16 @@ async def test_the_lease_script_reads_the_cancel_flag_and_the_hot_checkpoint(
     redis: Redis,
 ) -> None:
     leases = RedisLeases(redis, ttl_s=5)
-    fresh = await leases.acquire(str(uuid.uuid4()), "a")
+    fresh = await leases.acquire(new_call(), "a")
     assert isinstance(fresh, Taken)
     assert fresh.seen is not None
     assert (fresh.seen.cancel_requested, fresh.seen.hot_checkpoint) == (False, None)
 
-    inv = str(uuid.uuid4())
+    inv = new_call()
     await RedisCancelFlags(redis).request(inv)
     checkpoint = Checkpoint(
         checkpoint_id="c1",
-        invocation_id=inv,
+        invocation_id=inv.invocation_id,
         tenant_id="t1",
         state={"step": 3},
         progress_percent=30,
@@ -119,7 +128,7 @@ async def test_a_call_cancelled_before_it_ran_is_refused_from_the_lease_read(
     emitter = Emitter()
     svc = service(redis, emitter)
     event = echo_call()
-    await RedisCancelFlags(redis).request(str(event.invocationid))
+    await RedisCancelFlags(redis).request(call_of(event))
     [(topic, outcome)] = await svc.on_authorized(event)
     assert topic is TopicName.RESULTS
     assert outcome.data["error"]["code"] == "cancelled"
@@ -152,7 +161,7 @@ async def test_without_trust_the_gates_ask_their_own_ports(redis: Redis) -> None
     svc.trust_lease_reads = False
     svc.cancels = MemoryCancelFlags()  # another store than the leases' Redis
     event = echo_call()
-    await svc.cancels.request(str(event.invocationid))
+    await svc.cancels.request(call_of(event))
     [(topic, outcome)] = await svc.on_authorized(event)
     assert topic is TopicName.RESULTS
     assert outcome.data["error"]["code"] == "cancelled"
@@ -161,13 +170,13 @@ async def test_without_trust_the_gates_ask_their_own_ports(redis: Redis) -> None
 async def test_one_heartbeat_keeps_many_leases_and_stops_with_the_last() -> None:
     leases = MemoryLeases(ttl_s=0.3)
     guard = LeaseGuard(leases=leases, worker_id="w")
-    invocations = [str(uuid.uuid4()) for _ in range(5)]
+    invocations = [new_call() for _ in range(5)]
     rivals: list[bool] = []
 
     async def long_call(fence: Fence) -> list[Emitted]:
         for _ in range(4):  # 0.8 s: more than two TTLs
             await asyncio.sleep(0.2)
-            rivals.append(isinstance(await leases.acquire(fence.invocation_id, "rival"), Held))
+            rivals.append(isinstance(await leases.acquire(fence.call, "rival"), Held))
         return []
 
     await asyncio.gather(
@@ -180,10 +189,10 @@ async def test_one_heartbeat_keeps_many_leases_and_stops_with_the_last() -> None
 async def test_a_lost_lease_cancels_its_own_run_only() -> None:
     leases = MemoryLeases(ttl_s=0.3)
     guard = LeaseGuard(leases=leases, worker_id="w")
-    lost_inv, kept_inv = str(uuid.uuid4()), str(uuid.uuid4())
+    lost_inv, kept_inv = new_call(), new_call()
 
     async def taken_over(fence: Fence) -> list[Emitted]:
-        leases.take_over(fence.invocation_id)  # another worker, a newer epoch
+        leases.take_over(fence.call)  # another worker, a newer epoch
         await asyncio.sleep(5)
         return []
 

@@ -13,10 +13,18 @@ from redis.exceptions import ResponseError
 
 from tests.support.lifecycle import Lifecycle
 from toolfleet.events.envelope import Emitted
+from toolfleet.events.identity import CallKey
 from toolfleet.events.types import TopicName
-from toolfleet.executor.leasing.fencing import Fence, epoch_key, lease_key
+from toolfleet.executor.leasing.fencing import Fence, epoch_key, lease_key, runs_key
 from toolfleet.executor.leasing.guard import LeaseGuard, LeaseLost
-from toolfleet.executor.leasing.leases import Finished, Held, OutgoingEvent, RedisLeases, Taken
+from toolfleet.executor.leasing.leases import (
+    Finished,
+    Held,
+    OutgoingEvent,
+    RedisLeases,
+    Taken,
+    done_key,
+)
 from toolfleet.storage.lua import CoalescedScripts, LuaScript
 
 pytestmark = pytest.mark.integration
@@ -31,8 +39,9 @@ async def redis(redis_url: str) -> AsyncIterator[Redis]:
         await client.aclose()
 
 
-def new_id() -> str:
-    return str(uuid.uuid4())
+def new_id(tenant: str = "t_acme") -> CallKey:
+    """A new call: leases are taken per call, a tenant's invocation."""
+    return CallKey(tenant_id=tenant, invocation_id=str(uuid.uuid4()))
 
 
 async def test_epochs_grow_and_a_live_lease_is_held(redis: Redis) -> None:
@@ -62,13 +71,11 @@ async def test_leases_taken_together_each_get_their_own_answer(redis: Redis) -> 
     assert replies[0].owner == "other"
     for inv, reply in zip(invocations[1:], replies[1:], strict=True):
         assert isinstance(reply, Taken)
-        assert (reply.fence.invocation_id, reply.fence.run) == (inv, 1)
+        assert (reply.fence.call, reply.fence.run) == (inv, 1)
     fences = [r.fence for r in replies[1:] if isinstance(r, Taken)]
     assert all(await asyncio.gather(*(leases.renew(f, "a") for f in fences)))
     await asyncio.gather(*(leases.release(f) for f in fences))
-    assert not any(
-        await asyncio.gather(*(redis.exists(lease_key(f.invocation_id)) for f in fences))
-    )
+    assert not any(await asyncio.gather(*(redis.exists(lease_key(f.call)) for f in fences)))
 
 
 async def test_scripts_sent_together_survive_a_server_without_them_and_fail_alone(
@@ -96,7 +103,7 @@ async def test_epochs_keep_growing_after_redis_loses_them(redis: Redis) -> None:
     assert isinstance(first, Taken)
     assert isinstance(second, Taken)
     # Redis comes back empty (restart, failover): the counters are gone.
-    await redis.delete(lease_key(inv), epoch_key(inv), f"lease:tool:{inv}:runs")
+    await redis.delete(lease_key(inv), epoch_key(inv), runs_key(inv))
     await asyncio.sleep(0.01)
     third = await leases.acquire(inv, "c")
     assert isinstance(third, Taken)
@@ -124,7 +131,7 @@ async def test_stale_epoch_cannot_renew_release_or_finish(redis: Redis) -> None:
 async def test_finish_records_the_outcome_and_a_redelivery_replays_it(redis: Redis) -> None:
     leases = RedisLeases(redis, ttl_s=5)
     lc = Lifecycle()
-    inv = lc.invocation_id
+    inv = CallKey(tenant_id=lc.tenant, invocation_id=lc.invocation_id)
     taken = await leases.acquire(inv, "a")
     assert isinstance(taken, Taken)
     outcome = lc.executed()
@@ -165,7 +172,7 @@ async def test_guard_discards_work_whose_lease_was_taken_over(redis: Redis) -> N
 
     async def paused_past_its_lease(fence: Fence) -> list[Emitted]:
         # Another worker takes the call over with a newer epoch while this one runs.
-        await redis.incr(epoch_key(fence.invocation_id))
+        await redis.incr(epoch_key(fence.call))
         try:
             await asyncio.sleep(5)
         except asyncio.CancelledError:
@@ -176,7 +183,7 @@ async def test_guard_discards_work_whose_lease_was_taken_over(redis: Redis) -> N
     with pytest.raises(LeaseLost):
         await guard.run(inv, paused_past_its_lease, stopping=lambda: False)
     assert cancelled.is_set()
-    assert not await redis.exists(f"lease:tool:{inv}:done")
+    assert not await redis.exists(done_key(inv))
 
 
 async def test_guard_heartbeat_keeps_a_long_call_owned(redis: Redis) -> None:

@@ -13,8 +13,9 @@ import pytest
 from tests.support.eventually import eventually
 from tests.support.pipeline import Fleet, fleet_settings, in_process_fleet
 from toolfleet.auth.revocation import RedisRevocationList
+from toolfleet.client.requests import invoke_request
 from toolfleet.events.identity import CallRef
-from toolfleet.events.models import InvocationStatus, ToolOutcome
+from toolfleet.events.models import InvocationStatus, ResourceLimits, ToolOutcome
 from toolfleet.policy.cache import RedisPolicyCache
 from toolfleet.policy.documents import TenantPolicy
 from toolfleet.policy.postgres_policies import PolicyStore
@@ -344,3 +345,38 @@ async def test_an_approval_binds_to_the_exact_request(fleet: Fleet) -> None:
     outcome = await waiting
     assert outcome.status is InvocationStatus.SUCCESS
     assert outcome.result == {"message": "pay 10 EUR", "length": 10}
+
+
+@pytest.mark.parametrize(
+    ("asked", "limit", "allowed"),
+    [
+        ({"memory_mb_limit": 8192}, "memory_mb_limit", 512),  # the fleet's default
+        ({"cpu_millicore_limit": 64_000}, "cpu_millicore_limit", 1000),
+        ({"timeout_seconds": 3600}, "timeout_seconds", 5),  # core__echo's manifest
+    ],
+)
+async def test_resource_limits_may_lower_never_raise_the_manifests_and_fleets(
+    fleet: Fleet, asked: dict[str, float], limit: str, allowed: float
+) -> None:
+    """Issue 32, attack 6: a request above the limits ran under them; now it is refused
+    before it runs, naming the limit, while a lower ask runs."""
+
+    async def outcome(**limits: float) -> ToolOutcome:
+        request = invoke_request(
+            "core__echo",
+            {"message": "limits"},
+            tenant_id="t1",
+            agent_did=AGENT,
+            capability_token=fleet.token("t1", AGENT),
+        )
+        request = request.model_copy(update={"resource_limits": ResourceLimits(**limits)})
+        return await fleet.client.wait(await fleet.client.publish(request), timeout=30)
+
+    refused = await outcome(**asked)
+    assert refused.error is not None, refused.status
+    assert refused.error.code == "resource_exhausted"
+    assert refused.error.retryable is False
+    assert refused.error.details == {"limit": limit, "asked": asked[limit], "allowed": allowed}
+    assert limit in refused.error.message
+    lower = await outcome(memory_mb_limit=128, cpu_millicore_limit=500, timeout_seconds=2)
+    assert lower.status is InvocationStatus.SUCCESS

@@ -117,9 +117,12 @@ async def test_rows_past_their_age_go_younger_and_running_ones_stay(
     )
     old_marks = [await _dedupe_row(pool, timedelta(days=8)) for _ in range(5)]
     young_mark = await _dedupe_row(pool, timedelta(days=1))
-    for pinned in (with_blob, fresh):
+    # Another tenant's pin under the same invocation id is another call's: it stays.
+    for owner, pinned in ((tenant, with_blob), (tenant, fresh), (f"{tenant}_other", with_blob)):
         await pool.execute(
-            "INSERT INTO document_pins (invocation_id, document_id, version) VALUES ($1, 'd', '1')",
+            "INSERT INTO document_pins (tenant_id, invocation_id, document_id, version)"
+            " VALUES ($1, $2, 'd', '1')",
+            owner,
             str(pinned),
         )
 
@@ -162,10 +165,14 @@ async def test_rows_past_their_age_go_younger_and_running_ones_stay(
     assert checkpoints == {fresh: 2, running: 2}
     assert await _count(pool, "SELECT count(*) FROM result_blobs WHERE tenant_id = $1", tenant) == 0
     pins = await pool.fetch(
-        "SELECT invocation_id FROM document_pins WHERE invocation_id = ANY($1::text[])",
+        "SELECT tenant_id, invocation_id FROM document_pins"
+        " WHERE invocation_id = ANY($1::text[]) ORDER BY tenant_id",
         [str(with_blob), str(fresh)],
     )
-    assert [r["invocation_id"] for r in pins] == [str(fresh)]  # a finished call's pins go
+    assert [(r["tenant_id"], r["invocation_id"]) for r in pins] == [
+        (tenant, str(fresh)),  # a finished call's pins go
+        (f"{tenant}_other", str(with_blob)),  # another tenant's call of that id keeps its own
+    ]
     marks = {
         r["event_id"]
         for r in await pool.fetch(

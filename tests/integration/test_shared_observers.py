@@ -11,6 +11,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from tests.support.eventually import eventually
 from tests.support.lifecycle import Lifecycle
 from tests.support.pipeline import running_services
+from toolfleet.auth.outcomes import OutcomeSigner
 from toolfleet.bus.connection import connection_kwargs
 from toolfleet.bus.producer import EventProducer, Outbound
 from toolfleet.events import routing
@@ -46,7 +47,8 @@ async def test_one_process_audits_and_projects_every_lifecycle_event_it_reads_on
     lc = Lifecycle(parameters={"message": "hi", "password": "hunter2-very-secret"})
     events = [lc.requested(), lc.authorized(), lc.invoked(), lc.executed(), lc.outcome()]
     async with running_services(local, ["status+audit"]) as (res,):
-        producer = EventProducer(local)
+        # Plays the services that end calls: their outcomes are signed.
+        producer = EventProducer(local, before_send=OutcomeSigner.from_settings(local).seal)
         await producer.start()
         try:
             for i, env in enumerate(events):

@@ -16,6 +16,7 @@ from redis.asyncio import Redis
 from tests.support.eventually import eventually
 from tests.support.lifecycle import T0, Lifecycle
 from tests.support.pipeline import running_services
+from toolfleet.auth.outcomes import OutcomeSigner
 from toolfleet.bus.producer import EventProducer, Outbound
 from toolfleet.events.codec import ContentMode
 from toolfleet.events.envelope import Envelope
@@ -86,7 +87,8 @@ async def fleet(settings: FleetSettings) -> AsyncIterator[StatusFleet]:
         update={"topic_prefix": f"{settings.topic_prefix}st{uuid.uuid4().hex[:6]}."}
     )
     async with running_services(local, ["status"]) as (res,):
-        producer = EventProducer(local)
+        # Plays the services that end calls: their outcomes are signed.
+        producer = EventProducer(local, before_send=OutcomeSigner.from_settings(local).seal)
         await producer.start()
         try:
             yield StatusFleet(

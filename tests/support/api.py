@@ -18,6 +18,7 @@ import httpx
 from fastapi import FastAPI
 
 from toolfleet.api import ApiSettings, create_app
+from toolfleet.auth.grants import ensure_grant_key
 from toolfleet.auth.keys import generate_key_pair
 from toolfleet.auth.tokens import TokenIssuer
 from toolfleet.settings import FleetSettings
@@ -51,11 +52,19 @@ def write_api_keys(folder: Path) -> ApiKeys:
 
 
 def api_settings_for(settings: FleetSettings, keys: ApiKeys, **update: Any) -> ApiSettings:
-    """The fleet's settings as the API's, signing with ``keys``; ``update`` overrides."""
+    """The fleet's settings as the API's, signing with ``keys``; ``update`` overrides.
+
+    The API refuses to start without a grant key: one is made beside ``keys`` unless the
+    fleet's settings or ``update`` name one.
+    """
+    grant_key = settings.grant_key_file or keys.private_file.parent / "grant.key"
+    if "grant_key_file" not in update:
+        ensure_grant_key(grant_key)
     fleet = settings.model_copy(
         update={
             "jwt_private_key_file": keys.private_file,
             "jwt_public_key_file": keys.public_file,
+            "grant_key_file": grant_key,
             **update,
         }
     )

@@ -42,7 +42,11 @@ from toolfleet.devstack.children import child_preexec
 from toolfleet.errors import InvalidEvent
 from toolfleet.events.codec import decode
 from toolfleet.events.envelope import Envelope
+from toolfleet.events.identity import CallKey
 from toolfleet.events.types import TERMINAL_TYPES, EventType, TopicName, topic
+from toolfleet.executor.checkpoints.store import checkpoint_key
+from toolfleet.executor.leasing.fencing import lease_key
+from toolfleet.executor.leasing.leases import done_key
 from toolfleet.settings import FleetSettings
 
 SEED_ENV = "TOOLFLEET_CHAOS_SEED"
@@ -423,6 +427,7 @@ async def diagnose(
         for located in await read_records(settings, name):
             env = located.envelope
             if env.invocationid in wanted:
+                found[env.invocationid].setdefault("tenant", env.tenantid)
                 seen = found[env.invocationid]["topics"].setdefault(str(name), [])
                 seen.append(f"{env.type.rsplit('.', 2)[-1]}@{located.partition}:{located.offset}")
     committed = await committed_offsets(
@@ -433,9 +438,10 @@ async def diagnose(
     try:
         for invocation_id, info in found.items():
             info["executor_committed"] = committed
-            info["lease"] = await fleet_redis.hgetall(f"lease:tool:{invocation_id}")
-            info["lease_done"] = await fleet_redis.exists(f"lease:tool:{invocation_id}:done")
-            info["checkpoint"] = await fleet_redis.get(f"checkpoint:tool:{invocation_id}:latest")
+            call = CallKey(tenant_id=info.get("tenant") or "", invocation_id=invocation_id)
+            info["lease"] = await fleet_redis.hgetall(lease_key(call))
+            info["lease_done"] = await fleet_redis.exists(done_key(call))
+            info["checkpoint"] = await fleet_redis.get(checkpoint_key(call))
             info["steps"] = {
                 k: v
                 for k, v in (await counter_hash(counters, steps_key(run_id))).items()

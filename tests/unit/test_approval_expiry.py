@@ -11,6 +11,7 @@ import pytest
 
 from tests.support.eventually import eventually
 from toolfleet.errors import ErrorCode
+from toolfleet.events.identity import CallKey
 from toolfleet.events.models import (
     AgentContext,
     Effect,
@@ -71,7 +72,7 @@ class FakeStore:
     """Hands out each queued approval once; remembers acknowledgements."""
 
     queued: list[PendingApproval] = field(default_factory=list)
-    acked: list[str] = field(default_factory=list)
+    acked: list[CallKey] = field(default_factory=list)
     calls: int = 0
     fail_next: bool = False
 
@@ -84,8 +85,8 @@ class FakeStore:
         self.queued = [p for p in self.queued if p not in due]
         return due
 
-    async def ack(self, invocation_id: str) -> None:
-        self.acked.append(invocation_id)
+    async def ack(self, call: CallKey) -> None:
+        self.acked.append(call)
 
 
 async def test_sweeper_emits_then_acks_and_survives_failures() -> None:
@@ -109,7 +110,9 @@ async def test_sweeper_emits_then_acks_and_survives_failures() -> None:
     stop.set()
     await asyncio.wait_for(task, 5)
     assert emitted == [ok]
-    assert store.acked == [str(ok.authorized.invocation_id)]  # the failed one stays leased
+    assert store.acked == [
+        CallKey(tenant_id=ok.tenant_id, invocation_id=str(ok.authorized.invocation_id))
+    ]  # the failed one stays leased
     assert store.queued == [later]
 
 

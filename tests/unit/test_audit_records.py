@@ -291,7 +291,7 @@ def test_malformed_events_are_still_audited() -> None:
     _, record = _audit(event)
     assert record.tool_id is None
     assert record.parameters == {}
-    assert record.invocation_id == invocation_uuid("x1")
+    assert record.invocation_id == invocation_uuid("x1", tenant_id="t1")
 
 
 def test_free_text_in_details_is_masked() -> None:

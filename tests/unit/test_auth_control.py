@@ -19,7 +19,13 @@ from toolfleet.auth.control import (
     ControlVerifier,
     control_claims,
 )
-from toolfleet.auth.grants import GrantSigner, GrantVerifier, ensure_grant_key, rotate_grant_key
+from toolfleet.auth.grants import (
+    GrantKeyError,
+    GrantSigner,
+    GrantVerifier,
+    ensure_grant_key,
+    rotate_grant_key,
+)
 from toolfleet.errors import InvalidEvent, PermissionDenied
 from toolfleet.events.identity import CallRef
 from toolfleet.events.models import ApprovalDecision, CancelRequested
@@ -151,7 +157,8 @@ def test_a_rotated_grant_key_file_still_verifies_old_signatures(tmp_path: Path) 
     assert new_signer is not None
     verifier.verify(new_signer.sign(CLAIMS), CLAIMS)
     assert ControlSigner.from_settings(FleetSettings()) is None
-    assert ControlVerifier.from_settings(FleetSettings()) is None
+    with pytest.raises(GrantKeyError, match="toolfleet keys grant"):
+        ControlVerifier.from_settings(FleetSettings())
 
 
 def test_control_claims_follow_the_event_type() -> None:

@@ -197,8 +197,10 @@ def test_grant_key_file_rotation_keeps_old_grants_valid(tmp_path: Path) -> None:
     rotate_grant_key(path, keep=1)
     with pytest.raises(PermissionDenied, match="unknown key"):
         GrantVerifier(load_grant_keys(path)).verify(old, **_bound(CALL))
-    assert GrantSigner.from_settings(FleetSettings()) is None
-    assert GrantVerifier.from_settings(FleetSettings()) is None
+    # No key is never "no check": both refuse, saying how to create one.
+    for build in (GrantSigner.from_settings, GrantVerifier.from_settings):
+        with pytest.raises(GrantKeyError, match="toolfleet keys grant"):
+            build(FleetSettings())
 
 
 def test_short_or_missing_grant_keys_are_refused(tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ from toolfleet.errors import (
     ErrorInfo,
     error_from,
 )
+from toolfleet.events.identity import CallKey
 from toolfleet.events.models import DocumentContext, InvokeRequested
 from toolfleet.sdk.context import ToolContext
 from toolfleet.sdk.testing import context_for, run_tool
@@ -52,24 +53,24 @@ async def test_first_read_pins_the_version_for_the_rest_of_the_call_and_its_resu
     source: MemoryDocumentSource,
 ) -> None:
     book = MemoryPinBook()
-    run = CallDocuments(context=named("handbook"), source=source, pins=book("inv-1"))
+    run = CallDocuments(context=named("handbook"), source=source, pins=book(_call("inv-1")))
     assert (await run.get("handbook")).version == "1"
 
     source.put("handbook", "rules, second edition")
     assert (await run.get("handbook")).content == "rules, first edition"
     # The executor died; another run of the same invocation reads the same pins.
-    resumed = CallDocuments(context=named("handbook"), source=source, pins=book("inv-1"))
+    resumed = CallDocuments(context=named("handbook"), source=source, pins=book(_call("inv-1")))
     doc = await resumed.get("handbook")
     assert (doc.version, doc.content) == ("1", "rules, first edition")
     # Another call reads what is current.
-    other = CallDocuments(context=named("handbook"), source=source, pins=book("inv-2"))
+    other = CallDocuments(context=named("handbook"), source=source, pins=book(_call("inv-2")))
     assert (await other.get("handbook")).version == "2"
 
 
 async def test_a_version_named_in_the_request_is_the_pin(source: MemoryDocumentSource) -> None:
     source.put("handbook", "rules, second edition")
     docs = CallDocuments(
-        context=named("handbook", handbook="1"), source=source, pins=MemoryPinBook()("i")
+        context=named("handbook", handbook="1"), source=source, pins=MemoryPinBook()(_call("i"))
     )
     assert (await docs.get("handbook")).content == "rules, first edition"
     assert [a.model_dump() for a in docs.accessed] == [
@@ -79,14 +80,14 @@ async def test_a_version_named_in_the_request_is_the_pin(source: MemoryDocumentS
 
 async def test_a_pinned_version_the_source_lost_is_not_found(source: MemoryDocumentSource) -> None:
     docs = CallDocuments(
-        context=named("handbook", handbook="7"), source=source, pins=MemoryPinBook()("i")
+        context=named("handbook", handbook="7"), source=source, pins=MemoryPinBook()(_call("i"))
     )
     with pytest.raises(DocumentNotFound):
         await docs.get("handbook")
 
 
 async def test_only_documents_the_request_names_can_be_read(source: MemoryDocumentSource) -> None:
-    docs = CallDocuments(context=named("faq"), source=source, pins=MemoryPinBook()("i"))
+    docs = CallDocuments(context=named("faq"), source=source, pins=MemoryPinBook()(_call("i")))
     with pytest.raises(DocumentAccessDenied) as denied:
         await docs.get("handbook")
     assert denied.value.to_error_info().code is ErrorCode.DOCUMENT_ACCESS_DENIED
@@ -99,7 +100,7 @@ async def test_only_documents_the_request_names_can_be_read(source: MemoryDocume
 
 
 async def test_without_document_context_nothing_can_be_read(source: MemoryDocumentSource) -> None:
-    docs = CallDocuments(context=None, source=source, pins=MemoryPinBook()("i"))
+    docs = CallDocuments(context=None, source=source, pins=MemoryPinBook()(_call("i")))
     with pytest.raises(DocumentAccessDenied):
         await docs.get("handbook")
     assert await docs.search("rules") == []
@@ -111,7 +112,7 @@ async def test_without_document_context_nothing_can_be_read(source: MemoryDocume
 
 
 async def test_no_source_or_another_source_is_unavailable_and_retryable() -> None:
-    docs = CallDocuments(context=named("handbook"), source=None, pins=MemoryPinBook()("i"))
+    docs = CallDocuments(context=named("handbook"), source=None, pins=MemoryPinBook()(_call("i")))
     with pytest.raises(DocumentSourceUnavailable) as exc:
         await docs.get("handbook")
     assert exc.value.to_error_info().retryable
@@ -119,7 +120,7 @@ async def test_no_source_or_another_source_is_unavailable_and_retryable() -> Non
         {"documents": [{"document_id": "handbook"}], "source": "wiki"}
     )
     docs = CallDocuments(
-        context=elsewhere, source=MemoryDocumentSource(), pins=MemoryPinBook()("i")
+        context=elsewhere, source=MemoryDocumentSource(), pins=MemoryPinBook()(_call("i"))
     )
     with pytest.raises(DocumentSourceUnavailable, match="wiki"):
         await docs.get("handbook")
@@ -128,7 +129,9 @@ async def test_no_source_or_another_source_is_unavailable_and_retryable() -> Non
 async def test_accesses_are_listed_once_per_document_and_kind(
     source: MemoryDocumentSource,
 ) -> None:
-    docs = CallDocuments(context=named("handbook", "faq"), source=source, pins=MemoryPinBook()("i"))
+    docs = CallDocuments(
+        context=named("handbook", "faq"), source=source, pins=MemoryPinBook()(_call("i"))
+    )
     await docs.get("handbook")
     await docs.get("handbook")
     await docs.metadata("faq")
@@ -145,29 +148,39 @@ async def test_cache_serves_reads_until_ttl_or_invalidation(source: MemoryDocume
     cache.after_subscribe()
     await eventually(lambda: _true(cache.trusted))
 
-    first = CallDocuments(context=named("handbook"), source=source, pins=book("a"), cache=cache)
+    first = CallDocuments(
+        context=named("handbook"), source=source, pins=book(_call("a")), cache=cache
+    )
     await first.metadata("handbook")
     await first.get("handbook")
     calls = source.calls
     # Another call within the TTL: metadata and content both come from the cache.
-    second = CallDocuments(context=named("handbook"), source=source, pins=book("b"), cache=cache)
+    second = CallDocuments(
+        context=named("handbook"), source=source, pins=book(_call("b")), cache=cache
+    )
     assert (await second.get("handbook")).version == "1"
     assert source.calls == calls
 
     # The document changes and the writer publishes its id: the next call sees version 2.
     source.put("handbook", "rules, second edition")
     await cache.invalidate("handbook")
-    third = CallDocuments(context=named("handbook"), source=source, pins=book("c"), cache=cache)
+    third = CallDocuments(
+        context=named("handbook"), source=source, pins=book(_call("c")), cache=cache
+    )
     assert (await third.get("handbook")).version == "2"
     assert source.calls > calls
 
     # A change nobody announced is seen once the TTL has run out.
     await third.metadata("handbook")
     source.put("handbook", "rules, third edition")
-    fourth = CallDocuments(context=named("handbook"), source=source, pins=book("d"), cache=cache)
+    fourth = CallDocuments(
+        context=named("handbook"), source=source, pins=book(_call("d")), cache=cache
+    )
     assert (await fourth.get("handbook")).version == "2"
     clock.now += 301
-    fifth = CallDocuments(context=named("handbook"), source=source, pins=book("e"), cache=cache)
+    fifth = CallDocuments(
+        context=named("handbook"), source=source, pins=book(_call("e")), cache=cache
+    )
     assert (await fifth.get("handbook")).version == "3"
 
 
@@ -179,14 +192,14 @@ async def test_cache_is_not_trusted_while_the_invalidation_listener_is_down(
     cache.after_subscribe()
     await eventually(lambda: _true(cache.trusted))
     docs = CallDocuments(
-        context=named("handbook"), source=source, pins=MemoryPinBook()("a"), cache=cache
+        context=named("handbook"), source=source, pins=MemoryPinBook()(_call("a")), cache=cache
     )
     await docs.metadata("handbook")
 
     cache.after_connection_lost()
     source.put("handbook", "rules, second edition")  # its publish is missed
     later = CallDocuments(
-        context=named("handbook"), source=source, pins=MemoryPinBook()("b"), cache=cache
+        context=named("handbook"), source=source, pins=MemoryPinBook()(_call("b")), cache=cache
     )
     assert (await later.metadata("handbook")).latest_version == "2"
     # Back: what was cached meanwhile is dropped before the cache is used again.
@@ -268,3 +281,7 @@ async def test_a_tool_reading_documents_is_tested_locally_with_the_twins(
     )
     assert denied.error is not None
     assert denied.error.code is ErrorCode.DOCUMENT_ACCESS_DENIED
+
+
+def _call(invocation_id: str) -> CallKey:
+    return CallKey(tenant_id="t1", invocation_id=invocation_id)

@@ -179,6 +179,15 @@ def test_any_entry_parses_or_raises_value_error(entry: str) -> None:
         "2002:a9fe:a9fe::",  # 6to4 of 169.254.169.254
         "64:ff9b::7f00:1",  # NAT64 of 127.0.0.1
         "64:ff9b::a00:1",  # NAT64 of 10.0.0.1
+        "::127.0.0.1",  # IPv4-compatible of 127.0.0.1 (issue 32)
+        "::7f00:1",
+        "::a9fe:a9fe",  # IPv4-compatible of 169.254.169.254
+        "::ffff:0:7f00:1",  # IPv4-translated (SIIT) of 127.0.0.1
+        "64:ff9b:1::7f00:1",  # local-use NAT64
+        "64:ff9b:1:2:3::",
+        "2001:0:4136:e378:8000:63bf:80ff:fffe",  # Teredo, client 127.0.0.1
+        "2001:db8::5efe:7f00:1",  # ISATAP interface id of 127.0.0.1
+        "2a00:1450::200:5efe:a9fe:a9fe",  # ISATAP (global prefix) of the metadata service
     ],
 )
 def test_non_public_addresses(address: str) -> None:
@@ -186,10 +195,57 @@ def test_non_public_addresses(address: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "address", ["93.184.216.34", "8.8.8.8", "1.1.1.1", "2606:4700:4700::1111", "64:ff9b::808:808"]
+    "address",
+    [
+        "93.184.216.34",
+        "8.8.8.8",
+        "1.1.1.1",
+        "2606:4700:4700::1111",
+        "64:ff9b::808:808",
+        "::ffff:8.8.8.8",
+        "2002:808:808::1",
+    ],
 )
 def test_public_addresses(address: str) -> None:
     assert is_public_address(ip(address))
+
+
+_NON_PUBLIC_V4 = st.sampled_from(
+    ["127.0.0.0/8", "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "169.254.0.0/16",
+     "100.64.0.0/10", "0.0.0.0/8", "224.0.0.0/4", "240.0.0.0/4"]
+).flatmap(
+    lambda net: st.integers(
+        int(ipaddress.IPv4Network(net).network_address),
+        int(ipaddress.IPv4Network(net).broadcast_address),
+    )
+)  # fmt: skip
+
+
+def _embeddings(v4: int) -> list[ipaddress.IPv6Address]:
+    """Every IPv6 form that carries ``v4``, in a public-looking prefix where one is needed."""
+    teredo_client = v4 ^ 0xFFFFFFFF  # Teredo stores the client's address inverted
+    return [
+        ipaddress.IPv6Address(v4),  # ::a.b.c.d
+        ipaddress.IPv6Address((0xFFFF << 32) | v4),  # ::ffff:a.b.c.d
+        ipaddress.IPv6Address((0xFFFF0000 << 32) | v4),  # ::ffff:0:a.b.c.d
+        ipaddress.IPv6Address((0x0064FF9B << 96) | v4),  # 64:ff9b::a.b.c.d
+        ipaddress.IPv6Address((0x2002 << 112) | (v4 << 80)),  # 2002:ab:cd::
+        ipaddress.IPv6Address((0x20010000 << 96) | (0x08080808 << 64) | teredo_client),
+        ipaddress.IPv6Address((0x2A001450 << 96) | (0x5EFE << 32) | v4),  # ISATAP
+    ]
+
+
+@given(_NON_PUBLIC_V4)
+def test_no_ipv6_form_of_a_non_public_ipv4_address_is_public(v4: int) -> None:
+    for address in _embeddings(v4):
+        assert not is_public_address(address), address
+    assert grant("*:*").reachable(_embeddings(v4), 443) == ()
+
+
+@given(st.integers(0, 2**32 - 1))
+def test_an_embedded_address_is_never_more_public_than_the_ipv4_it_carries(v4: int) -> None:
+    if not is_public_address(ipaddress.IPv4Address(v4)):
+        assert not any(is_public_address(a) for a in _embeddings(v4))
 
 
 def test_a_name_grant_never_reaches_loopback_or_metadata() -> None:

@@ -20,6 +20,7 @@ from tests.support import sample_tools
 from toolfleet.auth.grants import GrantVerifier
 from toolfleet.errors import PermissionDenied
 from toolfleet.events.envelope import Envelope, new_event
+from toolfleet.events.identity import CallKey
 from toolfleet.events.models import (
     AgentContext,
     CheckpointConfig,
@@ -157,6 +158,11 @@ def authorized(
     )
 
 
+def call_of(event: Envelope) -> CallKey:
+    """The call an authorized event names: its tenant and its invocation id."""
+    return CallKey(tenant_id=TENANT, invocation_id=str(event.data["invocation_id"]))
+
+
 async def outcome(parts: Rig, event: Envelope) -> tuple[TopicName, dict[str, Any]]:
     [(topic, env)] = await parts.service.on_authorized(event)
     return topic, env.data
@@ -191,7 +197,7 @@ async def test_a_raised_cancel_flag_refuses_the_call_before_it_runs() -> None:
     parts = rig()
     key = uuid.uuid4().hex
     event = authorized("test__cached", {"key": key})
-    await parts.cancels.request(event.data["invocation_id"])
+    await parts.cancels.request(call_of(event))
     topic, data = await outcome(parts, event)
     assert topic is TopicName.RESULTS
     assert status_of(data) == "cancelled"
@@ -361,7 +367,7 @@ async def test_a_cancel_ends_the_wait_for_a_slot() -> None:
     waiting = asyncio.create_task(parts.service.on_authorized(event))
     await asyncio.sleep(0)  # it waits: the agent's two slots are taken
     assert not waiting.done()
-    await parts.cancels.request(event.data["invocation_id"])
+    await parts.cancels.request(call_of(event))
     [(topic, env)] = await asyncio.wait_for(waiting, timeout=10)
     assert topic is TopicName.RESULTS
     assert status_of(env.data) == "cancelled"
@@ -516,7 +522,7 @@ async def test_the_outcome_waits_for_the_invoked_ack_which_is_awaited_as_the_lea
     running = asyncio.create_task(parts.service.on_authorized(event))
     # The lease's finish (the outcome claimed) does not wait for the ack, one round trip
     # fewer in a row; the outcome is not handed on before it.
-    await settle_until(lambda: str(event.data["invocation_id"]) in leases.done)
+    await settle_until(lambda: call_of(event) in leases.done)
     assert not running.done()
     [invoked] = emitter.pending
     invoked.set_result(None)

@@ -22,7 +22,7 @@ from toolfleet.events.identity import (
     valid_traceparent,
     with_trace,
 )
-from toolfleet.events.models import AgentContext, Effect, InvokeAuthorized
+from toolfleet.events.models import TENANT_ID_PATTERN, AgentContext, Effect, InvokeAuthorized
 from toolfleet.events.types import EventType, Source
 
 pytestmark = pytest.mark.unit
@@ -118,25 +118,53 @@ def test_every_derived_traceparent_is_valid_w3c(source: str, event_id: str) -> N
     assert valid_traceparent(derived) == derived
 
 
-def test_invocation_ids_are_uuids_and_non_uuids_map_stably() -> None:
+def test_invocation_ids_are_uuids_and_non_uuids_map_stably_within_a_tenant() -> None:
     uid = "6a1f3c1e-0000-4000-8000-000000000001"
-    assert invocation_uuid(uid.upper()) == uid
-    assert invocation_uuid("not-a-uuid") == invocation_uuid("not-a-uuid")
-    assert invocation_uuid("not-a-uuid") != invocation_uuid("not-a-uuid-2")
-    expected = uuid.uuid5(uuid.NAMESPACE_URL, "toolfleet:invocation:not-a-uuid")
-    assert invocation_uuid("not-a-uuid") == str(expected)  # ids stored before stay valid
+    assert invocation_uuid(uid.upper(), tenant_id="t1") == uid
+    assert invocation_uuid(uid, tenant_id="t2") == uid  # a UUID is the producer's choice
+    derived = invocation_uuid("not-a-uuid", tenant_id="t1")
+    assert str(uuid.UUID(derived)) == derived
+    assert invocation_uuid("not-a-uuid", tenant_id="t1") == derived  # honest re-sends agree
+    assert invocation_uuid("not-a-uuid-2", tenant_id="t1") != derived
+
+
+def test_a_non_uuid_id_derives_a_different_id_for_each_tenant() -> None:
+    # Tenant A cannot send under the id tenant B's "job-1" derives to, ahead of B.
+    a = invocation_uuid("job-1", tenant_id="tenant-a")
+    b = invocation_uuid("job-1", tenant_id="tenant-b")
+    assert a != b
+    # Nor by moving text between the tenant and the id.
+    assert invocation_uuid("b:job-1", tenant_id="a") != invocation_uuid("job-1", tenant_id="a:b")
+
+
+@given(
+    tenants=st.tuples(st.from_regex(TENANT_ID_PATTERN, fullmatch=True), st.text(max_size=20)),
+    text=st.text(min_size=1, max_size=40),
+)
+def test_two_tenants_never_derive_the_same_id_from_one_text(
+    tenants: tuple[str, str], text: str
+) -> None:
+    first, other = tenants
+    if first == other:
+        return
+    try:
+        uuid.UUID(text)
+    except ValueError:
+        assert invocation_uuid(text, tenant_id=first) != invocation_uuid(text, tenant_id=other)
 
 
 def test_an_invocation_id_with_a_lone_surrogate_maps_stably_instead_of_failing() -> None:
-    odd = invocation_uuid("\ud800x")  # valid JSON ("\\ud800x"), not valid UTF-8
+    odd = invocation_uuid("\ud800x", tenant_id="t1")  # valid JSON ("\\ud800x"), not UTF-8
     assert str(uuid.UUID(odd)) == odd
-    assert invocation_uuid("\ud800x") == odd != invocation_uuid("\udc00x")
+    assert invocation_uuid("\ud800x", tenant_id="t1") == odd
+    assert odd != invocation_uuid("\udc00x", tenant_id="t1")
 
 
-def test_a_request_without_invocation_id_is_named_by_its_event_id() -> None:
-    assert invocation_id_of(_request()) == invocation_uuid("evt-1")
+def test_a_request_without_invocation_id_is_named_by_its_event_id_in_its_tenant() -> None:
+    assert invocation_id_of(_request()) == invocation_uuid("evt-1", tenant_id="t1")
+    assert invocation_id_of(_request(tenantid="t2")) == invocation_uuid("evt-1", tenant_id="t2")
     named = _request(invocationid="x" * 300)
-    assert invocation_id_of(named) == invocation_uuid("x" * 256)
+    assert invocation_id_of(named) == invocation_uuid("x" * 256, tenant_id="t1")
 
 
 def test_the_tenant_is_read_from_the_attribute_then_the_data() -> None:

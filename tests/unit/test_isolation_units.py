@@ -100,8 +100,24 @@ def test_another_architecture_or_the_x32_abi_is_refused() -> None:
 
 def test_every_architecture_table_names_every_denied_syscall() -> None:
     for arch in seccomp.ARCHES.values():
-        assert set(seccomp.DENIED) <= set(arch.numbers), arch.name
+        x86_only = set() if arch.x32_bit else seccomp.X86_ONLY
+        assert set(seccomp.DENIED) - x86_only <= set(arch.numbers), arch.name
         assert len(seccomp.compile_filter(arch)) % 8 == 0
+
+
+@pytest.mark.parametrize("arch", seccomp.ARCHES.values(), ids=lambda a: a.name)
+def test_io_uring_ldt_fanotify_and_page_migration_get_eperm_on_every_architecture(
+    arch: seccomp.Arch,
+) -> None:
+    program = seccomp.compile_filter(arch)
+    names = ["io_uring_setup", "io_uring_enter", "io_uring_register", "fanotify_init"]
+    names += ["mbind", "migrate_pages", "move_pages", "set_mempolicy", "pidfd_getfd"]
+    names += ["modify_ldt"] if arch.x32_bit else []
+    for name in names:
+        verdict = evaluate(program, nr=arch.numbers[name], arch=arch.audit_arch)
+        assert verdict == seccomp.ret_errno(errno.EPERM), (arch.name, name)
+    getpid = 39 if arch.x32_bit else 172
+    assert evaluate(program, nr=getpid, arch=arch.audit_arch) == seccomp.RET_ALLOW
 
 
 # -- limits (BC-1) ----------------------------------------------------------------------
@@ -229,6 +245,19 @@ def test_the_sandbox_gets_new_namespaces_and_only_what_is_granted() -> None:
     assert argv[argv.index("--seccomp") + 1] == "4"
     assert argv[-3:] == ["python", "-m", "w"]
     assert "--unshare-user" in bwrap_argv(support=USER, plan=SandboxPlan(), worker=["w"])
+
+
+def test_the_ca_bundle_is_bound_read_only_and_reachable_but_no_private_key_dir() -> None:
+    argv = bwrap_argv(support=ROOT, plan=SandboxPlan(), worker=["w"])
+    bound = [src for src, _ in pairs(argv, "--ro-bind")]
+    assert "/etc/ssl/certs" in bound
+    assert not any(path in ("/etc", "/etc/ssl") or "private" in path for path in bound)
+    assert ("/etc/ssl/certs", "/etc/ssl/certs") not in pairs(argv, "--bind")
+    made = {
+        argv[i + 3] for i in range(len(argv) - 3) if argv[i : i + 3 : 2] == ["--perms", "--dir"]
+    }
+    assert {"/etc", "/etc/ssl"} <= made  # traversable by the tool's own uid
+    assert argv.index("/etc/ssl") < argv.index("/etc/ssl/certs")
 
 
 def test_no_egress_socket_without_network_permissions() -> None:

@@ -18,6 +18,7 @@ from toolfleet.auth.jws import HS256Signer
 from toolfleet.auth.revocation import CachedRevocationList, MemoryRevocationList
 from toolfleet.errors import InvalidEvent, PermissionDenied, ToolRemoved
 from toolfleet.events.envelope import Envelope
+from toolfleet.events.identity import CallKey
 from toolfleet.events.models import Effect
 from toolfleet.events.types import EventType
 from toolfleet.policy.documents import AgentPolicy, Budgets, TenantPolicy
@@ -247,19 +248,23 @@ async def test_a_cancelled_read_leaves_the_checks_waiting_on_it_to_read_again() 
 
 async def test_only_owners_and_their_waiters_need_an_outcome() -> None:
     store = MemoryIdempotencyStore()
-    owner, stranger, duplicate = (str(uuid.uuid4()) for _ in range(3))
-    await store.claim("t", "k", owner, "h")
-    assert await store.owns_keys([owner, stranger]) == [True, False]
-    assert await store.add_waiter(owner, duplicate, "{}") is None
+    owner, stranger, duplicate = (
+        CallKey(tenant_id="t", invocation_id=str(uuid.uuid4())) for _ in range(3)
+    )
+    await store.claim("t", "k", owner.invocation_id, "h")
+    # The same invocation id in another tenant is another call: it owns nothing.
+    elsewhere = CallKey(tenant_id="t2", invocation_id=owner.invocation_id)
+    assert await store.owns_keys([owner, stranger, elsewhere]) == [True, False, False]
+    assert await store.add_waiter(owner, duplicate.invocation_id, "{}") is None
     assert await store.owns_keys([duplicate, owner]) == [False, True]
 
 
 class CountingIdempotency(MemoryIdempotencyStore):
     finished: int = 0
 
-    async def finish(self, invocation_id: str, outcome_json: str) -> list[Waiter]:
+    async def finish(self, call: CallKey, outcome_json: str) -> list[Waiter]:
         CountingIdempotency.finished += 1
-        return await super().finish(invocation_id, outcome_json)
+        return await super().finish(call, outcome_json)
 
 
 async def test_outcomes_of_calls_owning_no_key_are_passed_over_undecoded() -> None:
@@ -282,14 +287,17 @@ async def test_outcomes_of_calls_owning_no_key_are_passed_over_undecoded() -> No
         source="validator",
         type=EventType.SUCCEEDED,
         invocationid=stranger,
-        data={"invocation_id": stranger, "status": "not-a-status"},
+        data={"invocation_id": stranger, "tenant_id": "t_acme", "status": "not-a-status"},
     )
     assert await service.on_results([event, event]) == []
     assert CountingIdempotency.finished == 0
     owner = str(uuid.uuid4())
     await idempotency.claim("t_acme", "k", owner, "h")
     owned = event.model_copy(
-        update={"invocationid": owner, "data": {"invocation_id": owner, "status": "bad"}}
+        update={
+            "invocationid": owner,
+            "data": {"invocation_id": owner, "tenant_id": "t_acme", "status": "bad"},
+        }
     )
     with pytest.raises(InvalidEvent):  # an owner's outcome is validated, as before
         await service.on_results([event, owned])

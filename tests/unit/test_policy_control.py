@@ -11,6 +11,7 @@ import pytest
 from toolfleet.auth.control import ControlSigner, ControlVerifier, control_claims
 from toolfleet.auth.revocation import MemoryRevocationList
 from toolfleet.events.envelope import Envelope, new_event
+from toolfleet.events.identity import CallKey
 from toolfleet.events.models import (
     AgentContext,
     ApprovalDecision,
@@ -50,7 +51,8 @@ def _service(
 
 def _parked(approvals: MemoryApprovalStore) -> str:
     invocation_id = uuid.uuid4()
-    approvals.pending[str(invocation_id)] = PendingApproval(
+    call = CallKey(tenant_id=TENANT, invocation_id=str(invocation_id))
+    approvals.pending[call] = PendingApproval(
         authorized=InvokeAuthorized(
             invocation_id=invocation_id,
             tool_id="core__echo",
@@ -119,12 +121,12 @@ async def test_unsigned_forged_and_tampered_decisions_are_refused_and_change_not
         assert (topic, refusal.type) == (TopicName.EVENTS, EventType.CONTROL_REFUSED)
         assert refusal.data["refused_event_id"] == attempt.id
         assert refusal.authtype is None
-    assert invocation_id in approvals.pending
+    assert _key(invocation_id) in approvals.pending
     assert not cancels.requested  # an unsigned cancel does not even flag the call
 
     ((topic, authorized),) = await service.on_control(signed, TENANT.encode())
     assert (topic, authorized.type) == (TopicName.AUTHORIZED, EventType.INVOKE_AUTHORIZED)
-    assert invocation_id not in approvals.pending
+    assert _key(invocation_id) not in approvals.pending
 
 
 async def test_an_approval_of_a_revoked_requester_is_permission_denied() -> None:
@@ -138,7 +140,7 @@ async def test_an_approval_of_a_revoked_requester_is_permission_denied() -> None
     assert (topic, outcome.type) == (TopicName.RESULTS, EventType.FAILED)
     assert outcome.data["status"] == "permission_denied"
     assert outcome.data["error"]["code"] == "permission_denied"
-    assert invocation_id not in approvals.pending
+    assert _key(invocation_id) not in approvals.pending
 
 
 async def test_without_a_key_every_control_event_is_refused() -> None:
@@ -151,4 +153,9 @@ async def test_without_a_key_every_control_event_is_refused() -> None:
     )
     assert refusal.type == EventType.CONTROL_REFUSED
     assert "no control signing key" in refusal.data["reason"]
-    assert invocation_id in approvals.pending
+    assert _key(invocation_id) in approvals.pending
+
+
+def _key(invocation_id: str) -> CallKey:
+    """The call of ``invocation_id`` in the test's tenant (what stores are keyed by)."""
+    return CallKey(tenant_id=TENANT, invocation_id=invocation_id)

@@ -12,11 +12,12 @@ from pydantic import BaseModel
 from toolfleet.auth.control import ControlSigner, ControlVerifier, control_claims
 from toolfleet.auth.grants import GrantSigner, GrantVerifier
 from toolfleet.auth.keys import generate_key_pair
+from toolfleet.auth.outcomes import OutcomeSigner, OutcomeVerifier
 from toolfleet.auth.revocation import MemoryRevocationList
 from toolfleet.auth.tokens import TokenIssuer, TokenVerifier
 from toolfleet.errors import ErrorCode
 from toolfleet.events.envelope import Emitted, Envelope, new_event
-from toolfleet.events.identity import CallRef
+from toolfleet.events.identity import CallKey, CallRef
 from toolfleet.events.models import (
     AgentContext,
     ApprovalDecision,
@@ -111,6 +112,7 @@ class Fleet:
             idempotency=MemoryIdempotencyStore(),
             revocations=self.revocations,
             control=ControlVerifier([CONTROL_KEY]),
+            outcomes=OutcomeVerifier([CONTROL_KEY]),
         )
 
 
@@ -163,7 +165,7 @@ def _error(emitted: list[Emitted]) -> ErrorCode:
 
 def _decision(fleet: Fleet, invocation_id: str, *, grant: bool) -> Envelope:
     event_type = EventType.APPROVAL_GRANTED if grant else EventType.APPROVAL_DENIED
-    pending = fleet.approvals.pending[invocation_id]
+    pending = fleet.approvals.pending[CallKey(tenant_id=TENANT, invocation_id=invocation_id)]
     data = ApprovalDecision(
         invocation_id=uuid.UUID(invocation_id),
         tenant_id=TENANT,
@@ -222,7 +224,7 @@ async def test_a_side_effect_is_parked_until_an_approver_grants_it(fleet: Fleet)
     topic, event = _one(await _ask(fleet, request))
     assert (topic, event.type) == (TopicName.EVENTS, EventType.APPROVAL_REQUESTED)
     invocation_id = str(event.data_as(ApprovalRequested).invocation_id)
-    assert invocation_id in fleet.approvals.pending
+    assert _key(invocation_id) in fleet.approvals.pending
 
     topic, authorized = _one(
         await fleet.service.on_control(_decision(fleet, invocation_id, grant=True), None)
@@ -252,7 +254,7 @@ async def test_a_tool_declared_to_require_approval_is_parked_whatever_its_effect
     fleet = Fleet(manifests=[spec_of(_wire).manifest()])  # POLICY parks side effects only
     topic, event = _one(await _ask(fleet, _request("acme__wire")))
     assert (topic, event.type) == (TopicName.EVENTS, EventType.APPROVAL_REQUESTED)
-    assert str(event.data_as(ApprovalRequested).invocation_id) in fleet.approvals.pending
+    assert _key(str(event.data_as(ApprovalRequested).invocation_id)) in fleet.approvals.pending
 
 
 async def test_a_denied_approval_ends_the_call(fleet: Fleet) -> None:
@@ -319,7 +321,9 @@ async def test_a_duplicate_key_answers_with_the_first_calls_outcome(fleet: Fleet
         result={"message": "hi", "length": 2},
     )
     topic, answer = _one(
-        await fleet.service.on_results([outcome_event(first, Source.VALIDATOR, finished)])
+        await fleet.service.on_results(
+            [OutcomeSigner(CONTROL_KEY).seal(outcome_event(first, Source.VALIDATOR, finished))]
+        )
     )
     assert topic == TopicName.RESULTS
     copy = answer.data_as(ToolOutcome)
@@ -348,3 +352,8 @@ async def test_the_rate_limit_refuses_then_refills_with_time(fleet: Fleet) -> No
     assert refused.error.retry_after_s > 0
     fleet.clock.now += 60
     assert _one(await _ask(fleet, _request()))[0] == TopicName.AUTHORIZED
+
+
+def _key(invocation_id: str) -> CallKey:
+    """The call of ``invocation_id`` in the test's tenant (what stores are keyed by)."""
+    return CallKey(tenant_id=TENANT, invocation_id=invocation_id)

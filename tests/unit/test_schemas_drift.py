@@ -37,6 +37,8 @@ from toolfleet.events.models import (
     InvokeAuthorized,
     InvokeExecuted,
     InvokeRequested,
+    OutcomeRefusalKind,
+    OutcomeRefused,
     SourceEventRef,
     SourceToolAdded,
     ToolInvoked,
@@ -141,6 +143,18 @@ def sample(event_type: EventType) -> BaseModel:
                 actor="did:user:alice",
                 reason="control event is not signed",
                 refused_event_id="e1",
+            )
+        case EventType.OUTCOME_REFUSED:
+            return OutcomeRefused(
+                invocation_id=str(INVOCATION),
+                tenant_id="tenant_acme",
+                outcome_type=EventType.SUCCEEDED,
+                claimed_status="success",
+                actor="/toolfleet/validator",
+                refusal=OutcomeRefusalKind.UNSIGNED,
+                reason="outcome is not signed",
+                refused_event_id="e1",
+                refused_by="status",
             )
         case EventType.APPROVAL_REQUESTED:
             return ApprovalRequested(

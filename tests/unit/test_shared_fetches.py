@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
+from pathlib import Path
 from typing import Any, cast
 
 import pytest
 
 from tests.support.lifecycle import Lifecycle
+from toolfleet.auth.grants import ensure_grant_key
 from toolfleet.bus.producer import Outbound
 from toolfleet.bus.runtime import ByBatch, EventConsumer, Inbound
 from toolfleet.events import routing
@@ -18,10 +20,11 @@ from toolfleet.settings import FleetSettings
 from toolfleet.worker import Resources, load_build, share_fetches, worker_services
 
 
-def resources() -> Resources:
+def resources(grant_key: Path) -> Resources:
     unused = cast(Any, None)  # building consumers touches no client
+    ensure_grant_key(grant_key)  # the validator refuses to start without it
     return Resources(
-        settings=FleetSettings(topic_prefix="p.", max_in_flight=100),
+        settings=FleetSettings(topic_prefix="p.", max_in_flight=100, grant_key_file=grant_key),
         producer=unused,
         redis=unused,
         pool=unused,
@@ -38,8 +41,10 @@ def test_names_join_known_services_once_each() -> None:
 
 
 @pytest.mark.parametrize("name", ["audit+status", "status+audit"])
-async def test_audit_and_status_share_one_consumer_in_a_group_of_their_own(name: str) -> None:
-    res = resources()
+async def test_audit_and_status_share_one_consumer_in_a_group_of_their_own(
+    name: str, tmp_path: Path
+) -> None:
+    res = resources(tmp_path / "grant.key")
     (shared,) = await load_build(name)(res)
 
     audit = res.observer_spec(routing.AUDIT_CONSUMER)
@@ -52,16 +57,18 @@ async def test_audit_and_status_share_one_consumer_in_a_group_of_their_own(name:
     assert shared.deduplicates  # audit's markers; status is idempotent in Postgres anyway
 
 
-async def test_services_that_share_no_topics_keep_their_consumers() -> None:
-    res = resources()
+async def test_services_that_share_no_topics_keep_their_consumers(tmp_path: Path) -> None:
+    res = resources(tmp_path / "grant.key")
     alone = [c.spec.group_id for c in await load_build("validator")(res)]
     alone += [c.spec.group_id for c in await load_build("audit")(res)]
     together = [c.spec.group_id for c in await load_build("validator+audit")(res)]
     assert sorted(together) == sorted(alone) == ["p.audit", "p.validator"]
 
 
-async def test_observers_of_the_same_topics_at_another_pace_keep_their_consumers() -> None:
-    res = resources()
+async def test_observers_of_the_same_topics_at_another_pace_keep_their_consumers(
+    tmp_path: Path,
+) -> None:
+    res = resources(tmp_path / "grant.key")
     calls: list[str] = []
     audit = _observer(res, "audit", calls)
     slower = replace(audit.spec, service="status", group_id="p.status", fetch_max_wait_ms=500)
@@ -83,8 +90,10 @@ def _observer(res: Resources, name: str, calls: list[str], *, fail: bool = False
     return res.consumer(spec, ByBatch(handle), dedupe=False)
 
 
-async def test_a_fetch_goes_to_each_handler_and_is_published_once_all_have_handled_it() -> None:
-    res = resources()
+async def test_a_fetch_goes_to_each_handler_and_is_published_once_all_have_handled_it(
+    tmp_path: Path,
+) -> None:
+    res = resources(tmp_path / "grant.key")
     calls: list[str] = []
     per_record = res.consumer(res.spec(routing.VALIDATOR_CONSUMER), lambda _: _never())
     consumers = [_observer(res, "status", calls), per_record, _observer(res, "audit", calls)]
@@ -102,8 +111,8 @@ async def test_a_fetch_goes_to_each_handler_and_is_published_once_all_have_handl
     assert [o.topic for o in outputs] == ["audit-out", "audit-out", "status-out", "status-out"]
 
 
-async def test_when_one_handler_fails_nothing_of_the_fetch_is_published() -> None:
-    res = resources()
+async def test_when_one_handler_fails_nothing_of_the_fetch_is_published(tmp_path: Path) -> None:
+    res = resources(tmp_path / "grant.key")
     calls: list[str] = []
     consumers = [_observer(res, "audit", calls), _observer(res, "status", calls, fail=True)]
     (shared,) = share_fetches(consumers, res)

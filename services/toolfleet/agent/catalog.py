@@ -1,9 +1,11 @@
 """The catalog of one agent run: the tools it may show the model, compiled once.
 
-Built from the manifests the fleet's policy-filtered catalog returns for the run's
-token (``GET /v1/tools``), minus the effects the run denies itself (a read-only agent
-denies ``external_side_effect``). Each input schema is made provider-safe and compiled
-once; a call to a tool outside the catalog never reaches the fleet.
+Built from the manifests the fleet's catalog returns for the run's token
+(``GET /v1/tools``: what the tenant's policy allows *and* the token's ``tool_id`` claim
+grants, so a ``core__echo`` token's run is offered ``core__echo`` alone), minus the
+effects the run denies itself (a read-only agent denies ``external_side_effect``).
+Each input schema is made provider-safe and compiled once; a call to a tool outside
+the catalog never reaches the fleet.
 """
 
 from __future__ import annotations

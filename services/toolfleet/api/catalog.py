@@ -1,7 +1,11 @@
-"""Whose catalog a caller sees: the registry as far as its tenant's policy allows.
+"""Whose catalog a caller sees: the registry as far as its tenant's policy allows and
+its token grants.
 
-``GET /v1/tools`` and MCP's ``tools/list`` both list through :func:`catalog_view`, so
-a tool is visible through one door exactly when it is through the other.
+``GET /v1/tools`` (search included), ``GET /v1/tools/{id}``, MCP's ``tools/list``, and
+through them the console and the agent runner's catalog all list through
+:func:`catalog_view`, so a tool is visible through one door exactly when it is through
+the other, and only when a call to it could pass policy: a ``core__echo`` token is
+shown ``core__echo`` alone.
 """
 
 from __future__ import annotations
@@ -22,12 +26,15 @@ def policy_provider(res: ApiResources) -> PolicyProvider:
 
 async def catalog_view(res: ApiResources, caller: Caller) -> CatalogView:
     """An admin sees the whole registry; anyone else what its tenant's policy (with its
-    agent's narrowing) allows."""
+    agent's narrowing) allows. Either way only the tools the token's ``tool_id`` claim
+    grants."""
+    granted = caller.capability.tool_id
     if caller.is_admin:
-        return CatalogView(policy=None, everything=True)
+        return CatalogView(policy=None, everything=True, granted=granted)
     policy = await policy_provider(res).policy_for(caller.tenant_id)
     return CatalogView(
         policy=policy,
         agent_did=caller.capability.agent_did,
         source_tools=await SourceStore(res.pool).tool_ids(),
+        granted=granted,
     )

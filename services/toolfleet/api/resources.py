@@ -15,6 +15,7 @@ from redis.asyncio import Redis
 from toolfleet.api.console.feed import InvocationFeed
 from toolfleet.api.queries import InvocationQueries
 from toolfleet.api.settings import ApiSettings
+from toolfleet.auth.grants import fleet_grant_keys
 from toolfleet.auth.revocation import CachedRevocationList
 from toolfleet.auth.tokens import TokenVerifier
 from toolfleet.client import ToolfleetClient
@@ -65,6 +66,17 @@ def load_verifier(settings: ApiSettings) -> TokenVerifier:
     return verifier
 
 
+def require_grant_key(settings: ApiSettings) -> None:
+    """Refuse to serve without the fleet's grant key.
+
+    The API signs every approval, denial and cancel with it, and policy refuses
+    unsigned control events: an API without the key would answer 200 to decisions
+    that never take effect. Raises :class:`~toolfleet.auth.grants.GrantKeyError`
+    (one line saying how to create the key).
+    """
+    fleet_grant_keys(settings)
+
+
 #: How long start-up waits for the "invocation finished" subscription.
 _SUBSCRIBE_WAIT_S = 5.0
 
@@ -73,6 +85,7 @@ _SUBSCRIBE_WAIT_S = 5.0
 async def open_resources(settings: ApiSettings) -> AsyncIterator[ApiResources]:
     """Build every client; close them all on exit, whatever failed on the way."""
     verifier = load_verifier(settings)
+    require_grant_key(settings)
     async with AsyncExitStack() as stack:
         pool = await create_pool(settings.database_url, min_size=1, max_size=10)
         stack.push_async_callback(pool.close)

@@ -58,6 +58,7 @@ _UPDATES: Final = frozenset(
         EventType.APPROVAL_GRANTED,
         EventType.APPROVAL_DENIED,
         EventType.CONTROL_REFUSED,
+        EventType.OUTCOME_REFUSED,
     }
 )
 

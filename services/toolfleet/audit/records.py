@@ -48,11 +48,13 @@ _SHAPE: Final[dict[str, tuple[Outcome, str | None]]] = {
     EventType.INVOKE_EXECUTED: ("info", "running"),
     EventType.CANCEL_REQUESTED: ("info", None),
     EventType.CONTROL_REFUSED: ("failure", None),
+    EventType.OUTCOME_REFUSED: ("failure", None),
 }
 
 _CODE_OF_TYPE: Final[dict[str, str]] = {
     EventType.APPROVAL_DENIED: "approval_denied",
     EventType.CONTROL_REFUSED: "permission_denied",
+    EventType.OUTCOME_REFUSED: "permission_denied",
 }
 _WITH_PARAMETERS: Final = frozenset({EventType.INVOKE_REQUESTED, EventType.INVOKE_AUTHORIZED})
 #: Producer-written events: their auth attributes are claims nobody verified.
@@ -70,6 +72,7 @@ _ACTOR_KEY: Final[dict[str, str]] = {
     EventType.APPROVAL_DENIED: "approver",
     EventType.CANCEL_REQUESTED: "requested_by",
     EventType.CONTROL_REFUSED: "actor",
+    EventType.OUTCOME_REFUSED: "actor",
     EventType.TOOL_LIFECYCLE_CHANGED: "operator",
 }
 

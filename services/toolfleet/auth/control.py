@@ -33,7 +33,13 @@ from enum import StrEnum
 from typing import Any
 
 from toolfleet.auth import jws
-from toolfleet.auth.grants import MIN_KEY_BYTES, GrantKeyError, grant_kid, load_grant_keys
+from toolfleet.auth.grants import (
+    MIN_KEY_BYTES,
+    GrantKeyError,
+    fleet_grant_keys,
+    grant_kid,
+    load_grant_keys,
+)
 from toolfleet.errors import InvalidEvent, PermissionDenied
 from toolfleet.events.envelope import Envelope
 from toolfleet.events.models import ApprovalDecision, CancelRequested
@@ -168,11 +174,10 @@ class ControlVerifier:
         self._clock = clock
 
     @classmethod
-    def from_settings(cls, settings: FleetSettings) -> ControlVerifier | None:
-        """The verifier of ``TOOLFLEET_GRANT_KEY_FILE``, or ``None`` when unset."""
-        if settings.grant_key_file is None:
-            return None
-        return cls(load_grant_keys(settings.grant_key_file))
+    def from_settings(cls, settings: FleetSettings) -> ControlVerifier:
+        """The verifier of ``TOOLFLEET_GRANT_KEY_FILE``; :class:`GrantKeyError` when it
+        is unset (:func:`~toolfleet.auth.grants.fleet_grant_keys`)."""
+        return cls(fleet_grant_keys(settings))
 
     def verify(self, signature: str | None, expected: ControlClaims) -> None:
         """Return when ``signature`` signs exactly ``expected``; else :class:`PermissionDenied`.

@@ -129,6 +129,25 @@ def load_grant_keys(path: Path) -> list[bytes]:
     return keys
 
 
+MISSING_GRANT_KEY = (
+    "TOOLFLEET_GRANT_KEY_FILE is not set: every call is signed and checked with the "
+    "fleet's grant key; create one with `toolfleet keys grant PATH` and set "
+    "TOOLFLEET_GRANT_KEY_FILE=PATH (`toolfleet dev` does both)"
+)
+"""Why a service that needs the grant key refuses to start, and how to fix it (one line)."""
+
+
+def fleet_grant_keys(settings: FleetSettings) -> list[bytes]:
+    """The keys of ``TOOLFLEET_GRANT_KEY_FILE``, first one signing.
+
+    No service runs its checks without them: an unset key is a :class:`GrantKeyError`
+    saying how to create one, never a check skipped.
+    """
+    if settings.grant_key_file is None:
+        raise GrantKeyError(MISSING_GRANT_KEY)
+    return load_grant_keys(settings.grant_key_file)
+
+
 def new_grant_key() -> str:
     """A fresh random grant key (256 bits, base64url)."""
     return secrets.token_urlsafe(32)
@@ -174,11 +193,10 @@ class GrantSigner:
         self._signer = jws.HS256Signer(key, {"kid": self._kid, "typ": TYP})
 
     @classmethod
-    def from_settings(cls, settings: FleetSettings) -> GrantSigner | None:
-        """The signer of ``TOOLFLEET_GRANT_KEY_FILE`` (first key), or ``None`` when unset."""
-        if settings.grant_key_file is None:
-            return None
-        return cls(load_grant_keys(settings.grant_key_file)[0], margin_s=settings.grant_margin_s)
+    def from_settings(cls, settings: FleetSettings) -> GrantSigner:
+        """The signer of ``TOOLFLEET_GRANT_KEY_FILE`` (first key); :class:`GrantKeyError`
+        when it is unset (:func:`fleet_grant_keys`)."""
+        return cls(fleet_grant_keys(settings)[0], margin_s=settings.grant_margin_s)
 
     def sign(
         self,
@@ -230,11 +248,10 @@ class GrantVerifier:
         self._clock = clock
 
     @classmethod
-    def from_settings(cls, settings: FleetSettings) -> GrantVerifier | None:
-        """The verifier of ``TOOLFLEET_GRANT_KEY_FILE``, or ``None`` when unset."""
-        if settings.grant_key_file is None:
-            return None
-        return cls(load_grant_keys(settings.grant_key_file))
+    def from_settings(cls, settings: FleetSettings) -> GrantVerifier:
+        """The verifier of ``TOOLFLEET_GRANT_KEY_FILE``; :class:`GrantKeyError` when it
+        is unset (:func:`fleet_grant_keys`)."""
+        return cls(fleet_grant_keys(settings))
 
     def verify(
         self,

@@ -15,14 +15,19 @@ stays the truth, and :meth:`RedisRevocationList.revoke` publishes the ``jti`` on
 :data:`REVOCATIONS_CHANNEL` so every process drops its cached answer within a second
 (the listener of :mod:`toolfleet.storage.invalidation`). Without a live subscription the
 cache is bypassed, so a lost message can never keep a revoked token alive.
+
+What a token opened stays open no longer than the token: a long response (a
+Server-Sent Events stream, a long MCP call) :meth:`CachedRevocationList.watch`-es its
+``jti`` and is woken by that same announcement (see :mod:`toolfleet.api.credential`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Protocol
 
 from redis.asyncio import Redis
@@ -161,6 +166,8 @@ class CachedRevocationList:
         # Reads on the way, by jti: a check of the same generation waits for one of them
         # rather than sending its own (it could cache that very answer anyway).
         self._reading: dict[str, tuple[int, asyncio.Future[bool]]] = {}
+        # Long responses waiting to hear of their token's revocation, by jti.
+        self._watches: dict[str, set[asyncio.Event]] = {}
 
     @classmethod
     def from_settings(cls, redis: Redis, settings: FleetSettings) -> CachedRevocationList:
@@ -243,10 +250,33 @@ class CachedRevocationList:
         """``key`` (a ``jti``) was revoked: the next check reads the source."""
         self._generation += 1
         self._answers.pop(key, None)
+        for woken in self._watches.get(key, ()):
+            woken.set()
+
+    @contextlib.contextmanager
+    def watch(self, jti: str) -> Iterator[asyncio.Event]:
+        """An event set when ``jti``'s revocation is announced while the block runs.
+
+        It is also set whenever the subscription goes live or is lost (announcements
+        may have been missed): a watcher that wakes checks :meth:`is_revoked` again.
+        """
+        woken = asyncio.Event()
+        self._watches.setdefault(jti, set()).add(woken)
+        try:
+            yield woken
+        finally:
+            watching = self._watches.get(jti)
+            if watching is not None:
+                watching.discard(woken)
+                if not watching:
+                    del self._watches[jti]
 
     def _forget_all(self) -> None:
         self._generation += 1
         self._answers.clear()
+        for watching in self._watches.values():
+            for woken in watching:
+                woken.set()
 
 
 def _retrieved(read: asyncio.Future[bool]) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from aiokafka import AIOKafkaProducer
@@ -66,10 +66,14 @@ class EventProducer:
         *,
         client_id: str = "toolfleet",
         traffic: TrafficAnnouncer | None = None,
+        before_send: Callable[[Envelope], Envelope] | None = None,
     ) -> None:
         """``traffic``: told of every acknowledged send, so resting consumers of its
-        topic wake (:mod:`toolfleet.bus.fetch_wait`)."""
+        topic wake (:mod:`toolfleet.bus.fetch_wait`). ``before_send``: applied to every
+        envelope as it is encoded (a service that ends calls signs its outcomes there:
+        :meth:`toolfleet.auth.outcomes.OutcomeSigner.seal`)."""
         self.traffic = traffic
+        self._before_send = before_send
         self._producer = AIOKafkaProducer(
             **connection_kwargs(settings),
             client_id=client_id,
@@ -93,13 +97,16 @@ class EventProducer:
 
     async def enqueue(self, outbound: Outbound) -> asyncio.Future[object]:
         """Hand one event to the producer; await the returned future for the broker's ack."""
+        envelope = outbound.envelope
+        if self._before_send is not None:
+            envelope = self._before_send(envelope)
         with span(
-            f"send {outbound.envelope.type}",
+            f"send {envelope.type}",
             kind=SpanKind.PRODUCER,
-            traceparent=outbound.envelope.traceparent,
+            traceparent=envelope.traceparent,
             attributes={"messaging.destination.name": outbound.topic},
         ):
-            return await self.send_wire(outbound.topic, encode(outbound.envelope, outbound.mode))
+            return await self.send_wire(outbound.topic, encode(envelope, outbound.mode))
 
     async def send_all(self, outbounds: Sequence[Outbound]) -> None:
         """Publish all and return once the broker acknowledged every one."""

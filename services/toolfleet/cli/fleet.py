@@ -120,13 +120,18 @@ def worker(
         with reaching_fleet(analytics):
             run(analytics)
         return
-    from toolfleet.worker import run_worker, worker_services
+    from toolfleet.errors import ToolfleetError
+    from toolfleet.worker import require_keys, run_worker, worker_services
 
     try:
         worker_services(name)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="NAME") from None
     settings = load_settings(FleetSettings)
+    try:
+        require_keys(name, settings)  # one line saying how to fix it, not a traceback
+    except ToolfleetError as exc:
+        raise CliError(exc.message) from None
     with reaching_fleet(settings):
         run_worker(name, settings)
 
@@ -140,7 +145,7 @@ def api(
 
     from toolfleet.api import ApiSettings, create_app
     from toolfleet.api.readiness import preflight
-    from toolfleet.api.resources import load_verifier
+    from toolfleet.api.resources import load_verifier, require_grant_key
     from toolfleet.bus.connection import kafka_connection
     from toolfleet.errors import ToolfleetError
     from toolfleet.observability.logs import configure_logging
@@ -150,6 +155,7 @@ def api(
     # Fail here, readably, rather than with a traceback from inside the app's lifespan.
     try:
         load_verifier(settings)
+        require_grant_key(settings)
         kafka_connection(settings)  # an unreadable CA or key file, said before serving
     except ToolfleetError as exc:
         raise CliError(exc.message) from None

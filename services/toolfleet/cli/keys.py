@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from toolfleet.auth.grants import ensure_grant_key, rotate_grant_key
 from toolfleet.auth.jwks import JwksError
 from toolfleet.auth.rotation import DEFAULT_KEEP, KeyFiles, list_keys, rotate_keys
 from toolfleet.cli.config import load_settings
 from toolfleet.cli.errors import CliError, friendly
 from toolfleet.cli.output import console, print_json
+from toolfleet.errors import ToolfleetError
 from toolfleet.settings import FleetSettings
 
 app = typer.Typer(
-    help="Token-signing keys: rotation and the published key set.", no_args_is_help=True
+    help="Token-signing keys (rotation, the published key set) and the fleet's grant key.",
+    no_args_is_help=True,
 )
 
 
@@ -82,3 +86,40 @@ def list_(
         return
     for key in keys:
         console.print(f"{'*' if key.signing else ' '} {key.kid}")
+
+
+@app.command("grant")
+@friendly
+def grant(
+    path: Annotated[
+        Path | None,
+        typer.Argument(
+            help="The key file [default: TOOLFLEET_GRANT_KEY_FILE].", show_default=False
+        ),
+    ] = None,
+    rotate: Annotated[
+        bool, typer.Option("--rotate", help="Sign with a new key; the previous one still verifies.")
+    ] = False,
+) -> None:
+    """Create the fleet's grant key (mode 600) unless it exists.
+
+    Policy, the executor, the validator and the API refuse to start without it
+    (``TOOLFLEET_GRANT_KEY_FILE``): it signs every call's grant and every control event,
+    and seals raw results at rest.
+    """
+    target = path or load_settings(FleetSettings).grant_key_file
+    if target is None:
+        raise CliError("name the key file: `toolfleet keys grant PATH`")
+    target = target.expanduser().resolve()
+    try:
+        if rotate:
+            rotate_grant_key(target)
+            made = "rotated"
+        else:
+            made = "created" if ensure_grant_key(target) else "kept (it exists)"
+    except OSError as exc:
+        raise CliError(f"cannot write {target}: {exc.strerror or type(exc).__name__}") from None
+    except ToolfleetError as exc:
+        raise CliError(exc.message) from None
+    for line in (f"grant key {made}: {target}", f"export TOOLFLEET_GRANT_KEY_FILE={target}"):
+        console.print(line, soft_wrap=True, markup=False, highlight=False)  # copy-pasteable

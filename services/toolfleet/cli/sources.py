@@ -4,7 +4,10 @@ sources.
 Through the API (admin token). ``add`` names exactly one of ``--stdio "CMD ..."``,
 ``--http URL`` (an MCP server) or ``--openapi SPEC`` (an OpenAPI 3 file whose
 operations become HTTP tools). The answer lists the tools registered; none is callable
-until a policy names it. ``configure NAME TOOL`` sets what clients see of one tool's
+until a policy names it. Every source tool is ``external_side_effect`` until an operator
+vouches for another (``configure NAME TOOL --effect read_only``): what the source says
+of a tool (MCP ``readOnlyHint``, an HTTP method) is listed beside it as ``hints``, never
+taken as its effect. ``configure NAME TOOL`` also sets what clients see of one tool's
 results.
 """
 
@@ -140,7 +143,19 @@ def tool_rules(
 
 def _print_tools(tools: list[dict[str, Any]]) -> None:
     for tool in tools:
-        console.print(f"  {tool['tool_id']}@{tool['version']}  {tool['effect']}", markup=False)
+        line = f"  {tool['tool_id']}@{tool['version']}  {tool['effect']}"
+        hints = tool.get("hints") or {}
+        if hints:
+            said = ", ".join(f"{k}={_hint(v)}" for k, v in sorted(hints.items()))
+            line += f"  (source hints, not trusted: {said})"
+        console.print(line, markup=False, soft_wrap=True)
+
+
+def _hint(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+EFFECTS = ("read_only", "state_change", "external_side_effect")
 
 
 @app.command("add")
@@ -259,8 +274,8 @@ def configure(
         typer.Option("--allow", help="A result field clients may see (repeat; default kept)."),
     ] = None,
     result_validation: Annotated[
-        str, typer.Option("--result-validation", help="strict or coerce.")
-    ] = "strict",
+        str | None, typer.Option("--result-validation", help="strict (default) or coerce.")
+    ] = None,
     sanitize: Annotated[
         list[str] | None,
         typer.Option(
@@ -270,25 +285,42 @@ def configure(
     max_result_bytes: Annotated[
         int | None, typer.Option("--max-result-bytes", help="Largest result clients get.")
     ] = None,
+    effect: Annotated[
+        str | None,
+        typer.Option(
+            "--effect",
+            help="What it does, as you vouch for it: read_only, state_change or "
+            "external_side_effect (the default; the source's own hints never count).",
+        ),
+    ] = None,
     json_: JsonOption = False,
     token: TokenOption = None,
 ) -> None:
-    """Set one tool's result rules (replacing its previous ones), for every version."""
-    rules = tool_rules(
-        allow=allow,
-        result_validation=result_validation,
-        sanitize=sanitize,
-        max_result_bytes=max_result_bytes,
-    )
-    path = f"/v1/sources/{quote(name, safe='')}/tools/{quote(tool, safe='')}/rules"
-    body = _session(token).call("PUT", path, json=rules.model_dump(mode="json"))
+    """Set one tool's result rules (replacing its previous ones) and, with --effect, the
+    effect you vouch for, for every version. Only --effect: the rules are kept."""
+    if effect is not None and effect not in EFFECTS:
+        raise CliError(f"--effect takes one of {', '.join(EFFECTS)}, got {effect!r}")
+    session = _session(token)
+    tool_path = f"/v1/sources/{quote(name, safe='')}/tools/{quote(tool, safe='')}"
+    rules_given = (allow, result_validation, sanitize, max_result_bytes) != (None,) * 4
+    body: dict[str, Any] = {}
+    if rules_given or effect is None:
+        rules = tool_rules(
+            allow=allow,
+            result_validation=result_validation or "strict",
+            sanitize=sanitize,
+            max_result_bytes=max_result_bytes,
+        )
+        body = session.call("PUT", f"{tool_path}/rules", json=rules.model_dump(mode="json"))
+    if effect is not None:
+        body = session.call("PUT", f"{tool_path}/effect", json={"effect": effect})
     if json_:
         print_json(body)
         return
     changed = [t for t in body["tools"] if tool in (t["remote_name"], t["tool_id"])]
     for found in changed:
         rules_now = found["result_rules"]
-        console.print(f"{found['tool_id']}@{found['version']}", markup=False)
+        console.print(f"{found['tool_id']}@{found['version']}  {found['effect']}", markup=False)
         console.print(f"  allow: {', '.join(found['redaction_allowlist'])}", markup=False)
         console.print(
             f"  result_validation: {rules_now['mode']}, sanitize: {len(rules_now['sanitize'])} "

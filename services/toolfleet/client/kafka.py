@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import uuid
 from types import TracebackType
 from typing import Any, Self, Unpack
@@ -23,6 +24,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from redis.asyncio import Redis
 
 from toolfleet.auth.control import ControlSigner, control_claims
+from toolfleet.auth.outcomes import OutcomeVerifier
 from toolfleet.bus.connection import connection_kwargs
 from toolfleet.bus.fetch_wait import (
     FetchPace,
@@ -47,9 +49,12 @@ from toolfleet.events.models import (
     ToolOutcome,
 )
 from toolfleet.events.types import TERMINAL_TYPES, EventType, Source, TopicName, topic
+from toolfleet.observability.metrics import OUTCOMES_REFUSED
 from toolfleet.observability.tracing import current_traceparent
 from toolfleet.settings import FleetSettings
 from toolfleet.storage.redis import connect_redis
+
+log = logging.getLogger(__name__)
 
 
 class ToolfleetClient(RequestPublisher):
@@ -87,6 +92,10 @@ class ToolfleetClient(RequestPublisher):
         self._progress: dict[str, ProgressCallback] = {}
         self._partitions: list[int] = []
         self._signer = ControlSigner.from_settings(settings)
+        # A client that waits trusts only outcomes the fleet signed: without the grant
+        # key it could not tell a forged ``succeeded`` from a real one, so it refuses to
+        # start (GrantKeyError, saying how to fix it) rather than trust every outcome.
+        self._outcomes_verifier = OutcomeVerifier.from_settings(settings) if watch else None
 
     @property
     def signs_control(self) -> bool:
@@ -421,6 +430,8 @@ class ToolfleetClient(RequestPublisher):
     def _deliver(self, envelope: Envelope) -> None:
         invocation_id = envelope.invocationid or ""
         if envelope.type in TERMINAL_TYPES:
+            if not self._trusts(envelope):
+                return  # still waiting: the real outcome may yet come
             outcome = ToolOutcome.model_validate(envelope.data)
             future = self._outcomes.get(invocation_id)
             if future is not None and not future.done():
@@ -437,6 +448,25 @@ class ToolfleetClient(RequestPublisher):
                     current_phase=str(envelope.data.get("current_phase", "")),
                 )
             )
+
+    def _trusts(self, outcome: Envelope) -> bool:
+        """Whether ``outcome`` is signed by the fleet; a refusal is counted and logged
+        (status, which reads every outcome, has it audited)."""
+        verifier = self._outcomes_verifier
+        refusal = verifier.refusal(outcome) if verifier is not None else None
+        if refusal is None:
+            return verifier is not None
+        OUTCOMES_REFUSED.labels(reader="client", refusal=refusal.kind).inc()
+        log.warning(
+            "outcome refused",
+            extra={
+                "invocation_id": outcome.invocationid,
+                "event_id": outcome.id,
+                "refusal": refusal.kind.value,
+                "reason": refusal.reason,
+            },
+        )
+        return False
 
 
 def _header(headers: list[tuple[str, bytes]], name: str) -> str | None:

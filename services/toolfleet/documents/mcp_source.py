@@ -23,6 +23,8 @@ from pydantic import BaseModel, ValidationError
 from toolfleet.documents.models import Document, DocumentMetadata, SearchHit
 from toolfleet.documents.source import DocumentQuery
 from toolfleet.errors import DocumentNotFound, DocumentSourceUnavailable
+from toolfleet.sources.models import DEFAULT_MAX_RESPONSE_BYTES
+from toolfleet.sources.stdio_client import StdioConnection
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +62,15 @@ class McpDocumentSource:
         while not stop.is_set():
             self._broken.clear()
             try:
-                async with Client(self._server, read_timeout_seconds=self._timeout_s) as client:
+                server: str | StdioConnection = (
+                    # Read off the event loop, each message capped (as a stdio tool source).
+                    StdioConnection(
+                        server=self._server, max_message_bytes=DEFAULT_MAX_RESPONSE_BYTES
+                    )
+                    if isinstance(self._server, StdioServerParameters)
+                    else self._server
+                )
+                async with Client(server, read_timeout_seconds=self._timeout_s) as client:
                     self._client = client
                     self._ready.set()
                     backoff = 0.1

@@ -1,10 +1,11 @@
 """Version pins of a call: the version of each document its first read got.
 
-Stored beside the call's checkpoints (``checkpoint:tool:{invocation_id}:documents``, a
-Redis hash, the checkpoint TTL, and ``document_pins`` in Postgres beside its durable
+Stored beside the call's checkpoints
+(``checkpoint:tool:{<tenant_id>}:<invocation_id>:documents``, a Redis hash, the checkpoint
+TTL, and ``document_pins`` in Postgres, keyed by tenant and invocation, beside its durable
 checkpoints, so a resume after Redis lost them keeps the versions) and written with
-``HSETNX`` / ``ON CONFLICT DO NOTHING`` at the first read, before
-the tool sees the content: whichever run of the call (a resume after a crash, a retry,
+``HSETNX`` / ``ON CONFLICT DO NOTHING`` at the first read, before the tool sees the
+content: whichever run of the call (a resume after a crash, a retry,
 another worker) reads the document next gets the same version, whatever the source
 serves by then.
 """
@@ -13,13 +14,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol
 
+from toolfleet.events.identity import CallKey
+from toolfleet.storage.call_keys import call_key
+
 if TYPE_CHECKING:  # the adapters' types only: the twin works on a core install
     import asyncpg
     from redis.asyncio import Redis
 
 
-def pins_key(invocation_id: str) -> str:
-    return f"checkpoint:tool:{invocation_id}:documents"
+def pins_key(call: CallKey) -> str:
+    return call_key("checkpoint:tool", call, "documents")
 
 
 class DocumentPins(Protocol):
@@ -32,9 +36,9 @@ class DocumentPins(Protocol):
 
 
 class RedisDocumentPins:
-    def __init__(self, redis: Redis, invocation_id: str, *, ttl_s: int) -> None:
+    def __init__(self, redis: Redis, call: CallKey, *, ttl_s: int) -> None:
         self._redis = redis
-        self._key = pins_key(invocation_id)
+        self._key = pins_key(call)
         self._ttl_s = ttl_s
 
     async def get(self, document_id: str) -> str | None:
@@ -70,9 +74,9 @@ def _text(raw: object) -> str | None:
 
 
 class PinBook(Protocol):
-    """The pins of each call, by invocation id."""
+    """The pins of each call."""
 
-    def __call__(self, invocation_id: str) -> DocumentPins: ...
+    def __call__(self, call: CallKey) -> DocumentPins: ...
 
 
 class RedisPinBook:
@@ -80,31 +84,33 @@ class RedisPinBook:
         self._redis = redis
         self._ttl_s = ttl_s
 
-    def __call__(self, invocation_id: str) -> DocumentPins:
-        return RedisDocumentPins(self._redis, invocation_id, ttl_s=self._ttl_s)
+    def __call__(self, call: CallKey) -> DocumentPins:
+        return RedisDocumentPins(self._redis, call, ttl_s=self._ttl_s)
 
 
 class MemoryPinBook:
     """In-process :class:`PinBook`: a resumed call on the same book finds its pins."""
 
     def __init__(self) -> None:
-        self.calls: dict[str, dict[str, str]] = {}
+        self.calls: dict[CallKey, dict[str, str]] = {}
 
-    def __call__(self, invocation_id: str) -> DocumentPins:
-        return MemoryDocumentPins(self.calls.setdefault(invocation_id, {}))
+    def __call__(self, call: CallKey) -> DocumentPins:
+        return MemoryDocumentPins(self.calls.setdefault(call, {}))
 
 
 class PostgresDocumentPins:
-    """One call's pins in ``document_pins`` (migration 0006): they outlive Redis."""
+    """One call's pins in ``document_pins`` (migrations 0006, 0010): they outlive Redis."""
 
-    def __init__(self, pool: asyncpg.Pool, invocation_id: str) -> None:
+    def __init__(self, pool: asyncpg.Pool, call: CallKey) -> None:
         self._pool = pool
-        self._invocation_id = invocation_id
+        self._call = call
 
     async def get(self, document_id: str) -> str | None:
         version: str | None = await self._pool.fetchval(
-            "SELECT version FROM document_pins WHERE invocation_id = $1 AND document_id = $2",
-            self._invocation_id,
+            """SELECT version FROM document_pins
+               WHERE tenant_id = $1 AND invocation_id = $2 AND document_id = $3""",
+            self._call.tenant_id,
+            self._call.invocation_id,
             document_id,
         )
         return version
@@ -112,13 +118,15 @@ class PostgresDocumentPins:
     async def pin(self, document_id: str, version: str) -> str:
         pinned: str = await self._pool.fetchval(
             """WITH added AS (
-                   INSERT INTO document_pins (invocation_id, document_id, version)
-                   VALUES ($1, $2, $3) ON CONFLICT DO NOTHING RETURNING version)
+                   INSERT INTO document_pins (tenant_id, invocation_id, document_id, version)
+                   VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING RETURNING version)
                SELECT version FROM added
                UNION ALL
-               SELECT version FROM document_pins WHERE invocation_id = $1 AND document_id = $2
+               SELECT version FROM document_pins
+               WHERE tenant_id = $1 AND invocation_id = $2 AND document_id = $3
                LIMIT 1""",
-            self._invocation_id,
+            self._call.tenant_id,
+            self._call.invocation_id,
             document_id,
             version,
         )
@@ -156,8 +164,8 @@ class TieredPinBook:
         self._pool = pool
         self._ttl_s = ttl_s
 
-    def __call__(self, invocation_id: str) -> DocumentPins:
+    def __call__(self, call: CallKey) -> DocumentPins:
         return TieredDocumentPins(
-            RedisDocumentPins(self._redis, invocation_id, ttl_s=self._ttl_s),
-            PostgresDocumentPins(self._pool, invocation_id),
+            RedisDocumentPins(self._redis, call, ttl_s=self._ttl_s),
+            PostgresDocumentPins(self._pool, call),
         )

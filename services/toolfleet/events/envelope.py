@@ -46,8 +46,10 @@ class Envelope(BaseModel):
 
     @property
     def dedupe_key(self) -> str:
-        """``source`` + ``id``: a redelivered or re-sent event has the same key."""
-        return f"{self.source}\x1f{self.id}"
+        """``tenantid`` + ``source`` + ``id``: a redelivered or re-sent event has the same
+        key, and another tenant's event that reuses the ``source`` and ``id`` does not (it
+        is not a duplicate of this one, and must not be dropped as one)."""
+        return f"{self.tenantid or ''}\x1f{self.source}\x1f{self.id}"
 
     def data_as(self, model: builtins.type[DataT]) -> DataT:
         """Validate ``data`` into ``model``; a mismatch is an :class:`InvalidEvent`."""

@@ -9,7 +9,11 @@ Pure functions of an :class:`~toolfleet.events.envelope.Envelope`:
   event derived from it inherits that ``traceparent``;
 - the invocation id and tenant an event is about, as policy names them;
 - :class:`CallRef`: which call (invocation, tenant, agent, tool, version) and which trace,
-  built once from the invocation's event and carried wherever the call is named.
+  built once from the invocation's event and carried wherever the call is named;
+- :class:`CallKey`: the part of it that names the call's shared state. A call is
+  ``(tenant_id, invocation_id)``: every Redis key, lease, cancel flag, pending approval,
+  idempotency record, checkpoint and pin of a call is named by both, so a request of
+  one tenant that names another tenant's invocation id reaches none of its state.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import uuid
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
+from toolfleet.errors import InvalidEvent
 from toolfleet.events.envelope import Envelope
 from toolfleet.events.models import InvokeAuthorized, InvokeExecuted
 from toolfleet.events.types import EventType
@@ -51,6 +56,18 @@ class TraceParent:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class CallKey:
+    """Which call a piece of shared state belongs to: its tenant and its invocation id.
+
+    What the stores take (cancel flags, leases, approvals, idempotency, checkpoints,
+    pins); :attr:`CallRef.key` gives it for a call whose identity is known in full.
+    """
+
+    tenant_id: str
+    invocation_id: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class CallRef:
     """One call's identity and trace: what outcomes, grants and logs name it by."""
 
@@ -74,6 +91,11 @@ class CallRef:
             tool_version=call.tool_version,
             trace=trace,
         )
+
+    @property
+    def key(self) -> CallKey:
+        """What this call's shared state is named by."""
+        return CallKey(tenant_id=self.tenant_id, invocation_id=self.invocation_id)
 
     def resolved(self, tool_version: str) -> CallRef:
         """This call at the version policy resolved."""
@@ -174,24 +196,33 @@ def with_trace(envelope: Envelope) -> Envelope:
     )
 
 
-def invocation_uuid(text: str) -> str:
-    """The invocation id as a UUID string; a non-UUID id maps stably to one (``uuid5``,
-    with a lone surrogate, which JSON may carry as ``\\ud800``, hashed as its three
-    UTF-8 bytes instead of failing)."""
+def invocation_uuid(text: str, *, tenant_id: str) -> str:
+    """The invocation id as a UUID string; a non-UUID id maps stably to one.
+
+    The map is a ``uuid5`` of the tenant and the text: the same tenant sending the same
+    text always gets the same id, and two tenants' ``job-1`` get two ids, so a tenant
+    cannot claim beforehand the id another tenant's text derives to. A lone surrogate,
+    which JSON may carry as ``\\ud800``, is hashed as its three UTF-8 bytes instead of
+    failing. A UUID is the producer's own choice and is kept as it is.
+    """
     try:
         return str(uuid.UUID(text))
     except ValueError:
-        name = f"toolfleet:invocation:{text}".encode("utf-8", "surrogatepass")
+        # A unit separator cannot occur in a tenant id (TENANT_ID_PATTERN).
+        name = f"toolfleet:invocation:{tenant_id}\x1f{text}".encode("utf-8", "surrogatepass")
         digest = hashlib.sha1(uuid.NAMESPACE_URL.bytes + name, usedforsecurity=False).digest()
         return str(uuid.UUID(bytes=digest[:16], version=5))
 
 
 def invocation_id_of(event: Envelope) -> str | None:
-    """The invocation an event is about, as policy names it; ``None`` for fleet events."""
+    """The invocation an event is about, as policy names it; ``None`` for fleet events.
+
+    A non-UUID id is derived within the event's tenant (:func:`tenant_of`).
+    """
     raw = _text(event.data.get("invocation_id")) or event.invocationid
     if raw is None and event.type == EventType.INVOKE_REQUESTED:
         raw = event.id  # the contract: invocation_id defaults to the event id
-    return invocation_uuid(raw[:256]) if raw else None
+    return invocation_uuid(raw[:256], tenant_id=tenant_of(event) or "") if raw else None
 
 
 def tenant_of(event: Envelope) -> str | None:
@@ -203,3 +234,28 @@ def tenant_of(event: Envelope) -> str | None:
 
 def _text(value: Any) -> str | None:
     return value[:_MAX_TEXT] if isinstance(value, str) and value else None
+
+
+KEY_TENANT_MISMATCH: Final = "key_tenant_mismatch"
+"""The DLQ reason of a request whose Kafka key names another tenant (contract 9)."""
+
+
+def check_key_tenant(event: Envelope, key: bytes | None) -> None:
+    """Raise :class:`~toolfleet.errors.InvalidEvent` (``details.reason`` =
+    ``key_tenant_mismatch``) when a record's Kafka key is not the tenant its event names.
+
+    The key is what partitions, orders and routes a tenant's records; an event that
+    disagrees with it is not trusted by anyone (policy and status dead-letter it). A
+    record without a key is judged by its event alone.
+    """
+    if key is None:
+        return
+    try:
+        key_tenant: str | None = key.decode("utf-8")
+    except UnicodeDecodeError:
+        key_tenant = None
+    if key_tenant is None or key_tenant != tenant_of(event):
+        raise InvalidEvent(
+            "the message key names another tenant than the event's tenantid",
+            details={"reason": KEY_TENANT_MISMATCH},
+        )

@@ -292,6 +292,12 @@ class ToolOutcome(_Internal):
     checkpoint_ref: str | None = None
     documents_accessed: list[DocumentAccess] = Field(default_factory=list)
     """Documents the tool read through ``ctx.documents`` (id, pinned version, access)."""
+    signature: str | None = Field(default=None, max_length=4096, repr=False)
+    """Outcome signature (compact JWS, HS256 with a key derived from the execution-grant
+    key) over the invocation, tenant, event type, status and the SHA-256 of the rest of
+    this body (:mod:`toolfleet.auth.outcomes`). Set by the service that sends the
+    outcome; status, policy and ``toolfleet.client`` ignore an outcome without a valid
+    one (``ai.agent.tool.outcome.refused``)."""
 
 
 # --- lifecycle notifications (toolfleet.invoke.events) ---------------------------------
@@ -452,6 +458,45 @@ class ControlRefused(_Internal):
     """Which check failed; never quotes the signature."""
     refused_event_id: str
     """``id`` of the refused control event."""
+
+
+class OutcomeRefusalKind(StrEnum):
+    """Why a reader ignored an outcome (a bounded metric label too)."""
+
+    UNSIGNED = "unsigned"
+    """No signature at all."""
+    FORGED = "forged"
+    """A signature that does not verify: unknown key, another key, malformed, expired."""
+    MISBOUND = "misbound"
+    """A valid signature issued for another call, tenant, type, status or body."""
+
+
+class OutcomeRefused(_Internal):
+    """``ai.agent.tool.outcome.refused``: a reader ignored an outcome it could not trust.
+
+    Emitted by status and by policy (for an outcome duplicates waited on) for an
+    unsigned or forged outcome, or one signed for another call; the call it named is
+    unchanged. Audit records it as a failure (``permission_denied``).
+    """
+
+    invocation_id: str = Field(max_length=256)
+    """The invocation the refused outcome named (unverified; not always a UUID)."""
+    tenant_id: str = Field(max_length=128)
+    """The tenant the refused outcome named (unverified)."""
+    outcome_type: str
+    """``type`` of the refused outcome event."""
+    claimed_status: str = ""
+    """The status the refused outcome claimed."""
+    actor: str = ""
+    """``source`` of the refused outcome (unverified, for the audit trail)."""
+    refusal: OutcomeRefusalKind
+    """Which kind of check failed."""
+    reason: str
+    """Which check failed; never quotes the signature."""
+    refused_event_id: str
+    """``id`` of the refused outcome event."""
+    refused_by: str
+    """The reader that refused it (``status``, ``policy``)."""
 
 
 # --- audit and DLQ -----------------------------------------------------------------

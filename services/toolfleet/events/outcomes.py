@@ -5,15 +5,17 @@ from __future__ import annotations
 import uuid
 
 from toolfleet.errors import ErrorCode, ErrorInfo, ToolfleetError
-from toolfleet.events.envelope import Envelope, derived_event_id, new_event
+from toolfleet.events.envelope import Emitted, Envelope, derived_event_id, new_event
 from toolfleet.events.identity import CallRef
 from toolfleet.events.models import (
     DocumentAccess,
     ExecutionMetadata,
     InvocationStatus,
+    OutcomeRefusalKind,
+    OutcomeRefused,
     ToolOutcome,
 )
-from toolfleet.events.types import EventType, Source
+from toolfleet.events.types import EventType, Source, TopicName
 
 _TYPE_OF_STATUS: dict[InvocationStatus, EventType] = {
     InvocationStatus.SUCCESS: EventType.SUCCEEDED,
@@ -79,3 +81,46 @@ def failure_event(
         documents_accessed=documents_accessed or [],
     )
     return outcome_event(parent, source, outcome)
+
+
+def refused_outcome_event(
+    outcome: Envelope, refused_by: Source, *, refusal: OutcomeRefusalKind, reason: str
+) -> Emitted:
+    """``ai.agent.tool.outcome.refused``: ``refused_by`` ignored ``outcome`` (unsigned,
+    forged or misbound; ``refusal`` says which, ``reason`` which check failed).
+
+    What the refused event named is copied as text, unverified and bounded; its auth
+    attributes are dropped (claims nobody verified). The id is derived from the refused
+    event, so a redelivery refuses it once.
+    """
+    data = outcome.data
+    tenant = _text(data.get("tenant_id")) or outcome.tenantid or outcome.partitionkey or ""
+    invocation = _text(data.get("invocation_id")) or outcome.invocationid or ""
+    refused = OutcomeRefused(
+        invocation_id=invocation[:256],
+        tenant_id=tenant[:128],
+        outcome_type=outcome.type[:256],
+        claimed_status=_text(data.get("status"))[:64],
+        actor=outcome.source[:512],
+        refusal=refusal,
+        reason=reason,
+        refused_event_id=outcome.id,
+        refused_by=refused_by.name.lower(),
+    )
+    parent = outcome.model_copy(update={"authtype": None, "authid": None})
+    return (
+        TopicName.EVENTS,
+        new_event(
+            event_type=EventType.OUTCOME_REFUSED,
+            source=refused_by,
+            data=refused,
+            tenant_id=refused.tenant_id,
+            invocation_id=refused.invocation_id or None,
+            event_id=derived_event_id(outcome, EventType.OUTCOME_REFUSED),
+            parent=parent,
+        ),
+    )
+
+
+def _text(value: object) -> str:
+    return value if isinstance(value, str) else ""

@@ -206,9 +206,13 @@ POLICY = Party(
         ),
         Route(
             topic=TopicName.EVENTS,
-            types=(EventType.APPROVAL_REQUESTED, EventType.CONTROL_REFUSED),
+            types=(
+                EventType.APPROVAL_REQUESTED,
+                EventType.CONTROL_REFUSED,
+                EventType.OUTCOME_REFUSED,
+            ),
             summary="Calls that need a human's approval; control events refused (unsigned "
-            "or forged).",
+            "or forged); outcomes duplicates waited on refused (unsigned or forged).",
         ),
     ),
     dead_letters=True,
@@ -266,6 +270,13 @@ STATUS = Party(
     name="status",
     source=Source.STATUS,
     consumers=(STATUS_CONSUMER,),
+    sends=(
+        Route(
+            topic=TopicName.EVENTS,
+            types=(EventType.OUTCOME_REFUSED,),
+            summary="Outcomes refused (unsigned or forged): nothing is projected for them.",
+        ),
+    ),
     dead_letters=True,
 )
 SIEM = Party(

@@ -42,6 +42,7 @@ from toolfleet.events.models import (
     InvokeAuthorized,
     InvokeExecuted,
     InvokeRequested,
+    OutcomeRefused,
     SourceToolAdded,
     ToolInvoked,
     ToolLifecycleChanged,
@@ -118,7 +119,7 @@ EVENTS: dict[EventType, EventDoc] = {
     EventType.CHECKPOINT_CREATED: EventDoc(
         model=CheckpointCreated,
         description="A running tool saved a checkpoint; the state itself stays in Redis "
-        "under checkpoint:tool:{invocation_id}:latest.",
+        "under checkpoint:tool:{<tenant_id>}:<invocation_id>:latest.",
     ),
     EventType.APPROVAL_REQUESTED: EventDoc(
         model=ApprovalRequested,
@@ -128,6 +129,11 @@ EVENTS: dict[EventType, EventDoc] = {
         model=ControlRefused,
         description="Policy refused a control event it could not trust (unsigned, forged, "
         "expired or bound to other fields); the call it named is unchanged.",
+    ),
+    EventType.OUTCOME_REFUSED: EventDoc(
+        model=OutcomeRefused,
+        description="Status or policy ignored an outcome it could not trust (unsigned, "
+        "forged, or signed for another call); the call it named is unchanged.",
     ),
     EventType.EGRESS: EventDoc(
         model=EgressDecided,

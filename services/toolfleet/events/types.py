@@ -19,6 +19,7 @@ class EventType(StrEnum):
     CHECKPOINT_CREATED = "ai.agent.tool.checkpoint.created"
     APPROVAL_REQUESTED = "ai.agent.tool.approval.requested"
     CONTROL_REFUSED = "ai.agent.tool.control.refused"
+    OUTCOME_REFUSED = "ai.agent.tool.outcome.refused"
     EGRESS = "ai.agent.tool.egress"
     CIRCUIT_OPENED = "ai.agent.circuit.opened"
     CIRCUIT_CLOSED = "ai.agent.circuit.closed"
@@ -61,6 +62,7 @@ TOPIC_OF_TYPE: dict[EventType, TopicName] = {
     EventType.CHECKPOINT_CREATED: TopicName.EVENTS,
     EventType.APPROVAL_REQUESTED: TopicName.EVENTS,
     EventType.CONTROL_REFUSED: TopicName.EVENTS,
+    EventType.OUTCOME_REFUSED: TopicName.EVENTS,
     EventType.EGRESS: TopicName.EVENTS,
     EventType.CIRCUIT_OPENED: TopicName.EVENTS,
     EventType.CIRCUIT_CLOSED: TopicName.EVENTS,

@@ -151,6 +151,10 @@ async def check_grant(
     """Run only what policy granted: a forged or altered authorized event runs nothing,
     nor a grant whose capability token was revoked since policy authorized the call.
 
+    ``grants`` is None only for an executor built in process over twins (unit tests);
+    the worker always has one: it refuses to start without the grant key
+    (:func:`toolfleet.worker.require_keys`).
+
     Raises:
         RedisError: the revocation list is unreachable (retried; never run unchecked).
     """
@@ -216,7 +220,7 @@ class Admission:
         if run.seen is not None:
             requested = run.seen.cancel_requested
         else:
-            requested = await self.cancels.is_requested(run.invocation_id)
+            requested = await self.cancels.is_requested(run.ref.key)
         if requested:
             return Refused(error=Cancelled("cancelled before it ran"))
         return None
@@ -303,7 +307,7 @@ class Admission:
         key = agent_key(run.ref.tenant_id, run.ref.agent_did)
 
         async def give_up() -> bool:
-            return self.is_suspended(holder) or await self.cancels.is_requested(holder)
+            return self.is_suspended(holder) or await self.cancels.is_requested(run.ref.key)
 
         taken = await wait_for_slot(
             self.slots,
@@ -348,9 +352,9 @@ async def resume_point(
         return None
     invocation_id, tenant_id = run.invocation_id, run.ref.tenant_id
     if seen is not None and isinstance(checkpoints, TieredCheckpointStore):
-        latest = await checkpoints.latest_after(invocation_id, hot=seen.hot_checkpoint)
+        latest = await checkpoints.latest_after(run.ref.key, hot=seen.hot_checkpoint)
     else:
-        latest = await checkpoints.latest(invocation_id)
+        latest = await checkpoints.latest(run.ref.key)
     if latest is not None and not _belongs(latest, invocation_id, tenant_id):
         latest = None
     wanted = config.resume_from_checkpoint_id

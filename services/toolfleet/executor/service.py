@@ -33,6 +33,7 @@ from toolfleet.documents.reader import CallDocuments
 from toolfleet.documents.source import DocumentSource
 from toolfleet.errors import Cancelled, ResourceExhausted, ToolfleetError
 from toolfleet.events.envelope import Emitted, Envelope
+from toolfleet.events.identity import CallKey
 from toolfleet.events.models import CancelRequested, ExecutionMetadata, InvokeAuthorized
 from toolfleet.events.types import TopicName
 from toolfleet.executor import outcomes
@@ -77,6 +78,8 @@ log = logging.getLogger(__name__)
 class _RunningCall:
     task: asyncio.Task[object]
     cancel_event: asyncio.Event
+    tenant_id: str
+    """Whose call it is: a cancel of another tenant's call of the same id stops nothing."""
 
 
 @dataclass(kw_only=True)
@@ -182,7 +185,7 @@ class ExecutorService:
                 else:
                     held = await stack.enter_async_context(
                         self.lease_guard.hold(
-                            invocation_id, stopping=lambda: self.is_suspended(invocation_id)
+                            unleased.ref.key, stopping=lambda: self.is_suspended(invocation_id)
                         )
                     )
                     if held.replay is not None:
@@ -256,7 +259,7 @@ class ExecutorService:
         documents = CallDocuments(
             context=call.document_context,
             source=self.documents,
-            pins=self.document_pins(invocation_id),
+            pins=self.document_pins(run.ref.key),
             cache=self.document_cache,
             source_name=self.document_source_name,
         )
@@ -298,7 +301,9 @@ class ExecutorService:
 
         task = asyncio.current_task()
         assert task is not None
-        self.running[invocation_id] = _RunningCall(task=task, cancel_event=cancel_event)
+        self.running[invocation_id] = _RunningCall(
+            task=task, cancel_event=cancel_event, tenant_id=run.ref.tenant_id
+        )
         attempts = 0
         try:
             with span(
@@ -398,8 +403,12 @@ class ExecutorService:
         """A cancel request: flag it for every executor, and stop the call if it runs here."""
         request = event.data_as(CancelRequested)
         invocation_id = str(request.invocation_id)
-        await self.cancels.request(invocation_id)
-        self.cancel_local(invocation_id)
+        await self.cancels.request(
+            CallKey(tenant_id=request.tenant_id, invocation_id=invocation_id)
+        )
+        running = self.running.get(invocation_id)
+        if running is not None and running.tenant_id == request.tenant_id:
+            self.cancel_local(invocation_id)
 
     def cancel_local(self, invocation_id: str) -> bool:
         running = self.running.get(invocation_id)

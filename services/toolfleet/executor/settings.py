@@ -37,7 +37,7 @@ class ExecutorSettings(FleetSettings):
         return max(1, self.max_in_flight // 4)
 
     checkpoint_ttl_s: int = Field(default=3600, ge=60)
-    """TTL of the hot checkpoint ``checkpoint:tool:{invocation_id}:latest``."""
+    """TTL of the hot checkpoint ``checkpoint:tool:{<tenant_id>}:<invocation_id>:latest``."""
     checkpoint_delta_min_bytes: int = Field(default=4096, ge=0)
     """A durable checkpoint whose state's JSON is larger than this is stored in Postgres
     as a delta (RFC 6902 JSON Patch) against the invocation's previous durable one."""
@@ -106,11 +106,6 @@ class ExecutorSettings(FleetSettings):
     """Worker processes and sandboxes alive at once, warm ones included."""
     isolation_uid_base: int = Field(default=200_000, ge=1000)
     """When the executor is root, the sandbox in slot ``n`` runs as uid ``base + n``."""
-    isolation_memory_mb: int = Field(default=512, ge=16)
-    """Address space of an isolated run whose tool and agent set none (``RLIMIT_AS``)."""
-    isolation_cpu_millicores: int = Field(default=1000, ge=1)
-    """CPU share of an isolated run whose tool and agent set none; enforced as CPU time
-    (``millicores / 1000 x timeout``, ``RLIMIT_CPU``)."""
     isolation_max_processes: int = Field(default=64, ge=1)
     """Processes and threads of one sandbox (``RLIMIT_NPROC`` of its uid)."""
     isolation_max_file_mb: int = Field(default=64, ge=1)

@@ -226,19 +226,42 @@ class EgressGrant:
 
 def is_public_address(address: IPAddress) -> bool:
     """False for private, loopback, link-local, multicast, reserved and metadata
-    addresses, including IPv4 ones embedded in IPv6 (mapped, 6to4, NAT64)."""
+    addresses, including IPv4 ones embedded in IPv6 (:func:`embedded_ipv4`), and for
+    the local-use NAT64 prefix ``64:ff9b:1::/48``."""
     candidates: list[IPAddress] = [address]
     if isinstance(address, ipaddress.IPv6Address):
-        if address.ipv4_mapped is not None:
-            candidates.append(address.ipv4_mapped)
-        if address.sixtofour is not None:
-            candidates.append(address.sixtofour)
-        if address in _NAT64:
-            candidates.append(ipaddress.IPv4Address(int(address) & 0xFFFFFFFF))
+        if address in _LOCAL_NAT64:
+            return False
+        candidates += embedded_ipv4(address)
     return not any(a.is_multicast or not a.is_global or a in METADATA_ADDRESSES for a in candidates)
 
 
+def embedded_ipv4(address: ipaddress.IPv6Address) -> tuple[ipaddress.IPv4Address, ...]:
+    """The IPv4 addresses an IPv6 address carries, in every form that may deliver to
+    them: IPv4-compatible (``::127.0.0.1``, deprecated but still routed by some stacks),
+    IPv4-mapped (``::ffff:127.0.0.1``), IPv4-translated (``::ffff:0:127.0.0.1``), NAT64
+    (``64:ff9b::7f00:1``), 6to4 (``2002:7f00:1::``), Teredo (server and client) and an
+    ISATAP interface id (``...:0:5efe:7f00:1``). An address is judged as each of them too.
+    """
+    value = int(address)
+    low32 = ipaddress.IPv4Address(value & 0xFFFFFFFF)
+    found: list[ipaddress.IPv4Address] = []
+    if value >> 32 == 0 or value >> 32 == 0xFFFF or value >> 32 == 0xFFFF0000:
+        found.append(low32)  # compatible (``::`` and ``::1`` included), mapped, translated
+    if address in _NAT64:
+        found.append(low32)
+    if address.sixtofour is not None:
+        found.append(address.sixtofour)
+    if address.teredo is not None:
+        found += address.teredo
+    if (value >> 32) & 0xFDFFFFFF == 0x5EFE:
+        found.append(low32)  # ISATAP: ``0000:5efe`` or ``0200:5efe`` before the IPv4
+    return tuple(found)
+
+
 _NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
+_LOCAL_NAT64 = ipaddress.IPv6Network("64:ff9b:1::/48")
+"""RFC 8215: NAT64 inside one network, the IPv4 anywhere from bit 48 on; never public."""
 
 
 def parse_host(text: str) -> Host:

@@ -8,6 +8,12 @@ applies below the agent's limit, never above it), then the fleet's default.
 :func:`bound_limits` is the one place that computes this. Without cgroups a CPU *rate* cannot be
 enforced, so ``cpu_millicores`` bounds CPU *time*: ``millicores / 1000 x timeout``
 seconds of CPU (``RLIMIT_CPU``), at least one second.
+
+Limits only go down: a request's ``resource_limits`` may lower what a call runs under
+(:class:`CallCeiling`: the manifest's ``resource_defaults`` and ``timeout_seconds``,
+else the fleet's), never raise it. Policy refuses a higher ask before the call is
+authorized (:func:`refuse_raised`, :class:`LimitRaised`); the executor, whatever an
+authorized event says, clamps the agent's limits to the same ceiling (:func:`clamp`).
 """
 
 from __future__ import annotations
@@ -36,6 +42,13 @@ class AgentLimitExceeded(ResourceExhausted):
     retryable = False
 
 
+class LimitRaised(ResourceExhausted):
+    """A request's ``resource_limits`` ask more than the manifest and the fleet allow;
+    ``details`` name the ``limit``, what was ``asked`` and what is ``allowed``."""
+
+    retryable = False
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ToolLimits:
     """What a tool declares it needs (``@tool(limits=...)``); None: the agent's or default."""
@@ -53,6 +66,7 @@ class AgentLimits:
 
     memory_mb: int | None = None
     cpu_millicores: int | None = None
+    timeout_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -108,10 +122,14 @@ def bound_limits(
 ) -> RunLimits:
     """The limits of one run, nested in the agent's (BC-1), the manifest's defaults below.
 
+    The agent's limits are first clamped to the call's ceiling (limits only go down):
+    an authorized event asking more than policy allows still runs under no more.
+
     Raises:
         AgentLimitExceeded: the tool asks more memory or CPU than the agent has.
     """
     defaults = defaults or ManifestDefaults()
+    agent = clamp(agent, CallCeiling.of(defaults=defaults, fleet=fleet, tool=tool))
     memory = _nested(
         tool_id, "memory_mb", tool.memory_mb, agent.memory_mb, defaults.memory_mb, fleet.memory_mb
     )
@@ -152,3 +170,67 @@ def _nested(
         return asks
     below = [value for value in (has, manifest) if value is not None]
     return min(below) if below else fleet
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CallCeiling:
+    """The most a request's ``resource_limits`` may ask: what the call runs under when
+    it asks nothing (the manifest's ``resource_defaults``, else the fleet's; in the
+    executor, what the tool itself declares it needs comes first)."""
+
+    memory_mb: int
+    cpu_millicores: int
+    timeout_s: float | None = None
+    """The manifest's ``timeout_seconds``; None: not checked here (the executor has the
+    authorized timeout, already the lower of the two)."""
+
+    @classmethod
+    def of(
+        cls,
+        *,
+        defaults: ManifestDefaults,
+        fleet: FleetLimits,
+        timeout_s: float | None = None,
+        tool: ToolLimits | None = None,
+    ) -> CallCeiling:
+        tool = tool or ToolLimits()
+        return cls(
+            memory_mb=tool.memory_mb or defaults.memory_mb or fleet.memory_mb,
+            cpu_millicores=tool.cpu_millicores or defaults.cpu_millicores or fleet.cpu_millicores,
+            timeout_s=timeout_s,
+        )
+
+
+def refuse_raised(asked: AgentLimits, ceiling: CallCeiling) -> None:
+    """Refuse a request that asks any limit above its ceiling (BC-1: limits only go down).
+
+    Raises:
+        LimitRaised: naming the first such limit by its request field.
+    """
+    for name, asks, allowed in (
+        ("memory_mb_limit", asked.memory_mb, ceiling.memory_mb),
+        ("cpu_millicore_limit", asked.cpu_millicores, ceiling.cpu_millicores),
+        ("timeout_seconds", asked.timeout_s, ceiling.timeout_s),
+    ):
+        if asks is not None and allowed is not None and asks > allowed:
+            raise LimitRaised(
+                f"resource_limits.{name}={asks:g} is above the allowed {allowed:g}: "
+                "a request may lower the tool's and the fleet's limits, never raise them",
+                details={"limit": name, "asked": asks, "allowed": allowed},
+            )
+
+
+def clamp(asked: AgentLimits, ceiling: CallCeiling) -> AgentLimits:
+    """``asked`` with every limit at most its ceiling (the executor's defence in depth)."""
+
+    def lower(asks: int | None, allowed: int) -> int | None:
+        return None if asks is None else min(asks, allowed)
+
+    timeout = asked.timeout_s
+    if timeout is not None and ceiling.timeout_s is not None:
+        timeout = min(timeout, ceiling.timeout_s)
+    return AgentLimits(
+        memory_mb=lower(asked.memory_mb, ceiling.memory_mb),
+        cpu_millicores=lower(asked.cpu_millicores, ceiling.cpu_millicores),
+        timeout_s=timeout,
+    )

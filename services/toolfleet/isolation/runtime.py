@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import os
 import signal
@@ -445,7 +446,10 @@ class IsolationRuntime:
         assert grant is not None
         if self.egress is None:
             raise SandboxFailure("network granted but the executor runs no egress proxy")
-        path = os.path.join(self._socket_dir, f"{grant.invocation_id}.sock")
+        # A call is (tenant, invocation): two tenants' calls of one id get two sockets.
+        # Hashed: a socket path must stay under ~100 bytes whatever the tenant id's length.
+        name = f"{grant.tenant_id}\x1f{grant.invocation_id}".encode()
+        path = os.path.join(self._socket_dir, f"{hashlib.sha256(name).hexdigest()[:32]}.sock")
         async with self.egress.session(grant, unix_path=_path(path)):
             yield path
 

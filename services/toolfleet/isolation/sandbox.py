@@ -36,7 +36,21 @@ WORKDIR = "/home/tool"
 RPC_FD = 3
 SECCOMP_FD = 4
 
-_SYSTEM_PATHS = ("/usr", "/etc/ssl", "/etc/ca-certificates", "/etc/localtime", "/etc/alternatives")
+#: The host's read-only system view: programs and libraries, the CA bundle in each
+#: distribution's place (Debian ``/etc/ssl/certs``, Alpine ``/etc/ssl/cert.pem``, Red Hat
+#: ``/etc/pki``), never a private key directory (``/etc/ssl/private``, ``/etc/pki/tls/private``).
+_SYSTEM_PATHS = (
+    "/usr",
+    "/etc/ssl/certs",
+    "/etc/ssl/cert.pem",
+    "/etc/ssl/openssl.cnf",
+    "/etc/ca-certificates",
+    "/etc/pki/tls/certs",
+    "/etc/pki/tls/cert.pem",
+    "/etc/pki/ca-trust/extracted",
+    "/etc/localtime",
+    "/etc/alternatives",
+)
 _SYMLINKS = (("usr/bin", "/bin"), ("usr/sbin", "/sbin"), ("usr/lib", "/lib"))
 _LIB64 = ("usr/lib64", "/lib64")
 
@@ -185,9 +199,13 @@ def bwrap_argv(
     argv += ["--unshare-cgroup-try", "--hostname", "sandbox"]
     if support.use_user_namespace:
         argv += ["--unshare-user", "--disable-userns", "--uid", "65534", "--gid", "65534"]
-    for path in _SYSTEM_PATHS:
-        if os.path.exists(path):
-            argv += ["--ro-bind", path, path]
+    system = [path for path in _SYSTEM_PATHS if os.path.exists(path)]
+    # bwrap creates a bind's missing parents 0700: a tool dropped to its own uid could
+    # not reach the CA bundle under /etc.
+    for parent in _parents(system):
+        argv += ["--perms", "0755", "--dir", parent]
+    for path in system:
+        argv += ["--ro-bind", path, path]
     for target, link in _SYMLINKS:
         argv += ["--symlink", target, link]
     if os.path.isdir("/usr/lib64"):

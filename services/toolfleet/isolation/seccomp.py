@@ -8,7 +8,9 @@ The filter:
    or x32 syscall ABI to slip through);
 2. answers ``EPERM`` to every syscall in :data:`DENIED` (tracing other processes,
    mounting, kernel modules and keys, BPF, namespaces, swap, reboot, clock changes,
-   ``userfaultfd``, ``perf_event_open``, ...);
+   ``userfaultfd``, ``perf_event_open``, io_uring (a second syscall path the filter
+   cannot see into), ``modify_ldt``, fanotify, NUMA placement and page migration,
+   another process's memory or fds, ...); a name the architecture lacks is skipped;
 3. answers ``EPERM`` to ``clone`` with any ``CLONE_NEW*`` flag, and ``ENOSYS`` to
    ``clone3`` (its flags live in memory a filter cannot read; libc falls back to
    ``clone``);
@@ -36,7 +38,15 @@ DENIED: tuple[str, ...] = (
     "settimeofday", "clock_settime", "clock_adjtime", "adjtimex",
     "sethostname", "setdomainname", "syslog", "vhangup", "personality",
     "open_by_handle_at", "name_to_handle_at", "lookup_dcookie",
+    "io_uring_setup", "io_uring_enter", "io_uring_register",
+    "modify_ldt", "iopl", "ioperm", "uselib",
+    "fanotify_init", "fanotify_mark",
+    "mbind", "migrate_pages", "move_pages", "set_mempolicy", "set_mempolicy_home_node",
+    "process_madvise", "pidfd_getfd", "quotactl_fd",
 )  # fmt: skip
+
+#: Names of :data:`DENIED` that only x86 has (aarch64 never had them).
+X86_ONLY = frozenset({"modify_ldt", "iopl", "ioperm", "uselib"})
 
 #: Namespace flags ``clone`` may not carry (CLONE_NEWNS ... CLONE_NEWTIME).
 CLONE_NEW_FLAGS = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000
@@ -54,6 +64,11 @@ _X86_64 = {
     "clock_adjtime": 305, "adjtimex": 159, "sethostname": 170, "setdomainname": 171,
     "syslog": 103, "vhangup": 153, "personality": 135, "open_by_handle_at": 304,
     "name_to_handle_at": 303, "lookup_dcookie": 212, "clone": 56, "clone3": 435,
+    "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
+    "modify_ldt": 154, "iopl": 172, "ioperm": 173, "uselib": 134,
+    "fanotify_init": 300, "fanotify_mark": 301, "mbind": 237, "migrate_pages": 256,
+    "move_pages": 279, "set_mempolicy": 238, "set_mempolicy_home_node": 450,
+    "process_madvise": 440, "pidfd_getfd": 438, "quotactl_fd": 443,
 }  # fmt: skip
 _AARCH64 = {
     "ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271, "kcmp": 272,
@@ -67,6 +82,10 @@ _AARCH64 = {
     "clock_adjtime": 266, "adjtimex": 171, "sethostname": 161, "setdomainname": 162,
     "syslog": 116, "vhangup": 58, "personality": 92, "open_by_handle_at": 265,
     "name_to_handle_at": 264, "lookup_dcookie": 18, "clone": 220, "clone3": 435,
+    "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
+    "fanotify_init": 262, "fanotify_mark": 263, "mbind": 235, "migrate_pages": 238,
+    "move_pages": 239, "set_mempolicy": 237, "set_mempolicy_home_node": 450,
+    "process_madvise": 440, "pidfd_getfd": 438, "quotactl_fd": 443,
 }  # fmt: skip
 
 
@@ -116,7 +135,7 @@ def host_arch() -> Arch:
 
 def program(arch: Arch) -> list[tuple[int, int, int, int]]:
     """The filter as ``(code, jt, jf, k)`` instructions."""
-    denied = [arch.numbers[name] for name in DENIED]
+    denied = [arch.numbers[name] for name in DENIED if name in arch.numbers]
     eperm, enosys = ret_errno(errno.EPERM), ret_errno(errno.ENOSYS)
     insns: list[tuple[int, int, int, int]] = [
         (_LD_W_ABS, 0, 0, _ARCH),

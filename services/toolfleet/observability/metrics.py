@@ -24,6 +24,11 @@ CONSUMERS_RESTING = Gauge(
     "Consumers resting once caught up (partitions paused until a topic they read rings).",
     ["service"],
 )
+OUTCOMES_REFUSED = Counter(
+    "toolfleet_outcomes_refused_total",
+    "Outcomes a reader ignored: unsigned, forged, or signed for another call.",
+    ["reader", "refusal"],  # reader: status, policy, client; refusal: OutcomeRefusalKind
+)
 DUPLICATES_SKIPPED = Counter(
     "toolfleet_duplicate_events_total", "Redelivered events skipped by dedupe.", ["service"]
 )

@@ -21,7 +21,7 @@ from typing import Protocol
 
 from toolfleet.errors import ApprovalDenied
 from toolfleet.events.envelope import Envelope
-from toolfleet.events.identity import CallRef
+from toolfleet.events.identity import CallKey, CallRef
 from toolfleet.events.outcomes import failure_event
 from toolfleet.events.types import EventType, Source, TopicName
 from toolfleet.policy.service import PendingApproval
@@ -45,7 +45,7 @@ class ExpiringApprovals(Protocol):
         """
         ...
 
-    async def ack(self, invocation_id: str) -> None:
+    async def ack(self, call: CallKey) -> None:
         """Forget a claimed approval for good, once its outcome is published."""
         ...
 
@@ -123,4 +123,4 @@ async def _end(
             "could not publish the expiry of approval %s; it will be retried", invocation_id
         )
         return
-    await store.ack(invocation_id)
+    await store.ack(CallKey(tenant_id=pending.tenant_id, invocation_id=invocation_id))

@@ -1,7 +1,9 @@
-"""Which registry entries a caller may see: the tools its tenant's policy allows (pure)."""
+"""Which registry entries a caller may see (pure): the tools its tenant's policy allows
+that its token also grants (the token's ``tool_id`` claim, a glob)."""
 
 from __future__ import annotations
 
+import fnmatch
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -23,8 +25,13 @@ class CatalogView:
     """Admins see the whole registry."""
     source_tools: frozenset[str] = frozenset()
     """Ids of tools registered from MCP or HTTP sources: shown only when named exactly."""
+    granted: str = "*"
+    """The token's ``tool_id`` claim: only tools it matches are shown, whatever the policy
+    allows (policy would refuse a call to any other, so it is not offered)."""
 
     def shows(self, tool_id: str) -> bool:
+        if not fnmatch.fnmatchcase(tool_id, self.granted):
+            return False
         return self.everything or allows_tool(
             self.policy,
             tool_id,
@@ -47,7 +54,7 @@ async def visible_page(
     Policies are globs, so filtering happens here, over the whole filtered registry: it
     holds tools, not invocations, and stays small.
     """
-    if view.everything:
+    if view.everything and view.granted == "*":
         return await fetch(limit, offset)
     shown: list[dict[str, Any]] = []
     start = 0

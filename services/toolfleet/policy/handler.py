@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from toolfleet.auth.control import ControlVerifier
 from toolfleet.auth.grants import GrantSigner
+from toolfleet.auth.outcomes import OutcomeVerifier
 from toolfleet.auth.revocation import CachedRevocationList
 from toolfleet.auth.tokens import open_verifier
 from toolfleet.bus.producer import Outbound
@@ -23,8 +24,10 @@ from toolfleet.errors import InvalidEvent
 from toolfleet.events import routing
 from toolfleet.events.envelope import Emitted
 from toolfleet.events.types import EventType, TopicName
+from toolfleet.isolation.limits import FleetLimits
 from toolfleet.policy.approval_expiry import expiry_outcome, run_expiry_sweeper
 from toolfleet.policy.cache import RedisPolicyCache, run_invalidation_listener
+from toolfleet.policy.claims import DEFAULT_CLAIM_TTL_S, RedisInvocationClaims
 from toolfleet.policy.documents import load_policy
 from toolfleet.policy.postgres_policies import PolicyStore, seed_from_document
 from toolfleet.policy.provider import PolicyProvider
@@ -67,7 +70,14 @@ async def build(res: Resources) -> list[EventConsumer]:
         revocations=revocations,
         grants=GrantSigner.from_settings(settings),
         control=ControlVerifier.from_settings(settings),
+        outcomes=OutcomeVerifier.from_settings(settings),
         approval_ttl_s=settings.approval_ttl_s,
+        fleet_limits=FleetLimits(
+            memory_mb=settings.isolation_memory_mb,
+            cpu_millicores=settings.isolation_cpu_millicores,
+        ),
+        claims=RedisInvocationClaims(res.redis),
+        claim_ttl_s=max(DEFAULT_CLAIM_TTL_S, settings.approval_ttl_s),
     )
 
     def outbound(emitted: Sequence[Emitted]) -> list[Outbound]:

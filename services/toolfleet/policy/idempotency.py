@@ -16,12 +16,18 @@ The flow, for policy::
         case ClaimKind.CONFLICT:   fail with IdempotencyConflict
         case ClaimKind.DUPLICATE if claim.outcome_json: emit outcome_for_duplicate(...)
         case ClaimKind.DUPLICATE:
-            outcome = await store.add_waiter(claim.first_invocation_id, invocation_id, ctx)
+            first = CallKey(tenant_id=tenant, invocation_id=claim.first_invocation_id)
+            outcome = await store.add_waiter(first, invocation_id, ctx)
             emit outcome_for_duplicate(...) now if outcome is not None, else later
 
     # on every terminal outcome seen on invoke.results (of an owner: owns_keys):
-    for waiter in await store.finish(outcome.invocation_id, outcome_json):
+    call = CallKey(tenant_id=outcome.tenant_id, invocation_id=str(outcome.invocation_id))
+    for waiter in await store.finish(call, outcome_json):
         emit outcome_for_duplicate(outcome, invocation_id=waiter.invocation_id, ...)
+
+An owner is a call, ``(tenant_id, invocation_id)``: an outcome of another tenant's call
+that happens to use the same invocation id neither resolves nor reads this tenant's
+duplicates.
 
 This module is the domain side (port, claim, outcome copy); the Redis adapter is
 :class:`toolfleet.policy.redis_stores.RedisIdempotencyStore`.
@@ -36,6 +42,7 @@ from enum import StrEnum
 from typing import Protocol
 
 from toolfleet.errors import IdempotencyConflict
+from toolfleet.events.identity import CallKey
 from toolfleet.events.models import ToolOutcome
 
 __all__ = [
@@ -103,30 +110,30 @@ class IdempotencyStore(Protocol):
         """Atomically own ``key`` for ``invocation_id`` or report who owns it."""
         ...
 
-    async def record_outcome(self, invocation_id: str, outcome_json: str) -> bool:
+    async def record_outcome(self, call: CallKey, outcome_json: str) -> bool:
         """Store an owner's terminal outcome; ``False`` (no-op) when it owns no key."""
         ...
 
     async def add_waiter(
-        self, first_invocation_id: str, waiter_invocation_id: str, waiter_context_json: str
+        self, first: CallKey, waiter_invocation_id: str, waiter_context_json: str
     ) -> str | None:
-        """Queue a duplicate behind the owner.
+        """Queue a duplicate behind the owner (``first``, a call of the duplicate's tenant).
 
         Returns the owner's outcome JSON instead when the owner has already finished
         (the duplicate is then *not* queued: answer it now).
         """
         ...
 
-    async def take_waiters(self, first_invocation_id: str) -> list[Waiter]:
+    async def take_waiters(self, first: CallKey) -> list[Waiter]:
         """Remove and return the duplicates queued behind an owner (atomic)."""
         ...
 
-    async def finish(self, invocation_id: str, outcome_json: str) -> list[Waiter]:
+    async def finish(self, call: CallKey, outcome_json: str) -> list[Waiter]:
         """:meth:`record_outcome` and :meth:`take_waiters` as one atomic step."""
         ...
 
-    async def owns_keys(self, invocation_ids: Sequence[str]) -> list[bool]:
-        """Whether each of ``invocation_ids`` may own a key, asked in one round trip.
+    async def owns_keys(self, calls: Sequence[CallKey]) -> list[bool]:
+        """Whether each of ``calls`` may own a key, asked in one round trip.
 
         ``False`` means :meth:`finish` would store nothing and return no waiters, so an
         outcome can be passed over without being decoded; ``True`` may be a false alarm

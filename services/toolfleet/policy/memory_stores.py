@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from toolfleet.events.identity import CallKey
 from toolfleet.policy.documents import TenantPolicy
 from toolfleet.policy.idempotency import DEFAULT_TTL_S, Claim, ClaimKind, Waiter
 from toolfleet.policy.service import PendingApproval
@@ -31,18 +32,18 @@ class StaticPolicies:
 
 @dataclass
 class MemoryApprovalStore:
-    """Parked approvals by invocation id; :meth:`take` hands one out once."""
+    """Parked approvals by call (tenant and invocation); :meth:`take` hands one out once."""
 
-    pending: dict[str, PendingApproval] = field(default_factory=dict)
+    pending: dict[CallKey, PendingApproval] = field(default_factory=dict)
 
-    async def put(self, invocation_id: str, pending: PendingApproval, ttl_s: int) -> None:
-        self.pending[invocation_id] = pending
+    async def put(self, call: CallKey, pending: PendingApproval, ttl_s: int) -> None:
+        self.pending[call] = pending
 
-    async def peek(self, invocation_id: str) -> PendingApproval | None:
-        return self.pending.get(invocation_id)
+    async def peek(self, call: CallKey) -> PendingApproval | None:
+        return self.pending.get(call)
 
-    async def take(self, invocation_id: str) -> PendingApproval | None:
-        return self.pending.pop(invocation_id, None)
+    async def take(self, call: CallKey) -> PendingApproval | None:
+        return self.pending.pop(call, None)
 
 
 @dataclass
@@ -53,12 +54,13 @@ class _Key:
 
 @dataclass
 class MemoryIdempotencyStore:
-    """Idempotency claims, owners' outcomes and queued duplicates, per tenant and key."""
+    """Idempotency claims, owners' outcomes and queued duplicates, per tenant and key;
+    owners are calls (tenant and invocation)."""
 
     _claims: dict[tuple[str, str], _Key] = field(default_factory=dict)
-    _owners: set[str] = field(default_factory=set)
-    _outcomes: dict[str, str] = field(default_factory=dict)
-    _waiters: dict[str, list[Waiter]] = field(default_factory=dict)
+    _owners: set[CallKey] = field(default_factory=set)
+    _outcomes: dict[CallKey, str] = field(default_factory=dict)
+    _waiters: dict[CallKey, list[Waiter]] = field(default_factory=dict)
 
     async def claim(
         self,
@@ -71,39 +73,40 @@ class MemoryIdempotencyStore:
         owner = self._claims.get((tenant_id, key))
         if owner is None or owner.invocation_id == invocation_id:
             self._claims[(tenant_id, key)] = _Key(invocation_id, request_hash)
-            self._owners.add(invocation_id)
+            self._owners.add(CallKey(tenant_id=tenant_id, invocation_id=invocation_id))
             return Claim(kind=ClaimKind.NEW, first_invocation_id=invocation_id)
         if owner.request_hash != request_hash:
             return Claim(kind=ClaimKind.CONFLICT, first_invocation_id=owner.invocation_id)
+        first = CallKey(tenant_id=tenant_id, invocation_id=owner.invocation_id)
         return Claim(
             kind=ClaimKind.DUPLICATE,
             first_invocation_id=owner.invocation_id,
-            outcome_json=self._outcomes.get(owner.invocation_id),
+            outcome_json=self._outcomes.get(first),
         )
 
-    async def record_outcome(self, invocation_id: str, outcome_json: str) -> bool:
-        if invocation_id not in self._owners:
+    async def record_outcome(self, call: CallKey, outcome_json: str) -> bool:
+        if call not in self._owners:
             return False
-        self._outcomes[invocation_id] = outcome_json
+        self._outcomes[call] = outcome_json
         return True
 
     async def add_waiter(
-        self, first_invocation_id: str, waiter_invocation_id: str, waiter_context_json: str
+        self, first: CallKey, waiter_invocation_id: str, waiter_context_json: str
     ) -> str | None:
-        if (outcome := self._outcomes.get(first_invocation_id)) is not None:
+        if (outcome := self._outcomes.get(first)) is not None:
             return outcome
-        if first_invocation_id not in self._owners:
-            raise LookupError(f"invocation {first_invocation_id} owns no idempotency key")
+        if first not in self._owners:
+            raise LookupError(f"invocation {first.invocation_id} owns no idempotency key")
         waiter = Waiter(invocation_id=waiter_invocation_id, context_json=waiter_context_json)
-        self._waiters.setdefault(first_invocation_id, []).append(waiter)
+        self._waiters.setdefault(first, []).append(waiter)
         return None
 
-    async def take_waiters(self, first_invocation_id: str) -> list[Waiter]:
-        return self._waiters.pop(first_invocation_id, [])
+    async def take_waiters(self, first: CallKey) -> list[Waiter]:
+        return self._waiters.pop(first, [])
 
-    async def finish(self, invocation_id: str, outcome_json: str) -> list[Waiter]:
-        await self.record_outcome(invocation_id, outcome_json)
-        return await self.take_waiters(invocation_id)
+    async def finish(self, call: CallKey, outcome_json: str) -> list[Waiter]:
+        await self.record_outcome(call, outcome_json)
+        return await self.take_waiters(call)
 
-    async def owns_keys(self, invocation_ids: Sequence[str]) -> list[bool]:
-        return [i in self._owners or i in self._waiters for i in invocation_ids]
+    async def owns_keys(self, calls: Sequence[CallKey]) -> list[bool]:
+        return [c in self._owners or c in self._waiters for c in calls]

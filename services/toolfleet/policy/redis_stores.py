@@ -6,6 +6,10 @@ Every multi-key step runs as one Lua script (``storage/scripts/``, run by
 :class:`~toolfleet.storage.lua.LuaScript`), so concurrent policy
 replicas see each step as atomic. ``prefix`` namespaces every key (default: none, the
 contract's names); tests use it to share one Redis safely.
+
+A call is ``(tenant_id, invocation_id)``: every key of a call names both, the tenant as
+a Redis Cluster hash tag (:mod:`toolfleet.storage.call_keys`), so another tenant that
+names the same invocation id reaches none of them.
 """
 
 from __future__ import annotations
@@ -16,10 +20,12 @@ from datetime import datetime
 
 from redis.asyncio import Redis
 
+from toolfleet.events.identity import CallKey
 from toolfleet.policy.admission import AdmitInput, Admitted
 from toolfleet.policy.idempotency import DEFAULT_TTL_S, Claim, ClaimKind, Waiter
 from toolfleet.policy.ratelimit import RateDecision, RateLimits
 from toolfleet.policy.service import PendingApproval
+from toolfleet.storage.call_keys import call_scope
 from toolfleet.storage.lua import LuaScript
 
 __all__ = [
@@ -72,12 +78,14 @@ def _text(value: bytes | str) -> str:
 class RedisApprovalStore:
     """Pending approvals, indexed by expiry so that expiring is an observable event.
 
-    ``approval:pending:{invocation_id}`` holds the approval (JSON) and the sorted set
-    ``approval:expiries`` its expiry (score = ``expires_at``, epoch seconds). The data
-    key outlives the expiry by ``grace_s`` so that a sweeper that was down can still
-    read, and end, what expired meanwhile. ``take`` is atomic (GETDEL), so one decision
-    wins; :meth:`due` moves a claimed approval to ``approval:expiring:{invocation_id}``
-    where ``take`` no longer finds it, leased to one sweeper for ``lease_s``.
+    ``approval:pending:{<tenant_id>}:<invocation_id>`` holds the approval (JSON) and the
+    sorted set ``approval:expiries`` its expiry (member ``{<tenant_id>}:<invocation_id>``,
+    score = ``expires_at``, epoch seconds). The data key outlives the expiry by ``grace_s``
+    so that a sweeper that was down can still read, and end, what expired meanwhile.
+    ``take`` is atomic (GETDEL), so one decision wins; :meth:`due` moves a claimed
+    approval to ``approval:expiring:{<tenant_id>}:<invocation_id>`` where ``take`` no
+    longer finds it, leased to one sweeper for ``lease_s``. The index spans tenants, so
+    :meth:`due` is the one script that is not cluster-safe (as before).
     """
 
     def __init__(
@@ -90,27 +98,27 @@ class RedisApprovalStore:
         self._grace_s = grace_s
         self._lease_s = lease_s
 
-    async def put(self, invocation_id: str, pending: PendingApproval, ttl_s: int) -> None:
+    async def put(self, call: CallKey, pending: PendingApproval, ttl_s: int) -> None:
         """Park an approval; it expires at ``pending.expires_at`` (``ttl_s`` from now)."""
+        member = call_scope(call)
         async with self._redis.pipeline(transaction=True) as tx:
             tx.set(
-                self._pending + invocation_id,
+                self._pending + member,
                 pending.model_dump_json(),
                 ex=max(1, ttl_s) + self._grace_s,
             )
-            tx.zadd(self._index, {invocation_id: pending.expires_at.timestamp()})
+            tx.zadd(self._index, {member: pending.expires_at.timestamp()})
             await tx.execute()
 
-    async def peek(self, invocation_id: str) -> PendingApproval | None:
+    async def peek(self, call: CallKey) -> PendingApproval | None:
         """The pending approval, left in place (to check a decision before taking it)."""
-        raw = await self._redis.get(self._pending + invocation_id)
+        raw = await self._redis.get(self._pending + call_scope(call))
         return None if raw is None else PendingApproval.model_validate_json(raw)
 
-    async def take(self, invocation_id: str) -> PendingApproval | None:
+    async def take(self, call: CallKey) -> PendingApproval | None:
         """Remove and return a pending approval (``None``: decided, cancelled or expired)."""
-        raw = await _APPROVALS_TAKE(
-            self._redis, [self._pending + invocation_id, self._index], [invocation_id]
-        )
+        member = call_scope(call)
+        raw = await _APPROVALS_TAKE(self._redis, [self._pending + member, self._index], [member])
         return None if raw is None else PendingApproval.model_validate_json(raw)
 
     async def due(self, now: datetime, *, limit: int = 100) -> list[PendingApproval]:
@@ -122,11 +130,12 @@ class RedisApprovalStore:
         )
         return [PendingApproval.model_validate_json(item) for item in raw]
 
-    async def ack(self, invocation_id: str) -> None:
+    async def ack(self, call: CallKey) -> None:
         """Forget a claimed approval once its outcome is published."""
+        member = call_scope(call)
         async with self._redis.pipeline(transaction=True) as tx:
-            tx.delete(self._expiring + invocation_id)
-            tx.zrem(self._index, invocation_id)
+            tx.delete(self._expiring + member)
+            tx.zrem(self._index, member)
             await tx.execute()
 
 
@@ -183,35 +192,39 @@ def _rate_decision(allowed: bytes | str | int, wait: bytes | str) -> RateDecisio
 class RedisIdempotencyStore:
     """Idempotency keys, owners' outcomes and waiting duplicates.
 
-    - ``idempotency:{tenant}:<key>``: the claim, hash ``{invocation_id, request_hash}``
-    - ``idempotency:owner:<invocation_id>``: marks an invocation that owns a key
-    - ``idempotency:outcome:<invocation_id>``: an owner's terminal outcome (JSON)
-    - ``idempotency:waiters:<invocation_id>``: duplicates queued behind a running owner
+    - ``idempotency:{<tenant>}:<key>``: the claim, hash ``{invocation_id, request_hash}``
+    - ``idempotency:owner:{<tenant>}:<invocation_id>``: marks a call that owns a key
+    - ``idempotency:outcome:{<tenant>}:<invocation_id>``: an owner's terminal outcome (JSON)
+    - ``idempotency:waiters:{<tenant>}:<invocation_id>``: duplicates queued behind a
+      running owner
 
-    All live as long as the claim (``ttl_s``). Outcomes are stored only for owners, so
-    :meth:`finish` may be called for every terminal outcome; :meth:`owns_keys` tells
-    first, for less: one ``EXISTS`` per outcome, a fetch's in one pipeline, and none for
-    the owners this process claimed itself (remembered until they finish, up to
-    ``max_local_owners``).
+    Every key is in its tenant's Redis Cluster slot, so the claim script may touch the
+    claim, the owner marker and the owner's outcome together; and a call is
+    ``(tenant, invocation)``, so an outcome of another tenant's call of the same id is
+    never an owner's outcome here. All live as long as the claim (``ttl_s``). Outcomes
+    are stored only for owners, so :meth:`finish` may be called for every terminal
+    outcome; :meth:`owns_keys` tells first, for less: one ``EXISTS`` per outcome, a
+    fetch's in one pipeline, and none for the owners this process claimed itself
+    (remembered until they finish, up to ``max_local_owners``).
     """
 
     def __init__(self, redis: Redis, *, prefix: str = "", max_local_owners: int = 100_000) -> None:
         self._redis = redis
         self._prefix = f"{prefix}idempotency:"
-        self._claimed: dict[str, None] = {}  # owners claimed here, oldest first
+        self._claimed: dict[CallKey, None] = {}  # owners claimed here, oldest first
         self._max_claimed = max_local_owners
 
     def _claim_key(self, tenant_id: str, key: str) -> str:
         return f"{self._prefix}{{{tenant_id}}}:{key}"
 
-    def _owner(self, invocation_id: str) -> str:
-        return f"{self._prefix}owner:{invocation_id}"
+    def _owner(self, call: CallKey) -> str:
+        return f"{self._prefix}owner:{call_scope(call)}"
 
-    def _outcome(self, invocation_id: str) -> str:
-        return f"{self._prefix}outcome:{invocation_id}"
+    def _outcome(self, call: CallKey) -> str:
+        return f"{self._prefix}outcome:{call_scope(call)}"
 
-    def _waiters(self, invocation_id: str) -> str:
-        return f"{self._prefix}waiters:{invocation_id}"
+    def _waiters(self, call: CallKey) -> str:
+        return f"{self._prefix}waiters:{call_scope(call)}"
 
     async def claim(
         self,
@@ -223,40 +236,47 @@ class RedisIdempotencyStore:
     ) -> Claim:
         """Atomically own ``key`` for ``invocation_id`` or report who owns it."""
         keys, args = self.script_input(tenant_id, key, invocation_id, request_hash, ttl_s)
-        return self.claimed(invocation_id, await _IDEMPOTENCY_CLAIM(self._redis, keys, args))
+        call = CallKey(tenant_id=tenant_id, invocation_id=invocation_id)
+        return self.claimed(call, await _IDEMPOTENCY_CLAIM(self._redis, keys, args))
 
     def script_input(
         self, tenant_id: str, key: str, invocation_id: str, request_hash: str, ttl_s: int
     ) -> tuple[list[str], list[str | int | float]]:
-        """``KEYS`` and ``ARGV`` of ``idempotency_claim.lua``."""
+        """``KEYS`` and ``ARGV`` of ``idempotency_claim.lua``.
+
+        The outcome prefix names the tenant's outcomes: the owner a claim finds is an
+        invocation of the same tenant (claims are per tenant), and its outcome key is
+        in the same slot as the claim.
+        """
+        call = CallKey(tenant_id=tenant_id, invocation_id=invocation_id)
         return (
-            [self._claim_key(tenant_id, key), self._owner(invocation_id)],
-            [invocation_id, request_hash, ttl_s, f"{self._prefix}outcome:"],
+            [self._claim_key(tenant_id, key), self._owner(call)],
+            [invocation_id, request_hash, ttl_s, f"{self._prefix}outcome:{{{tenant_id}}}:"],
         )
 
-    def claimed(self, invocation_id: str, reply: list[bytes | str | None]) -> Claim:
-        """The :class:`Claim` that ``idempotency_claim.lua`` replied."""
+    def claimed(self, call: CallKey, reply: list[bytes | str | None]) -> Claim:
+        """The :class:`Claim` that ``idempotency_claim.lua`` replied for ``call``."""
         kind = ClaimKind(_text(_present(reply[0])))
         outcome = reply[2] if len(reply) > 2 and reply[2] is not None else None
         if kind is ClaimKind.NEW:
-            self._remember_owner(invocation_id)
+            self._remember_owner(call)
         return Claim(
             kind=kind,
             first_invocation_id=_text(_present(reply[1])),
             outcome_json=None if outcome is None else _text(outcome),
         )
 
-    async def record_outcome(self, invocation_id: str, outcome_json: str) -> bool:
+    async def record_outcome(self, call: CallKey, outcome_json: str) -> bool:
         """Store an owner's terminal outcome; ``False`` (no-op) when it owns no key.
 
         Record before :meth:`take_waiters` (or use :meth:`finish`): a duplicate that
         arrives in between then finds the outcome instead of queuing.
         """
-        reply = await self._finish(invocation_id, outcome_json, store=True, take=False)
+        reply = await self._finish(call, outcome_json, store=True, take=False)
         return int(reply[0]) == 1
 
     async def add_waiter(
-        self, first_invocation_id: str, waiter_invocation_id: str, waiter_context_json: str
+        self, first: CallKey, waiter_invocation_id: str, waiter_context_json: str
     ) -> str | None:
         """Queue a duplicate behind the owner, or return the owner's outcome if finished.
 
@@ -267,11 +287,7 @@ class RedisIdempotencyStore:
         waiter = json.dumps({"invocation_id": waiter_invocation_id, "context": waiter_context_json})
         reply = await _IDEMPOTENCY_WAIT(
             self._redis,
-            [
-                self._owner(first_invocation_id),
-                self._outcome(first_invocation_id),
-                self._waiters(first_invocation_id),
-            ],
+            [self._owner(first), self._outcome(first), self._waiters(first)],
             [waiter],
         )
         match _text(reply[0]):
@@ -280,50 +296,46 @@ class RedisIdempotencyStore:
             case "queued":
                 return None
             case _:
-                raise LookupError(f"invocation {first_invocation_id} owns no idempotency key")
+                raise LookupError(f"invocation {first.invocation_id} owns no idempotency key")
 
-    async def take_waiters(self, first_invocation_id: str) -> list[Waiter]:
+    async def take_waiters(self, first: CallKey) -> list[Waiter]:
         """Remove and return the duplicates queued behind an owner (atomic)."""
-        reply = await self._finish(first_invocation_id, "", store=False, take=True)
+        reply = await self._finish(first, "", store=False, take=True)
         return _waiters(reply[1:])
 
-    async def finish(self, invocation_id: str, outcome_json: str) -> list[Waiter]:
+    async def finish(self, call: CallKey, outcome_json: str) -> list[Waiter]:
         """Record an owner's outcome and take its waiters in one atomic step.
 
         Call it for every terminal outcome: for an invocation that owns no key it
         stores nothing and returns no waiters.
         """
-        reply = await self._finish(invocation_id, outcome_json, store=True, take=True)
-        self._claimed.pop(invocation_id, None)
+        reply = await self._finish(call, outcome_json, store=True, take=True)
+        self._claimed.pop(call, None)
         return _waiters(reply[1:])
 
-    async def owns_keys(self, invocation_ids: Sequence[str]) -> list[bool]:
-        """Whether each of ``invocation_ids`` owns a key or has duplicates queued behind
-        it: one ``EXISTS`` each, in one pipeline, for those not claimed here."""
-        asked = [i for i in invocation_ids if i not in self._claimed]
-        found: dict[str, bool] = {}
+    async def owns_keys(self, calls: Sequence[CallKey]) -> list[bool]:
+        """Whether each of ``calls`` owns a key or has duplicates queued behind it: one
+        ``EXISTS`` each, in one pipeline, for those not claimed here."""
+        asked = [c for c in calls if c not in self._claimed]
+        found: dict[CallKey, bool] = {}
         if asked:
             pipe = self._redis.pipeline(transaction=False)
-            for invocation_id in asked:
-                pipe.exists(self._owner(invocation_id), self._waiters(invocation_id))
+            for call in asked:
+                pipe.exists(self._owner(call), self._waiters(call))
             found = dict(zip(asked, map(bool, await pipe.execute()), strict=True))
-        return [found.get(i, True) for i in invocation_ids]
+        return [found.get(c, True) for c in calls]
 
-    def _remember_owner(self, invocation_id: str) -> None:
+    def _remember_owner(self, call: CallKey) -> None:
         if len(self._claimed) >= self._max_claimed:
             del self._claimed[next(iter(self._claimed))]
-        self._claimed[invocation_id] = None
+        self._claimed[call] = None
 
     async def _finish(
-        self, invocation_id: str, outcome_json: str, *, store: bool, take: bool
+        self, call: CallKey, outcome_json: str, *, store: bool, take: bool
     ) -> list[bytes | str | int]:
         reply: list[bytes | str | int] = await _IDEMPOTENCY_FINISH(
             self._redis,
-            [
-                self._owner(invocation_id),
-                self._outcome(invocation_id),
-                self._waiters(invocation_id),
-            ],
+            [self._owner(call), self._outcome(call), self._waiters(call)],
             [outcome_json, "1" if store else "", "1" if take else ""],
         )
         return reply
@@ -361,7 +373,8 @@ class RedisAdmission:
         )
         if int(reply[0]) != 1:
             return Admitted(rate=_rate_decision(reply[0], reply[1]), claim=None)
-        claim = self._idempotency.claimed(request.invocation_id, reply[1:])
+        call = CallKey(tenant_id=request.tenant_id, invocation_id=request.invocation_id)
+        claim = self._idempotency.claimed(call, reply[1:])
         return Admitted(rate=RateDecision(allowed=True), claim=claim)
 
 

@@ -22,11 +22,18 @@ from pydantic import BaseModel, ConfigDict
 from toolfleet.auth.control import ControlVerifier, control_claims
 from toolfleet.auth.grants import GrantSigner
 from toolfleet.auth.grants import parameters_hash as _grant_parameters_hash
+from toolfleet.auth.outcomes import OutcomeVerifier, screen
 from toolfleet.auth.revocation import RevocationList, ensure_not_revoked
 from toolfleet.auth.tokens import Capability, TokenVerifier
-from toolfleet.errors import InvalidEvent, PermissionDenied, ToolfleetError
+from toolfleet.errors import (
+    ErrorCode,
+    InvalidEvent,
+    InvocationIdConflict,
+    PermissionDenied,
+    ToolfleetError,
+)
 from toolfleet.events.envelope import Emitted, Envelope, derived_event_id, new_event
-from toolfleet.events.identity import CallRef, invocation_uuid
+from toolfleet.events.identity import CallKey, CallRef, check_key_tenant, invocation_uuid
 from toolfleet.events.models import (
     ApprovalDecision,
     ApprovalRequested,
@@ -34,11 +41,21 @@ from toolfleet.events.models import (
     ControlRefused,
     InvokeAuthorized,
     InvokeRequested,
+    OutcomeRefusalKind,
     ToolOutcome,
 )
-from toolfleet.events.outcomes import failure_event, outcome_event
+from toolfleet.events.outcomes import failure_event, outcome_event, refused_outcome_event
 from toolfleet.events.types import TERMINAL_TYPES, EventType, Source, TopicName
+from toolfleet.isolation.limits import FleetLimits
+from toolfleet.observability.metrics import OUTCOMES_REFUSED
 from toolfleet.policy.admission import Admission, AdmitInput
+from toolfleet.policy.claims import (
+    DEFAULT_CLAIM_TTL_S,
+    CallIdentity,
+    ClaimVerdict,
+    InMemoryInvocationClaims,
+    InvocationClaims,
+)
 from toolfleet.policy.documents import TenantPolicy
 from toolfleet.policy.engine import DecisionCache, PolicyDecision, PolicyQuery
 from toolfleet.policy.idempotency import (
@@ -48,6 +65,7 @@ from toolfleet.policy.idempotency import (
     conflict_error,
     outcome_for_duplicate,
 )
+from toolfleet.policy.limits import check_resource_limits
 from toolfleet.policy.ratelimit import RateLimiter, RateLimits, rate_limit_error
 from toolfleet.registry.enforcement import check_parameters
 from toolfleet.registry.lookup import ResolvedTool, ToolLookup
@@ -86,9 +104,11 @@ class TenantPolicies(Protocol):
 
 
 class ApprovalStore(Protocol):
-    async def put(self, invocation_id: str, pending: PendingApproval, ttl_s: int) -> None: ...
-    async def peek(self, invocation_id: str) -> PendingApproval | None: ...
-    async def take(self, invocation_id: str) -> PendingApproval | None: ...
+    """Parked approvals, by call: a call is its tenant and its invocation id."""
+
+    async def put(self, call: CallKey, pending: PendingApproval, ttl_s: int) -> None: ...
+    async def peek(self, call: CallKey) -> PendingApproval | None: ...
+    async def take(self, call: CallKey) -> PendingApproval | None: ...
 
 
 class _Waiter(BaseModel):
@@ -126,6 +146,13 @@ class PolicyService:
     idempotency_ttl_s: int = 7 * 24 * 3600
     decisions: DecisionCache = field(default_factory=DecisionCache)
     """Policy decisions per policy object (a changed policy is a new object)."""
+    fleet_limits: FleetLimits = field(default_factory=FleetLimits)
+    """The fleet's limits a request may only lower (``TOOLFLEET_ISOLATION_MEMORY_MB``...)."""
+    claims: InvocationClaims = field(default_factory=InMemoryInvocationClaims)
+    """Which call each invocation id names (:mod:`toolfleet.policy.claims`)."""
+    claim_ttl_s: int = DEFAULT_CLAIM_TTL_S
+    outcomes: OutcomeVerifier | None = None
+    """Checks the signature of outcomes duplicates wait on; ``None`` refuses them all."""
 
     # --- invoke.requested ----------------------------------------------------------
 
@@ -135,6 +162,8 @@ class PolicyService:
             event = event.model_copy(update={"authtype": None, "authid": None})
         if not (_key_text(key) or event.tenantid):  # as _identity_of, before anything else
             raise InvalidEvent("invoke event has neither a key nor a tenantid attribute")
+        # A record keyed by another tenant is nobody's to answer: the DLQ, with why.
+        check_key_tenant(event, key)
         try:
             request = event.data_as(InvokeRequested)
             invocation_id = _check_identity(event, key, request)
@@ -167,6 +196,11 @@ class PolicyService:
                 ),
             )
             check_parameters(self.schemas, manifest, request.parameters)
+            check_resource_limits(
+                request.resource_limits, manifest=manifest, fleet=self.fleet_limits
+            )
+            # The id is this call's, or another's: before anything of a call is stored.
+            await self._claim_id(request, invocation_id)
             # Last check: a refusal above must never become the stored answer for a key.
             duplicate = await self._admit(
                 event,
@@ -185,13 +219,12 @@ class PolicyService:
         if decision.needs_approval:
             # Requests and control events are consumed concurrently: a cancel may have been
             # handled before this request, and a parked call would then wait forever.
-            if await self.cancels.is_requested(invocation_id):
+            call = CallKey(tenant_id=tenant, invocation_id=invocation_id)
+            if await self.cancels.is_requested(call):
                 ident = _identity_of(event, key)
                 return [self._fail(event, _cancelled("cancelled before it ran"), ident)]
             parked = await self._park(event, authorized, capability, decision)
-            if await self.cancels.is_requested(invocation_id) and await self.approvals.take(
-                invocation_id
-            ):
+            if await self.cancels.is_requested(call) and await self.approvals.take(call):
                 ident = _identity_of(event, key)
                 return [self._fail(event, _cancelled("cancelled before it ran"), ident)]
             return [parked]
@@ -206,6 +239,26 @@ class PolicyService:
                 network_permissions=capability.network_permissions,
             )
         ]
+
+    async def _claim_id(self, request: InvokeRequested, invocation_id: str) -> None:
+        """Fix what ``invocation_id`` names on its first accepted request; raise
+        :class:`InvocationIdConflict` when it names another call already."""
+        context = request.agent_context
+        identity = CallIdentity(
+            tenant_id=context.tenant_id,
+            agent_did=context.agent_did,
+            tool_id=request.tool_id,
+            requested_version=request.tool_version,
+            parameters_hash=parameters_hash(
+                request.tool_id, request.tool_version, request.parameters
+            ),
+        )
+        verdict = await self.claims.claim(invocation_id, identity, ttl_s=self.claim_ttl_s)
+        if verdict is ClaimVerdict.CONFLICT:
+            # Says nothing of the other call (whose it is, what it runs).
+            raise InvocationIdConflict(
+                "this invocation id is another call's; send the request under a new id"
+            )
 
     def _authorized(
         self,
@@ -343,8 +396,12 @@ class PolicyService:
                 traceparent=event.traceparent,
             )
             try:
+                owner = CallKey(
+                    tenant_id=request.agent_context.tenant_id,
+                    invocation_id=claim.first_invocation_id,
+                )
                 finished = await self.idempotency.add_waiter(
-                    claim.first_invocation_id, invocation_id, waiter.model_dump_json()
+                    owner, invocation_id, waiter.model_dump_json()
                 )
             except LookupError:
                 return None  # the first call's key expired meanwhile: run this one
@@ -365,8 +422,12 @@ class PolicyService:
         for it: which invocations may own a key is asked for all of ``events`` at once
         (one round trip), before any outcome is validated or re-serialized.
         """
-        ended = [e for e in events if e.type in TERMINAL_TYPES and e.invocationid is not None]
-        claimed = [_uuid_text(e.data.get("invocation_id")) for e in ended]
+        ended = [
+            e
+            for e in events
+            if e.type in TERMINAL_TYPES and e.invocationid is not None and not _id_conflict(e)
+        ]
+        claimed = [_call_of(e) for e in ended]
         asked = [c for c in claimed if c is not None]
         owned = await self.idempotency.owns_keys(asked)
         owners = {c for c, owns in zip(asked, owned, strict=True) if owns}
@@ -376,9 +437,13 @@ class PolicyService:
 
     async def _answer_waiters(self, event: Envelope) -> list[Emitted]:
         outcome = event.data_as(ToolOutcome)
-        waiters = await self.idempotency.finish(
-            str(outcome.invocation_id), outcome.model_dump_json()
-        )
+        # Checked before anything is stored: a forged outcome must never become the
+        # answer of an idempotency key (every later duplicate would get it).
+        refusal = self._untrusted_outcome(event)
+        if refusal is not None:
+            return [refusal]
+        call = CallKey(tenant_id=outcome.tenant_id, invocation_id=str(outcome.invocation_id))
+        waiters = await self.idempotency.finish(call, outcome.model_dump_json())
         emitted: list[Emitted] = []
         for waiter in waiters:
             context = _Waiter.model_validate_json(waiter.context_json)
@@ -393,6 +458,19 @@ class PolicyService:
             )
             emitted.append((TopicName.RESULTS, outcome_event(parent, Source.POLICY, copy)))
         return emitted
+
+    def _untrusted_outcome(self, event: Envelope) -> Emitted | None:
+        """The audited refusal of ``event`` unless the fleet signed it; ``None`` if it did."""
+        if self.outcomes is not None:
+            screened = screen(self.outcomes, [event], Source.POLICY)
+            return screened.refusals[0] if screened.refusals else None
+        OUTCOMES_REFUSED.labels(reader="policy", refusal=OutcomeRefusalKind.FORGED).inc()
+        return refused_outcome_event(
+            event,
+            Source.POLICY,
+            refusal=OutcomeRefusalKind.FORGED,
+            reason="no outcome verification key is configured; every outcome is refused",
+        )
 
     async def _verify(self, request: InvokeRequested) -> Capability:
         if not request.capability_token:
@@ -428,7 +506,7 @@ class PolicyService:
         expires_at = datetime.now(UTC) + timedelta(seconds=ttl_s)
         reason = decision.reason
         await self.approvals.put(
-            invocation_id,
+            CallKey(tenant_id=authorized.agent_context.tenant_id, invocation_id=invocation_id),
             PendingApproval(
                 authorized=authorized,
                 parameters_hash=digest,
@@ -498,21 +576,26 @@ class PolicyService:
         self.control.verify(control.signature, control_claims(event.type, control))
 
     async def _cancel(self, event: Envelope, cancel: CancelRequested) -> list[Emitted]:
-        invocation_id = str(cancel.invocation_id)
-        await self.cancels.request(invocation_id)
-        waiting = await self.approvals.peek(invocation_id)
+        call = CallKey(tenant_id=cancel.tenant_id, invocation_id=str(cancel.invocation_id))
+        await self.cancels.request(call)
+        waiting = await self.approvals.peek(call)
         if waiting is None or waiting.tenant_id != cancel.tenant_id:
             return []
-        pending = await self.approvals.take(invocation_id)
+        pending = await self.approvals.take(call)
         if pending is None:
             return []
         return [self._fail_pending(event, pending, _cancelled(cancel.reason))]
 
     async def _decide(self, event: Envelope, decision: ApprovalDecision) -> list[Emitted]:
-        invocation_id = str(decision.invocation_id)
-        waiting = await self.approvals.peek(invocation_id)
+        call = CallKey(tenant_id=decision.tenant_id, invocation_id=str(decision.invocation_id))
+        waiting = await self.approvals.peek(call)
         if waiting is None or waiting.tenant_id != decision.tenant_id:
             return []  # decided, cancelled, expired, or another tenant's: no effect
+        if _requested_by(waiting, decision.approver):
+            # Judged against the request policy parked, not against any projection of
+            # it: the call keeps waiting for someone else, and the refusal is audited.
+            error = PermissionDenied("the requesting agent cannot decide its own call")
+            return [_refused(event, decision, error)]
         granted = event.type == EventType.APPROVAL_GRANTED
         if (
             granted
@@ -527,7 +610,7 @@ class PolicyService:
             and self.revocations is not None
             and await self.revocations.is_revoked(waiting.capability_jti)
         )
-        pending = await self.approvals.take(invocation_id)
+        pending = await self.approvals.take(call)
         if pending is None:
             return []  # a concurrent decision won
         if revoked:
@@ -585,6 +668,18 @@ class PolicyService:
                 call=ident,
             ),
         )
+
+
+def _requested_by(pending: PendingApproval, approver: str) -> bool:
+    """Whether ``approver`` is the agent whose request waits (its DID or token subject)."""
+    return approver in {pending.authorized.agent_context.agent_did, pending.authid}
+
+
+def _id_conflict(event: Envelope) -> bool:
+    """An ``invocation_id_conflict`` refusal: the outcome of a request refused for
+    naming another call's id, which must never stand for that call's outcome."""
+    error = event.data.get("error")
+    return isinstance(error, dict) and error.get("code") == ErrorCode.INVOCATION_ID_CONFLICT
 
 
 def _refused(
@@ -648,12 +743,22 @@ def _identity_of(event: Envelope, key: bytes | None) -> CallRef:
     tool_id = data.get("tool_id")
     agent_did = agent.get("agent_did") if isinstance(agent, dict) else None
     return CallRef(
-        invocation_id=invocation_uuid(str(raw_id)[:256]),
+        invocation_id=invocation_uuid(str(raw_id)[:256], tenant_id=tenant[:128]),
         tenant_id=tenant[:128],
         agent_did=agent_did[:512] if isinstance(agent_did, str) and agent_did else "unknown",
         tool_id=tool_id[:256] if isinstance(tool_id, str) and tool_id else "unknown",
         trace=event.traceparent,
     )
+
+
+def _call_of(event: Envelope) -> CallKey | None:
+    """The call an outcome names (its data's tenant and invocation id), read leniently:
+    ``None`` when either is missing or the id is not a UUID."""
+    invocation_id = _uuid_text(event.data.get("invocation_id"))
+    tenant_id = event.data.get("tenant_id")
+    if invocation_id is None or not isinstance(tenant_id, str) or not tenant_id:
+        return None
+    return CallKey(tenant_id=tenant_id, invocation_id=invocation_id)
 
 
 def _uuid_text(raw: object) -> str | None:
@@ -677,9 +782,14 @@ def _check_identity(event: Envelope, key: bytes | None, request: InvokeRequested
             "the tenantid attribute names another tenant than agent_context.tenant_id"
         )
     invocation_id = (
-        str(request.invocation_id) if request.invocation_id else invocation_uuid(event.id)
+        str(request.invocation_id)
+        if request.invocation_id
+        else invocation_uuid(event.id, tenant_id=body_tenant)
     )
-    if event.invocationid is not None and invocation_uuid(event.invocationid) != invocation_id:
+    if (
+        event.invocationid is not None
+        and invocation_uuid(event.invocationid, tenant_id=body_tenant) != invocation_id
+    ):
         raise InvalidEvent("the invocationid attribute differs from data.invocation_id")
     return invocation_id
 

@@ -276,6 +276,23 @@ class RegistryStore:
             result_rules.model_dump(mode="json"),
         )
 
+    async def set_effect(
+        self, manifest: ToolManifest, *, conn: PoolConnectionProxy | None = None
+    ) -> None:
+        """Restate one version's effect as ``manifest`` has it (an operator's word on a
+        source tool): the effect column, the manifest and the schema hash that covers it.
+        ``conn``: inside the caller's transaction."""
+        await (conn or self._pool).execute(
+            """UPDATE tool_versions SET effect = $3, schema_hash = $4,
+                   manifest = manifest || jsonb_build_object('effect', $3::text),
+                   updated_at = now()
+               WHERE tool_id = $1 AND version = $2""",
+            manifest.tool_id,
+            manifest.version,
+            manifest.effect.value,
+            manifest.schema_hash,
+        )
+
     async def versions(self, tool_id: str) -> list[ToolManifest]:
         rows = await self._pool.fetch(
             """SELECT manifest, lifecycle_state, deprecation_message, deprecation_date,

@@ -35,7 +35,12 @@ from toolfleet.errors import (
     ResultValidationFailed,
 )
 from toolfleet.isolation.egress import EgressGrant, IPAddress, Resolver, parse_host
-from toolfleet.sources.models import HttpOperation, SourceDefinition, SourceTool
+from toolfleet.sources.models import (
+    UNVOUCHED_EFFECT,
+    HttpOperation,
+    SourceDefinition,
+    SourceTool,
+)
 from toolfleet.sources.naming import http_tool_id, schema_version
 from toolfleet.sources.rules import with_rules
 
@@ -55,7 +60,8 @@ def source_tool(source: SourceDefinition, operation: HttpOperation) -> SourceToo
         tenant_id=source.tenant_id,
         remote_name=operation.operation_id,
         description=operation.description,
-        effect=operation.tool_effect,
+        effect=UNVOUCHED_EFFECT,  # with_rules applies an operator's declared effect
+        hints=operation.hints,
         input_schema=operation.input_schema,
         output_schema=operation.output_schema,
         redaction_allowlist=[],

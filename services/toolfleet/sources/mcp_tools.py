@@ -36,7 +36,7 @@ from mcp.types import (
 )
 
 from toolfleet.errors import ResultValidationFailed, ToolExecutionError
-from toolfleet.sources.models import SourceDefinition, SourceTool
+from toolfleet.sources.models import UNVOUCHED_EFFECT, SourceDefinition, SourceTool
 from toolfleet.sources.naming import mcp_tool_id, schema_version
 from toolfleet.sources.rules import with_rules
 
@@ -103,7 +103,13 @@ def source_tool(source: SourceDefinition, tool: Tool) -> SourceTool:
     """``tool`` of the MCP server ``source``, named, versioned and allowlisted."""
     input_schema = dict(tool.input_schema)
     output_schema = output_schema_of(tool)
-    read_only = bool(tool.annotations and tool.annotations.read_only_hint)
+    # The server's annotations are its own claims: kept for the operator to read, never
+    # the effect (a hostile server marks its destructive tool read-only).
+    hints = (
+        tool.annotations.model_dump(mode="json", by_alias=True, exclude_none=True)
+        if tool.annotations
+        else {}
+    )
     found = SourceTool(
         tool_id=mcp_tool_id(source.name, tool.name),
         version=schema_version(input_schema, output_schema),
@@ -112,7 +118,8 @@ def source_tool(source: SourceDefinition, tool: Tool) -> SourceTool:
         tenant_id=source.tenant_id,
         remote_name=tool.name,
         description=tool.description or "",
-        effect="read_only" if read_only else "external_side_effect",
+        effect=UNVOUCHED_EFFECT,
+        hints=hints,
         input_schema=input_schema,
         output_schema=output_schema,
         redaction_allowlist=[],

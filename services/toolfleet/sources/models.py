@@ -20,6 +20,10 @@ GLOBAL_TENANT = "*"
 DEFAULT_MAX_RESPONSE_BYTES = 10 * 1_048_576
 _TEMPLATE_FIELD = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
+ToolEffect = Literal["read_only", "state_change", "external_side_effect"]
+#: A source tool's effect until an operator sets another: a source cannot vouch for itself.
+UNVOUCHED_EFFECT: ToolEffect = "external_side_effect"
+
 
 class SourceKind(StrEnum):
     MCP_STDIO = "mcp_stdio"
@@ -52,8 +56,9 @@ class HttpOperation(BaseModel):
     input_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
     output_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
     """Schema of the JSON answer; a non-object answer is wrapped as ``{"value": ...}``."""
-    effect: Literal["read_only", "state_change", "external_side_effect"] | None = None
-    """Default: ``read_only`` for GET, ``external_side_effect`` otherwise."""
+    effect: ToolEffect | None = None
+    """The operator's word on what it does; none: ``external_side_effect`` whatever the
+    method (a GET may change state: only an operator vouches for an API)."""
 
     @model_validator(mode="after")
     def _fields_placed_once(self) -> HttpOperation:
@@ -68,10 +73,9 @@ class HttpOperation(BaseModel):
         return self
 
     @property
-    def tool_effect(self) -> str:
-        if self.effect is not None:
-            return self.effect
-        return "read_only" if self.method == "GET" else "external_side_effect"
+    def hints(self) -> dict[str, Any]:
+        """What the API's own description suggests (shown to operators, never trusted)."""
+        return {"method": self.method}
 
 
 class SourceDefinition(BaseModel):
@@ -107,8 +111,14 @@ class SourceDefinition(BaseModel):
     operations: list[HttpOperation] = Field(default_factory=list)
     timeout_s: float = Field(default=30.0, gt=0, le=3600)
     max_response_bytes: int = Field(default=DEFAULT_MAX_RESPONSE_BYTES, ge=1, le=1 << 30)
-    """Largest (decoded) answer body an HTTP operation may return: past it the call is
-    ``result_too_large`` and the rest is not read."""
+    """Largest (decoded) answer body an HTTP operation may return, and largest message
+    (one JSON-RPC line) a ``mcp_stdio`` server may send: past it the call is
+    ``result_too_large`` and the rest is not read (a stdio server's session is restarted).
+    Default 10 MiB; it bounds the memory one session holds."""
+    effects: dict[str, ToolEffect] = Field(default_factory=dict)
+    """Tool name on the source → the effect an operator vouches for (``toolfleet sources
+    configure NAME TOOL --effect read_only``); none: ``external_side_effect``. A server's
+    hints (``readOnlyHint``, an HTTP method) never lower it."""
     idle_s: float = Field(default=300.0, gt=0)
     """A session unused this long is closed (its stdio server stopped)."""
 
@@ -156,7 +166,12 @@ class SourceTool(BaseModel):
     remote_name: str
     """Its name on the MCP server, or the HTTP operation id."""
     description: str = ""
-    effect: Literal["read_only", "state_change", "external_side_effect"]
+    effect: ToolEffect
+    """``external_side_effect`` unless an operator set another (the source's ``effects``,
+    or an HTTP operation's declared ``effect``)."""
+    hints: dict[str, Any] = Field(default_factory=dict)
+    """What the source says of the tool (MCP annotations, the HTTP method): shown to
+    operators, never trusted."""
     input_schema: dict[str, Any]
     output_schema: dict[str, Any]
     redaction_allowlist: list[str]

@@ -11,6 +11,10 @@ With a ``launcher`` (the executor's :class:`~toolfleet.isolation.stdio.StdioSand
 a stdio server's process runs sandboxed: the source's ``filesystem_permissions`` and
 ``network_permissions`` are all it sees of the host and the network.
 
+A stdio server is read off the event loop, each message capped at the source's
+``max_response_bytes`` (:mod:`toolfleet.sources.stdio_client`): a call answered over
+the cap fails ``result_too_large`` (not retryable) and the session is restarted.
+
 A call that loses its session mid-flight fails with ``external_api_error``
 (retryable): the server crashed, a retry reaches the restarted one. Cancelling a call's
 task makes the SDK send ``notifications/cancelled`` for its request.
@@ -35,11 +39,13 @@ from mcp.client.stdio import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from mcp.client.subscriptions import ListenNotSupportedError
 from mcp.shared.dispatcher import ProgressFnT
+from mcp.shared.exceptions import MCPError
 from mcp.types import CallToolResult, Tool, ToolListChangedNotification
 
-from toolfleet.errors import ExternalApiError, ResultValidationFailed
+from toolfleet.errors import ExternalApiError, ResultTooLarge, ResultValidationFailed
 from toolfleet.isolation.stdio import StdioServer
 from toolfleet.sources.models import SourceDefinition, SourceKind
+from toolfleet.sources.stdio_client import TOO_LARGE_CODE, StdioConnection
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +105,8 @@ class ServerSession:
     starts: int = 0
     """Sessions opened so far (a restart after a crash counts)."""
     _client: Client | None = None
+    _stdio: StdioConnection | None = None
+    """The open stdio transport (it says whether the server sent a message over the cap)."""
     _ready: asyncio.Event = field(default_factory=asyncio.Event)
     _broken: asyncio.Event = field(default_factory=asyncio.Event)
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
@@ -138,7 +146,20 @@ class ServerSession:
                 f"the MCP server {self.source.name} answered {name} with a malformed result"
             ) from None
         except Exception as exc:
+            stdio = self._stdio
             self._discard(client)
+            too_large = stdio.overflow if stdio is not None else None
+            # The session ended on a message over the cap: the call it answers fails typed
+            # (every call in flight, when the message did not say which it answers).
+            if too_large is not None and (
+                too_large.request_id is None
+                or (isinstance(exc, MCPError) and exc.code == TOO_LARGE_CODE)
+            ):
+                raise ResultTooLarge(
+                    f"the MCP server {self.source.name} answered {name} with a message over "
+                    f"{too_large.limit} bytes; its session was restarted",
+                    details={"source": self.source.name, "max_bytes": too_large.limit},
+                ) from None
             raise ServerLost(
                 f"the MCP server {self.source.name} failed during {name}: {type(exc).__name__}",
                 retry_after_s=1.0,
@@ -321,8 +342,15 @@ class ServerSession:
                     )
                 )
             )
+        server = server_of(source, values, http_client, argv)
+        if isinstance(server, StdioServerParameters):
+            # Not the SDK's stdio client: it reads on the event loop, uncapped.
+            self._stdio = StdioConnection(
+                server=server, max_message_bytes=source.max_response_bytes
+            )
+            server = self._stdio
         return Client(
-            server_of(source, values, http_client, argv),
+            server,
             read_timeout_seconds=None,
             message_handler=self._on_message,
             cache=None,

@@ -120,7 +120,7 @@ class SourceToolProvider:
     schemas: CompiledSchemas = field(default_factory=CompiledSchemas)
     network_permissions: Callable[[ToolContext], Sequence[str] | None] = lambda ctx: None
     """The call's granted hosts, from its execution grant (policy signs the token's
-    ``network_permissions`` into it). None: no grant verifier is configured, unchecked."""
+    ``network_permissions`` into it). None (no grant read for the call) reaches no host."""
 
     async def spec(self, tool_id: str, version: str) -> ToolSpec | None:
         found = await self.lookup.tool(tool_id, version)
@@ -229,10 +229,10 @@ class SourceToolProvider:
             for header, credential in source.credential_headers.items()
         }
         request = http_tools.build_request(source, operation, parameters, headers)
-        granted = self.network_permissions(ctx)
-        if granted is not None:
-            address = await http_tools.check_host(request, granted, ctx.tenant_id, self.resolver)
-            http_tools.pin(request, address)
+        # No grant read for this call (None) grants no host: the check is never skipped.
+        granted = self.network_permissions(ctx) or ()
+        address = await http_tools.check_host(request, granted, ctx.tenant_id, self.resolver)
+        http_tools.pin(request, address)
         if self.ssl_context is None:
             self.ssl_context = httpx.create_ssl_context()
         # One connection per call: a pooled one could carry this call to an address

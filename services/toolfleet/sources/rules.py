@@ -1,9 +1,13 @@
-"""What clients see of a source tool's results: its allowlist and result rules (pure logic).
+"""What an operator decides of a source tool: what clients see of its results (allowlist,
+result rules) and its effect (pure logic).
 
 Operators set them per tool (``toolfleet sources configure NAME TOOL``, or
-``PUT /v1/sources/{name}/tools/{tool}/rules``); they are stored with the source, copied
-into every version of the tool (the manifests the validator reads) and into versions
-listed later. The validator applies them as it does a native tool's ``@tool(...)`` rules.
+``PUT /v1/sources/{name}/tools/{tool}/rules`` and ``.../effect``); they are stored with
+the source, copied into every version of the tool (the manifests the validator and
+policy read) and into versions listed later. The validator applies the rules as it does
+a native tool's ``@tool(...)`` rules. The effect is ``external_side_effect`` until an
+operator sets another: what the source says of itself (MCP ``readOnlyHint``, an HTTP
+GET) is kept as ``hints`` for the operator to read, never as the effect.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from toolfleet.results.rules import ResultMode, ResultRules, SanitizeRule
-from toolfleet.sources.models import SourceDefinition, SourceTool
+from toolfleet.sources.models import UNVOUCHED_EFFECT, SourceDefinition, SourceTool, ToolEffect
 from toolfleet.sources.naming import MCP_PREFIX
 
 #: What clients see of an MCP tool whose allowlist the operator did not set.
@@ -60,6 +64,37 @@ class ToolRules(BaseModel):
         )
 
 
+class ToolEffectChoice(BaseModel):
+    """One source tool's effect as an operator sets it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    effect: ToolEffect | None
+    """What running it does; none: back to ``external_side_effect``."""
+
+
+def with_effect(
+    source: SourceDefinition, remote_name: str, effect: ToolEffect | None
+) -> SourceDefinition:
+    """``source`` with the operator's ``effect`` for its tool ``remote_name``."""
+    effects = {k: v for k, v in source.effects.items() if k != remote_name}
+    if effect is not None:
+        effects[remote_name] = effect
+    return source.model_copy(update={"effects": effects})
+
+
+def effect_of(source: SourceDefinition, tool: SourceTool) -> ToolEffect:
+    """The effect an operator vouched for (``effects``, else an HTTP operation's declared
+    one), or ``external_side_effect``."""
+    if tool.remote_name in source.effects:
+        return source.effects[tool.remote_name]
+    if tool.source_type == "http":
+        for operation in source.operations:
+            if operation.operation_id == tool.remote_name and operation.effect is not None:
+                return operation.effect
+    return UNVOUCHED_EFFECT
+
+
 def configured(source: SourceDefinition, remote_name: str, rules: ToolRules) -> SourceDefinition:
     """``source`` with ``rules`` for its tool ``remote_name`` (defaults leave no entry)."""
     redaction = {k: v for k, v in source.redaction.items() if k != remote_name}
@@ -72,7 +107,7 @@ def configured(source: SourceDefinition, remote_name: str, rules: ToolRules) -> 
 
 
 def with_rules(source: SourceDefinition, tool: SourceTool) -> SourceTool:
-    """``tool`` carrying the allowlist and result rules ``source`` sets for it."""
+    """``tool`` carrying the allowlist, result rules and effect ``source`` sets for it."""
     if tool.tool_id.startswith(MCP_PREFIX):
         default = list(DEFAULT_ALLOWLIST)
     else:
@@ -81,5 +116,6 @@ def with_rules(source: SourceDefinition, tool: SourceTool) -> SourceTool:
         update={
             "redaction_allowlist": list(source.redaction.get(tool.remote_name, default)),
             "result_rules": source.result_rules.get(tool.remote_name, ResultRules()),
+            "effect": effect_of(source, tool),
         }
     )

@@ -173,8 +173,8 @@ class SourceStore:
         )
 
     async def restate_rules(self, name: str) -> list[SourceTool]:
-        """Give every recorded version of the source's tools the allowlist and result
-        rules the source now sets, here and in the registry (which the validator reads),
+        """Give every recorded version of the source's tools the allowlist, result rules
+        and effect the source now sets, here and in the registry (which the validator reads),
         under the source's row lock; return the versions that changed."""
         changed: list[SourceTool] = []
         async with self._pool.acquire() as conn, conn.transaction():
@@ -205,6 +205,8 @@ class SourceStore:
                     result_rules=wanted.result_rules,
                     conn=conn,
                 )
+                if wanted.effect != stored.effect:
+                    await self._registry.set_effect(manifest_of(wanted), conn=conn)
                 changed.append(wanted)
         return changed
 
@@ -254,6 +256,9 @@ class SourceStore:
             added.append(tool)
             if not known:
                 new_tools.append(tool)
+            # A version the registry kept from an earlier recording (its source removed
+            # and added again) takes this recording's effect, so registering it agrees.
+            await self._registry.set_effect(manifest_of(tool))
             await self._registry.register(manifest_of(tool))
             for row in known:
                 await self._registry.set_lifecycle(

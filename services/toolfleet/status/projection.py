@@ -7,10 +7,13 @@ projection converge: any ordering of one lifecycle's events gives the same row.
 * **status** only moves up the rank ``pending 0 < pending_approval 1 < running 2 <
   terminal 3``; the first terminal outcome wins and is never replaced. Checkpoints and
   ``executed`` imply ``running`` (they only happen once the tool runs).
-* **identity** (tenant, agent, user, session, tool, requested version, priority,
-  idempotency key, parameters, trace): ``invoke.requested`` is authoritative and
-  overwrites; every other event only fills what is still unknown. Another tenant's
-  event never touches a row.
+* **identity** (tenant, agent, user, session, tool, requested version, parameters,
+  trace, priority, idempotency key): the first write wins. Every event only fills
+  what is still unknown (a priority still at its default counts as unknown), so a
+  later request that reuses the id (refused by policy with ``invocation_id_conflict``)
+  never rewrites what the row shows an approver. Another tenant's event never touches
+  a row, and an ``invocation_id_conflict`` outcome (the refusal of such a request, sent
+  to its sender) is not projected at all.
 * **current_phase** keeps the latest phase of the lifecycle, by this precedence:
   ``"" < awaiting_approval < approved < denied < authorized < running <`` checkpoint
   phase ``< validating < cancel_requested < completed``; among checkpoints the one with
@@ -36,7 +39,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any, Final, TypeVar
 
-from toolfleet.errors import InvalidEvent
+from toolfleet.errors import ErrorCode, InvalidEvent
 from toolfleet.events.envelope import Envelope
 from toolfleet.events.identity import invocation_id_of, invocation_uuid, tenant_of, trace_id_of
 from toolfleet.events.models import (
@@ -101,6 +104,7 @@ class Kind(StrEnum):
 
 _OPTIONS_OWNERS: Final = frozenset({Kind.REQUESTED, Kind.AUTHORIZED})
 """Both carry the caller's ``execution_options`` verbatim."""
+_DEFAULT_PRIORITY: Final = "normal"
 _CONTROL: Final = frozenset({Kind.CANCEL_REQUESTED, Kind.APPROVAL_GRANTED, Kind.APPROVAL_DENIED})
 _STATUS_OF_KIND: Final = {
     Kind.REQUESTED: InvocationStatus.PENDING,
@@ -309,12 +313,16 @@ def _requested(event: Envelope, base: dict[str, Any]) -> Fact | None:
     if _is_canonical_uuid(raw):
         invocation_id = raw  # str(req.invocation_id), cheaper
     else:
-        invocation_id = str(req.invocation_id) if req.invocation_id else invocation_uuid(event.id)
+        invocation_id = (
+            str(req.invocation_id)
+            if req.invocation_id
+            else invocation_uuid(event.id, tenant_id=ctx.tenant_id)
+        )
     attribute = event.invocationid
     if (
         attribute is not None
         and attribute != invocation_id
-        and invocation_uuid(attribute) != invocation_id
+        and invocation_uuid(attribute, tenant_id=ctx.tenant_id) != invocation_id
     ):
         return None  # as policy: the attribute and the body disagree
     opts = req.execution_options
@@ -420,10 +428,12 @@ def _executed(event: Envelope, base: dict[str, Any]) -> Fact:
     )
 
 
-def _terminal(event: Envelope, base: dict[str, Any]) -> Fact:
+def _terminal(event: Envelope, base: dict[str, Any]) -> Fact | None:
     outcome = event.data_as(ToolOutcome)
     if not outcome.status.is_terminal:
         raise InvalidEvent(f"{event.type} carries the non-terminal status {outcome.status}")
+    if outcome.error is not None and outcome.error.code is ErrorCode.INVOCATION_ID_CONFLICT:
+        return None  # the refusal of a request that named another call's id: not that call's
     meta = outcome.execution_metadata
     # One serializer pass for the three members the row keeps as JSON.
     dumped = jsonable(outcome, include=_TERMINAL_JSON)
@@ -516,22 +526,16 @@ def apply(row: InvocationRow | None, fact: Fact) -> InvocationRow | None:
 
 
 def _merge_identity(row: dict[str, Any], fact: Fact, kind: Kind) -> None:
-    if kind is Kind.REQUESTED:
-        row["tool_id"] = fact.tool_id or row["tool_id"]
-        row["agent_did"] = fact.agent_did
-        row["user_did"] = fact.user_did
-        row["session_id"] = fact.session_id
-        row["requested_version"] = fact.requested_version
-        row["parameters"] = fact.parameters
-        row["trace_id"] = fact.trace_id or row["trace_id"]
-    else:
-        # Fill what is unknown; never overwrite what an earlier event established.
-        for name in _FILLED_BY_ANY:
-            if row[name] is None:
-                row[name] = getattr(fact, name)
+    # Fill what is unknown; never overwrite what an earlier event established.
+    for name in _FILLED_BY_ANY:
+        if row[name] is None:
+            row[name] = getattr(fact, name)
     if kind in _OPTIONS_OWNERS:
-        row["priority"] = fact.priority or row["priority"]
-        row["idempotency_key"] = fact.idempotency_key
+        # Filled too: the default priority is the only value a later one may replace.
+        if row["priority"] == _DEFAULT_PRIORITY and fact.priority:
+            row["priority"] = fact.priority
+        if row["idempotency_key"] is None:
+            row["idempotency_key"] = fact.idempotency_key
     if row["tool_version"] is None:
         row["tool_version"] = fact.tool_version
     if row["parameters_hash"] is None:

@@ -9,6 +9,8 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from toolfleet.events.envelope import Envelope
+from toolfleet.events.identity import check_key_tenant
+from toolfleet.events.types import EventType
 from toolfleet.status.projection import Fact, InvocationRow, apply, fact_of
 
 log = logging.getLogger(__name__)
@@ -94,9 +96,21 @@ class StatusProjector:
             await self.notices.publish(fact.invocation_id)
         return projected
 
-    async def on_events(self, events: Sequence[Envelope]) -> list[bool]:
+    async def on_events(
+        self, events: Sequence[Envelope], keys: Sequence[bytes | None] | None = None
+    ) -> list[bool]:
         """:meth:`on_event` of each event, as one batch: one projection round trip and
-        one round trip of notices."""
+        one round trip of notices.
+
+        ``keys``: each event's Kafka key. A request keyed by another tenant than it names
+        raises :class:`~toolfleet.errors.InvalidEvent` (``key_tenant_mismatch``) before
+        anything of the batch is projected: the consumer then handles the batch one
+        event at a time and dead-letters that one.
+        """
+        if keys is not None:
+            for event, key in zip(events, keys, strict=True):
+                if event.type == EventType.INVOKE_REQUESTED:
+                    check_key_tenant(event, key)
         now = self.clock()
         facts = [(event, fact_of(event, now=now)) for event in events]
         calls = [_input(event, fact) for event, fact in facts if fact is not None]

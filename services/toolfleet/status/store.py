@@ -71,7 +71,28 @@ _COLUMNS: Final = tuple(name for name, _ in _TYPED_COLUMNS)
 
 # Both statements are built from the constant column list above, never from input.
 _COLUMN_LIST = ", ".join(_COLUMNS)
-_ASSIGNMENTS = ", ".join(f"{c} = EXCLUDED.{c}" for c in _COLUMNS[1:])
+#: What the first write fixes: an upsert fills them while unknown, never rewrites them
+#: (the fold does the same; this holds even for a writer that got the fold wrong).
+_FIRST_WRITE_WINS: Final = frozenset(
+    {
+        "agent_did",
+        "user_did",
+        "session_id",
+        "requested_version",
+        "tool_version",
+        "parameters",
+        "parameters_hash",
+        "trace_id",
+    }
+)
+_FIXED: Final = frozenset({"invocation_id", "tenant_id", "tool_id"})
+_ASSIGNMENTS = ", ".join(
+    f"{c} = COALESCE(tool_invocations.{c}, EXCLUDED.{c})"
+    if c in _FIRST_WRITE_WINS
+    else f"{c} = EXCLUDED.{c}"
+    for c in _COLUMNS
+    if c not in _FIXED
+)
 _SELECT = f"SELECT {_COLUMN_LIST} FROM tool_invocations WHERE invocation_id = $1"  # noqa: S608
 _SELECT_MANY = f"SELECT {_COLUMN_LIST} FROM tool_invocations WHERE invocation_id = ANY($1::uuid[])"  # noqa: S608
 # Sorted ids, locked in that order: batches that share invocations never deadlock.
@@ -101,6 +122,8 @@ _UPSERT_MANY = (
     f"SELECT {_COLUMN_LIST}, now() FROM jsonb_to_recordset($1::jsonb) AS r ("
     + ", ".join(f"{name} {kind}" for name, kind in _TYPED_COLUMNS)
     + f") ON CONFLICT (invocation_id) DO UPDATE SET {_ASSIGNMENTS}, updated_at = now()"
+    # Another tenant's write never lands on a row (the fold ignores it already).
+    " WHERE tool_invocations.tenant_id = EXCLUDED.tenant_id"
 )
 
 

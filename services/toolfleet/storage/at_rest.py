@@ -28,7 +28,7 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from toolfleet.auth.grants import grant_kid, load_grant_keys
+from toolfleet.auth.grants import fleet_grant_keys, grant_kid
 from toolfleet.settings import FleetSettings
 
 MAGIC: Final = b"\x00tfae1"
@@ -63,12 +63,11 @@ class AtRestCipher:
         self._kid = grant_kid(fleet_keys[0]).encode()
 
     @classmethod
-    def from_settings(cls, settings: FleetSettings, *, purpose: str) -> AtRestCipher | None:
-        """The cipher of ``TOOLFLEET_GRANT_KEY_FILE``, or ``None`` when it is unset (then
-        values are stored in plaintext, as before; the README says so)."""
-        if settings.grant_key_file is None:
-            return None
-        return cls(load_grant_keys(settings.grant_key_file), purpose=purpose)
+    def from_settings(cls, settings: FleetSettings, *, purpose: str) -> AtRestCipher:
+        """The cipher of ``TOOLFLEET_GRANT_KEY_FILE``; a
+        :class:`~toolfleet.auth.grants.GrantKeyError` when it is unset: a worker refuses
+        to start rather than store raw results in plaintext."""
+        return cls(fleet_grant_keys(settings), purpose=purpose)
 
     @property
     def kid(self) -> str:

@@ -1,6 +1,7 @@
 """Cancel flags: policy writes one when a cancel is requested, every executor reads it.
 
-``cancel:requested:{invocation_id}`` (contract section 5) lives for a day: long enough
+``cancel:requested:{<tenant_id>}:<invocation_id>`` (contract section 5, scoped by the
+call's tenant: :mod:`toolfleet.storage.call_keys`) lives for a day: long enough
 for a queued or redelivered call to be refused before it runs, and for a running one to
 see the cancel at its next checkpoint even when this worker missed the control event.
 """
@@ -11,6 +12,8 @@ from typing import Protocol
 
 from redis.asyncio import Redis
 
+from toolfleet.events.identity import CallKey
+from toolfleet.storage.call_keys import call_key
 from toolfleet.storage.redis import CoalescedCommands
 
 __all__ = ["CANCEL_TTL_S", "CancelFlags", "MemoryCancelFlags", "RedisCancelFlags", "cancel_key"]
@@ -19,15 +22,15 @@ CANCEL_TTL_S = 24 * 3600
 """How long a cancel flag is kept."""
 
 
-def cancel_key(invocation_id: str) -> str:
-    return f"cancel:requested:{invocation_id}"
+def cancel_key(call: CallKey) -> str:
+    return call_key("cancel:requested", call)
 
 
 class CancelFlags(Protocol):
     """Raised by whoever accepts a cancel; read by whoever is about to run, or runs, a call."""
 
-    async def request(self, invocation_id: str) -> None: ...
-    async def is_requested(self, invocation_id: str) -> bool: ...
+    async def request(self, call: CallKey) -> None: ...
+    async def is_requested(self, call: CallKey) -> bool: ...
 
 
 class RedisCancelFlags:
@@ -37,11 +40,11 @@ class RedisCancelFlags:
         self._redis = redis
         self._reads = CoalescedCommands(redis)
 
-    async def request(self, invocation_id: str) -> None:
-        await self._redis.set(cancel_key(invocation_id), b"1", ex=CANCEL_TTL_S)
+    async def request(self, call: CallKey) -> None:
+        await self._redis.set(cancel_key(call), b"1", ex=CANCEL_TTL_S)
 
-    async def is_requested(self, invocation_id: str) -> bool:
-        key = cancel_key(invocation_id)
+    async def is_requested(self, call: CallKey) -> bool:
+        key = cancel_key(call)
         return bool(await self._reads.run(lambda pipe: pipe.exists(key)))
 
 
@@ -49,10 +52,10 @@ class MemoryCancelFlags:
     """In-process :class:`CancelFlags` for tests and single-process tools (no expiry)."""
 
     def __init__(self) -> None:
-        self.requested: set[str] = set()
+        self.requested: set[CallKey] = set()
 
-    async def request(self, invocation_id: str) -> None:
-        self.requested.add(invocation_id)
+    async def request(self, call: CallKey) -> None:
+        self.requested.add(call)
 
-    async def is_requested(self, invocation_id: str) -> bool:
-        return invocation_id in self.requested
+    async def is_requested(self, call: CallKey) -> bool:
+        return call in self.requested

@@ -158,7 +158,7 @@ class JsonLinesArchive:
 _CHECKPOINTS_OF_FINISHED = """
 WITH doomed AS MATERIALIZED (
     SELECT c.checkpoint_id FROM tool_checkpoints c
-    JOIN tool_invocations i ON i.invocation_id = c.invocation_id
+    JOIN tool_invocations i ON i.invocation_id = c.invocation_id AND i.tenant_id = c.tenant_id
     WHERE i.status_rank = 3 AND i.completed_at < $1
     LIMIT $2 FOR UPDATE OF c SKIP LOCKED
 )
@@ -179,10 +179,17 @@ DELETE FROM tool_invocations i USING doomed
 WHERE i.invocation_id = doomed.invocation_id
 RETURNING i.*
 """
-_CHECKPOINTS_OF = "DELETE FROM tool_checkpoints WHERE invocation_id = ANY($1::uuid[]) RETURNING *"
+# A call is (tenant, invocation): the rows of the finished calls only.
+_CHECKPOINTS_OF = """
+DELETE FROM tool_checkpoints c USING unnest($1::uuid[], $2::text[]) AS d(invocation_id, tenant_id)
+WHERE c.invocation_id = d.invocation_id AND c.tenant_id = d.tenant_id RETURNING c.*
+"""
 _BLOBS_OF = "DELETE FROM result_blobs WHERE invocation_id = ANY($1::uuid[])"
 # A finished call resumes no more: its document version pins go with it.
-_PINS_OF = "DELETE FROM document_pins WHERE invocation_id = ANY($1::text[])"
+_PINS_OF = """
+DELETE FROM document_pins p USING unnest($1::text[], $2::text[]) AS d(invocation_id, tenant_id)
+WHERE p.invocation_id = d.invocation_id AND p.tenant_id = d.tenant_id
+"""
 _DEDUPE_ROWS = """
 DELETE FROM projected_events WHERE ctid = ANY(ARRAY(
     SELECT ctid FROM projected_events WHERE projected_at < $1
@@ -257,9 +264,10 @@ class RetentionJob:
             if not rows:
                 return PruneReport()
             ids = [r["invocation_id"] for r in rows]
-            checkpoints = await conn.fetch(_CHECKPOINTS_OF, ids)
+            tenants = [r["tenant_id"] for r in rows]
+            checkpoints = await conn.fetch(_CHECKPOINTS_OF, ids, tenants)
             blobs = _count(await conn.execute(_BLOBS_OF, ids))
-            await conn.execute(_PINS_OF, [str(i) for i in ids])
+            await conn.execute(_PINS_OF, [str(i) for i in ids], tenants)
             await self._archive("tool_checkpoints", checkpoints, day)
             await self._archive("tool_invocations", rows, day)
         return PruneReport(

@@ -1,10 +1,12 @@
 """The MCP handlers: toolfleet's own code paths behind ``tools/list`` and ``tools/call``.
 
-``tools/list`` is the caller's policy-filtered catalog (as ``GET /v1/tools``);
-``tools/call`` publishes as ``POST /v1/invocations`` does and follows the invocation
-through the status projection; a client cancel goes through the signed cancel of
-``POST /v1/invocations/{id}/cancel``. Each handler finds the caller the door
-(:class:`~toolfleet.api.mcp.endpoint.McpEndpoint`) verified in the request's scope.
+``tools/list`` is the caller's catalog (as ``GET /v1/tools``: its tenant's policy and
+its token's ``tool_id`` claim); ``tools/call`` publishes as ``POST /v1/invocations`` does
+and follows the invocation through the status projection, no longer than the caller's
+token lives (revoked or expired, the call answers why at once); a client cancel goes
+through the signed cancel of ``POST /v1/invocations/{id}/cancel``. Each handler finds
+the caller the door (:class:`~toolfleet.api.mcp.endpoint.McpEndpoint`) verified in the
+request's scope.
 """
 
 from __future__ import annotations
@@ -28,8 +30,10 @@ from starlette.requests import Request
 from toolfleet.api import invoking
 from toolfleet.api.auth import Caller
 from toolfleet.api.catalog import catalog_view
+from toolfleet.api.credential import CloseReason, CredentialWatch, before_credential_ends
 from toolfleet.api.mcp.calls import CallIndex, FollowInput, call_key, follow
 from toolfleet.api.mcp.results import (
+    credential_result,
     error_result,
     finished_result,
     handle_result,
@@ -163,10 +167,12 @@ async def call_tool(ctx: Context, params: types.CallToolRequestParams) -> types.
     async def on_progress(view: InvocationView) -> None:
         await ctx.session.report_progress(view.progress_percent, 100.0, view.current_phase or None)
 
+    following = follow(
+        FollowInput(invocation_id=invocation_id, wait_s=wait_s), read, res.notices, on_progress
+    )
+    watch = CredentialWatch(revocations=res.revocations)
     try:
-        view = await follow(
-            FollowInput(invocation_id=invocation_id, wait_s=wait_s), read, res.notices, on_progress
-        )
+        followed = await before_credential_ends(following, watch.ended(caller.capability))
     except asyncio.CancelledError:
         # The client closed the response stream (how a 2026 client cancels).
         with anyio.move_on_after(_CANCEL_WITHIN_S, shield=True):
@@ -174,11 +180,15 @@ async def call_tool(ctx: Context, params: types.CallToolRequestParams) -> types.
         raise
     except _STORE_ERRORS as exc:
         log.warning("MCP tools/call lost its status", extra={"error": type(exc).__name__})
-        view, lost = None, True
+        followed, lost = None, True
     else:
         lost = False
     status_url = f"{res.settings.api_url.rstrip('/')}/v1/invocations/{invocation_id}"
-    if lost:
+    view = None if isinstance(followed, CloseReason) else followed
+    if isinstance(followed, CloseReason):
+        # The token ended while the call ran: say so, and answer nothing more to it.
+        answer = credential_result(invocation_id, followed)
+    elif lost:
         answer = error_result(
             ErrorCode.INTERNAL_ERROR,
             f"the call was submitted but its status is unavailable; poll {status_url}",

@@ -15,6 +15,7 @@ from typing import Any, Final
 
 import mcp_types as types
 
+from toolfleet.api.credential import CloseReason
 from toolfleet.api.models import InvocationView
 from toolfleet.api.problems import ProblemError
 from toolfleet.errors import ErrorCode
@@ -91,6 +92,25 @@ def handle_result(
     else:
         text = f"Invocation {invocation_id} is {status.value}; poll {status_url}"
     return types.CallToolResult(content=[types.TextContent(text=text)], structured_content=handle)
+
+
+def credential_result(invocation_id: str, reason: CloseReason) -> types.CallToolResult:
+    """The answer to a call whose token was revoked or expired while it was followed.
+
+    The invocation is not cancelled (policy and the executor refuse what a revoked
+    token would still start); the caller only stops hearing about it.
+    """
+    message = f"stream closed: {reason.message}"
+    return error_result(
+        ErrorCode.PERMISSION_DENIED,
+        message,
+        details={
+            "code": str(ErrorCode.PERMISSION_DENIED),
+            "message": message,
+            "reason": reason.value,
+            "invocation_id": invocation_id,
+        },
+    )
 
 
 def problem_result(problem: ProblemError) -> types.CallToolResult:

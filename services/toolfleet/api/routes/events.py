@@ -14,6 +14,10 @@ invocations the caller may see, then one ``invocation`` event per change, pushed
 projection's notifications (:mod:`toolfleet.api.console.feed`), without polling. A
 ``snapshot`` again means "replace the list" (after the feed may have missed changes).
 Results are left out; ``GET /v1/invocations/{id}`` has them.
+
+Both streams end with the token that opened them: within a second of its revocation,
+or at its ``exp``, the last event is ``stream_closed`` with ``reason`` ``token_revoked``
+or ``token_expired`` (:mod:`toolfleet.api.credential`), and the stream closes.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from toolfleet.agent.progress import view_events
 from toolfleet.agent.records import EventKind
 from toolfleet.api.auth import CallerDep
 from toolfleet.api.console.feed import RESYNC, Subscription
+from toolfleet.api.credential import CredentialWatch, until_credential_ends
 from toolfleet.api.models import InvocationView
 from toolfleet.api.problems import ProblemError, problem_responses
 from toolfleet.api.queries import InvocationFilter
@@ -120,7 +125,8 @@ async def invocation_events(
     invocation_id: UUID, caller: CallerDep, res: ResourcesDep
 ) -> StreamingResponse:
     """Follow one invocation: ``tool_call_start``, ``approval_pending``, ``progress``,
-    then ``tool_call_result`` with the outcome, as Server-Sent Events."""
+    then ``tool_call_result`` with the outcome, as Server-Sent Events. If the token is
+    revoked or expires first, the last event is ``stream_closed`` with its ``reason``."""
     scope = caller.tenant_scope
 
     async def read() -> InvocationView | None:
@@ -129,8 +135,9 @@ async def invocation_events(
     first = await read()
     if first is None:
         raise ProblemError(404, "no such invocation", code="not_found")
+    watch = CredentialWatch(revocations=res.revocations)
     return StreamingResponse(
-        follow(read, first),
+        until_credential_ends(follow(read, first), lambda: watch.ended(caller.capability)),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )
@@ -175,7 +182,8 @@ async def follow_list(
 )
 async def invocation_list_events(caller: CallerDep, res: ResourcesDep) -> StreamingResponse:
     """The caller's tenant's invocations, live (an admin follows every tenant):
-    ``snapshot`` with the newest 100, then ``invocation`` for each change."""
+    ``snapshot`` with the newest 100, then ``invocation`` for each change, until the
+    token is revoked or expires: then ``stream_closed`` with its ``reason``, and the end."""
     scope = caller.tenant_scope
 
     async def snapshot() -> list[InvocationView]:
@@ -188,8 +196,9 @@ async def invocation_list_events(caller: CallerDep, res: ResourcesDep) -> Stream
             async for frame in follow_list(subscription, snapshot):
                 yield frame
 
+    watch = CredentialWatch(revocations=res.revocations)
     return StreamingResponse(
-        frames_of_feed(),
+        until_credential_ends(frames_of_feed(), lambda: watch.ended(caller.capability)),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )

@@ -32,8 +32,9 @@ from toolfleet.api.queries import Cursor, InvalidCursor, InvocationFilter
 from toolfleet.api.resources import ApiResources, resources
 from toolfleet.api.responses import SafeJSONResponse
 from toolfleet.errors import ErrorCode
-from toolfleet.events.identity import traceparent_in, valid_traceparent
+from toolfleet.events.identity import CallKey, traceparent_in, valid_traceparent
 from toolfleet.events.models import TOOL_ID_PATTERN, InvocationStatus, InvokeRequested
+from toolfleet.policy.redis_stores import RedisApprovalStore
 from toolfleet.storage.notices import await_finished
 
 router = APIRouter(
@@ -235,7 +236,17 @@ async def _decide(
             f"invocation is {view.status.value}, not pending_approval",
             code=ErrorCode.STATE_CONFLICT,
         )
-    if caller.is_requester(view.agent_did):
+    # Judged on the request policy parked (the row is a projection): policy judges the
+    # same again when the decision reaches it, and refuses it there too.
+    call = CallKey(tenant_id=view.tenant_id, invocation_id=str(invocation_id))
+    waiting = await RedisApprovalStore(res.redis).peek(call)
+    if waiting is None:
+        raise ProblemError(
+            409, "invocation no longer waits for approval", code=ErrorCode.STATE_CONFLICT
+        )
+    if caller.is_requester(waiting.authorized.agent_context.agent_did) or caller.is_requester(
+        waiting.authid
+    ):
         raise ProblemError(
             403,
             "the requesting agent cannot decide its own call",

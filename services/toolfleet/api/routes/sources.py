@@ -4,7 +4,9 @@ Adding a source lists its tools at once (an MCP server is started or reached for
 then let go) and registers each in the tool registry, so a policy can name them; no
 policy allows them before it does. The answer lists the tools and their versions.
 ``PUT /v1/sources/{name}/tools/{tool}/rules`` sets what clients see of one tool's
-results (allowlist, validation mode, sanitization, size limit), for every version.
+results (allowlist, validation mode, sanitization, size limit), for every version;
+``PUT /v1/sources/{name}/tools/{tool}/effect`` the effect an operator vouches for (a
+source tool is ``external_side_effect`` until one does; its server's hints never count).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from toolfleet.sources.models import (
 )
 from toolfleet.sources.pool import SessionPool
 from toolfleet.sources.provider import SourceCatalog
-from toolfleet.sources.rules import ToolRules, configured
+from toolfleet.sources.rules import ToolEffectChoice, ToolRules, configured, with_effect
 from toolfleet.sources.store import SourceStore
 
 log = logging.getLogger(__name__)
@@ -155,8 +157,36 @@ async def configure_tool(
     follow them. Validators apply them within their registry cache's lifetime (5 s)."""
     _require_admin(caller)
     store = SourceStore(res.pool)
-    source = await store.get(name)
-    if source is None:
+    remote = await _remote_name(store, name, tool)
+    updated = await store.update(name, lambda current: configured(current, remote, rules))
+    if updated is None:
+        raise ProblemError(404, f"no source {name!r}", code=ErrorCode.TOOL_NOT_FOUND)
+    await store.restate_rules(name)
+    return SourceView(source=updated, tools=await store.tools(name))
+
+
+@router.put(
+    "/{name}/tools/{tool}/effect", response_model=SourceView, responses=problem_responses(404)
+)
+async def set_tool_effect(
+    name: NamePath, tool: ToolPath, choice: ToolEffectChoice, res: ResourcesDep, caller: CallerDep
+) -> SourceView:
+    """Vouch for one tool's effect (every version, and versions listed later); ``null``:
+    back to ``external_side_effect``. Policy applies it within its registry cache's
+    lifetime."""
+    _require_admin(caller)
+    store = SourceStore(res.pool)
+    remote = await _remote_name(store, name, tool)
+    updated = await store.update(name, lambda current: with_effect(current, remote, choice.effect))
+    if updated is None:
+        raise ProblemError(404, f"no source {name!r}", code=ErrorCode.TOOL_NOT_FOUND)
+    await store.restate_rules(name)
+    return SourceView(source=updated, tools=await store.tools(name))
+
+
+async def _remote_name(store: SourceStore, name: str, tool: str) -> str:
+    """The name on the source of ``tool`` (its name there or its fleet tool id)."""
+    if await store.get(name) is None:
         raise ProblemError(404, f"no source {name!r}", code=ErrorCode.TOOL_NOT_FOUND)
     tools = await store.tools(name)
     remote = next((t.remote_name for t in tools if tool in (t.remote_name, t.tool_id)), None)
@@ -164,11 +194,7 @@ async def configure_tool(
         raise ProblemError(
             404, f"the source {name!r} has no tool {tool!r}", code=ErrorCode.TOOL_NOT_FOUND
         )
-    updated = await store.update(name, lambda current: configured(current, remote, rules))
-    if updated is None:
-        raise ProblemError(404, f"no source {name!r}", code=ErrorCode.TOOL_NOT_FOUND)
-    await store.restate_rules(name)
-    return SourceView(source=updated, tools=await store.tools(name))
+    return remote
 
 
 class Removed(BaseModel):

@@ -23,6 +23,7 @@ from asyncpg.pool import PoolConnectionProxy
 
 from toolfleet.coalescing import Coalescer
 from toolfleet.errors import CheckpointFailed
+from toolfleet.events.identity import CallKey
 from toolfleet.executor.checkpoints.codec import decode, encode
 from toolfleet.executor.checkpoints.store import Checkpoint
 from toolfleet.executor.leasing.fencing import Fence, StaleLease
@@ -49,11 +50,12 @@ WITH RECURSIVE chain AS (
 SELECT * FROM chain ORDER BY depth DESC
 """
 
-#: The newest checkpoint id of each of a batch of invocations (those that have one).
+#: The newest checkpoint id of each of a batch of calls (those that have one): a call
+#: is its invocation and its tenant, so another tenant's rows of the id are not its own.
 _NEWEST_SQL = """
-SELECT DISTINCT ON (invocation_id) invocation_id, checkpoint_id
+SELECT DISTINCT ON (invocation_id, tenant_id) invocation_id, tenant_id, checkpoint_id
 FROM tool_checkpoints WHERE invocation_id = ANY($1::uuid[])
-ORDER BY invocation_id, created_at DESC, checkpoint_id DESC
+ORDER BY invocation_id, tenant_id, created_at DESC, checkpoint_id DESC
 """
 
 #: A connection of the pool (asyncpg hands out proxies of its connections).
@@ -92,8 +94,8 @@ class PostgresCheckpointStore:
         self._cache_size = cache_size
         # The newest durable state this process wrote per invocation: saves the decode
         # of the parent's chain when the next delta is computed here too.
-        self._heads: OrderedDict[str, _Head] = OrderedDict()
-        self._newest: Coalescer[uuid.UUID, str | None] = Coalescer(self._newest_of)
+        self._heads: OrderedDict[CallKey, _Head] = OrderedDict()
+        self._newest: Coalescer[tuple[uuid.UUID, str], str | None] = Coalescer(self._newest_of)
 
     async def save(self, checkpoint: Checkpoint, *, fence: Fence | None = None) -> None:
         """Insert a durable checkpoint as the child of the invocation's newest one.
@@ -105,6 +107,7 @@ class PostgresCheckpointStore:
         invocation = _uuid(checkpoint.invocation_id)
         if invocation is None or checkpoint.tenant_id is None:
             raise CheckpointFailed("a durable checkpoint needs a uuid invocation id and a tenant")
+        call = checkpoint.call
         # Serialised as the hot copy is: the state exactly as it will be read back.
         state: dict[str, Any] = json.loads(checkpoint.model_dump_json(include={"state"}))["state"]
         try:
@@ -114,21 +117,24 @@ class PostgresCheckpointStore:
                     _LOCK_CLASS,
                     checkpoint.invocation_id,
                 )
+                # The call's own rows only: another tenant's rows of the same id neither
+                # fence this call's writes nor head its chain.
                 newest = await conn.fetchrow(
                     """SELECT checkpoint_id, tenant_id,
                               (SELECT max(lease_epoch) FROM tool_checkpoints
-                               WHERE invocation_id = $1) AS max_epoch
-                       FROM tool_checkpoints WHERE invocation_id = $1
+                               WHERE invocation_id = $1 AND tenant_id = $2) AS max_epoch
+                       FROM tool_checkpoints WHERE invocation_id = $1 AND tenant_id = $2
                        ORDER BY created_at DESC, checkpoint_id DESC LIMIT 1""",
                     invocation,
+                    checkpoint.tenant_id,
                 )
                 if fence is not None and newest is not None:
                     max_epoch = newest["max_epoch"]
                     if max_epoch is not None and max_epoch > fence.epoch:
                         raise StaleLease(fence)
                 head = None
-                if newest is not None and newest["tenant_id"] == checkpoint.tenant_id:
-                    head = await self._head(conn, checkpoint.invocation_id, newest["checkpoint_id"])
+                if newest is not None:
+                    head = await self._head(conn, call, newest["checkpoint_id"])
                 # Every full_every-th row of a chain is a full snapshot: reads stay bounded.
                 delta_base = None
                 if head is not None and head.deltas + 1 < self._full_every:
@@ -165,29 +171,31 @@ class PostgresCheckpointStore:
         deltas = 0
         if delta_base is not None and encoded.encoding.startswith("delta"):
             deltas = delta_base.deltas + 1
-        self._remember(checkpoint.invocation_id, _Head(checkpoint.checkpoint_id, state, deltas))
+        self._remember(call, _Head(checkpoint.checkpoint_id, state, deltas))
 
-    async def latest(self, invocation_id: str) -> Checkpoint | None:
-        """The invocation's newest durable checkpoint, decoded (None: it has none).
+    async def latest(self, call: CallKey) -> Checkpoint | None:
+        """The call's newest durable checkpoint, decoded (None: it has none).
 
         Almost every call asks about an invocation that never checkpointed (its first
         run): the runs that start together share one query for the newest ids, and only
         an invocation that has one costs a second round trip to decode its chain.
         """
-        invocation = _uuid(invocation_id)
+        invocation = _uuid(call.invocation_id)
         if invocation is None:
             return None
-        newest = await self._newest.submit(invocation)
+        newest = await self._newest.submit((invocation, call.tenant_id))
         if newest is None:
             return None
         async with self._pool.acquire() as conn:
             return await self._read(conn, newest)
 
-    async def _newest_of(self, invocations: Sequence[uuid.UUID]) -> list[str | None]:
+    async def _newest_of(self, calls: Sequence[tuple[uuid.UUID, str]]) -> list[str | None]:
         async with self._pool.acquire() as conn:
-            rows = await conn.fetch(_NEWEST_SQL, list(set(invocations)))
-        found: dict[uuid.UUID, str] = {row["invocation_id"]: row["checkpoint_id"] for row in rows}
-        return [found.get(invocation) for invocation in invocations]
+            rows = await conn.fetch(_NEWEST_SQL, list({invocation for invocation, _ in calls}))
+        found: dict[tuple[uuid.UUID, str], str] = {
+            (row["invocation_id"], row["tenant_id"]): row["checkpoint_id"] for row in rows
+        }
+        return [found.get(call) for call in calls]
 
     async def get(self, checkpoint_id: str) -> Checkpoint | None:
         """A durable checkpoint by id, decoded (None: no such checkpoint)."""
@@ -212,8 +220,8 @@ class PostgresCheckpointStore:
             timestamp=row["created_at"],
         )
 
-    async def _head(self, conn: _Conn, invocation_id: str, checkpoint_id: str) -> _Head | None:
-        cached = self._heads.get(invocation_id)
+    async def _head(self, conn: _Conn, call: CallKey, checkpoint_id: str) -> _Head | None:
+        cached = self._heads.get(call)
         if cached is not None and cached.checkpoint_id == checkpoint_id:
             return cached
         rows = await conn.fetch(_CHAIN_SQL, checkpoint_id)
@@ -221,9 +229,9 @@ class PostgresCheckpointStore:
             return None
         return _Head(checkpoint_id, _decode_chain(rows), deltas=len(rows) - 1)
 
-    def _remember(self, invocation_id: str, head: _Head) -> None:
-        self._heads[invocation_id] = head
-        self._heads.move_to_end(invocation_id)
+    def _remember(self, call: CallKey, head: _Head) -> None:
+        self._heads[call] = head
+        self._heads.move_to_end(call)
         while len(self._heads) > self._cache_size:
             self._heads.popitem(last=False)
 

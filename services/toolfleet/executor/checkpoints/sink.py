@@ -20,6 +20,7 @@ from redis.exceptions import RedisError
 
 from toolfleet.errors import CheckpointFailed, RedactionFailed
 from toolfleet.events.envelope import Envelope, derived_event_id, new_event
+from toolfleet.events.identity import CallKey
 from toolfleet.events.models import CheckpointCreated, CheckpointRef, InvokeAuthorized
 from toolfleet.events.types import EventType, Source, TopicName
 from toolfleet.executor.checkpoints.schedule import CheckpointSchedule
@@ -62,8 +63,9 @@ class CheckpointSink:
         )
 
     async def _cancel_flagged(self, invocation_id: str) -> bool:
+        call = CallKey(tenant_id=self.call.agent_context.tenant_id, invocation_id=invocation_id)
         try:
-            return await self.cancels.is_requested(invocation_id)
+            return await self.cancels.is_requested(call)
         except RedisError as exc:  # the control topic still delivers the cancel
             log.warning("cancel flag unreadable: %s", type(exc).__name__)
             return False

@@ -1,7 +1,8 @@
 """Checkpoints, hot and cold.
 
-Hot: Redis, ``checkpoint:tool:{invocation_id}:latest`` (contract section 5), the latest
-checkpoint of every kind, with a TTL. Cold: Postgres ``tool_checkpoints``
+Hot: Redis, ``checkpoint:tool:{<tenant_id>}:<invocation_id>:latest`` (contract section 5,
+scoped by the call's tenant: :mod:`toolfleet.storage.call_keys`), the latest checkpoint
+of every kind, with a TTL. Cold: Postgres ``tool_checkpoints``
 (:mod:`toolfleet.executor.checkpoints.cold`), the durable ones (``macro``, ``named``)
 with their history. :class:`TieredCheckpointStore` writes both and reads hot first,
 falling back to the newest durable checkpoint when the hot one expired or was lost.
@@ -26,8 +27,10 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from toolfleet.errors import CheckpointFailed
+from toolfleet.events.identity import CallKey
 from toolfleet.executor.checkpoints.schedule import CheckpointType, is_durable
 from toolfleet.executor.leasing.fencing import FENCE_CHECK_LUA, Fence, StaleLease, epoch_key
+from toolfleet.storage.call_keys import call_key
 from toolfleet.storage.lua import LuaScript
 from toolfleet.storage.redis import CoalescedCommands
 
@@ -51,9 +54,20 @@ class Checkpoint(BaseModel):
     name: str | None = None
     """The tool's name for a ``named`` checkpoint."""
 
+    @property
+    def call(self) -> CallKey:
+        """The call this checkpoint belongs to.
 
-def checkpoint_key(invocation_id: str) -> str:
-    return f"checkpoint:tool:{invocation_id}:latest"
+        Raises:
+            CheckpointFailed: it names no tenant (stored checkpoints always do).
+        """
+        if self.tenant_id is None:
+            raise CheckpointFailed("a checkpoint needs the tenant of its call")
+        return CallKey(tenant_id=self.tenant_id, invocation_id=self.invocation_id)
+
+
+def checkpoint_key(call: CallKey) -> str:
+    return call_key("checkpoint:tool", call, "latest")
 
 
 #: KEYS[1] epoch key, KEYS[2] checkpoint key; ARGV[1] epoch, ARGV[2] JSON, ARGV[3] TTL.
@@ -80,16 +94,20 @@ class RedisCheckpointStore:
 
         Raises:
             StaleLease: ``fence`` is no longer the newest epoch; nothing was written.
-            CheckpointFailed: Redis could not be reached.
+            CheckpointFailed: Redis could not be reached, or the checkpoint is not of the
+                fenced call.
         """
-        key = checkpoint_key(checkpoint.invocation_id)
+        call = checkpoint.call
+        if fence is not None and fence.call != call:
+            raise CheckpointFailed("a checkpoint is fenced with its own call's lease only")
+        key = checkpoint_key(call)
         try:
             if fence is None:
                 await self._redis.set(key, checkpoint.model_dump_json(), ex=self._ttl_s)
                 return
             written = await _FENCED_SET(
                 self._redis,
-                keys=[epoch_key(fence.invocation_id), key],
+                keys=[epoch_key(fence.call), key],
                 args=[fence.epoch, checkpoint.model_dump_json(), self._ttl_s],
             )
         except RedisError as exc:
@@ -97,8 +115,8 @@ class RedisCheckpointStore:
         if int(written) != 1:
             raise StaleLease(fence)
 
-    async def latest(self, invocation_id: str) -> Checkpoint | None:
-        key = checkpoint_key(invocation_id)
+    async def latest(self, call: CallKey) -> Checkpoint | None:
+        key = checkpoint_key(call)
         raw = await self._reads.run(lambda pipe: pipe.get(key))
         return None if raw is None else Checkpoint.model_validate_json(raw)
 
@@ -113,7 +131,7 @@ class CheckpointStore(Protocol):
     async def save(
         self, checkpoint: Checkpoint, *, fence: Fence | None = None
     ) -> CheckpointType: ...
-    async def latest(self, invocation_id: str) -> Checkpoint | None: ...
+    async def latest(self, call: CallKey) -> Checkpoint | None: ...
     async def get(self, checkpoint_id: str) -> Checkpoint | None: ...
 
 
@@ -121,7 +139,7 @@ class ColdCheckpoints(Protocol):
     """The durable tier (:class:`toolfleet.executor.checkpoints.cold.PostgresCheckpointStore`)."""
 
     async def save(self, checkpoint: Checkpoint, *, fence: Fence | None = None) -> None: ...
-    async def latest(self, invocation_id: str) -> Checkpoint | None: ...
+    async def latest(self, call: CallKey) -> Checkpoint | None: ...
     async def get(self, checkpoint_id: str) -> Checkpoint | None: ...
 
 
@@ -174,23 +192,23 @@ class TieredCheckpointStore:
                 await asyncio.sleep(random.uniform(delay / 2, delay))  # noqa: S311 - jitter
         raise AssertionError("unreachable")  # pragma: no cover
 
-    async def latest(self, invocation_id: str) -> Checkpoint | None:
+    async def latest(self, call: CallKey) -> Checkpoint | None:
         """The hot checkpoint, or the newest durable one when Redis lost it."""
         try:
-            hot = await self._hot.latest(invocation_id)
+            hot = await self._hot.latest(call)
         except RedisError as exc:
             log.warning("hot checkpoint unreadable, reading Postgres: %s", type(exc).__name__)
             hot = None
-        return hot if hot is not None else await self._cold.latest(invocation_id)
+        return hot if hot is not None else await self._cold.latest(call)
 
-    async def latest_after(self, invocation_id: str, *, hot: bytes | None) -> Checkpoint | None:
+    async def latest_after(self, call: CallKey, *, hot: bytes | None) -> Checkpoint | None:
         """:meth:`latest`, the hot copy's JSON already read (``hot``; None: there is none).
 
         ``hot`` must come from this store's Redis (the leases read it with the lease).
         """
         if hot is not None:
             return Checkpoint.model_validate_json(hot)
-        return await self._cold.latest(invocation_id)
+        return await self._cold.latest(call)
 
     async def get(self, checkpoint_id: str) -> Checkpoint | None:
         """A durable checkpoint by id (the hot one is only ever the latest)."""
@@ -220,29 +238,36 @@ class MemoryCheckpointStore:
     """In-process :class:`CheckpointStore` for tests: both tiers in dicts, fenced too.
 
     ``epochs`` plays the lease's epoch counter: a write fenced with an older epoch than
-    the one recorded for its invocation raises ``StaleLease``.
+    the one recorded for its call raises ``StaleLease``.
     """
 
     def __init__(self) -> None:
-        self.hot: dict[str, Checkpoint] = {}
+        self.hot: dict[CallKey, Checkpoint] = {}
         self.durable: dict[str, Checkpoint] = {}
-        self.epochs: dict[str, int] = {}
+        self.epochs: dict[CallKey, int] = {}
 
     async def save(self, checkpoint: Checkpoint, *, fence: Fence | None = None) -> CheckpointType:
+        call = checkpoint.call
         if fence is not None:
-            newest = self.epochs.setdefault(fence.invocation_id, fence.epoch)
+            if fence.call != call:
+                raise CheckpointFailed("a checkpoint is fenced with its own call's lease only")
+            newest = self.epochs.setdefault(fence.call, fence.epoch)
             if newest != fence.epoch:
                 raise StaleLease(fence)
-        self.hot[checkpoint.invocation_id] = checkpoint
+        self.hot[call] = checkpoint
         if is_durable(checkpoint.checkpoint_type):
             self.durable[checkpoint.checkpoint_id] = checkpoint
         return checkpoint.checkpoint_type
 
-    async def latest(self, invocation_id: str) -> Checkpoint | None:
-        hot = self.hot.get(invocation_id)
+    async def latest(self, call: CallKey) -> Checkpoint | None:
+        hot = self.hot.get(call)
         if hot is not None:
             return hot
-        mine = [c for c in self.durable.values() if c.invocation_id == invocation_id]
+        mine = [
+            c
+            for c in self.durable.values()
+            if c.invocation_id == call.invocation_id and c.tenant_id == call.tenant_id
+        ]
         return max(mine, key=lambda c: c.timestamp, default=None)
 
     async def get(self, checkpoint_id: str) -> Checkpoint | None:

@@ -1,7 +1,7 @@
 """Fencing tokens of execution leases: the names every fenced write checks.
 
 An executor that runs an invocation holds its lease (:mod:`toolfleet.executor.leasing.leases`)
-under an *epoch*: ``INCR lease:tool:{invocation_id}:epoch`` at every acquisition, so a
+under an *epoch*: ``INCR lease:tool:{<tenant_id>}:<invocation_id>:epoch`` at every acquisition, so a
 later owner always holds a larger number. A new counter starts at the current time in
 milliseconds rather than at 1, so epochs keep growing across a Redis that lost its data
 (restart, failover, or the counter's expiry): Postgres, which keeps the epochs of
@@ -17,16 +17,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from toolfleet.errors import StateConflict
+from toolfleet.events.identity import CallKey
+from toolfleet.storage.call_keys import call_key
 
 
-def lease_key(invocation_id: str) -> str:
+def lease_key(call: CallKey) -> str:
     """Hash ``{owner, epoch}`` of the live lease, with the lease TTL."""
-    return f"lease:tool:{invocation_id}"
+    return call_key("lease:tool", call)
 
 
-def epoch_key(invocation_id: str) -> str:
-    """The newest epoch issued for the invocation (the fencing token's source of truth)."""
-    return f"lease:tool:{invocation_id}:epoch"
+def epoch_key(call: CallKey) -> str:
+    """The newest epoch issued for the call (the fencing token's source of truth)."""
+    return call_key("lease:tool", call, "epoch")
 
 
 #: Lua prelude of a fenced write: ``KEYS[1]`` is :func:`epoch_key`, ``ARGV[1]`` the
@@ -39,19 +41,23 @@ end
 """
 
 
-def runs_key(invocation_id: str) -> str:
-    """How many times the invocation's lease was taken: its run number."""
-    return f"lease:tool:{invocation_id}:runs"
+def runs_key(call: CallKey) -> str:
+    """How many times the call's lease was taken: its run number."""
+    return call_key("lease:tool", call, "runs")
 
 
 @dataclass(frozen=True, slots=True)
 class Fence:
-    """The epoch a worker writes under, for one invocation."""
+    """The epoch a worker writes under, for one call."""
 
-    invocation_id: str
+    call: CallKey
     epoch: int
     run: int = 1
     """Which run of the invocation this is (1: the first; more after takeovers)."""
+
+    @property
+    def invocation_id(self) -> str:
+        return self.call.invocation_id
 
 
 class StaleLease(StateConflict):

@@ -26,6 +26,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 
 from toolfleet.events.envelope import Emitted
+from toolfleet.events.identity import CallKey
 from toolfleet.executor.leasing.fencing import Fence, StaleLease
 from toolfleet.executor.leasing.leases import (
     Finished,
@@ -94,13 +95,13 @@ class LeaseGuard:
 
     async def run(
         self,
-        invocation_id: str,
+        call: CallKey,
         work: Callable[[Fence], Awaitable[list[Emitted]]],
         *,
         stopping: Callable[[], bool],
     ) -> list[Emitted]:
         """``work`` under the lease (or the recorded events of a finished invocation)."""
-        async with self.hold(invocation_id, stopping=stopping) as held:
+        async with self.hold(call, stopping=stopping) as held:
             if held.replay is not None:
                 return held.replay
             assert held.fence is not None
@@ -108,9 +109,7 @@ class LeaseGuard:
         return held.outcome
 
     @contextlib.asynccontextmanager
-    async def hold(
-        self, invocation_id: str, *, stopping: Callable[[], bool]
-    ) -> AsyncIterator[Hold]:
+    async def hold(self, call: CallKey, *, stopping: Callable[[], bool]) -> AsyncIterator[Hold]:
         """Hold the lease while the body runs; claim ``Hold.outcome`` when it ends.
 
         Raises:
@@ -119,7 +118,7 @@ class LeaseGuard:
         """
         # Unique per hold: a redelivery of a call this worker still runs waits for it.
         owner = f"{self.worker_id}/{self._nonce}{next(self._holds):x}"
-        taken = await self._take(invocation_id, owner, stopping)
+        taken = await self._take(call, owner, stopping)
         if isinstance(taken, Finished):
             metrics.LEASE_EVENTS.labels("replayed").inc()
             yield Hold(replay=[(e.topic, e.envelope) for e in taken.record.events])
@@ -168,10 +167,10 @@ class LeaseGuard:
         return LeaseLost(f"epoch {fence.epoch} of {fence.invocation_id} is stale")
 
     async def _take(
-        self, invocation_id: str, owner: str, stopping: Callable[[], bool]
+        self, call: CallKey, owner: str, stopping: Callable[[], bool]
     ) -> Taken | Finished:
         while True:
-            state = await self.leases.acquire(invocation_id, owner)
+            state = await self.leases.acquire(call, owner)
             if not isinstance(state, Held):
                 return state
             if stopping():  # not started here: leave it to the partition's next owner

@@ -1,24 +1,26 @@
 """Execution leases with fencing epochs, and the outcome record they guard.
 
-The executor running an invocation holds ``lease:tool:{invocation_id}`` (owner, epoch)
+The executor running an invocation holds ``lease:tool:{<tenant_id>}:<invocation_id>``
+(owner, epoch)
 with a TTL it renews by heartbeat. Taking the lease increments the invocation's epoch
 (:mod:`toolfleet.executor.leasing.fencing`), so every owner writes under a larger number than
-the one before, and its run number (``lease:tool:{invocation_id}:runs``), which
+the one before, and its run number (``lease:tool:{<tenant_id>}:<invocation_id>:runs``), which
 ``execution_metadata.attempts`` and the ``invoked`` event's ``attempt`` report. A worker
 paused past its lease (SIGSTOP, a long GC, a partition) wakes up with a stale epoch: its
 heartbeat, its checkpoints and its outcome are all refused by the store, atomically, and
 the worker that took over carries on from the last checkpoint.
 
 The outcome itself is claimed here before it is published: ``finish`` stores the
-outgoing events under ``lease:tool:{invocation_id}:done`` only if the epoch is still the
-newest, and drops the lease. A redelivery of a finished invocation (the worker died
+outgoing events under ``lease:tool:{<tenant_id>}:<invocation_id>:done`` only if the epoch
+is still the newest, and drops the lease. A redelivery of a finished invocation (the worker died
 between the claim and the broker's ack, or after the ack but before its offset commit)
 finds that record and publishes the very same events again (same ids, so every consumer
 treats them as duplicates) instead of running the tool a second time.
 
-Every script touches the keys of one invocation only and times leases on Redis' clock
-(a new epoch counter starts at the worker's clock); like the rest of toolfleet's scripts
-they need a single Redis node (or a cluster-aware key layout).
+Every script touches the keys of one call only, all in its tenant's Redis Cluster slot
+(:mod:`toolfleet.storage.call_keys`), and times leases on Redis' clock (a new epoch
+counter starts at the worker's clock). A call is ``(tenant_id, invocation_id)``: another
+tenant naming the same invocation id takes, finishes and replays nothing of it.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from pydantic import BaseModel, ConfigDict
 from redis.asyncio import Redis
 
 from toolfleet.events.envelope import Envelope
+from toolfleet.events.identity import CallKey
 from toolfleet.events.types import TopicName
 from toolfleet.executor.checkpoints.store import checkpoint_key
 from toolfleet.executor.leasing.fencing import (
@@ -41,6 +44,7 @@ from toolfleet.executor.leasing.fencing import (
     lease_key,
     runs_key,
 )
+from toolfleet.storage.call_keys import call_key
 from toolfleet.storage.cancel_flags import cancel_key
 from toolfleet.storage.lua import CoalescedScripts, LuaScript
 
@@ -49,9 +53,9 @@ from toolfleet.storage.lua import CoalescedScripts, LuaScript
 RECORD_TTL_S = 24 * 3600
 
 
-def done_key(invocation_id: str) -> str:
-    """The finished invocation's outgoing events (JSON), written by ``finish``."""
-    return f"lease:tool:{invocation_id}:done"
+def done_key(call: CallKey) -> str:
+    """The finished call's outgoing events (JSON), written by ``finish``."""
+    return call_key("lease:tool", call, "done")
 
 
 # KEYS: lease, epoch, done, runs, cancel flag, hot checkpoint.
@@ -177,7 +181,7 @@ class Leases(Protocol):
 
     ttl_s: float
 
-    async def acquire(self, invocation_id: str, owner: str) -> LeaseState: ...
+    async def acquire(self, call: CallKey, owner: str) -> LeaseState: ...
     async def renew(self, fence: Fence, owner: str) -> bool: ...
     async def release(self, fence: Fence) -> None: ...
     async def finish(self, fence: Fence, events: list[OutgoingEvent]) -> bool: ...
@@ -192,17 +196,17 @@ class RedisLeases:
         self._ttl_ms = max(1, int(ttl_s * 1000))
         self._record_ttl_s = record_ttl_s
 
-    async def acquire(self, invocation_id: str, owner: str) -> LeaseState:
+    async def acquire(self, call: CallKey, owner: str) -> LeaseState:
         """Take the lease (a new epoch), or say who holds it, or that the call is done."""
         reply = await self._scripts.run(
             _ACQUIRE,
             keys=[
-                lease_key(invocation_id),
-                epoch_key(invocation_id),
-                done_key(invocation_id),
-                runs_key(invocation_id),
-                cancel_key(invocation_id),
-                checkpoint_key(invocation_id),
+                lease_key(call),
+                epoch_key(call),
+                done_key(call),
+                runs_key(call),
+                cancel_key(call),
+                checkpoint_key(call),
             ],
             args=[owner, self._ttl_ms, self._record_ttl_s, time.time_ns() // 1_000_000],
         )
@@ -210,7 +214,7 @@ class RedisLeases:
         if status == 1:
             hot = reply[4] if len(reply) > 4 else None
             return Taken(
-                Fence(invocation_id, int(reply[1]), run=int(reply[2])),
+                Fence(call, int(reply[1]), run=int(reply[2])),
                 seen=Seen(cancel_requested=bool(reply[3]), hot_checkpoint=hot),
             )
         if status == 2:
@@ -222,7 +226,7 @@ class RedisLeases:
         """Extend the lease; False once a newer epoch exists (this worker lost the call)."""
         renewed = await self._scripts.run(
             _RENEW,
-            keys=[epoch_key(fence.invocation_id), lease_key(fence.invocation_id)],
+            keys=[epoch_key(fence.call), lease_key(fence.call)],
             args=[fence.epoch, owner, self._ttl_ms],
         )
         return bool(renewed)
@@ -231,7 +235,7 @@ class RedisLeases:
         """Give the lease up early (a clean hand-over), if it is still this epoch's."""
         await self._scripts.run(
             _RELEASE,
-            keys=[epoch_key(fence.invocation_id), lease_key(fence.invocation_id)],
+            keys=[epoch_key(fence.call), lease_key(fence.call)],
             args=[fence.epoch],
         )
 
@@ -241,9 +245,9 @@ class RedisLeases:
         finished = await self._scripts.run(
             _FINISH,
             keys=[
-                epoch_key(fence.invocation_id),
-                lease_key(fence.invocation_id),
-                done_key(fence.invocation_id),
+                epoch_key(fence.call),
+                lease_key(fence.call),
+                done_key(fence.call),
             ],
             args=[fence.epoch, record.model_dump_json(), self._record_ttl_s],
         )
@@ -267,44 +271,44 @@ class MemoryLeases:
     def __init__(self, *, ttl_s: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.ttl_s = ttl_s
         self._clock = clock
-        self.leases: dict[str, _Lease] = {}
-        self.epochs: dict[str, int] = {}
-        self.runs: dict[str, int] = {}
-        self.done: dict[str, FinishedRecord] = {}
+        self.leases: dict[CallKey, _Lease] = {}
+        self.epochs: dict[CallKey, int] = {}
+        self.runs: dict[CallKey, int] = {}
+        self.done: dict[CallKey, FinishedRecord] = {}
 
-    async def acquire(self, invocation_id: str, owner: str) -> LeaseState:
-        if invocation_id in self.done:
-            return Finished(self.done[invocation_id])
+    async def acquire(self, call: CallKey, owner: str) -> LeaseState:
+        if call in self.done:
+            return Finished(self.done[call])
         now = self._clock()
-        lease = self.leases.get(invocation_id)
+        lease = self.leases.get(call)
         if lease is not None and lease.expires_at > now and lease.owner != owner:
             return Held(owner=lease.owner, expires_in_s=lease.expires_at - now)
-        epoch = self.take_over(invocation_id)
-        self.leases[invocation_id] = _Lease(owner, epoch, now + self.ttl_s)
-        self.runs[invocation_id] = run = self.runs.get(invocation_id, 0) + 1
-        return Taken(Fence(invocation_id, epoch, run=run))
+        epoch = self.take_over(call)
+        self.leases[call] = _Lease(owner, epoch, now + self.ttl_s)
+        self.runs[call] = run = self.runs.get(call, 0) + 1
+        return Taken(Fence(call, epoch, run=run))
 
-    def take_over(self, invocation_id: str) -> int:
-        """Issue the invocation's next epoch (what another worker's acquire does)."""
-        self.epochs[invocation_id] = epoch = self.epochs.get(invocation_id, 0) + 1
+    def take_over(self, call: CallKey) -> int:
+        """Issue the call's next epoch (what another worker's acquire does)."""
+        self.epochs[call] = epoch = self.epochs.get(call, 0) + 1
         return epoch
 
     def _current(self, fence: Fence) -> bool:
-        return self.epochs.get(fence.invocation_id) == fence.epoch
+        return self.epochs.get(fence.call) == fence.epoch
 
     async def renew(self, fence: Fence, owner: str) -> bool:
         if not self._current(fence):
             return False
-        self.leases[fence.invocation_id] = _Lease(owner, fence.epoch, self._clock() + self.ttl_s)
+        self.leases[fence.call] = _Lease(owner, fence.epoch, self._clock() + self.ttl_s)
         return True
 
     async def release(self, fence: Fence) -> None:
         if self._current(fence):
-            self.leases.pop(fence.invocation_id, None)
+            self.leases.pop(fence.call, None)
 
     async def finish(self, fence: Fence, events: list[OutgoingEvent]) -> bool:
         if not self._current(fence):
             return False
-        self.done[fence.invocation_id] = FinishedRecord(epoch=fence.epoch, events=events)
-        self.leases.pop(fence.invocation_id, None)
+        self.done[fence.call] = FinishedRecord(epoch=fence.epoch, events=events)
+        self.leases.pop(fence.call, None)
         return True

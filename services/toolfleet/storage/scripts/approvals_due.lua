@@ -1,6 +1,7 @@
 -- Claim the pending approvals whose expiry is due, so exactly one sweeper ends each.
 --
--- KEYS[1]: the index (sorted set, member = invocation id, score = expires_at epoch s)
+-- KEYS[1]: the index (sorted set, member = {<tenant_id>}:<invocation_id>,
+--          score = expires_at epoch s)
 -- ARGV[1]: now (epoch s), ARGV[2]: most entries to claim, ARGV[3]: lease in seconds,
 -- ARGV[4]: prefix of pending keys, ARGV[5]: prefix of expiring (claimed) keys
 -- A claimed entry's data moves to its expiring key (so a late human decision no longer

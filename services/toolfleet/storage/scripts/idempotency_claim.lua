@@ -1,9 +1,10 @@
 -- Claim an idempotency key for an invocation, or report who owns it.
 --
--- KEYS[1]: the claim, a hash {invocation_id, request_hash}
--- KEYS[2]: the owner marker of the claiming invocation
+-- KEYS[1]: the claim of one tenant's key, a hash {invocation_id, request_hash}
+-- KEYS[2]: the owner marker of the claiming call (same tenant, same hash tag)
 -- ARGV[1]: invocation id, ARGV[2]: request hash, ARGV[3]: TTL in seconds,
--- ARGV[4]: prefix of outcome keys (outcome key = prefix .. first invocation id)
+-- ARGV[4]: prefix of the tenant's outcome keys (outcome key = prefix .. first invocation
+--          id: a call of the same tenant, in the same Redis Cluster slot)
 -- Returns {'new', id} | {'duplicate', first_id, outcome or false} | {'conflict', first_id}
 local owner = redis.call('HMGET', KEYS[1], 'invocation_id', 'request_hash')
 if not owner[1] or owner[1] == ARGV[1] then

@@ -1,6 +1,7 @@
 -- Record an owner's outcome and/or hand over its waiters, atomically.
 --
--- KEYS[1]: owner marker, KEYS[2]: outcome, KEYS[3]: waiters list (all of one invocation)
+-- KEYS[1]: owner marker, KEYS[2]: outcome, KEYS[3]: waiters list (all of one call:
+--          one tenant's invocation, in the tenant's slot)
 -- ARGV[1]: the outcome JSON, ARGV[2]: '1' to store it, ARGV[3]: '1' to take the waiters
 -- Returns {stored (1 or 0), waiter JSON...}; an invocation that owns no key (no live
 -- owner marker) stores nothing.

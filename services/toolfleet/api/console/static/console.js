@@ -165,6 +165,13 @@
     }
     if (!data.length) return;
     const payload = JSON.parse(data.join("\n"));
+    if (event === "stream_closed") {
+      // The token ended (revoked or expired): the server closes the feed; so do we.
+      signOut(payload.reason === "token_expired"
+        ? "Your token has expired."
+        : "Your token was revoked.");
+      return;
+    }
     if (event === "snapshot") {
       state.rows.clear();
       for (const item of payload.items) state.rows.set(item.invocation_id, item);

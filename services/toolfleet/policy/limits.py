@@ -1,0 +1,46 @@
+"""Limits only go down: a request's ``resource_limits`` checked against its tool (pure).
+
+An agent may ask a call to run under less memory, CPU or time than the tool's manifest
+and the fleet give it, never more: a higher ask is refused before anything is authorized
+(``resource_exhausted``, not retryable, ``details`` naming the limit). The ceiling and the
+check are :mod:`toolfleet.isolation.limits`' own, so policy refuses exactly what the
+executor would clamp.
+"""
+
+from __future__ import annotations
+
+from toolfleet.events.models import ResourceLimits
+from toolfleet.isolation.limits import (
+    AgentLimits,
+    CallCeiling,
+    FleetLimits,
+    ManifestDefaults,
+    refuse_raised,
+)
+from toolfleet.registry.manifest import ToolManifest
+
+
+def check_resource_limits(
+    asked: ResourceLimits, *, manifest: ToolManifest, fleet: FleetLimits
+) -> None:
+    """Refuse ``asked`` when any limit is above the manifest's (else the fleet's).
+
+    Raises:
+        LimitRaised: e.g. ``details={"limit": "memory_mb_limit", "asked": 8192,
+            "allowed": 512}``.
+    """
+    defaults = manifest.resource_defaults
+    refuse_raised(
+        AgentLimits(
+            memory_mb=asked.memory_mb_limit,
+            cpu_millicores=asked.cpu_millicore_limit,
+            timeout_s=asked.timeout_seconds,
+        ),
+        CallCeiling.of(
+            defaults=ManifestDefaults(
+                memory_mb=defaults.memory_mb_limit, cpu_millicores=defaults.cpu_millicore_limit
+            ),
+            fleet=fleet,
+            timeout_s=manifest.timeout_seconds,
+        ),
+    )

@@ -43,10 +43,11 @@ SERVICES = ("policy", "executor", "validator", "audit", "status")
 """The pipeline services (``toolfleet dev`` runs each)."""
 AUXILIARY = ("maintenance",)
 """Workers beside the pipeline, run on demand: ``maintenance`` prunes old rows."""
-KEYED = ("policy", "executor", "validator")
+KEYED = ("policy", "executor", "validator", "status")
 """Services that refuse to start without the fleet's grant key: policy signs grants and
 checks control signatures, the executor checks grants and cancels and seals raw results,
-the validator opens them. None of them runs with a check turned off instead."""
+the validator opens them, status verifies the outcomes it projects. None of them runs
+with a check turned off instead."""
 
 Job = Callable[[asyncio.Event], Coroutine[Any, Any, None]]
 

@@ -27,12 +27,21 @@ from toolfleet.bus.connection import connection_kwargs
 from toolfleet.client import ApiError, InvocationHandle, ToolfleetHttpClient
 from toolfleet.events.codec import decode
 from toolfleet.events.envelope import Envelope
-from toolfleet.events.identity import trace_id_of
-from toolfleet.events.models import ApprovalDecision, CancelRequested, Effect, InvocationStatus
+from toolfleet.events.identity import CallKey, trace_id_of
+from toolfleet.events.models import (
+    AgentContext,
+    ApprovalDecision,
+    CancelRequested,
+    Effect,
+    InvocationStatus,
+    InvokeAuthorized,
+)
 from toolfleet.events.types import EventType, TopicName, topic
 from toolfleet.executor.registration import register_catalog
 from toolfleet.policy.documents import TenantPolicy
 from toolfleet.policy.postgres_policies import PolicyStore
+from toolfleet.policy.redis_stores import RedisApprovalStore
+from toolfleet.policy.service import PendingApproval
 from toolfleet.registry.catalog import discover
 from toolfleet.registry.manifest import (
     CircuitSettings,
@@ -113,6 +122,33 @@ async def insert(
         *values.values(),
     )
     return invocation_id
+
+
+async def park(
+    app: FastAPI, invocation_id: uuid.UUID, *, tenant_id: str, agent_did: str, digest: str
+) -> None:
+    """The approval policy parks for a call (what the API judges a decider against)."""
+    res: ApiResources = app.state.resources
+    pending = PendingApproval(
+        authorized=InvokeAuthorized(
+            invocation_id=invocation_id,
+            tool_id="core__echo",
+            tool_version="1.0.0",
+            requested_version="*",
+            agent_context=AgentContext(agent_did=agent_did, tenant_id=tenant_id),
+            parameters={"message": "hi"},
+            effect=Effect.EXTERNAL_SIDE_EFFECT,
+            timeout_seconds=30,
+            requested_at=datetime.now(UTC),
+        ),
+        parameters_hash=digest,
+        expires_at=datetime.now(UTC) + timedelta(hours=1),
+        tenant_id=tenant_id,
+        traceparent=None,
+        authid=agent_did,
+    )
+    call = CallKey(tenant_id=tenant_id, invocation_id=str(invocation_id))
+    await RedisApprovalStore(res.redis).put(call, pending, ttl_s=3600)
 
 
 async def next_event(
@@ -475,6 +511,7 @@ async def test_cancel(
 
 
 async def test_approve_and_deny(
+    app: FastAPI,
     http: httpx.AsyncClient,
     pool: asyncpg.Pool,
     api_settings: ApiSettings,
@@ -499,6 +536,10 @@ async def test_approve_and_deny(
         parameters={"message": "hi"},
         parameters_hash=digest,
     )
+    # A row that says pending_approval is not enough: only a parked call is decided.
+    nothing_parked = await http.post(f"/v1/invocations/{waiting}/approve", headers=approver)
+    assert nothing_parked.status_code == 409
+    await park(app, waiting, tenant_id=owner, agent_did="did:agent:test", digest=digest)
     # The requesting agent's own token never decides, whatever its scope.
     for headers in (auth(owner), auth(owner, scope="approver")):
         refused = await http.post(f"/v1/invocations/{waiting}/approve", headers=headers)
@@ -524,6 +565,7 @@ async def test_approve_and_deny(
     refused_id = await insert(
         pool, tenant_id=owner, status="pending_approval", agent_did="did:agent:test"
     )
+    await park(app, refused_id, tenant_id=owner, agent_did="did:agent:test", digest=digest)
     admin = auth("*", admin=True, agent="did:user:root")
     denied = await http.post(f"/v1/invocations/{refused_id}/deny", headers=admin)
     assert denied.json()["decision"] == "denied"

@@ -37,7 +37,13 @@ def keyless_env(
 
 @pytest.mark.parametrize(
     "command",
-    [["worker", "policy"], ["worker", "executor"], ["worker", "validator"], ["api", "--port", "0"]],
+    [
+        ["worker", "policy"],
+        ["worker", "executor"],
+        ["worker", "validator"],
+        ["worker", "status"],
+        ["api", "--port", "0"],
+    ],
     ids=lambda command: command[-1] if command[0] == "worker" else "api",
 )
 def test_a_service_without_the_grant_key_exits_with_one_line(

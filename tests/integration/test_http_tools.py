@@ -299,7 +299,8 @@ async def test_a_declared_operation_sends_credentials_and_maps_the_input(
     assert result.result == {"id": "rex 1", "name": "Rex", "verbose": "true"}
     [manifest] = await http.registry.versions(f"http__{name}__get_pet")
     assert manifest.redaction_allowlist == ["name"]  # the output schema's fields
-    assert manifest.effect == "read_only"
+    # A GET is a hint, not the operator's word: the effect stays the default.
+    assert manifest.effect == "external_side_effect"
 
     missing = error_of(await http.call(f"http__{name}__get_pet", {"pet_id": "missing"}))
     assert (missing["code"], missing["retryable"]) == ("external_api_error", False)

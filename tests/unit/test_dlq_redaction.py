@@ -19,6 +19,7 @@ from toolfleet.bus.dlq import (
     redact_credentials,
 )
 from toolfleet.errors import ErrorCode, ErrorInfo
+from toolfleet.events.codec import decode
 
 pytestmark = pytest.mark.unit
 
@@ -196,3 +197,40 @@ def test_a_record_without_a_token_is_dead_lettered_as_it_was() -> None:
     record, headers = _dlq(value, [("ce_id", b"1")])
     assert base64.b64decode(record["value_b64"]) == value
     assert REDACTED_HEADER not in headers
+
+
+@pytest.mark.parametrize("key", [b"\xed\xa0\x80", b"t1\x00", b"\xff"])
+def test_a_key_that_names_no_tenant_is_kept_in_the_record_and_the_record_decodes(
+    key: bytes,
+) -> None:
+    message = dlq_message(
+        source="toolfleet/status",
+        consumer_group="status",
+        topic="toolfleet.invoke.requested",
+        partition=0,
+        offset=1,
+        timestamp_ms=None,
+        key=key,
+        headers=[],
+        value=b"{}",
+        error=ErrorInfo(code=ErrorCode.INVALID_EVENT, message="bad", retryable=False),
+    )
+    assert message.key is None
+    envelope = decode(key=message.key, value=message.value, headers=message.headers)
+    assert base64.b64decode(envelope.data["key_b64"]) == key
+
+
+def test_a_tenant_key_keys_the_dlq_record() -> None:
+    message = dlq_message(
+        source="toolfleet/status",
+        consumer_group="status",
+        topic="toolfleet.invoke.requested",
+        partition=0,
+        offset=1,
+        timestamp_ms=None,
+        key=b"t1",
+        headers=[],
+        value=b"{}",
+        error=ErrorInfo(code=ErrorCode.INVALID_EVENT, message="bad", retryable=False),
+    )
+    assert message.key == b"t1"

@@ -37,7 +37,7 @@ def test_the_message_is_one_line_naming_the_command_that_creates_a_key() -> None
     assert "toolfleet keys grant" in MISSING_GRANT_KEY
 
 
-@pytest.mark.parametrize("service", ["policy", "executor", "validator", "audit+executor"])
+@pytest.mark.parametrize("service", ["policy", "executor", "validator", "status", "audit+executor"])
 def test_keyed_workers_refuse_to_start_without_the_grant_key(service: str) -> None:
     with pytest.raises(GrantKeyError) as refused:
         require_keys(service, FleetSettings())
@@ -48,8 +48,8 @@ def test_keyed_workers_start_with_a_key_and_the_others_need_none(tmp_path: Path)
     key = tmp_path / "grant.key"
     result = CliRunner().invoke(cli, ["keys", "grant", str(key)])
     assert result.exit_code == 0, result.output
-    require_keys("policy+executor+validator", FleetSettings(grant_key_file=key))
-    require_keys("audit+status", FleetSettings())
+    require_keys("policy+executor+validator+status", FleetSettings(grant_key_file=key))
+    require_keys("audit", FleetSettings())
 
 
 def test_an_unreadable_key_file_refuses_too(tmp_path: Path) -> None:

@@ -177,8 +177,8 @@ def dlq_message(
     error: ErrorInfo,
     traceparent: str | None = None,
 ) -> WireMessage:
-    """A structured-mode CloudEvent for ``toolfleet.dlq``, keyed by the original key,
-    with the record's credentials replaced (:func:`redact_credentials`)."""
+    """A structured-mode CloudEvent for ``toolfleet.dlq``, keyed by the original key when
+    it names a tenant, with the record's credentials replaced (:func:`redact_credentials`)."""
     redacted = redact_credentials(value or b"")
     replaced = list(redacted.replaced)
     kept_headers: list[DlqHeader] = []
@@ -217,7 +217,14 @@ def dlq_message(
     wire = encode(envelope, ContentMode.STRUCTURED)
     if replaced:
         wire.headers.append((REDACTED_HEADER, ",".join(replaced).encode()))
-    return WireMessage(key=key, value=wire.value, headers=wire.headers)
+    # Keyed by the tenant (the original key when it names one): a key that is not a
+    # tenant (not UTF-8, unprintable) stays in ``key_b64`` only, or the DLQ record itself
+    # could not be decoded by a CloudEvents reader.
+    return WireMessage(
+        key=tenant.encode() if tenant is not None else None,
+        value=wire.value,
+        headers=wire.headers,
+    )
 
 
 def _tenant_of(key: bytes | None) -> str | None:

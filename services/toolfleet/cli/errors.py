@@ -11,6 +11,7 @@ from urllib.parse import urlsplit, urlunsplit
 import typer
 from rich.markup import escape
 
+from toolfleet.auth.grants import GrantKeyError
 from toolfleet.bus.topics import TopicAdminError, TopicsFileError
 from toolfleet.cli.output import err_console
 from toolfleet.errors import KafkaSecurityError
@@ -63,6 +64,8 @@ def reaching_fleet(settings: FleetSettings) -> Iterator[None]:
         yield
     except KafkaSecurityError as exc:
         raise CliError(f"unusable Kafka security settings: {exc.message}") from None
+    except GrantKeyError as exc:
+        raise CliError(exc.message) from None
     except (TopicAdminError, TopicsFileError) as exc:
         raise CliError(str(exc)) from None
     except kafka_error as exc:

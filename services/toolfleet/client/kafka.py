@@ -90,6 +90,10 @@ class ToolfleetClient(RequestPublisher):
         self._pace: FetchPace | None = None
         self._outcomes: dict[str, asyncio.Future[ToolOutcome]] = {}
         self._progress: dict[str, ProgressCallback] = {}
+        self._tenants: dict[str, str] = {}
+        """The tenant each awaited invocation belongs to: a call is (tenant, invocation id),
+        so another tenant's outcome for the same id (its ``invocation_id_conflict``) is
+        never this caller's."""
         self._partitions: list[int] = []
         self._signer = ControlSigner.from_settings(settings)
         # A client that waits trusts only outcomes the fleet signed: without the grant
@@ -167,6 +171,7 @@ class ToolfleetClient(RequestPublisher):
         if self._watcher is not None:
             # Registered before publishing: a fast tool's outcome may beat ``wait``.
             self._outcomes[invocation_id] = asyncio.get_running_loop().create_future()
+            self._tenants[invocation_id] = tenant
             self._waiting.set()
         await self._producer.send(
             Outbound(envelope=envelope, topic=self._topic(TopicName.REQUESTED))
@@ -293,6 +298,7 @@ class ToolfleetClient(RequestPublisher):
         if self._watcher is None:
             raise RuntimeError("this client was started with watch=False")
         self._outcomes.setdefault(invocation_id, asyncio.get_running_loop().create_future())
+        self._tenants[invocation_id] = tenant_id
         self._waiting.set()
         return InvocationHandle(
             invocation_id=invocation_id, tenant_id=tenant_id, event_id="", traceparent=""
@@ -312,6 +318,7 @@ class ToolfleetClient(RequestPublisher):
         if future is None:
             future = asyncio.get_running_loop().create_future()
             self._outcomes[handle.invocation_id] = future
+        self._tenants[handle.invocation_id] = handle.tenant_id
         if on_progress is not None:
             self._progress[handle.invocation_id] = on_progress
             if self._pace is not None and self._pace.quiet_topics:
@@ -324,6 +331,7 @@ class ToolfleetClient(RequestPublisher):
         finally:
             if future.done():
                 self._outcomes.pop(handle.invocation_id, None)
+                self._tenants.pop(handle.invocation_id, None)
             self._progress.pop(handle.invocation_id, None)
 
     async def call(
@@ -429,6 +437,8 @@ class ToolfleetClient(RequestPublisher):
 
     def _deliver(self, envelope: Envelope) -> None:
         invocation_id = envelope.invocationid or ""
+        if envelope.tenantid != self._tenants.get(invocation_id, envelope.tenantid):
+            return  # the same id in another tenant is another call
         if envelope.type in TERMINAL_TYPES:
             if not self._trusts(envelope):
                 return  # still waiting: the real outcome may yet come

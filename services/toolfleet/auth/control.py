@@ -38,6 +38,7 @@ from toolfleet.auth.grants import (
     GrantKeyError,
     fleet_grant_keys,
     grant_kid,
+    keys_by_kid,
     load_grant_keys,
 )
 from toolfleet.errors import InvalidEvent, PermissionDenied
@@ -168,9 +169,7 @@ class ControlVerifier:
     """Checks control signatures (policy side) against every configured grant key."""
 
     def __init__(self, grant_keys: list[bytes], *, clock: Callable[[], float] = time.time) -> None:
-        if not grant_keys or any(len(k) < MIN_KEY_BYTES for k in grant_keys):
-            raise GrantKeyError(f"grant keys must be at least {MIN_KEY_BYTES} bytes")
-        self._keys = {grant_kid(k): control_key(k) for k in grant_keys}
+        self._keys = keys_by_kid(grant_keys, control_key)
         self._clock = clock
 
     @classmethod

@@ -148,6 +148,20 @@ def fleet_grant_keys(settings: FleetSettings) -> list[bytes]:
     return load_grant_keys(settings.grant_key_file)
 
 
+def keys_by_kid(
+    grant_keys: list[bytes], derive: Callable[[bytes], bytes] = lambda key: key
+) -> dict[str, bytes]:
+    """Each grant key (or the key ``derive`` makes of it for one purpose) by the grant
+    key's ``kid``: what a verifier of grants, control events or outcomes checks against.
+
+    Raises:
+        GrantKeyError: no key, or one shorter than :data:`MIN_KEY_BYTES`.
+    """
+    if not grant_keys or any(len(k) < MIN_KEY_BYTES for k in grant_keys):
+        raise GrantKeyError(f"grant keys must be at least {MIN_KEY_BYTES} bytes")
+    return {grant_kid(k): derive(k) for k in grant_keys}
+
+
 def new_grant_key() -> str:
     """A fresh random grant key (256 bits, base64url)."""
     return secrets.token_urlsafe(32)
@@ -242,9 +256,7 @@ class GrantVerifier:
     """Checks grants (executor side) against every configured grant key."""
 
     def __init__(self, keys: list[bytes], *, clock: Callable[[], float] = time.time) -> None:
-        if not keys or any(len(k) < MIN_KEY_BYTES for k in keys):
-            raise GrantKeyError(f"grant keys must be at least {MIN_KEY_BYTES} bytes")
-        self._keys = {grant_kid(k): k for k in keys}
+        self._keys = keys_by_kid(keys)
         self._clock = clock
 
     @classmethod

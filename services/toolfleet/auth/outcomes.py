@@ -40,7 +40,13 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from toolfleet.auth import jws
-from toolfleet.auth.grants import MIN_KEY_BYTES, GrantKeyError, fleet_grant_keys, grant_kid
+from toolfleet.auth.grants import (
+    MIN_KEY_BYTES,
+    GrantKeyError,
+    fleet_grant_keys,
+    grant_kid,
+    keys_by_kid,
+)
 from toolfleet.errors import PermissionDenied
 from toolfleet.events.envelope import Emitted, Envelope
 from toolfleet.events.models import OutcomeRefusalKind
@@ -156,9 +162,7 @@ class OutcomeVerifier:
     """Checks outcome signatures against every key of the grant key file."""
 
     def __init__(self, grant_keys: list[bytes], *, clock: Callable[[], float] = time.time) -> None:
-        if not grant_keys or any(len(k) < MIN_KEY_BYTES for k in grant_keys):
-            raise GrantKeyError(f"grant keys must be at least {MIN_KEY_BYTES} bytes")
-        self._keys = {grant_kid(k): outcome_key(k) for k in grant_keys}
+        self._keys = keys_by_kid(grant_keys, outcome_key)
         self._clock = clock
 
     @classmethod

@@ -148,7 +148,7 @@ def _outcome_sealer(settings: FleetSettings, service: str) -> Callable[[Envelope
     """What signs the outcomes ``service`` sends (:mod:`toolfleet.auth.outcomes`): each
     one as it is sent, whichever path built it, in every service the routing table
     names as a writer of ``invoke.results``; ``None`` for the others."""
-    if not any(name in _ENDS_CALLS for name in service.split("+")):
+    if not any(name in _ENDS_CALLS for name in worker_services(service)):
         return None
     return OutcomeSigner.from_settings(settings).seal
 

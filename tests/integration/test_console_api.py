@@ -100,13 +100,14 @@ async def test_the_timeline_reads_the_projections_event_kinds(
     ]
     for kind, after_ms, detail in marks:
         await _res(app).pool.execute(
-            "INSERT INTO projected_events (source, event_id, invocation_id, event_kind, "
-            "occurred_at, detail) VALUES ('/test', $1, $2, $3, $4, $5)",
+            "INSERT INTO projected_events (tenant_id, source, event_id, invocation_id, "
+            "event_kind, occurred_at, detail) VALUES ($6, '/test', $1, $2, $3, $4, $5)",
             str(uuid.uuid4()),
             invocation_id,
             kind,
             start + timedelta(milliseconds=after_ms),
             detail,
+            tenant,
         )
     answer = await http.get(
         f"/v1/invocations/{invocation_id}/timeline", headers=_bearer(issuer, tenant)

@@ -178,14 +178,21 @@ async def test_another_tenant_cannot_take_over_a_pending_call(
     (refusal,) = await outcomes(fleet, invocation_id, code=CONFLICT)
     assert refusal.tenantid == refusal.partitionkey == attacker  # the sender's own key
     assert refusal.data["tenant_id"] == attacker
+    # The attacker's request is a call of its own, (attacker, id): its row shows the
+    # refusal (it was 404 when a row was the id alone, and the refusal went nowhere).
+    refused = await status_is(http, fleet, attacker, invocation_id, "error")
+    assert refused["error"]["code"] == CONFLICT
+    assert (refused["tenant_id"], refused["agent_did"]) == (attacker, MALLORY)
+    assert refused["result"] is None
     view = await status_is(http, fleet, victim, invocation_id, "pending_approval")
+    assert (view["tenant_id"], view["agent_did"]) == (victim, AGENT)
     assert view["approval"]["parameters"] == PARAMS
     await approve(http, fleet, victim, invocation_id)
     done = await status_is(http, fleet, victim, invocation_id, "success")
     assert done["result"]["message"] == PARAMS["message"]
-    # The attacker never sees the victim's call.
-    mine = bearer(fleet.token(attacker, "did:user:reader"))
-    assert (await http.get(f"/v1/invocations/{invocation_id}", headers=mine)).status_code == 404
+    # Neither sees the other's call: the attacker's row still shows its own refusal.
+    again = await status_is(http, fleet, attacker, invocation_id, "error")
+    assert again == refused
 
 
 async def test_another_tenant_cannot_receive_a_calls_result_through_an_idempotency_key(

@@ -42,9 +42,10 @@ async def _invocation(
     age: timedelta,
     checkpoints: int = 0,
     blob: bool = False,
+    invocation_id: uuid.UUID | None = None,
 ) -> uuid.UUID:
     """A row created ``age`` ago; a finished one finished then too."""
-    invocation_id = uuid.uuid4()
+    invocation_id = invocation_id or uuid.uuid4()
     at = NOW - age
     finished = status in {"success", "error"}
     await pool.execute(
@@ -83,7 +84,8 @@ async def _invocation(
 async def _dedupe_row(pool: asyncpg.Pool, age: timedelta) -> str:
     event_id = str(uuid.uuid4())
     await pool.execute(
-        "INSERT INTO projected_events (source, event_id, projected_at) VALUES ($1, $2, $3)",
+        "INSERT INTO projected_events (tenant_id, source, event_id, projected_at)"
+        " VALUES ('t1', $1, $2, $3)",
         "/test/retention",
         event_id,
         NOW - age,
@@ -253,3 +255,30 @@ async def test_the_maintenance_worker_prunes_in_the_background(
         finally:
             stop.set()
             await asyncio.wait_for(asyncio.gather(*tasks), timeout=5)
+
+
+async def test_a_finished_call_goes_without_another_tenants_call_of_the_same_id(
+    pool: asyncpg.Pool,
+) -> None:
+    """A row is a call, (tenant, invocation id): pruning tenant A's finished call of an id
+    leaves tenant B's running call of that id, and B's blobs, where they are."""
+    finished, running = f"t_ret_{uuid.uuid4().hex[:8]}", f"t_ret_{uuid.uuid4().hex[:8]}"
+    shared = await _invocation(pool, finished, status="success", age=timedelta(days=120), blob=True)
+    await _invocation(
+        pool,
+        running,
+        status="running",
+        age=timedelta(days=200),
+        checkpoints=1,
+        blob=True,
+        invocation_id=shared,
+    )
+    job = RetentionJob(pool=pool, clock=lambda: NOW, pause=lambda _: asyncio.sleep(0))
+    await job.prune()
+
+    assert await _count(pool, _COUNT_TENANT, finished) == 0
+    assert [r["invocation_id"] for r in await pool.fetch(_IDS_OF_TENANT, running)] == [shared]
+    blobs = "SELECT count(*) FROM result_blobs WHERE tenant_id = $1"
+    assert (await _count(pool, blobs, finished), await _count(pool, blobs, running)) == (0, 1)
+    checkpoints = "SELECT count(*) FROM tool_checkpoints WHERE tenant_id = $1"
+    assert await _count(pool, checkpoints, running) == 1

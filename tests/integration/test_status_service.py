@@ -201,6 +201,7 @@ async def test_store_serializes_one_invocations_events(fleet: StatusFleet) -> No
         return ProjectInput(
             source=env.source,
             event_id=env.id,
+            tenant_id=lc.tenant,
             invocation_id=lc.invocation_id,
             transition=lambda row: apply(row, fact),  # type: ignore[arg-type]
         )
@@ -233,6 +234,7 @@ def _call(lc: Lifecycle, env: Envelope) -> ProjectInput:
     return ProjectInput(
         source=env.source,
         event_id=env.id,
+        tenant_id=lc.tenant,
         invocation_id=lc.invocation_id,
         transition=lambda row: apply(row, fact),
     )
@@ -272,6 +274,7 @@ async def test_a_poison_event_fails_alone_and_its_batch_is_projected(fleet: Stat
     poison = ProjectInput(
         source=poison_event.source,
         event_id=poison_event.id,
+        tenant_id=bad.tenant,
         invocation_id=bad.invocation_id,
         transition=explode,
     )

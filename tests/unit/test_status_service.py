@@ -22,17 +22,20 @@ class MemoryProjection:
     """The Projection port in a dict: what the Postgres adapter does, minus SQL."""
 
     def __init__(self) -> None:
-        self.rows: dict[str, InvocationRow] = {}
-        self.projected: set[tuple[str, str]] = set()
+        self.rows: dict[tuple[str, str], InvocationRow] = {}
+        """By ``(tenant_id, invocation_id)``: a row is a call."""
+        self.projected: set[tuple[str, str, str]] = set()
+        """``(tenant_id, source, event_id)`` of every event projected."""
 
     async def project(self, call: ProjectInput) -> bool:
-        key = (call.source, call.event_id)
-        if key in self.projected:
+        event = (call.tenant_id, call.source, call.event_id)
+        if event in self.projected:
             return False
-        self.projected.add(key)
-        updated = call.transition(self.rows.get(call.invocation_id))
+        self.projected.add(event)
+        key = (call.tenant_id, call.invocation_id)
+        updated = call.transition(self.rows.get(key))
         if updated is not None:
-            self.rows[call.invocation_id] = updated
+            self.rows[key] = updated
         return True
 
     async def project_all(self, calls: Sequence[ProjectInput]) -> list[bool]:
@@ -52,7 +55,7 @@ async def test_projects_once_per_event() -> None:
     assert not await projector.on_event(requested)
     assert await projector.on_event(done)
     assert not await projector.on_event(done)
-    row = store.rows[lc.invocation_id]
+    row = store.rows[lc.tenant, lc.invocation_id]
     assert row.status is InvocationStatus.SUCCESS
     assert len(store.projected) == 2
 
@@ -92,7 +95,7 @@ async def test_terminal_outcomes_are_announced_after_projection_redeliveries_too
         await projector.on_event(done)
         assert finished.is_set()
         # Announced only once the row shows the outcome.
-        assert store.rows[lc.invocation_id].status is InvocationStatus.SUCCESS
+        assert store.rows[lc.tenant, lc.invocation_id].status is InvocationStatus.SUCCESS
     await projector.on_event(done)  # a redelivery: a notice lost to a crash is sent again
     assert notices.published == [lc.invocation_id, lc.invocation_id]
 
@@ -127,5 +130,5 @@ async def test_a_batch_projects_like_one_by_one_and_announces_its_outcomes() -> 
         True, True, True, False, True, True, False,
     ]  # fmt: skip
     assert batched.rows == one_by_one.rows
-    assert batched.rows[first.invocation_id].status is InvocationStatus.SUCCESS
+    assert batched.rows[first.tenant, first.invocation_id].status is InvocationStatus.SUCCESS
     assert notices.published == [first.invocation_id, first.invocation_id]

@@ -3,6 +3,11 @@
 Lists use keyset pagination on ``(created_at, invocation_id)``, the order of the
 ``tool_invocations_tenant_created`` index, so a page costs the same wherever it is. The
 cursor is opaque to clients: base64url of the last row's key.
+
+A row is a call, ``(tenant_id, invocation_id)`` (migration 0011): two tenants may each
+have a row under one id (a request that named another tenant's id gets a row of its
+own, where its ``invocation_id_conflict`` refusal shows). Every read by id names the
+caller's tenant; an admin (no tenant) reading by id gets the id's first call.
 """
 
 from __future__ import annotations
@@ -75,20 +80,30 @@ class InvocationQueries:
         self._pool = pool
 
     async def get(self, invocation_id: UUID, *, tenant_id: str | None) -> InvocationView | None:
-        """One invocation, or ``None`` if unknown or another tenant's."""
-        args: list[Any] = [invocation_id]
-        where = "invocation_id = $1"
-        if tenant_id is not None:
-            args.append(tenant_id)
-            where += " AND tenant_id = $2"
-        row = await self._pool.fetchrow(
-            f"SELECT {_COLUMNS} FROM tool_invocations WHERE {where}",  # noqa: S608 - placeholders only
-            *args,
-        )
+        """The call ``(tenant_id, invocation_id)``, or ``None`` if that tenant has none.
+
+        ``tenant_id=None`` (an admin): the id's first call, the row with the earliest
+        ``created_at`` (a later tenant's row under the same id is its refused request;
+        the list, which shows every row, finds it).
+        """
+        if tenant_id is None:
+            row = await self._pool.fetchrow(
+                f"""SELECT {_COLUMNS} FROM tool_invocations WHERE invocation_id = $1
+                    ORDER BY created_at, tenant_id LIMIT 1""",  # noqa: S608 - placeholders only
+                invocation_id,
+            )
+        else:
+            row = await self._pool.fetchrow(
+                f"""SELECT {_COLUMNS} FROM tool_invocations
+                    WHERE tenant_id = $1 AND invocation_id = $2""",  # noqa: S608 - placeholders only
+                tenant_id,
+                invocation_id,
+            )
         return None if row is None else _view(row)
 
     async def many(self, ids: Sequence[UUID]) -> list[InvocationView]:
-        """The rows of ``ids`` that exist, of every tenant (the console feed filters)."""
+        """The rows of ``ids`` that exist, every tenant's row of each (the console feed
+        offers each row to the subscribers of its tenant only)."""
         rows = await self._pool.fetch(
             f"SELECT {_COLUMNS} FROM tool_invocations WHERE invocation_id = ANY($1::uuid[])",  # noqa: S608 - placeholders only
             list(ids),

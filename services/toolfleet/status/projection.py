@@ -11,9 +11,17 @@ projection converge: any ordering of one lifecycle's events gives the same row.
   trace, priority, idempotency key): the first write wins. Every event only fills
   what is still unknown (a priority still at its default counts as unknown), so a
   later request that reuses the id (refused by policy with ``invocation_id_conflict``)
-  never rewrites what the row shows an approver. Another tenant's event never touches
-  a row, and an ``invocation_id_conflict`` outcome (the refusal of such a request, sent
-  to its sender) is not projected at all.
+  never rewrites what the row shows an approver.
+* **a row is a call**, ``(tenant_id, invocation_id)``: another tenant's events go to
+  that tenant's own row (an event that names no tenant is not projected). So a request
+  of tenant A that names tenant B's id makes A's row, and the ``invocation_id_conflict``
+  refusal policy sends A ends it; B's row never sees either.
+* an ``invocation_id_conflict`` outcome ends only a row that nothing policy accepted
+  has reached (its request, control events): A's row above. On a row of an accepted
+  call (the same tenant's later request under the id was refused, not the call) it
+  changes nothing, and where it came first (the topics are read apart) any event of
+  the accepted call replaces it: the row then folds as if it never came. It sets no
+  phase, and fixes nothing of the row's identity but a new row's ``tool_id``.
 * **current_phase** keeps the latest phase of the lifecycle, by this precedence:
   ``"" < awaiting_approval < approved < denied < authorized < running <`` checkpoint
   phase ``< validating < cancel_requested < completed``; among checkpoints the one with
@@ -208,7 +216,7 @@ class Fact:
 
     kind: Kind
     invocation_id: str
-    tenant_id: str | None
+    tenant_id: str
     occurred_at: datetime
     tool_id: str | None = None
     agent_did: str | None = None
@@ -236,6 +244,8 @@ class Fact:
     """``invoked``: the executor that started it (a new one is a hand-over)."""
     resumed_from_checkpoint_id: str | None = None
     """``invoked``: the checkpoint the attempt resumed from, if it resumed."""
+    id_conflict: bool = False
+    """``terminal``: policy's ``invocation_id_conflict`` refusal of a request."""
 
     def timeline_detail(self) -> dict[str, Any]:
         """What the console's timeline shows of this fact (no parameters, no result)."""
@@ -283,9 +293,12 @@ def fact_of(event: Envelope, *, now: datetime) -> Fact | None:
         invocation_id = invocation_id_of(event)
         if invocation_id is None:
             return None
+    tenant_id = event.tenantid or tenant_of(event)
+    if tenant_id is None:
+        return None  # a row is a (tenant, invocation id): this event names no call
     base = {
         "invocation_id": invocation_id,
-        "tenant_id": event.tenantid or tenant_of(event),
+        "tenant_id": tenant_id,
         "occurred_at": event.time or now,
         "trace_id": trace_id_of(event.traceparent),
     }
@@ -432,15 +445,12 @@ def _terminal(event: Envelope, base: dict[str, Any]) -> Fact | None:
     outcome = event.data_as(ToolOutcome)
     if not outcome.status.is_terminal:
         raise InvalidEvent(f"{event.type} carries the non-terminal status {outcome.status}")
-    if outcome.error is not None and outcome.error.code is ErrorCode.INVOCATION_ID_CONFLICT:
-        return None  # the refusal of a request that named another call's id: not that call's
     meta = outcome.execution_metadata
     # One serializer pass for the three members the row keeps as JSON.
     dumped = jsonable(outcome, include=_TERMINAL_JSON)
-    return _fact(
+    fact = _fact(
         Kind.TERMINAL,
         base,
-        tenant_id=base["tenant_id"] or outcome.tenant_id,
         tool_id=outcome.tool_id,
         agent_did=outcome.agent_did,
         tool_version=outcome.tool_version,
@@ -453,6 +463,20 @@ def _terminal(event: Envelope, base: dict[str, Any]) -> Fact | None:
         started_at=meta.started_at,
         completed_at=meta.completed_at,
     )
+    if outcome.error is not None and outcome.error.code is ErrorCode.INVOCATION_ID_CONFLICT:
+        # The refusal of another request under the id: it fixes nothing of a row (only
+        # ``tool_id``, which a new row needs, and which an accepted event replaces).
+        fact.__dict__.update(_CONFLICT_FIXES_NOTHING)
+    return fact
+
+
+_CONFLICT_FIXES_NOTHING: Final = {
+    "id_conflict": True,
+    "agent_did": None,
+    "tool_version": None,
+    "trace_id": None,
+    "started_at": None,
+}
 
 
 _TERMINAL_JSON: Final = {"error", "execution_metadata", "documents_accessed"}
@@ -513,16 +537,66 @@ def apply(row: InvocationRow | None, fact: Fact) -> InvocationRow | None:
             "tool_id": fact.tool_id,
             "created_at": fact.occurred_at,
         }
-    elif fact.tenant_id is not None and fact.tenant_id != row.tenant_id:
-        return row
+    elif fact.tenant_id != row.tenant_id:
+        return row  # another call's (the store keys rows by the pair: never happens there)
+    elif fact.id_conflict and _accepted(row):
+        return row  # the refusal of a later request under this call's id: not the call's
     else:
         values = dict(row.__dict__)
+        if kind in _ACCEPTED_KINDS and not fact.id_conflict and _refused_as_conflict(row):
+            # The call was accepted after all: the conflict refusal was another request's.
+            values.update(_UNENDED)
+            values["tool_id"] = fact.tool_id or row.tool_id
     # Every merge below edits ``values``; the row is built once, at the end.
     _merge_identity(values, fact, kind)
     _merge_progress(values, fact, kind)
     _merge_status(values, fact, kind)
-    _merge_phase(values, kind)
+    if not fact.id_conflict:  # a refusal that an accepted event may replace sets no phase
+        _merge_phase(values, kind)
     return _new(InvocationRow, values)
+
+
+_ACCEPTED_KINDS: Final = frozenset(
+    {
+        Kind.AUTHORIZED,
+        Kind.APPROVAL_REQUESTED,
+        Kind.INVOKED,
+        Kind.CHECKPOINT,
+        Kind.EXECUTED,
+        Kind.TERMINAL,
+    }
+)
+"""What policy (or a stage after it) says of a call it accepted, or a non-conflict
+refusal: never a request's own event, nor a tenant's control event."""
+_UNENDED: Final = {
+    "status": InvocationStatus.PENDING,
+    "result": None,
+    "error": None,
+    "warnings": (),
+    "execution_metadata": None,
+    "documents_accessed": (),
+    "completed_at": None,
+}
+"""A row's terminal fields before any outcome."""
+
+
+def _refused_as_conflict(row: InvocationRow) -> bool:
+    """The row ended with an ``invocation_id_conflict`` refusal."""
+    error = row.error
+    return (
+        row.status is InvocationStatus.ERROR
+        and error is not None
+        and error.get("code") == ErrorCode.INVOCATION_ID_CONFLICT
+    )
+
+
+def _accepted(row: InvocationRow) -> bool:
+    """An event of :data:`_ACCEPTED_KINDS` reached the row: it is a call policy took
+    (authorized and approval events resolve ``tool_version``; a conflict refusal and a
+    request never do), or one it refused otherwise."""
+    if _refused_as_conflict(row):
+        return False
+    return row.status is not InvocationStatus.PENDING or row.tool_version is not None
 
 
 def _merge_identity(row: dict[str, Any], fact: Fact, kind: Kind) -> None:

@@ -23,8 +23,12 @@ class ProjectInput:
     """One event to fold into one invocation's row."""
 
     source: str
-    """``source`` of the event; with ``event_id`` its idempotency key."""
+    """``source`` of the event; with ``event_id`` and ``tenant_id`` its idempotency key."""
     event_id: str
+    tenant_id: str
+    """With ``invocation_id``, the row's key; with ``source`` and ``event_id``, the
+    event's (as :attr:`~toolfleet.events.envelope.Envelope.dedupe_key`: another tenant's
+    event that reuses a source and id is not a redelivery of this one)."""
     invocation_id: str
     transition: Transition
     """Pure: the row as it is (``None`` if absent) → the row to store (``None``: none)."""
@@ -41,7 +45,8 @@ class Projection(Protocol):
     """Where rows live (Postgres: :class:`toolfleet.status.store.PostgresProjection`)."""
 
     async def project(self, call: ProjectInput) -> bool:
-        """Atomically record ``source``+``event_id`` and apply ``transition`` to the row.
+        """Atomically record ``tenant_id``+``source``+``event_id`` and apply
+        ``transition`` to the row of ``(tenant_id, invocation_id)``.
 
         Returns ``False`` (and changes nothing) when that event was projected before.
         Implementations serialize calls for one invocation.
@@ -130,6 +135,7 @@ def _input(event: Envelope, fact: Fact) -> ProjectInput:
     return ProjectInput(
         source=event.source,
         event_id=event.id,
+        tenant_id=fact.tenant_id,
         invocation_id=fact.invocation_id,
         transition=lambda row: apply(row, fact),
         kind=fact.kind.value,

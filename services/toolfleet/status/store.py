@@ -9,6 +9,11 @@ where a conflict means the event was projected before and it changes nothing; on
 of the rows; the pure transitions, folded in the order the calls came; one upsert of
 the rows that changed. An idle consumer's batch is a single event.
 
+A row is a call, ``(tenant_id, invocation_id)`` (migration 0011): rows are read, folded
+and written by the pair, and an event's dedupe marker is ``(tenant_id, source,
+event_id)``. The advisory lock is taken on the id alone (as retention takes it): the
+calls of two tenants under one id share it, which costs nothing and keeps it simple.
+
 A batch that fails on a lost connection fails every call in it (the consumer runtime
 waits that out and calls again). Any other failure is projected again one event per
 transaction, so a poison event fails alone.
@@ -93,8 +98,16 @@ _ASSIGNMENTS = ", ".join(
     for c in _COLUMNS
     if c not in _FIXED
 )
-_SELECT = f"SELECT {_COLUMN_LIST} FROM tool_invocations WHERE invocation_id = $1"  # noqa: S608
-_SELECT_MANY = f"SELECT {_COLUMN_LIST} FROM tool_invocations WHERE invocation_id = ANY($1::uuid[])"  # noqa: S608
+_SELECT = f"SELECT {_COLUMN_LIST} FROM tool_invocations WHERE tenant_id = $1 AND invocation_id = $2"  # noqa: S608
+_SELECT_FIRST = (
+    f"SELECT {_COLUMN_LIST} FROM tool_invocations WHERE invocation_id = $1"  # noqa: S608
+    " ORDER BY created_at, tenant_id LIMIT 1"
+)
+_SELECT_MANY = (
+    f"SELECT {_COLUMN_LIST} FROM tool_invocations"  # noqa: S608
+    " WHERE (tenant_id, invocation_id) IN"
+    " (SELECT * FROM unnest($1::text[], $2::uuid[]))"
+)
 # Sorted ids, locked in that order: batches that share invocations never deadlock.
 _LOCK_MANY = """
     SELECT pg_advisory_xact_lock($1, hashtext(id))
@@ -106,14 +119,15 @@ _LOCK_MANY = """
 # and row cost asyncpg several abstract-class checks per element (about a tenth of the
 # status worker's CPU). A JSON null is SQL NULL in every column.
 _MARK_MANY = """
-    INSERT INTO projected_events (source, event_id, invocation_id, event_kind, occurred_at, detail)
-    SELECT source, event_id, invocation_id, event_kind, occurred_at, detail
+    INSERT INTO projected_events
+        (tenant_id, source, event_id, invocation_id, event_kind, occurred_at, detail)
+    SELECT tenant_id, source, event_id, invocation_id, event_kind, occurred_at, detail
     FROM jsonb_to_recordset($1::jsonb) AS marks (
-        source text, event_id text, invocation_id uuid, event_kind text,
+        tenant_id text, source text, event_id text, invocation_id uuid, event_kind text,
         occurred_at timestamptz, detail jsonb
     )
-    ON CONFLICT (source, event_id) DO NOTHING
-    RETURNING source, event_id
+    ON CONFLICT (tenant_id, source, event_id) DO NOTHING
+    RETURNING tenant_id, source, event_id
 """
 # The changed rows of a batch in one statement (a statement per row cost Postgres a
 # quarter more).
@@ -121,9 +135,7 @@ _UPSERT_MANY = (
     f"INSERT INTO tool_invocations ({_COLUMN_LIST}, updated_at) "  # noqa: S608
     f"SELECT {_COLUMN_LIST}, now() FROM jsonb_to_recordset($1::jsonb) AS r ("
     + ", ".join(f"{name} {kind}" for name, kind in _TYPED_COLUMNS)
-    + f") ON CONFLICT (invocation_id) DO UPDATE SET {_ASSIGNMENTS}, updated_at = now()"
-    # Another tenant's write never lands on a row (the fold ignores it already).
-    " WHERE tool_invocations.tenant_id = EXCLUDED.tenant_id"
+    + f") ON CONFLICT (tenant_id, invocation_id) DO UPDATE SET {_ASSIGNMENTS}, updated_at = now()"
 )
 
 
@@ -183,6 +195,7 @@ class PostgresProjection:
                 _MARK_MANY,
                 [
                     {
+                        "tenant_id": c.tenant_id,
                         "source": c.source,
                         "event_id": c.event_id,
                         "invocation_id": c.invocation_id,
@@ -194,19 +207,20 @@ class PostgresProjection:
                 ],
             )
             # Scalar text columns come back through the connection's codec: unescaped.
-            fresh = {(r["source"], r["event_id"]) for r in marked}
+            fresh = {(r["tenant_id"], r["source"], r["event_id"]) for r in marked}
             stored = {
-                str(r["invocation_id"]): _row_of(r) for r in await conn.fetch(_SELECT_MANY, ids)
+                (r["tenant_id"], str(r["invocation_id"])): _row_of(r)
+                for r in await conn.fetch(_SELECT_MANY, [c.tenant_id for c in calls], ids)
             }
             rows = dict(stored)
             results: list[bool] = []
             for call, invocation in zip(calls, ids, strict=True):
-                event = (call.source, call.event_id)
+                event = (call.tenant_id, call.source, call.event_id)
                 if event not in fresh:  # projected before, or a twin earlier in this batch
                     results.append(False)
                     continue
                 fresh.discard(event)
-                key = str(invocation)
+                key = (call.tenant_id, str(invocation))
                 updated = call.transition(rows.get(key))
                 if updated is not None:
                     rows[key] = updated
@@ -216,10 +230,16 @@ class PostgresProjection:
                 await conn.execute(_UPSERT_MANY, changed)
         return results
 
-    async def get(self, invocation_id: str) -> InvocationRow | None:
-        """The row of one invocation (tests, tools)."""
+    async def get(
+        self, invocation_id: str, *, tenant_id: str | None = None
+    ) -> InvocationRow | None:
+        """The row of one call (tests, tools); without ``tenant_id``, the row of the
+        id's first call (the earliest ``created_at``)."""
         async with self._pool.acquire() as conn:
-            record = await conn.fetchrow(_SELECT, uuid.UUID(invocation_id))
+            if tenant_id is None:
+                record = await conn.fetchrow(_SELECT_FIRST, uuid.UUID(invocation_id))
+            else:
+                record = await conn.fetchrow(_SELECT, tenant_id, uuid.UUID(invocation_id))
         return _row_of(record) if record is not None else None
 
 

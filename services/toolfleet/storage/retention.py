@@ -168,15 +168,15 @@ RETURNING c.*
 """
 _FINISHED_INVOCATIONS = """
 WITH candidates AS MATERIALIZED (
-    SELECT invocation_id FROM tool_invocations
+    SELECT tenant_id, invocation_id FROM tool_invocations
     WHERE status_rank = 3 AND completed_at < $1
     ORDER BY completed_at LIMIT $2 FOR UPDATE SKIP LOCKED
 ), doomed AS MATERIALIZED (
-    SELECT invocation_id FROM candidates
+    SELECT tenant_id, invocation_id FROM candidates
     WHERE pg_try_advisory_xact_lock($3, hashtext(invocation_id::text))
 )
 DELETE FROM tool_invocations i USING doomed
-WHERE i.invocation_id = doomed.invocation_id
+WHERE i.tenant_id = doomed.tenant_id AND i.invocation_id = doomed.invocation_id
 RETURNING i.*
 """
 # A call is (tenant, invocation): the rows of the finished calls only.
@@ -184,7 +184,10 @@ _CHECKPOINTS_OF = """
 DELETE FROM tool_checkpoints c USING unnest($1::uuid[], $2::text[]) AS d(invocation_id, tenant_id)
 WHERE c.invocation_id = d.invocation_id AND c.tenant_id = d.tenant_id RETURNING c.*
 """
-_BLOBS_OF = "DELETE FROM result_blobs WHERE invocation_id = ANY($1::uuid[])"
+_BLOBS_OF = """
+DELETE FROM result_blobs b USING unnest($1::uuid[], $2::text[]) AS d(invocation_id, tenant_id)
+WHERE b.invocation_id = d.invocation_id AND b.tenant_id = d.tenant_id
+"""
 # A finished call resumes no more: its document version pins go with it.
 _PINS_OF = """
 DELETE FROM document_pins p USING unnest($1::text[], $2::text[]) AS d(invocation_id, tenant_id)
@@ -266,7 +269,7 @@ class RetentionJob:
             ids = [r["invocation_id"] for r in rows]
             tenants = [r["tenant_id"] for r in rows]
             checkpoints = await conn.fetch(_CHECKPOINTS_OF, ids, tenants)
-            blobs = _count(await conn.execute(_BLOBS_OF, ids))
+            blobs = _count(await conn.execute(_BLOBS_OF, ids, tenants))
             await conn.execute(_PINS_OF, [str(i) for i in ids], tenants)
             await self._archive("tool_checkpoints", checkpoints, day)
             await self._archive("tool_invocations", rows, day)

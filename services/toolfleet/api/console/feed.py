@@ -6,6 +6,10 @@ the only ``LISTEN`` connection, gathers the ids that arrive together, reads thos
 once, and hands each to every subscriber allowed to see its tenant. A subscriber that
 falls behind, and every subscriber after the listener lost its connection (notices
 sent meanwhile are gone), gets :data:`RESYNC`: reload the list, then follow again.
+
+A row is a call, ``(tenant_id, invocation_id)``: the payload names the id alone, so the
+feed reads every tenant's row of that id and offers each to its own tenant's
+subscribers (and admins) only.
 """
 
 from __future__ import annotations

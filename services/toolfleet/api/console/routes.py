@@ -118,7 +118,7 @@ async def me(caller: CallerDep) -> Me:
 
 
 _MARKS = """SELECT source, event_kind, occurred_at, detail FROM projected_events
-            WHERE invocation_id = $1 AND event_kind IS NOT NULL"""
+            WHERE invocation_id = $1 AND tenant_id = $2 AND event_kind IS NOT NULL"""
 
 
 @router.get(
@@ -133,7 +133,7 @@ async def invocation_timeline(
     """Requested → authorized → invoked → checkpoints → outcome, with durations,
     attempts, resumes and worker hand-overs (same visibility as the status route)."""
     view = await invoking.visible(res, caller, invocation_id)
-    rows = await res.pool.fetch(_MARKS, invocation_id)
+    rows = await res.pool.fetch(_MARKS, invocation_id, view.tenant_id)
     marks = [
         Mark(
             kind=r["event_kind"],

@@ -594,11 +594,12 @@ class EventConsumer:
         bound = self._per_type.get((event_type, outcome))
         if bound is None:
             service = self.spec.service
+            label = metrics.event_type_label(event_type)  # from the wire: a known one
             bound = (
-                metrics.EVENTS_PROCESSED.labels(service, event_type, outcome),
-                metrics.PROCESSING_SECONDS.labels(service, event_type),
+                metrics.EVENTS_PROCESSED.labels(service, label, outcome),
+                metrics.PROCESSING_SECONDS.labels(service, label),
             )
-            if len(self._per_type) < 1024:  # event types come from the wire: bounded
+            if len(self._per_type) < 1024:  # the cache is keyed by the wire's text
                 self._per_type[(event_type, outcome)] = bound
         return bound
 

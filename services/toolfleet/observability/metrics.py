@@ -2,7 +2,23 @@
 
 from __future__ import annotations
 
+from typing import Final
+
 from prometheus_client import Counter, Gauge, Histogram
+
+from toolfleet.events.types import EventType
+
+KNOWN_EVENT_TYPES: Final = frozenset(t.value for t in EventType)
+"""The event types a ``type`` label may hold: the fleet's own (the routing table's)."""
+UNKNOWN_EVENT_TYPE: Final = "unknown"
+"""The ``type`` label of any other event: a producer cannot mint series."""
+
+
+def event_type_label(event_type: str) -> str:
+    """``event_type`` as a metric label: itself when the fleet knows it, else
+    :data:`UNKNOWN_EVENT_TYPE` (event types come from the wire)."""
+    return event_type if event_type in KNOWN_EVENT_TYPES else UNKNOWN_EVENT_TYPE
+
 
 EVENTS_PROCESSED = Counter(
     "toolfleet_events_processed_total",

@@ -11,7 +11,7 @@ import jwt
 import pytest
 from fastapi import FastAPI
 
-from tests.support.api import ApiKeys, api_settings_for, running_app
+from tests.support.api import ApiKeys, api_settings_for, bearer, running_app
 from tests.support.eventually import eventually
 from toolfleet.api import ApiSettings
 from toolfleet.api.resources import ApiResources
@@ -62,10 +62,6 @@ async def revoke(settings: ApiSettings, token: str, http: httpx.AsyncClient) -> 
         return response.status_code == 401
 
     await eventually(refused, timeout=1.0, interval=0.01)
-
-
-def bearer(token: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"}
 
 
 def tenant() -> str:

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support.api import BASE_URL
+from tests.support.api import BASE_URL, bearer
 from tests.support.eventually import eventually
 from tests.support.pipeline import Fleet, fleet_settings, in_process_fleet
 from toolfleet.api import ApiSettings
@@ -45,10 +45,6 @@ async def fleet(
     home: Path = tmp_path_factory.mktemp("approvals")
     async with in_process_fleet(fleet_settings(settings, home), SERVICES) as running:
         yield running
-
-
-def bearer(token: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"}
 
 
 @pytest.fixture(scope="module")

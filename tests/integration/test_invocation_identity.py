@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support.api import BASE_URL
+from tests.support.api import BASE_URL, bearer
 from tests.support.eventually import eventually
 from tests.support.pipeline import Fleet, fleet_settings, in_process_fleet
 from toolfleet.api import ApiSettings
@@ -50,10 +50,6 @@ async def fleet(
 @pytest.fixture(scope="module")
 def api_settings(fleet: Fleet) -> ApiSettings:
     return ApiSettings(**{**fleet.settings.model_dump(), "api_url": BASE_URL})
-
-
-def bearer(token: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"}
 
 
 def tenant() -> str:

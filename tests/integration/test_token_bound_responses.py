@@ -30,6 +30,7 @@ from fastapi import FastAPI
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
+from tests.support.api import bearer
 from tests.support.eventually import eventually
 from tests.support.pipeline import Fleet, fleet_settings, in_process_fleet
 from tests.support.servers import free_port
@@ -94,10 +95,6 @@ async def api(fleet: Fleet) -> AsyncIterator[Api]:
 
 def tenant() -> str:
     return f"t_{uuid.uuid4().hex[:10]}"
-
-
-def bearer(token: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"}
 
 
 async def revoke(fleet: Fleet, token: str) -> None:

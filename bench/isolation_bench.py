@@ -150,6 +150,7 @@ async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=50)
     args = parser.parse_args()
+    print("broker profile: none (tool isolation only; no Kafka in this benchmark)")
     runs: dict[str, Any] = {
         "in_process": summary(await in_process(args.n)),
         "warm_sandbox": summary(await sandboxed(args.n, warm=True)),

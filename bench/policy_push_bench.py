@@ -156,6 +156,7 @@ def push_main(
     args = parser.parse_args(argv)
     if not 1 <= args.n <= 10_000:
         parser.error("--n must be between 1 and 10000")
+    print("broker profile: none (no Kafka in this benchmark)")
     results = asyncio.run(run(args.n))
     print(push_table(results["fleet"], results["baseline"], what=what, count=count))
     if not args.no_save:

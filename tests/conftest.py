@@ -37,6 +37,10 @@ for _name in list(os.environ):
         "TOOLFLEET_TEST_KAFKA_BOOTSTRAP",
     }:
         del os.environ[_name]
+# The tests run on the embedded dev broker, hence its profile (``toolfleet dev`` sets it
+# too): every FleetSettings built here, and every process started from here, reads it.
+# A test of the ``kafka`` profile says so (``FleetSettings(broker_profile="kafka")``).
+os.environ["TOOLFLEET_BROKER_PROFILE"] = "dev"
 
 
 @pytest.fixture(scope="session")

@@ -20,6 +20,7 @@ SETTINGS_CLASSES = (
     ("toolfleet.api.settings", "ApiSettings"),
     ("toolfleet.maintenance.settings", "MaintenanceSettings"),
     ("toolfleet.analytics.settings", "AnalyticsSettings"),
+    ("toolfleet.devstack.broker_profile.settings", "DevBrokerSettings"),
 )
 START, END = "<!-- config-table:start -->", "<!-- config-table:end -->"
 
@@ -32,11 +33,25 @@ def _classes() -> list[tuple[str, type[BaseSettings]]]:
     return found
 
 
+#: Broker profiles, the one a default can follow (``TOOLFLEET_BROKER_PROFILE``) first.
+PROFILES = ("kafka", "dev")
+
+
 def _default(cls: type[BaseSettings], field_name: str) -> object:
-    return cls.model_fields[field_name].get_default(call_default_factory=True)
+    info = cls.model_fields[field_name]
+    if info.default_factory_takes_validated_data:  # follows the broker profile
+        return {
+            profile: info.get_default(
+                call_default_factory=True, validated_data={"broker_profile": profile}
+            )
+            for profile in PROFILES
+        }
+    return info.get_default(call_default_factory=True)
 
 
 def _shown(value: object) -> str:
+    if isinstance(value, dict):
+        return ", ".join(f"{_shown(v)} ({profile})" for profile, v in value.items())
     return "unset" if value is None or value == "" else f"`{value}`"
 
 

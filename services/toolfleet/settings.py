@@ -7,12 +7,28 @@ The README's configuration table is checked against these classes by a test.
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Callable
 from pathlib import Path
-from typing import Literal, Self
+from typing import Any, Literal, Self, TypeVar
 from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+T = TypeVar("T")
+
+
+BrokerProfileName = Literal["kafka", "dev"]
+"""``TOOLFLEET_BROKER_PROFILE``: ``kafka`` (production) or ``dev`` (the embedded broker)."""
+
+
+def _by_profile(*, kafka: T, dev: T) -> Callable[[dict[str, Any]], T]:
+    """A default that follows ``broker_profile`` (declared before the fields using it)."""
+
+    def default(validated: dict[str, Any]) -> T:
+        return dev if validated.get("broker_profile") == "dev" else kafka
+
+    return default
 
 
 class FleetSettings(BaseSettings):
@@ -37,45 +53,23 @@ class FleetSettings(BaseSettings):
     topic_replication: int = Field(default=1, ge=1)
     """Replication factor when toolfleet creates its topics; caps the
     ``min.insync.replicas`` of ``topics.yaml``."""
-    fetch_max_wait_ms: int = Field(default=5, ge=0)
-    """How long a fetch may wait for data: sets per-hop latency (low by default)."""
-    fetch_broker_wait_ms: int = Field(default=1, ge=1)
-    """The part of a fetch's wait the broker holds it (ms, at most ``fetch_max_wait_ms``);
-    the consumer waits the rest itself before it fetches again, and a doorbell ring cuts
-    that short. The dev broker burns CPU while it holds a fetch, so 1 by default; with a
-    Kafka that long-polls (wakes a held fetch when a record lands) set it to
-    ``fetch_max_wait_ms`` or more, as ``docker-compose.yml`` does."""
-    observer_fetch_max_wait_ms: int = Field(default=50, ge=0)
-    """``fetch_max_wait_ms`` of audit and status, which are off the outcome's critical path:
-    while awake they fetch at most this often, and wait this long after a ring before
-    fetching; one fetch collects several hops."""
-    fetch_doorbell: bool = True
-    """Fetch on demand: producers ring a topic (Redis pub/sub) once a send to it is
-    acknowledged, and a consumer that has caught up rests (partitions paused, no fetch
-    requests) until a topic it reads rings. Off: every consumer fetches every
-    ``fetch_max_wait_ms`` and never rests; with a Kafka that long-polls, raise
-    ``TOOLFLEET_FETCH_MAX_WAIT_MS`` (500) to match."""
-    idle_after_ms: int = Field(default=1000, ge=0)
-    """With the doorbell: a consumer that fetched no records for this long rests, and a
-    producer rings a topic at most every half of it. 0: rest as soon as a fetch returned
-    and ring on every send (less CPU per call, not faster on the dev broker: see the
-    README's benchmarks)."""
-    idle_fetch_interval_ms: int = Field(default=500, ge=10)
-    """How often a resting consumer looks for records nobody rang, and how long an awake
-    one on the critical path holds a fetch no ring named records for (the most a lost
-    ring, or a producer that does not ring, adds to a hop's latency)."""
+    broker_profile: BrokerProfileName = "kafka"
+    """What the fleet's clients expect of the brokers. ``kafka`` (Apache Kafka, MSK,
+    Confluent, Redpanda): fetches long-poll at the broker, the producer is idempotent with
+    ``acks=all``, a stopping worker leaves its group at once. ``dev``: the embedded broker
+    of ``toolfleet dev`` and the tests (``toolfleet.devstack.broker_profile``). Workers
+    log the profile they run at start."""
+    fetch_max_wait_ms: int = Field(default_factory=_by_profile(kafka=500, dev=5), ge=0)
+    """How long the broker may hold a fetch that found no records (ms). A broker that
+    long-polls answers the moment a record lands, so this sets how often an idle consumer
+    asks, not a hop's latency. Unset: 500 with the ``kafka`` profile, 5 with ``dev``."""
     linger_ms: int = Field(default=0, ge=0)
     """Producer batching delay, added to every hop (0 by default)."""
-    enable_idempotence: bool = False
-    """Idempotent producer; off by default because the dev broker lacks it."""
+    enable_idempotence: bool = Field(default_factory=_by_profile(kafka=True, dev=False))
+    """Idempotent producer (a retried send is written once, in order). Unset: on with the
+    ``kafka`` profile, off with ``dev``; off for a Kafka-compatible service without it."""
     session_timeout_ms: int = Field(default=10_000, ge=1_000)
     """Consumer session timeout: how soon a dead worker's partitions move elsewhere."""
-    kafka_leave_group: bool = False
-    """A stopping worker sends LeaveGroup, so its partitions move at once. Off by default
-    because the dev broker keeps a leader that leaves while its group rebalances as the
-    group's leader, and that group never assigns a partition again; off, a stopped
-    worker's partitions move after the session timeout. On with a real Kafka, as
-    ``docker-compose.yml`` sets it."""
     max_event_bytes: int = Field(default=1_048_576, ge=1024)
     """Largest accepted message value; larger ones go to the DLQ."""
     result_inline_bytes: int = Field(default=262_144, ge=1024)

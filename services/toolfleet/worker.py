@@ -14,7 +14,7 @@ import logging
 import os
 import signal
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any, cast
@@ -25,8 +25,8 @@ from redis.asyncio import Redis
 from toolfleet.auth.grants import fleet_grant_keys
 from toolfleet.auth.outcomes import OutcomeSigner
 from toolfleet.bus.dedupe import RedisProcessedEvents
-from toolfleet.bus.fetch_wait import TrafficSignal, traffic_signal
 from toolfleet.bus.producer import EventProducer, Outbound
+from toolfleet.bus.profile import BrokerProfile, Job, KafkaProfile
 from toolfleet.bus.runtime import ByBatch, ConsumerSpec, EventConsumer, Handler, Inbound
 from toolfleet.events import routing
 from toolfleet.events.envelope import Envelope
@@ -49,8 +49,6 @@ checks control signatures, the executor checks grants and cancels and seals raw 
 the validator opens them, status verifies the outcomes it projects. None of them runs
 with a check turned off instead."""
 
-Job = Callable[[asyncio.Event], Coroutine[Any, Any, None]]
-
 OBSERVED_PER_CALL = 5
 """Lifecycle records an observer sees of one plain call (requested, authorized, invoked,
 executed, the outcome). Bounded by ``max_in_flight`` alone, audit and status fell seconds
@@ -70,8 +68,9 @@ class Resources:
     redis: Redis
     pool: asyncpg.Pool
     worker_id: str
-    traffic: TrafficSignal | None = None
-    """The fleet's doorbell: acknowledged sends ring it, caught-up consumers rest until rung."""
+    broker: BrokerProfile | None = None
+    """The broker profile its consumers run (:mod:`toolfleet.bus.profile`); None: the
+    ``kafka`` profile's, which the settings must then name."""
     jobs: list[Job] = field(default_factory=list)
     """Background jobs of the service (listeners, sweepers), run until the worker stops."""
 
@@ -89,10 +88,14 @@ class Resources:
     def spec(self, route: routing.Consumer, **options: Any) -> ConsumerSpec:
         """The :class:`ConsumerSpec` of ``route``, a consumer of the routing table
         (:mod:`toolfleet.events.routing`): its name, source, group and topics from the
-        table, with this fleet's prefix; ``options`` are the other ``ConsumerSpec`` fields."""
+        table, with this fleet's prefix (a consumer of every pool's topic subscribes by
+        pattern); ``options`` are the other ``ConsumerSpec`` fields."""
         party = routing.party_of(route)
         assert party.source is not None  # only parties of the fleet have consumers
         group = f"{route.group}-{self.worker_id}" if route.per_worker else route.group
+        options.setdefault(
+            "pattern", routing.subscription_pattern(route, self.settings.topic_prefix)
+        )
         return ConsumerSpec(
             service=route.name,
             source=party.source,
@@ -106,16 +109,10 @@ class Resources:
         self, route: routing.Consumer, *, per_call: int = OBSERVED_PER_CALL
     ) -> ConsumerSpec:
         """The spec of an observer (audit, status, policy's reading of outcomes): off
-        the critical path, it fetches at observer pace, and it holds ``per_call`` times
-        the records of a critical consumer in flight, one call's worth for each record it
-        sees of a call."""
-        wait_ms = self.settings.observer_fetch_max_wait_ms
-        return self.spec(
-            route,
-            max_in_flight=self.settings.max_in_flight * per_call,
-            fetch_max_wait_ms=wait_ms,
-            wake_delay_ms=wait_ms,
-        )
+        the critical path (its broker profile may fetch for it less eagerly), it holds
+        ``per_call`` times the records of a critical consumer in flight, one call's worth
+        for each record it sees of a call."""
+        return self.spec(route, max_in_flight=self.settings.max_in_flight * per_call, observer=True)
 
     def consumer(
         self, spec: ConsumerSpec, handler: Handler | ByBatch, *, dedupe: bool = True
@@ -132,7 +129,7 @@ class Resources:
             producer=self.producer,
             processed=processed,
             dlq_topic=self.topic(TopicName.DLQ),
-            traffic=self.traffic,
+            profile=self.broker,
         )
 
 
@@ -157,13 +154,26 @@ def worker_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
 
+def broker_profile(settings: FleetSettings, redis: Redis) -> BrokerProfile:
+    """The profile ``TOOLFLEET_BROKER_PROFILE`` names; the dev stack is imported only for
+    its own (its doorbell rings and listens on the worker's ``redis``)."""
+    if settings.broker_profile == "dev":
+        from toolfleet.devstack.broker_profile import DevBrokerProfile
+
+        return DevBrokerProfile.open(settings, redis=redis)
+    return KafkaProfile(settings)
+
+
 @asynccontextmanager
 async def open_resources(settings: FleetSettings, *, service: str) -> AsyncIterator[Resources]:
     before_send = _outcome_sealer(settings, service)  # before anything is opened
     redis = connect_redis(settings.redis_url)
-    traffic = traffic_signal(redis, settings)
+    broker = broker_profile(settings, redis)
     producer = EventProducer(
-        settings, client_id=f"toolfleet-{service}", traffic=traffic, before_send=before_send
+        settings,
+        client_id=f"toolfleet-{service}",
+        traffic=broker.announcer,
+        before_send=before_send,
     )
     pool = await create_pool(settings.database_url)
     try:
@@ -174,15 +184,14 @@ async def open_resources(settings: FleetSettings, *, service: str) -> AsyncItera
             redis=redis,
             pool=pool,
             worker_id=worker_id(),
-            traffic=traffic,
+            broker=broker,
         )
-        if traffic is not None:
-            res.background(traffic.listen)
+        for job in broker.background():
+            res.background(job)
         yield res
     finally:
         await producer.stop()
-        if traffic is not None:
-            await traffic.close()
+        await broker.aclose()
         await redis.aclose()
         await pool.close()
 
@@ -337,6 +346,8 @@ async def _main(service: str, settings: FleetSettings) -> None:
     async with open_resources(settings, service=service) as res:
         consumers = await build(res)
         settle_heap()
+        if res.broker is not None:
+            log.info(res.broker.summary())
         log.info("worker started", extra={"worker_id": res.worker_id})
         await serve(consumers, stop, res.jobs)
         log.info("worker stopped", extra={"worker_id": res.worker_id})

@@ -62,8 +62,8 @@ SESSION_TIMEOUT_MS = 3000
 #: After the last outcome, how long a late duplicate still has to show up.
 SETTLE_S = 2 * SESSION_TIMEOUT_MS / 1000
 
-#: Room for a run whose group stalled (about 260 s) and the run after it.
-EXECUTOR_CHAOS_TIMEOUT_S = 700
+#: Room for one run (about 150 s) and a slow machine.
+EXECUTOR_CHAOS_TIMEOUT_S = 400
 EXECUTOR_CHAOS = Workload(invocations=INVOCATIONS, publish_window_s=55.0)
 RESTART_CHAOS = Workload(invocations=RESTART_INVOCATIONS, publish_window_s=24.0)
 
@@ -144,28 +144,25 @@ async def _executor_chaos(
     home: Path,
     record_property: RecordProperty,
 ) -> ChaosReport:
-    """One run; run again (new fleet, new seed) once if the broker's group stalled.
+    """One run, judged as it is: a stall fails it like any other finding.
 
-    The dev broker's coordinator was seen to stop answering a group's joins under this
-    churn: live executors then wait in JoinGroup/SyncGroup for good, whatever they do.
-    That is a broker fault, told apart by every live executor's task dump. The second
-    run must then pass every check; a stall there, or any other failure, fails the test.
-    One cause is known and avoided: the broker keeps a leader that sent LeaveGroup
-    mid-rebalance as the group's leader (a bounced executor that led the group), so
-    workers send none unless ``TOOLFLEET_KAFKA_LEAVE_GROUP``; the check stays for others.
+    The dev broker's coordinator answers every JoinGroup and SyncGroup within about a
+    session timeout, drops a SIGKILLed member about a session timeout after it went
+    silent, but never drops a member that keeps heartbeating without rejoining (it has
+    no rebalance timeout): while the group's leader is such a member, the live executors
+    go round JoinGroup and SyncGroup for as long. Two ways in are known and closed: a
+    leader's LeaveGroup mid-rebalance (the dev profile sends none), and a revoke waiting
+    on a record task whose retry loop had swallowed its cancel (issue 33; held to it by
+    ``tests/integration/test_group_recovery.py``). Earlier runs were retried once with a
+    new seed when they stalled; that retry hid the second cause, so there is none now: a
+    run whose executors end inside a group join says so in its report and fails.
     """
-    stalled: list[int] = []
-    while True:
-        report = await _one_executor_chaos(
-            sig, name, settings, redis_url, home / f"run-{len(stalled) + 1}"
-        )
-        report.stalled_runs = list(stalled)
-        if not report.group_join_stalled or stalled:
-            report.publish(home, record_property)
-            return report
-        print(f"CHAOS {name}: the broker's group stalled mid-join (seed {report.seed}); again")
-        report.publish(home / f"run-{len(stalled) + 1}", record_property)
-        stalled.append(report.seed)
+    report = await _one_executor_chaos(sig, name, settings, redis_url, home)
+    report.publish(home, record_property)
+    assert not report.group_join_stalled, (
+        f"every live executor ended inside a group join (seed {report.seed}; logs in {home})"
+    )
+    return report
 
 
 async def _one_executor_chaos(

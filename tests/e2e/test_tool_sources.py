@@ -1,5 +1,9 @@
 """An MCP tool source through the whole fleet: every service its own process, the
-test's misbehaving MCP server started by the executor over stdio."""
+test's misbehaving MCP server started by the executor over stdio. The operator stores
+the sources as ``toolfleet sources add`` does (a listing requested, nothing started);
+the executor process lists them, the honest ones ``ready`` and two hostile ones
+(never answering, answering one 4 MiB message) ``failed`` with typed errors while it
+serves calls on."""
 
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ import pytest
 from tests.integration.test_http_tools import APP, serving
 from tests.support.eventually import eventually
 from tests.support.fleet import ProcessFleet, process_fleet
+from tests.support.listing import listed
 from tests.support.pipeline import Fleet, fleet_settings
 from tests.support.source_servers import sandbox_state
 from toolfleet.client import InvocationHandle
@@ -31,9 +36,7 @@ from toolfleet.policy.documents import TenantPolicy
 from toolfleet.policy.postgres_policies import PolicyStore
 from toolfleet.registry.store import RegistryStore
 from toolfleet.settings import FleetSettings
-from toolfleet.sources.models import HttpOperation, SourceDefinition, SourceKind
-from toolfleet.sources.pool import SessionPool
-from toolfleet.sources.provider import SourceCatalog
+from toolfleet.sources.models import HttpOperation, ListingState, SourceDefinition, SourceKind
 from toolfleet.sources.rules import with_effect
 from toolfleet.sources.store import SourceStore
 from toolfleet.storage.postgres import create_pool
@@ -54,6 +57,8 @@ HELLO = "http__e2e_http__hello"
 #: A hostile server (tests/support/hostile_source.py), for every tenant.
 HOSTILE = "e2e_hostile"
 WIPE, FLOOD, HOSTILE_ADD = (f"mcp__{HOSTILE}__{n}" for n in ("wipe", "flood", "add"))
+#: Hostile listings (tests/support/hostile_listing.py): mode -> the typed error.
+HOSTILE_LISTINGS = {"slow": "timeout", "huge": "result_too_large"}
 #: A tenant whose policy wants a human to approve every external side effect.
 CAREFUL = "t_careful"
 NAMED = [
@@ -101,22 +106,25 @@ async def fleet(
     home: Path = tmp_path_factory.mktemp("e2e-sources")
     local = fleet_settings(settings, home, session_timeout_ms=6000)
     async with serving(APP) as api:
-        await register_sources(local, server_state, api, hostile_state)
+        names = await register_sources(local, server_state, api, hostile_state)
         await write_policy(local, NAMED)
         await write_policy(
             local, [WIPE], tenant=CAREFUL, approval_effects=[Effect.EXTERNAL_SIDE_EFFECT]
         )
         async with process_fleet(local, home) as running:
+            # The executor lists what the operator added; the tests need the honest ones.
+            for name in names:
+                listing = await listed(local.database_url, name, timeout=120)
+                assert listing.state is ListingState.READY, (listing, running[1].logs())
             yield running
 
 
 async def register_sources(
     local: FleetSettings, server_state: Path, api: str, hostile_state: Path
-) -> None:
-    # The operator registers the source (as `toolfleet sources add` does), then names
-    # four of its tools in the tenant's policy.
+) -> list[str]:
+    """The operator stores the sources (as `toolfleet sources add` does: each requests a
+    listing, nothing is started here); return the names of those that list honestly."""
     pool = await create_pool(local.database_url)
-    sessions = SessionPool()
     try:
         store = SourceStore(pool)
         sandbox_state(server_state)  # the executor runs the server sandboxed, as its own uid
@@ -149,14 +157,21 @@ async def register_sources(
             filesystem_permissions=[f"rw:{hostile_state}"],
             timeout_s=60,
         )
-        catalog = SourceCatalog(store=store, pool=sessions)
-        for each in (source, http, hostile):
-            await store.put(each)
-            await catalog.refresh(each)
+        listers = [
+            SourceDefinition(
+                name=f"e2e_listing_{mode}",
+                kind=SourceKind.MCP_STDIO,
+                target=f"{sys.executable} -m tests.support.hostile_listing {mode}",
+                timeout_s=2 if mode == "slow" else 60,
+                max_response_bytes=1_048_576,
+            )
+            for mode in HOSTILE_LISTINGS
+        ]
+        for each in (source, http, hostile, *listers):
+            assert (await store.put(each)).state is ListingState.PENDING
     finally:
-        await sessions.close()
         await pool.close()
-    (server_state / "starts").unlink()  # the listing's own start does not count
+    return [source.name, http.name, hostile.name]
 
 
 async def invoke(
@@ -345,3 +360,16 @@ async def test_a_flooding_server_loses_its_session_not_the_executor(
     (hostile_state / "release").unlink()
     again = await call(running, HOSTILE_ADD, a=2, b=2)
     assert again.status is InvocationStatus.SUCCESS, (again.error, procs.logs())
+
+
+async def test_hostile_listings_fail_typed_and_the_executor_serves_on(
+    fleet: tuple[Fleet, ProcessFleet],
+) -> None:
+    running, procs = fleet
+    for mode, code in HOSTILE_LISTINGS.items():
+        listing = await listed(running.settings.database_url, f"e2e_listing_{mode}", timeout=120)
+        assert listing.state is ListingState.FAILED, (listing, procs.logs())
+        assert listing.error is not None
+        assert listing.error.code == code
+    echo = await call(running, "core__echo", message="still here")
+    assert echo.status is InvocationStatus.SUCCESS, (echo.error, procs.logs())

@@ -17,6 +17,7 @@ from aiokafka import AIOKafkaConsumer
 from typer.testing import CliRunner, Result
 
 from tests.support.eventually import eventually
+from tests.support.listing import listing_executor
 from tests.support.servers import free_port
 from toolfleet.api import ApiSettings, create_app
 from toolfleet.api.resources import ApiResources
@@ -82,6 +83,13 @@ async def server(cli_env: dict[str, str]) -> AsyncIterator[ApiResources]:
     yield application.state.resources
     uv.should_exit = True
     await task
+
+
+@pytest.fixture
+async def lister(cli_env: dict[str, str]) -> AsyncIterator[None]:
+    """What an executor does for the API: list the sources it asks for."""
+    async with listing_executor(cli_env["TOOLFLEET_DATABASE_URL"]):
+        yield
 
 
 async def run_cli(env: dict[str, str], *args: str) -> Result:
@@ -380,7 +388,7 @@ async def test_invoke_wait_human_output(cli_env: dict[str, str], settings: Fleet
 
 
 async def test_sources_configure_and_the_policy_glob_warning(
-    server: ApiResources, cli_env: dict[str, str], tmp_path: Path
+    server: ApiResources, cli_env: dict[str, str], tmp_path: Path, lister: None
 ) -> None:
     name = f"s{uuid.uuid4().hex[:8]}"
     command = f"{sys.executable} -m tests.support.source_servers {tmp_path / 'server'}"
@@ -409,7 +417,7 @@ async def test_sources_configure_and_the_policy_glob_warning(
 
 
 async def test_sources_configure_effect_shows_hints_and_keeps_the_rules(
-    server: ApiResources, cli_env: dict[str, str], tmp_path: Path
+    server: ApiResources, cli_env: dict[str, str], tmp_path: Path, lister: None
 ) -> None:
     name = f"h{uuid.uuid4().hex[:8]}"
     command = f"{sys.executable} -m tests.support.hostile_source {tmp_path / 'server'}"

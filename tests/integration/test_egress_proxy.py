@@ -12,6 +12,7 @@ import asyncio
 import http.client
 import json
 import logging
+import random
 import socket
 import stat
 from collections.abc import AsyncIterator
@@ -102,10 +103,13 @@ async def http_server() -> AsyncIterator[Upstream]:
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            line, headers = _parse(await reader.readuntil(b"\r\n\r\n"))
+            raw = await reader.readuntil(b"\r\n\r\n")
+            line, headers = _parse(raw)
             method, target, _ = line.split(" ")
             body = await _read_body(reader, headers)
-            seen.append({"method": method, "target": target, "headers": headers, "body": body})
+            seen.append(
+                {"method": method, "target": target, "headers": headers, "body": body, "raw": raw}
+            )
             payload = json.dumps({"method": method, "target": target, "size": len(body)}).encode()
             if target == "/chunked":
                 writer.write(
@@ -747,6 +751,333 @@ async def test_a_failing_audit_port_breaks_nothing(echo: Upstream) -> None:
         assert (await connect_status(session, "example.com:443"))[0] == 403
         async with tunnel(session, target) as (reader, writer):
             await echo_through(reader, writer)
+
+
+# --- HTTP framing: h11 reads both sides, the proxy refuses what h11 tolerates -------------
+
+
+@asynccontextmanager
+async def scripted_server(*answers: bytes) -> AsyncIterator[Upstream]:
+    """Reads a request head, sends the next of ``answers`` verbatim and closes."""
+    seen: list[dict[str, Any]] = []
+    script = iter(answers)
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            seen.append({"raw": await reader.readuntil(b"\r\n\r\n")})
+            writer.write(next(script))
+            await writer.drain()
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    async with server:
+        yield Upstream(server, seen)
+
+
+async def exchange(session: EgressSession, raw: bytes) -> bytes:
+    """Send ``raw`` and half-close; every byte the proxy answers until it closes."""
+    reader, writer = await open_client(session)
+    try:
+        writer.write(raw)
+        writer.write_eof()
+        return await asyncio.wait_for(reader.read(), 10)
+    finally:
+        writer.close()
+
+
+MALFORMED_HEADS = [
+    b"GET URL/ HTTP/2.0\r\n\r\n",
+    b"GET URL/ http/1.1\r\n\r\n",
+    b"GET  URL/ HTTP/1.1\r\n\r\n",
+    b"GET URL/\r\n\r\n",
+    b"G(ET URL/ HTTP/1.1\r\n\r\n",
+    b"GET URL/ HTTP/1.1\r\nBad Name: x\r\n\r\n",
+    b"GET URL/ HTTP/1.1\r\nNoColon\r\n\r\n",
+    b"GET URL/ HTTP/1.1\r\nX: a\r\n\tfolded\r\n\r\n",  # obs-fold (h11 would unfold it)
+    b"GET URL/ HTTP/1.1\r\nX: a\x00b\r\n\r\n",
+    b"GET URL/ HTTP/1.1\r\nX: a\x01b\r\n\r\n",  # a control character h11 lets through
+    b"GET URL/ HTTP/1.1\r\nX: a\nInjected: b\r\n\r\n",  # bare LF (h11 would accept it)
+    b"GET URL/ HTTP/1.1\n\n",
+    b"GET URL/ HTTP/1.1\r\nX: a\n\r\nGET URL/smuggled HTTP/1.1\r\n\r\n",
+    b"GET URL/ HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n",
+    b"GET URL/ HTTP/1.1\r\n" + b"".join(b"X%d: y\r\n" % i for i in range(101)) + b"\r\n",
+    b"CONNECT AUTHORITY HTTP/1.1\r\nContent-Length: 4\r\n\r\nbody",
+    b"CONNECT AUTHORITY HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+    b"\r\n\r\n",
+    b"\xff\xfe\r\n\r\n",
+]
+
+AMBIGUOUS_FRAMING = [
+    b"Content-Length: 5\r\nTransfer-Encoding: chunked\r\n",
+    b"Transfer-Encoding: chunked\r\nContent-Length: 5\r\n",
+    b"Content-Length: 5\r\nContent-Length: 6\r\n",
+    b"Content-Length: 5, 6\r\n",
+    b"Content-Length: -1\r\n",
+    b"Content-Length: 0x10\r\n",
+    b"Content-Length: +5\r\n",
+    b"Transfer-Encoding: gzip\r\n",
+    b"Transfer-Encoding: gzip, chunked\r\n",
+    b"Transfer-Encoding: chunked, identity\r\n",
+    b"Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n",
+    b"Transfer-Encoding:\x0bchunked\r\n",
+]
+
+
+async def test_malformed_heads_and_ambiguous_framing_never_reach_the_upstream(
+    audit: InMemoryEgressAudit, web: Upstream
+) -> None:
+    authority = b"127.0.0.1:%d" % web.port
+    heads = [raw.replace(b"URL", b"http://" + authority) for raw in MALFORMED_HEADS]
+    heads = [raw.replace(b"AUTHORITY", authority) for raw in heads]
+    heads += [
+        b"POST http://%s/ HTTP/1.1\r\n%s\r\n5\r\nhello\r\n0\r\n\r\n" % (authority, fields)
+        for fields in AMBIGUOUS_FRAMING
+    ]
+    async with proxy_session(audit, authority.decode()) as session:
+        for raw in heads:
+            status, headers, _ = await request(session, raw)
+            assert (status, headers["x-toolfleet-egress"]) == (400, "malformed_request"), raw
+        assert session.usage().connections == 0
+    assert web.requests == []
+    assert [r.reason for r in audit.records] == [EgressReason.MALFORMED_REQUEST] * len(heads)
+
+
+async def test_each_request_body_framing_is_relayed_re_framed(
+    audit: InMemoryEgressAudit, web: Upstream
+) -> None:
+    url = f"http://127.0.0.1:{web.port}/b"
+    cases = [
+        (b"", b"", 0),
+        (b"Content-Length: 12\r\n", b"hello world!", 12),
+        (b"Content-Length: 12\r\nContent-Length: 12\r\n", b"hello world!", 12),
+        (b"Transfer-Encoding: Chunked\r\n", b"5;ext=x\r\nhello\r\n7\r\n world!\r\n0\r\n\r\n", 12),
+    ]
+    async with proxy_session(audit, f"127.0.0.1:{web.port}") as session:
+        for fields, body, size in cases:
+            for version in (b"HTTP/1.1", b"HTTP/1.0"):
+                raw = b"POST %s %s\r\nTE: trailers\r\n%s\r\n%s" % (
+                    url.encode(),
+                    version,
+                    fields,
+                    body,
+                )
+                status, _, answer = await request(session, raw)
+                assert (status, json.loads(answer)["size"]) == (200, size), raw
+    assert {r["body"] for r in web.requests} == {b"", b"hello world!"}
+    for seen in web.requests:
+        head = seen["raw"].lower()
+        assert head.startswith(b"post /b http/1.1\r\n")  # always HTTP/1.1 upstream
+        assert head.count(b"content-length") + head.count(b"transfer-encoding") <= 1
+        assert b"\r\nte:" not in head
+
+
+async def test_a_request_hidden_in_a_body_stays_body(
+    audit: InMemoryEgressAudit, web: Upstream
+) -> None:
+    """``Connection: Content-Length`` must not strip the framing from what is sent on:
+    the body would become a second request to the upstream."""
+    hidden = b"GET /admin HTTP/1.1\r\nHost: internal\r\n\r\n"
+    raw = b"POST http://127.0.0.1:%d/upload HTTP/1.1\r\n" % web.port + (
+        b"Connection: Content-Length, Transfer-Encoding\r\nContent-Length: %d\r\n\r\n%s"
+        % (len(hidden), hidden)
+    )
+    async with proxy_session(audit, f"127.0.0.1:{web.port}") as session:
+        status, _, answer = await request(session, raw)
+    assert (status, json.loads(answer)["size"]) == (200, len(hidden))
+    [seen] = web.requests
+    assert seen["body"] == hidden
+    assert seen["headers"]["content-length"] == str(len(hidden))
+
+
+async def test_pipelined_requests_after_the_first_are_never_forwarded(
+    audit: InMemoryEgressAudit, web: Upstream
+) -> None:
+    first = b"GET http://127.0.0.1:%d/first HTTP/1.1\r\nHost: x\r\n\r\n" % web.port
+    second = b"GET http://127.0.0.1:%d/second HTTP/1.1\r\nHost: x\r\n\r\n" % web.port
+    third = b"CONNECT exfil.example.net:443 HTTP/1.1\r\n\r\n"
+    async with proxy_session(audit, f"127.0.0.1:{web.port}") as session:
+        reader, writer = await open_client(session)
+        writer.write(first + second + third)
+        status, headers = await response_head(reader)
+        rest = await asyncio.wait_for(reader.read(), 10)
+        writer.close()
+    assert (status, headers["connection"], json.loads(rest)["target"]) == (200, "close", "/first")
+    assert [r["target"] for r in web.requests] == ["/first"]
+    assert [(r.method, r.decision) for r in audit.records] == [("GET", EgressDecision.ALLOWED)]
+
+
+async def test_chunk_extensions_and_hop_by_hop_trailers_are_not_sent_on(
+    audit: InMemoryEgressAudit,
+) -> None:
+    received: list[bytes] = []
+
+    async def upstream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        received.append(await reader.readuntil(b"\r\n\r\n"))  # the chunked body to its end
+        writer.write(b"HTTP/1.1 204 No Content\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(upstream, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    raw = (
+        b"POST http://127.0.0.1:%d/ HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n" % port
+        + b'5;ext=evil;x="y"\r\nhello\r\n0;last=1\r\nX-Trailer: kept\r\n'
+        + b"Content-Length: 99\r\nConnection: x\r\nHost: internal\r\nTE: trailers\r\n\r\n"
+    )
+    async with server, proxy_session(audit, f"127.0.0.1:{port}") as session:
+        status, _, _ = await request(session, raw)
+    assert status == 204
+    assert received == [b"5\r\nhello\r\n0\r\nX-Trailer: kept\r\n\r\n"]
+
+
+async def test_a_response_is_re_framed_for_its_client(audit: InMemoryEgressAudit) -> None:
+    """Chunk extensions, hop-by-hop fields and trailers stay with the upstream; an
+    HTTP/1.1 client gets chunks and the end-to-end trailer, an HTTP/1.0 client the body
+    until close; a 1xx reaches only the HTTP/1.1 client."""
+    answer = (
+        b"HTTP/1.1 103 Early Hints\r\nLink: </a.css>\r\n\r\n"
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n"
+        b"Connection: keep-alive, X-Hop\r\nX-Hop: 1\r\nKeep-Alive: timeout=9\r\n\r\n"
+        b"5;ext=1\r\nhello\r\n0\r\nX-Sum: 42\r\nKeep-Alive: 1\r\n\r\n"
+    )
+    async with (
+        scripted_server(answer, answer) as up,
+        proxy_session(audit, f"127.0.0.1:{up.port}") as session,
+    ):
+        got = {
+            version: await exchange(
+                session, b"GET http://127.0.0.1:%d/ %s\r\n\r\n" % (up.port, version)
+            )
+            for version in (b"HTTP/1.1", b"HTTP/1.0")
+        }
+    early, final, body = got[b"HTTP/1.1"].split(b"\r\n\r\n", 2)
+    assert early == b"HTTP/1.1 103 Early Hints\r\nLink: </a.css>"
+    assert sorted(final.lower().split(b"\r\n")[1:]) == [
+        b"connection: close",
+        b"transfer-encoding: chunked",
+    ]
+    assert body == b"5\r\nhello\r\n0\r\nX-Sum: 42\r\n\r\n"
+    final, body = got[b"HTTP/1.0"].split(b"\r\n\r\n", 1)
+    assert final.lower().split(b"\r\n") == [b"http/1.1 200 ok", b"connection: close"]
+    assert body == b"hello"
+
+
+async def test_a_response_that_lies_about_its_length(audit: InMemoryEgressAudit) -> None:
+    """Bytes past a response's length never reach the client (they could pose as a
+    second response); a body cut short stays visibly short."""
+    forged = b"HTTP/1.1 200 OK\r\nContent-Length: 7\r\n\r\nforged!"
+    answers = [
+        b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello" + forged,
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n" + forged,
+        b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nonly ten b",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n",
+    ]
+    async with (
+        scripted_server(*answers) as up,
+        proxy_session(audit, f"127.0.0.1:{up.port}") as session,
+    ):
+        raw = b"GET http://127.0.0.1:%d/ HTTP/1.1\r\n\r\n" % up.port
+        got = [(await exchange(session, raw)).lower() for _ in answers]
+    assert got[0].endswith(b"content-length: 5\r\nconnection: close\r\n\r\nhello")
+    assert got[1].endswith(b"\r\n\r\n5\r\nhello\r\n0\r\n\r\n")
+    assert not any(b"forged" in answer for answer in got)
+    assert got[2].endswith(b"content-length: 100\r\nconnection: close\r\n\r\nonly ten b")
+    assert got[3].endswith(b"\r\n\r\n5\r\nhello\r\n")  # no last chunk: the client sees the cut
+
+
+async def test_a_malformed_response_head_is_a_502(audit: InMemoryEgressAudit) -> None:
+    answers = [
+        b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\nhello",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\nhello",
+        b"HTTP/1.1 200 OK\r\nX: a\x01b\r\nContent-Length: 0\r\n\r\n",
+        b"HTTP/1.1 2000 OK\r\n\r\n",
+        b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: h2c\r\n\r\n",  # no upgrade was asked
+        b"HTTP/1.1 200 OK\r\n" + b"X: " + b"y" * 40_000 + b"\r\n\r\n",
+        b"SSH-2.0-OpenSSH_9.6\r\n",
+        b"",
+    ]
+    async with (
+        scripted_server(*answers) as up,
+        proxy_session(audit, f"127.0.0.1:{up.port}") as session,
+    ):
+        for answer in answers:
+            status, headers, body = await request(
+                session, b"GET http://127.0.0.1:%d/ HTTP/1.1\r\n\r\n" % up.port
+            )
+            assert (status, body) == (502, b"malformed response from the upstream\n"), answer
+            assert "x-toolfleet-egress" not in headers
+
+
+async def test_a_refused_head_request_gets_no_body(audit: InMemoryEgressAudit) -> None:
+    async with proxy_session(audit, "example.com") as session:
+        answer = await exchange(session, b"HEAD http://exfil.example.net/ HTTP/1.1\r\n\r\n")
+    head, body = answer.split(b"\r\n\r\n", 1)
+    assert head.startswith(b"HTTP/1.1 403 Forbidden\r\n")
+    assert b"\r\nContent-Length: " in head
+    assert body == b""
+
+
+async def test_bytes_sent_with_the_connect_head_open_the_tunnel(
+    audit: InMemoryEgressAudit, echo: Upstream
+) -> None:
+    async with proxy_session(audit, f"127.0.0.1:{echo.port}") as session:
+        reader, writer = await open_client(session)
+        writer.write(b"CONNECT 127.0.0.1:%d HTTP/1.1\r\n\r\nping\n" % echo.port)
+        assert (await response_head(reader))[0] == 200
+        assert await asyncio.wait_for(reader.readline(), 10) == b"ping\n"
+        writer.close()
+
+
+def _mutations(rng: random.Random, raw: bytes) -> bytes:
+    data = bytearray(raw)
+    for _ in range(rng.randint(1, 3)):
+        at = rng.randrange(len(data))
+        choice = rng.random()
+        if choice < 0.4:
+            data[at] = rng.choice(b"\r\n \t:;,\x00\x01\x7f0aZ")
+        elif choice < 0.7:
+            data.insert(at, rng.choice(b"\r\n \t:,"))
+        else:
+            del data[at]
+    return bytes(data)
+
+
+async def test_mutated_requests_reach_the_upstream_only_as_clean_heads(
+    audit: InMemoryEgressAudit, web: Upstream, echo: Upstream, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Seeded byte mutations of valid requests: whatever the proxy makes of them, the
+    upstream gets one canonical head (CRLF lines, no fold, one Host, no proxy
+    credentials) or nothing, and the proxy neither fails nor stops serving."""
+    authority = f"127.0.0.1:{web.port}".encode()
+    valid = [
+        b"GET http://%s/a?b=c HTTP/1.1\r\nHost: x\r\nAccept: */*\r\n"
+        b"Proxy-Authorization: Basic %s\r\n\r\n" % (authority, SECRET.encode()),
+        b"POST http://%s/u HTTP/1.1\r\nContent-Length: 5\r\nConnection: x-a\r\n"
+        b"X-A: 1\r\n\r\nhello" % authority,
+        b"POST http://%s/u HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"5;e=1\r\nhello\r\n0\r\nX-T: 1\r\n\r\n" % authority,
+    ]
+    rng = random.Random(34)
+    limits = EgressLimits(idle_timeout_s=2.0, head_timeout_s=2.0)
+    async with proxy_session(audit, authority.decode(), limits=limits) as session:
+        for _ in range(150):
+            answer = await exchange(session, _mutations(rng, rng.choice(valid)))
+            assert answer == b"" or answer.startswith(b"HTTP/1.1 "), answer
+        async with tunnel(session, authority.decode()) as (reader, writer):
+            writer.write(b"GET /after HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert (await response_head(reader))[0] == 200
+    assert web.requests, "some mutations are still valid requests"
+    for seen in web.requests:
+        head: bytes = seen["raw"]
+        assert b"\n" not in head.replace(b"\r\n", b""), head
+        assert b"\r\n " not in head, head
+        assert b"\r\n\t" not in head, head
+        assert head.lower().count(b"\r\nhost: ") == 1, head
+        assert b"\r\nproxy-authorization:" not in head.lower(), head
+    ours = [r for r in caplog.records if r.name.startswith("toolfleet")]
+    assert [r.getMessage() for r in ours if r.levelno >= logging.WARNING] == []
 
 
 async def _if(value: Any, predicate: Any) -> Any:

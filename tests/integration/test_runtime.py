@@ -20,6 +20,7 @@ from toolfleet.bus.connection import connection_kwargs
 from toolfleet.bus.dedupe import RedisProcessedEvents
 from toolfleet.bus.producer import EventProducer, Outbound
 from toolfleet.bus.runtime import ByBatch, ConsumerSpec, EventConsumer, Handler, Inbound
+from toolfleet.devstack.broker_profile import DevBrokerProfile
 from toolfleet.events.codec import ContentMode, decode, encode
 from toolfleet.events.envelope import Envelope, derived_event_id, new_event
 from toolfleet.events.types import EventType, Source, TopicName, topic
@@ -86,6 +87,7 @@ class Rig:
                 RedisProcessedEvents(self.redis, group=self.group, ttl_s=600) if dedupe else None
             ),
             dlq_topic=topic(self.settings.topic_prefix, TopicName.DLQ),
+            profile=DevBrokerProfile(self.settings),
         )
         stop = asyncio.Event()
         task = asyncio.create_task(runtime.run(stop))
@@ -302,6 +304,7 @@ def _consumer_of(local: FleetSettings) -> EventConsumer:
         producer=EventProducer(local),
         processed=None,
         dlq_topic="dlq",
+        profile=DevBrokerProfile(local),
     )
 
 
@@ -310,8 +313,8 @@ async def test_a_group_whose_leader_stops_while_another_member_joins_reads_on(
 ) -> None:
     """The dev broker keeps a leader that sends LeaveGroup mid-rebalance as the group's
     leader, and no member is assigned a partition again (a clean bounce of the leading
-    executor while another one starts). A stopping worker does not send it (unless
-    ``TOOLFLEET_KAFKA_LEAVE_GROUP``): its session times out, and the group reforms."""
+    executor while another one starts). A stopping worker of the dev profile does not
+    send it: its session times out, and the group reforms."""
     quick = settings.model_copy(update={"session_timeout_ms": 2000})
     async with rig(quick) as group:
         stop_leader = group.echo()  # first in the group: its leader

@@ -27,6 +27,7 @@ from toolfleet.bus.producer import EventProducer, Outbound
 from toolfleet.bus.runtime import ConsumerSpec, EventConsumer, Inbound
 from toolfleet.bus.scheduler import Placement
 from toolfleet.client import InvocationHandle
+from toolfleet.devstack.broker_profile import DevBrokerProfile
 from toolfleet.events.codec import ContentMode, encode
 from toolfleet.events.envelope import new_event
 from toolfleet.events.models import InvocationStatus, Priority
@@ -167,6 +168,7 @@ async def test_queued_records_are_left_to_the_next_owner_and_bad_ones_dead_lette
             producer=producer,
             processed=None,
             dlq_topic=topic(prefix, TopicName.DLQ),
+            profile=DevBrokerProfile(local),
         )
 
     events = [

@@ -558,8 +558,6 @@ class ChaosReport:
     group_join_stalled: bool = False
     """Outcomes were missing while every live executor was still inside a group join
     (JoinGroup or SyncGroup in flight): the broker's coordinator stopped answering."""
-    stalled_runs: list[int] = field(default_factory=list)
-    """Seeds of earlier runs of this test that ended in such a stall (then run again)."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -33,6 +33,7 @@ def fleet_env(settings: FleetSettings, **extra: str) -> dict[str, str]:
     for name, value in settings.model_dump(exclude_unset=True).items():
         if value is not None:
             env[f"TOOLFLEET_{name.upper()}"] = str(value)
+    env["TOOLFLEET_BROKER_PROFILE"] = settings.broker_profile  # the dev broker's, in tests
     env.update(extra)
     return env
 

@@ -13,6 +13,9 @@ from typer.testing import CliRunner
 
 from tests.support.tls import Pki, make_pki
 from toolfleet.bus.connection import connection_kwargs, kafka_connection
+from toolfleet.bus.producer import producer_kwargs
+from toolfleet.bus.profile import KafkaProfile
+from toolfleet.bus.runtime import ConsumerSpec, consumer_kwargs, pacing_input
 from toolfleet.cli.main import app
 from toolfleet.errors import KafkaSecurityError
 from toolfleet.settings import FleetSettings
@@ -229,6 +232,25 @@ def _client_calls(path: Path) -> list[ast.Call]:
     ]
 
 
+FACTORIES = {"connection_kwargs", "_kafka", "consumer_kwargs", "producer_kwargs"}
+"""``connection_kwargs`` and what spreads it: the runtime's consumer and producer
+arguments (checked below), the bench's ``_kafka``."""
+
+
+def test_the_client_argument_factories_spread_the_connection_factory() -> None:
+    settings = FleetSettings(
+        kafka_security_protocol="SASL_PLAINTEXT",
+        kafka_sasl_mechanism="PLAIN",
+        kafka_sasl_username="u",
+        kafka_sasl_password_file=Path(__file__),  # any readable file
+    )
+    spec = ConsumerSpec(service="s", source="/s", group_id="g", topics=["t"])
+    pacing = KafkaProfile(settings).pacing(pacing_input(spec))
+    for made in (producer_kwargs(settings), consumer_kwargs(settings, spec, pacing)):
+        assert made["security_protocol"] == "SASL_PLAINTEXT"
+        assert made["sasl_plain_username"] == "u"
+
+
 def test_every_kafka_client_in_services_and_bench_is_built_through_the_factory() -> None:
     # A client built with bootstrap_servers= alone would talk plaintext on a TLS fleet.
     found = 0
@@ -238,9 +260,7 @@ def test_every_kafka_client_in_services_and_bench_is_built_through_the_factory()
             spread = [k.value for k in call.keywords if k.arg is None]
             assert spread, f"{path.relative_to(ROOT)}:{call.lineno} does not spread the factory"
             assert all(
-                isinstance(v, ast.Call)
-                and isinstance(v.func, ast.Name)
-                and v.func.id in {"connection_kwargs", "_kafka"}
+                isinstance(v, ast.Call) and isinstance(v.func, ast.Name) and v.func.id in FACTORIES
                 for v in spread
             ), f"{path.relative_to(ROOT)}:{call.lineno}"
             assert "bootstrap_servers" not in {k.arg for k in call.keywords}

@@ -1,6 +1,6 @@
-"""Observers (audit, status) fetch at their own pace and hold every hop of the calls the
-critical path holds: bounded by ``max_in_flight`` alone, they fell behind a saturated
-fleet (``bench/e2e_bench.py``'s "caught up" figure)."""
+"""Observers (audit, status) are off the critical path (their broker profile paces them)
+and hold every hop of the calls the critical path holds: bounded by ``max_in_flight``
+alone, they fell behind a saturated fleet (``bench/e2e_bench.py``'s "caught up" figure)."""
 
 from __future__ import annotations
 
@@ -23,26 +23,27 @@ def resources(**settings: Any) -> Resources:
 
 
 def test_observers_hold_every_hop_of_the_calls_a_critical_consumer_holds() -> None:
-    res = resources(max_in_flight=100, observer_fetch_max_wait_ms=40, topic_prefix="p.")
+    res = resources(max_in_flight=100, topic_prefix="p.")
     for route in (routing.AUDIT_CONSUMER, routing.STATUS_CONSUMER):
         spec = res.observer_spec(route)
         assert spec.max_in_flight == 100 * OBSERVED_PER_CALL
-        assert spec.fetch_max_wait_ms == 40
-        assert spec.wake_delay_ms == 40
+        assert spec.observer
+        assert spec.fetch_max_wait_ms is None  # the profile's pace for observers
         assert spec.group_id == f"p.{route.group}"
         assert sorted(spec.topics) == sorted(f"p.{name}" for name in route.topics)
 
 
 def test_policy_reads_outcomes_apart_at_observer_pace_and_requests_at_critical_pace() -> None:
-    res = resources(max_in_flight=100, observer_fetch_max_wait_ms=40, topic_prefix="p.")
+    res = resources(max_in_flight=100, topic_prefix="p.")
     outcomes = res.observer_spec(routing.POLICY_OUTCOMES, per_call=1)
     assert (outcomes.group_id, list(outcomes.topics)) == (
         "p.policy-outcomes",
         ["p.invoke.results"],
     )
-    assert (outcomes.max_in_flight, outcomes.fetch_max_wait_ms) == (100, 40)
+    assert (outcomes.max_in_flight, outcomes.observer) == (100, True)
     critical = res.spec(routing.POLICY_CONSUMER)
     assert critical.group_id == "p.policy"
     assert "p.invoke.results" not in critical.topics
-    assert critical.fetch_max_wait_ms is None  # the fleet's critical pace
+    assert not critical.observer  # the fleet's critical pace
+    assert critical.fetch_max_wait_ms is None
     assert routing.party_of(routing.POLICY_OUTCOMES) is routing.POLICY

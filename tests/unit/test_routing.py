@@ -40,6 +40,10 @@ def _published_operations() -> set[tuple[str, str, str, tuple[str, ...]]]:
     return found
 
 
+POOL_TOPICS = "invoke.authorized.{pool}"
+"""The AsyncAPI channel of every executor pool's topic (a route with ``pools``)."""
+
+
 def _message_names(topic: TopicName, types: tuple[EventType, ...]) -> tuple[str, ...]:
     if types:
         return tuple(t.value for t in types)
@@ -50,13 +54,13 @@ def _message_names(topic: TopicName, types: tuple[EventType, ...]) -> tuple[str,
 def test_the_published_asyncapi_operations_are_the_routing_table() -> None:
     expected = set()
     for party in ROUTING:
-        for route in party.reads:
-            names = _message_names(route.topic, route.types)
-            expected.add((party.name, "receive", route.topic.value, names))
         sends = [*party.sends, DEAD_LETTER] if party.dead_letters else party.sends
-        for route in sends:
-            names = _message_names(route.topic, route.types)
-            expected.add((party.name, "send", route.topic.value, names))
+        for action, routes in (("receive", party.reads), ("send", sends)):
+            for route in routes:
+                names = _message_names(route.topic, route.types)
+                expected.add((party.name, action, route.topic.value, names))
+                if route.pools:
+                    expected.add((party.name, action, POOL_TOPICS, names))
     assert _published_operations() == expected
 
 

@@ -36,6 +36,7 @@ from toolfleet.events.models import (
     InvocationStatus,
     InvokeAuthorized,
     InvokeExecuted,
+    InvokeQueued,
     InvokeRequested,
     OutcomeRefusalKind,
     OutcomeRefused,
@@ -98,6 +99,18 @@ def sample(event_type: EventType) -> BaseModel:
                 effect=Effect.READ_ONLY,
                 timeout_seconds=5,
                 requested_at=NOW,
+            )
+        case EventType.INVOKE_QUEUED:
+            return InvokeQueued(
+                invocation_id=INVOCATION,
+                tenant_id="tenant_acme",
+                agent_did="did:agent:x",
+                tool_id="acme__render",
+                tool_version="1.0.0",
+                pool="gpu",
+                reason="no_live_executor",
+                deadline=NOW,
+                at=NOW,
             )
         case EventType.INVOKE_EXECUTED:
             return InvokeExecuted(
@@ -345,7 +358,8 @@ def test_asyncapi_document_is_complete_and_its_refs_resolve() -> None:
     assert doc["asyncapi"] == "3.0.0"
     assert set(doc["servers"]) == {"dev", "prod"}
     addresses = {c["address"] for c in doc["channels"].values()}
-    assert addresses == {f"toolfleet.{name}" for name in schema_export.TOPIC_DOCS}
+    pools = "toolfleet.invoke.authorized.{pool}"  # every executor pool's topic but default's
+    assert addresses == {f"toolfleet.{name}" for name in schema_export.TOPIC_DOCS} | {pools}
     for channel in doc["channels"].values():
         assert channel["bindings"]["kafka"]["partitions"] == 12
     names = {m["name"] for m in doc["components"]["messages"].values()}
@@ -360,9 +374,13 @@ def test_asyncapi_document_is_complete_and_its_refs_resolve() -> None:
     senders = {
         op["tags"][0]["name"]
         for op in doc["operations"].values()
-        if op["action"] == "send" and op["channel"]["$ref"] == "#/channels/invokeAuthorized"
+        if op["action"] == "send"
+        and op["channel"]["$ref"]
+        in {"#/channels/invokeAuthorized", "#/channels/invokeAuthorizedPool"}
     }
-    assert senders == {"policy"}
+    # Policy authorizes; an executor only hands a call it lacks the tool for (policy's
+    # grant unchanged) to one of its pool that has it.
+    assert senders == {"policy", "executor"}
 
 
 def test_the_schemas_command_writes_checks_and_removes_stale_files(

@@ -7,11 +7,16 @@ before the offset can be committed), and writes snapshots from a timer. The tabl
 are faust tables in memory, each backed by a changelog topic
 (``{prefix}analytics-{table}-changelog``) from which a restarted app restores them.
 
-Settings that make faust work with the dev broker (memory-only, no idempotent
-producer): at-least-once processing (faust then never asks for idempotence or
-transactions), no standby replicas (each worker holds only its own partitions, so its
-snapshots never mix in a stale copy), a 10 s session and rebalance timeout (faust's
-defaults wait a minute for a join), and commits every second.
+faust settings: at-least-once processing, like every consumer of the fleet (an audit
+event seen twice after a rebalance is counted by its id once), producer ``acks=all``,
+no standby replicas (each worker holds only its own partitions, so its snapshots never
+mix in a stale copy), and commits every second. Group timing follows the broker
+profile: ``kafka`` uses the fleet's session timeout (``TOOLFLEET_SESSION_TIMEOUT_MS``)
+for the session and the rebalance, with a heartbeat every third of it, like every
+worker; the ``dev`` profile keeps 10 s and a heartbeat every second, so the app of a
+dev fleet that restarts often rejoins at once (faust's defaults wait a minute). The
+dev profile's broker has no transactions (``toolfleet.devstack.broker_profile``), and
+no profile asks faust for them.
 """
 
 from __future__ import annotations
@@ -94,14 +99,27 @@ def faust_settings(settings: AnalyticsSettings, data_dir: Path) -> dict[str, Any
         "topic_partitions": settings.topic_partitions,
         "topic_replication_factor": settings.topic_replication,
         "table_standby_replicas": 0,
-        "broker_session_timeout": 10.0,
-        "broker_rebalance_timeout": 10.0,
-        "broker_heartbeat_interval": 1.0,
+        "producer_acks": -1,  # all in-sync replicas
+        **_group_timing(settings),
         "broker_commit_interval": 1.0,
         "broker_client_id": "toolfleet-analytics",
         "consumer_auto_offset_reset": "earliest",
         "table_cleanup_interval": 30.0,
         "web_enabled": False,
+    }
+
+
+def _group_timing(settings: AnalyticsSettings) -> dict[str, float]:
+    """Session, rebalance and heartbeat of the app's consumer group, by broker profile."""
+    if settings.broker_profile == "dev":
+        session_s, heartbeat_s = 10.0, 1.0
+    else:
+        session_s = settings.session_timeout_ms / 1000
+        heartbeat_s = max(0.5, session_s / 3)
+    return {
+        "broker_session_timeout": session_s,
+        "broker_rebalance_timeout": session_s,
+        "broker_heartbeat_interval": heartbeat_s,
     }
 
 
@@ -177,6 +195,14 @@ def _headers(headers: Any) -> list[tuple[str, bytes]]:
 def run(settings: AnalyticsSettings) -> None:
     """Entry point of ``toolfleet worker analytics``; returns when SIGTERM stopped it."""
     configure_logging(service="analytics", level=settings.log_level, fmt=settings.log_format)
+    timing = _group_timing(settings)
+    log.info(
+        "broker profile: %s (faust at least once, producer acks=all, session %.0f s, "
+        "heartbeat %.1f s)",
+        settings.broker_profile,
+        timing["broker_session_timeout"],
+        timing["broker_heartbeat_interval"],
+    )
     with contextlib.suppress(ImportError):
         import setproctitle
 

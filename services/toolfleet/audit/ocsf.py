@@ -54,6 +54,7 @@ _UPDATES: Final = frozenset(
         EventType.INVOKED,
         EventType.CHECKPOINT_CREATED,
         EventType.APPROVAL_REQUESTED,
+        EventType.INVOKE_QUEUED,
         EventType.CANCEL_REQUESTED,
         EventType.APPROVAL_GRANTED,
         EventType.APPROVAL_DENIED,

@@ -41,6 +41,7 @@ _SHAPE: Final[dict[str, tuple[Outcome, str | None]]] = {
     EventType.INVOKE_REQUESTED: ("pending", "pending"),
     EventType.INVOKE_AUTHORIZED: ("success", "pending"),
     EventType.APPROVAL_REQUESTED: ("pending", "pending_approval"),
+    EventType.INVOKE_QUEUED: ("pending", "queued"),
     EventType.APPROVAL_GRANTED: ("success", None),
     EventType.APPROVAL_DENIED: ("failure", None),
     EventType.INVOKED: ("info", "running"),

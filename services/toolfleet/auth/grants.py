@@ -48,6 +48,7 @@ from toolfleet.auth import jws
 from toolfleet.auth.keys import write_atomically
 from toolfleet.errors import PermissionDenied, ToolfleetError
 from toolfleet.events.identity import CallRef
+from toolfleet.events.types import DEFAULT_POOL
 from toolfleet.settings import FleetSettings
 
 TYP = "toolfleet-grant+jwt"
@@ -222,10 +223,12 @@ class GrantSigner:
         document_context: dict[str, Any] | None = None,
         filesystem_permissions: Sequence[str] = (),
         network_permissions: Sequence[str] = (),
+        pool: str = DEFAULT_POOL,
     ) -> str:
         """A grant for this call, valid for ``timeout_s`` plus the margin; the token's
         filesystem and network permissions ride along, so the executor's sandbox can
-        trust them."""
+        trust them. ``pool``: the executor pool the call was authorized for (a claim
+        only when not the default one)."""
         invocation_id, tenant_id, agent_did = call.invocation_id, call.tenant_id, call.agent_did
         tool_id, tool_version = call.tool_id, call.tool_version or ""
         now = int(self._clock())
@@ -249,6 +252,8 @@ class GrantSigner:
             claims["fs"] = list(filesystem_permissions)
         if network_permissions:
             claims["net"] = list(network_permissions)
+        if pool != DEFAULT_POOL:
+            claims["pool"] = pool
         return self._signer.sign(claims)
 
 
@@ -272,9 +277,12 @@ class GrantVerifier:
         call: CallRef,
         parameters: dict[str, Any],
         document_context: dict[str, Any] | None = None,
+        pool: str = DEFAULT_POOL,
     ) -> None:
         """Return when ``grant`` authorizes exactly this call; else :class:`PermissionDenied`."""
-        self.decode(grant, call=call, parameters=parameters, document_context=document_context)
+        self.decode(
+            grant, call=call, parameters=parameters, document_context=document_context, pool=pool
+        )
 
     def decode(
         self,
@@ -283,8 +291,10 @@ class GrantVerifier:
         call: CallRef,
         parameters: dict[str, Any],
         document_context: dict[str, Any] | None = None,
+        pool: str = DEFAULT_POOL,
     ) -> ExecutionGrant:
-        """:meth:`verify`, returning the grant's claims (``capability_jti`` ...)."""
+        """:meth:`verify`, returning the grant's claims (``capability_jti`` ...). ``pool``:
+        the pool the authorized event names, which must be the one policy granted."""
         claims = self._claims(grant)
         invocation_id, tenant_id, agent_did = call.invocation_id, call.tenant_id, call.agent_did
         tool_id, tool_version = call.tool_id, call.tool_version or ""
@@ -308,6 +318,8 @@ class GrantVerifier:
             isinstance(docs, str) and wanted is not None and hmac.compare_digest(docs, wanted)
         ):
             raise PermissionDenied("execution grant was issued for other documents")
+        if claims.get("pool", DEFAULT_POOL) != pool:
+            raise PermissionDenied("execution grant was issued for another pool")
         if not isinstance(claims["cap_jti"], str):
             raise PermissionDenied("execution grant claim 'cap_jti' is malformed")
         network = claims.get("net", [])

@@ -1,11 +1,20 @@
 """Topic administration: the Kafka adapter of :class:`~toolfleet.bus.topics.TopicAdmin`,
-its in-memory twin, and :func:`ensure_topics` for every process that starts a fleet."""
+its in-memory twin, and :func:`ensure_topics` for every process that starts a fleet.
+
+Executor pools' topics (``invoke.authorized.<pool>``) are not in ``topics.yaml`` by name:
+each is created with the configuration ``topics.yaml`` gives ``invoke.authorized``
+(:func:`pool_topic_specs`), by whoever needs it first (:func:`ensure_pool_topics`): an
+executor started with ``--pool`` before it subscribes, policy before it publishes the
+first call of a pool on it. Where the cluster's ACLs let neither create topics, create
+them with ``toolfleet init --pool NAME`` (or the cluster's own tools) beforehand.
+"""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from pathlib import Path
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -22,7 +31,7 @@ from toolfleet.bus.topics import (
     load_topic_specs,
     sync_topics,
 )
-from toolfleet.events.types import TopicName, topic
+from toolfleet.events.types import DEFAULT_POOL, TopicName, pool_topic, topic
 from toolfleet.settings import FleetSettings
 
 log = logging.getLogger(__name__)
@@ -157,11 +166,34 @@ async def kafka_topic_admin(settings: FleetSettings) -> AsyncIterator[KafkaTopic
         await client.close()
 
 
+def pool_topic_specs(
+    settings: FleetSettings, pools: Iterable[str], topics_file: Path | None = None
+) -> list[TopicSpec]:
+    """The topics of ``pools`` (the default pool's is a contract topic already), each
+    configured as ``topics.yaml`` configures ``invoke.authorized``.
+
+    Raises:
+        ValueError: a pool name is not valid.
+    """
+    authorized = topic(settings.topic_prefix, TopicName.AUTHORIZED)
+    base = next(s for s in load_topic_specs(settings, topics_file) if s.name == authorized)
+    return [
+        replace(base, name=pool_topic(settings.topic_prefix, pool))
+        for pool in sorted(set(pools))
+        if pool != DEFAULT_POOL
+    ]
+
+
 async def sync_fleet_topics(
-    settings: FleetSettings, *, mode: TopicMode, topics_file: Path | None = None
+    settings: FleetSettings,
+    *,
+    mode: TopicMode,
+    topics_file: Path | None = None,
+    pools: Iterable[str] = (),
 ) -> TopicReport:
-    """:func:`~toolfleet.bus.topics.sync_topics` against the configured brokers."""
-    specs = load_topic_specs(settings, topics_file)
+    """:func:`~toolfleet.bus.topics.sync_topics` against the configured brokers: the
+    contract's topics and the topics of ``pools``."""
+    specs = load_topic_specs(settings, topics_file) + pool_topic_specs(settings, pools, topics_file)
     async with kafka_topic_admin(settings) as admin:
         report = await sync_topics(admin, specs, mode=mode)
     if report.created:
@@ -178,4 +210,21 @@ async def ensure_topics(settings: FleetSettings) -> list[str]:
     """Create every contract topic that does not exist yet, configured as ``topics.yaml``
     says; return the ones created. Existing topics are left as they are."""
     report = await sync_fleet_topics(settings, mode=TopicMode.CREATE)
+    return report.created
+
+
+async def ensure_pool_topics(settings: FleetSettings, pools: Iterable[str]) -> list[str]:
+    """Create the topics of ``pools`` that do not exist yet (the configuration of
+    ``invoke.authorized``); return the ones created. Nothing to do for the default pool.
+
+    Raises:
+        TopicAdminError: the broker refused (no permission to create topics, say).
+    """
+    specs = pool_topic_specs(settings, pools)
+    if not specs:
+        return []
+    async with kafka_topic_admin(settings) as admin:
+        report = await sync_topics(admin, specs, mode=TopicMode.CREATE)
+    if report.created:
+        log.info("created executor pool topics", extra={"topics": report.created})
     return report.created

@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.partitioner import DefaultPartitioner, murmur2
 from opentelemetry.trace import SpanKind
 
 from toolfleet.bus.connection import connection_kwargs
-from toolfleet.bus.fetch_wait import TrafficAnnouncer
+from toolfleet.bus.profile import TrafficAnnouncer
 from toolfleet.events.codec import ContentMode, WireMessage, encode
 from toolfleet.events.envelope import Envelope
 from toolfleet.observability.tracing import span
@@ -25,6 +26,8 @@ class Outbound:
     envelope: Envelope
     topic: str
     mode: ContentMode = ContentMode.BINARY
+    partition: int | None = None
+    """A partition of its own choosing; None: the key's (:class:`KeyPartitioner`)."""
 
 
 #: Bytes of one partition's record batch. aiokafka's default (16 KiB) holds a handful of
@@ -57,6 +60,23 @@ class KeyPartitioner:
         return all_partitions[hashed % len(all_partitions)]
 
 
+def producer_kwargs(settings: FleetSettings, *, client_id: str = "toolfleet") -> dict[str, Any]:
+    """The ``AIOKafkaProducer`` arguments of every producer of the fleet: ``acks=all``
+    (a send counts once every in-sync replica has it), idempotent unless the broker
+    profile or ``TOOLFLEET_ENABLE_IDEMPOTENCE`` says otherwise, batches bounded by what a
+    broker accepts."""
+    return {
+        **connection_kwargs(settings),
+        "client_id": client_id,
+        "acks": "all",
+        "linger_ms": settings.linger_ms,
+        "enable_idempotence": settings.enable_idempotence,
+        "max_request_size": max(settings.max_event_bytes * 4, 1_048_576),
+        "max_batch_size": BATCH_BYTES,
+        "request_timeout_ms": 30_000,
+    }
+
+
 class EventProducer:
     """A started aiokafka producer tuned for low latency (``linger_ms`` 0 by default)."""
 
@@ -68,22 +88,14 @@ class EventProducer:
         traffic: TrafficAnnouncer | None = None,
         before_send: Callable[[Envelope], Envelope] | None = None,
     ) -> None:
-        """``traffic``: told of every acknowledged send, so resting consumers of its
-        topic wake (:mod:`toolfleet.bus.fetch_wait`). ``before_send``: applied to every
+        """``traffic``: told of every acknowledged send (the broker profile's announcer:
+        the dev profile's doorbell wakes resting consumers). ``before_send``: applied to every
         envelope as it is encoded (a service that ends calls signs its outcomes there:
         :meth:`toolfleet.auth.outcomes.OutcomeSigner.seal`)."""
         self.traffic = traffic
         self._before_send = before_send
         self._producer = AIOKafkaProducer(
-            **connection_kwargs(settings),
-            client_id=client_id,
-            acks="all",
-            linger_ms=settings.linger_ms,
-            enable_idempotence=settings.enable_idempotence,
-            max_request_size=max(settings.max_event_bytes * 4, 1_048_576),
-            max_batch_size=BATCH_BYTES,
-            request_timeout_ms=30_000,
-            partitioner=KeyPartitioner(),
+            **producer_kwargs(settings, client_id=client_id), partitioner=KeyPartitioner()
         )
 
     async def start(self) -> None:
@@ -106,7 +118,9 @@ class EventProducer:
             traceparent=envelope.traceparent,
             attributes={"messaging.destination.name": outbound.topic},
         ):
-            return await self.send_wire(outbound.topic, encode(envelope, outbound.mode))
+            return await self.send_wire(
+                outbound.topic, encode(envelope, outbound.mode), partition=outbound.partition
+            )
 
     async def send_all(self, outbounds: Sequence[Outbound]) -> None:
         """Publish all and return once the broker acknowledged every one."""
@@ -115,10 +129,17 @@ class EventProducer:
         elif outbounds:
             await asyncio.gather(*[await self.enqueue(out) for out in outbounds])
 
-    async def send_wire(self, topic: str, message: WireMessage) -> asyncio.Future[object]:
-        """Enqueue raw bytes (DLQ records, replays); await the returned future for the ack."""
+    async def send_wire(
+        self, topic: str, message: WireMessage, *, partition: int | None = None
+    ) -> asyncio.Future[object]:
+        """Enqueue raw bytes (DLQ records, replays); await the returned future for the ack.
+        ``partition``: where it goes (None: the key decides)."""
         future: asyncio.Future[object] = await self._producer.send(
-            topic, value=message.value, key=message.key, headers=message.headers
+            topic,
+            value=message.value,
+            key=message.key,
+            headers=message.headers,
+            partition=partition,
         )
         traffic = self.traffic
         if traffic is not None:

@@ -12,6 +12,10 @@ lowest unfinished offset (:mod:`toolfleet.bus.offsets`): at-least-once, with ded
 DLQ and the consumer keeps going. Transient infrastructure errors are retried with
 full-jitter backoff for as long as it takes; anything else is retried a few times, then
 dead-lettered with the original bytes.
+
+How a consumer waits for records and how it leaves its group are its broker profile's
+(:mod:`toolfleet.bus.profile`): long polls and LeaveGroup by default, the dev stack's
+profile when the process was given it.
 """
 
 from __future__ import annotations
@@ -37,15 +41,9 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_ran
 from toolfleet.bus.connection import connection_kwargs
 from toolfleet.bus.dedupe import ProcessedEvents
 from toolfleet.bus.dlq import dlq_message
-from toolfleet.bus.fetch_wait import (
-    FetchPace,
-    TrafficSignal,
-    fetch_pace,
-    split_fetch_wait,
-    wait_in_client,
-)
 from toolfleet.bus.offsets import OffsetTracker, Partition
 from toolfleet.bus.producer import EventProducer, Outbound
+from toolfleet.bus.profile import BrokerProfile, FetchPacing, PacingInput, built_in_profile
 from toolfleet.bus.scheduler import Backlog, Placement
 from toolfleet.errors import ErrorCode, ErrorInfo, InvalidEvent, ToolfleetError
 from toolfleet.events.codec import decode
@@ -59,6 +57,10 @@ from toolfleet.storage.errors import POSTGRES_UNAVAILABLE
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+
+#: How often a pattern-subscribed consumer refreshes its metadata, so a topic created
+#: after it started (a new executor pool's) is found within seconds, not aiokafka's 5 min.
+PATTERN_METADATA_MAX_AGE_MS = 5_000
 
 #: Retries (after the first attempt) of an unexpected, non-transient handler error
 #: before the message is dead-lettered: three attempts in all.
@@ -136,9 +138,9 @@ class ConsumerSpec:
     commit_interval_s: float = 0.2
     fetch_max_wait_ms: int | None = None
     """Overrides ``TOOLFLEET_FETCH_MAX_WAIT_MS`` for this consumer."""
-    wake_delay_ms: int = 0
-    """With the fetch doorbell: how long to wait after a ring before fetching (consumers
-    off the critical path collect several hops' records in one fetch)."""
+    observer: bool = False
+    """Off the outcome's critical path (audit, status, policy's reading of outcomes): its
+    broker profile may fetch for it less eagerly, collecting several hops per fetch."""
     extra_transient: tuple[type[BaseException], ...] = field(default_factory=tuple)
     """More exception types to treat as transient (retried without limit)."""
     schedule: Callable[[Envelope], Placement] | None = None
@@ -154,6 +156,15 @@ class ConsumerSpec:
     read_ahead: int | None = None
     """With ``schedule``: records fetched beyond ``max_in_flight`` and queued for
     scheduling; None: ``max(max_in_flight, 64)``."""
+    pattern: str | None = None
+    """Subscribe to every topic this regular expression matches instead of ``topics``
+    (an observer reads every executor pool's topic, those created after it started too:
+    :func:`toolfleet.events.routing.subscription_pattern`); ``topics`` still names the
+    known ones (pacing). New matching topics are found within
+    :data:`PATTERN_METADATA_MAX_AGE_MS` and read from their beginning (``earliest``)."""
+    on_assign: Callable[[Sequence[Partition]], None] | None = None
+    """Told the partitions the group assigned this consumer, after every rebalance (the
+    executor announces them, so calls can be handed to the owner of a partition)."""
 
     @property
     def backlog_limit(self) -> int:
@@ -199,10 +210,11 @@ class EventConsumer:
         producer: EventProducer,
         processed: ProcessedEvents | None,
         dlq_topic: str,
-        traffic: TrafficSignal | None = None,
+        profile: BrokerProfile | None = None,
     ) -> None:
-        """``traffic``: the process's doorbell; with it the consumer rests once caught up
-        and fetches again when one of its topics rings (:mod:`~toolfleet.bus.fetch_wait`)."""
+        """``profile``: the process's broker profile (:mod:`toolfleet.bus.profile`), which
+        paces its fetches and closes it; None: the ``kafka`` profile, which the settings
+        must then name."""
         self.spec = spec
         self._handler = handler
         self._settings = settings
@@ -226,12 +238,8 @@ class EventConsumer:
         if isinstance(handler, ByBatch) and self._backlog is not None:
             raise ValueError("a scheduling consumer handles records one by one")
         self._stop_requested: asyncio.Event | None = None
-        self._traffic = traffic
-        self._pace: FetchPace | None = (
-            fetch_pace(settings, spec.topics, wake_delay_s=spec.wake_delay_ms / 1000)
-            if traffic is not None
-            else None
-        )
+        self._profile = profile
+        self._pacing: FetchPacing | None = None
         self.assigned = asyncio.Event()
         """Set once the consumer has been assigned partitions (tests and readiness)."""
         # Metric children bound once: a ``labels()`` lookup per record was 6% of audit.
@@ -253,11 +261,6 @@ class EventConsumer:
         return self._processed is not None
 
     @property
-    def _fetch_max_wait_ms(self) -> int:
-        wait = self.spec.fetch_max_wait_ms
-        return wait if wait is not None else self._settings.fetch_max_wait_ms
-
-    @property
     def queued(self) -> int:
         """Records fetched and waiting in the backlog (scheduling consumers only)."""
         return len(self._backlog) if self._backlog is not None else 0
@@ -266,30 +269,27 @@ class EventConsumer:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Consume until ``stop`` is set, then drain in-flight work and commit."""
-        at_broker_ms, in_client_s = split_fetch_wait(self._settings, self._fetch_max_wait_ms)
-        consumer = AIOKafkaConsumer(
-            **connection_kwargs(self._settings),
-            group_id=self.spec.group_id,
-            client_id=f"toolfleet-{self.spec.service}",
-            enable_auto_commit=False,
-            auto_offset_reset=self.spec.auto_offset_reset,
-            fetch_max_wait_ms=at_broker_ms,
-            max_partition_fetch_bytes=max(self._settings.max_event_bytes * 2, 1_048_576),
-            session_timeout_ms=self._settings.session_timeout_ms,
-            heartbeat_interval_ms=max(500, self._settings.session_timeout_ms // 3),
-            max_poll_interval_ms=300_000,
-        )
+        profile = self._profile or built_in_profile(self._settings)
+        self._profile = profile
+        pacing = profile.pacing(pacing_input(self.spec))
+        consumer = AIOKafkaConsumer(**consumer_kwargs(self._settings, self.spec, pacing))
         self._consumer = consumer
         self._stop_requested = stop
-        consumer.subscribe(list(self.spec.topics), listener=_Rebalance(self))
+        if self.spec.pattern is not None:
+            consumer.subscribe(pattern=self.spec.pattern, listener=_Rebalance(self))
+        else:
+            consumer.subscribe(list(self.spec.topics), listener=_Rebalance(self))
         if not await self._start_unless_stopped(consumer, stop):
             self._consumer = None
             return
-        wait_in_client(consumer, in_client_s, self._pace)
+        pacing.after_start(consumer)
+        self._pacing = pacing
         committer = asyncio.create_task(self._commit_loop(), name=f"{self.spec.service}-commit")
         try:
-            await self._poll_loop(consumer, stop)
+            await self._poll_loop(consumer, stop, pacing)
         finally:
+            pacing.close()
+            self._pacing = None
             self._stopping.set()
             await self._drain(self._settings.drain_timeout_s)
             # A commit or a leave during a rebalance waits for the group join under way,
@@ -337,13 +337,10 @@ class EventConsumer:
         return False
 
     async def _stop_consumer(self, consumer: AIOKafkaConsumer) -> None:
-        """Close ``consumer``; without LeaveGroup unless ``kafka_leave_group`` (the dev
-        broker's coordinator keeps a leader that leaves mid-rebalance as the group's
-        leader: no member is ever assigned again; a member that stays silent is evicted
-        after the session timeout, leadership included)."""
-        if not self._settings.kafka_leave_group:
-            _without_leave_group(consumer)
-        await consumer.stop()
+        """Close ``consumer`` as its profile does (``kafka``: LeaveGroup, so its partitions
+        move at once)."""
+        profile = self._profile or built_in_profile(self._settings)
+        await profile.stop_consumer(consumer)
 
     async def _leave(self, consumer: AIOKafkaConsumer, committer: asyncio.Task[None]) -> None:
         committer.cancel()
@@ -352,24 +349,18 @@ class EventConsumer:
         await self._commit(final=True)
         await self._stop_consumer(consumer)
 
-    async def _poll_loop(self, consumer: AIOKafkaConsumer, stop: asyncio.Event) -> None:
+    async def _poll_loop(
+        self, consumer: AIOKafkaConsumer, stop: asyncio.Event, pacing: FetchPacing
+    ) -> None:
         stopped = asyncio.create_task(stop.wait())
-        pace = self._pace
-        if pace is not None and self._traffic is not None:
-            self._traffic.register(pace)
         try:
             while not stop.is_set():
                 free = self.spec.max_in_flight - self._in_flight
                 if self._backlog is not None:
                     free += self.spec.backlog_limit - len(self._backlog)
-                timeout_ms, still_idle = 100, False
-                if pace is not None:
-                    # Long enough for one whole fetch: an empty answer means caught up.
-                    timeout_ms = self._fetch_max_wait_ms + 10
-                if pace is not None and free <= 0:
-                    pace.awake()  # too busy to fetch is not caught up
-                elif pace is not None and self._may_rest(pace):
-                    still_idle = await self._rest(consumer, pace, stopped)
+                timeout_ms, still_idle = pacing.poll_timeout_ms, False
+                if pacing.wants_rest(busy=free <= 0):
+                    still_idle = await self._rest(consumer, pacing, stopped)
                     if stop.is_set():
                         return
                     if still_idle:
@@ -386,27 +377,22 @@ class EventConsumer:
                         await fetch
                     return
                 batch = fetch.result()
-                if pace is not None and not still_idle and free > 0:
-                    pace.fetched(records=bool(batch))
+                if not still_idle and free > 0:
+                    pacing.after_fetch(records=bool(batch))
                 self._dispatch_batch(consumer, batch)
         finally:
             stopped.cancel()
-            if pace is not None and self._traffic is not None:
-                self._traffic.unregister(pace)
-
-    def _may_rest(self, pace: FetchPace) -> bool:
-        return pace.should_rest() and self._traffic is not None and self._traffic.live
 
     async def _rest(
-        self, consumer: AIOKafkaConsumer, pace: FetchPace, stopped: asyncio.Future[Any]
+        self, consumer: AIOKafkaConsumer, pacing: FetchPacing, stopped: asyncio.Future[Any]
     ) -> bool:
-        """Caught up: pause and rest (:meth:`FetchPace.rest_unless_unread`). True when
-        still idle (partitions stay paused), False to fetch."""
+        """Caught up: pause and rest (:meth:`FetchPacing.rest`). True when still idle
+        (partitions stay paused), False to fetch."""
         self._apply_backpressure(consumer, full=True)
         resting = metrics.CONSUMERS_RESTING.labels(self.spec.service)
         resting.inc()
         try:
-            return not await pace.rest_unless_unread(consumer, stopped)
+            return not await pacing.rest(consumer, stopped)
         finally:
             resting.dec()
 
@@ -440,8 +426,8 @@ class EventConsumer:
         elif self._paused:
             consumer.resume(*consumer.assignment())
             self._paused = False
-            if self._pace is not None:
-                self._pace.fetchable()
+            if self._pacing is not None:
+                self._pacing.after_resume()
 
     async def _drain(self, timeout_s: float) -> None:
         if self._tasks:
@@ -810,7 +796,11 @@ class EventConsumer:
                 raise
             log.warning("step failed, retrying", extra={"error": type(exc).__name__})
         async for attempt in AsyncRetrying(
-            retry=retry_if_exception(lambda e: not isinstance(e, InvalidEvent)),
+            # A cancel (a revoke past its grace, a stop) ends the retries: tenacity would
+            # take it for one more failure and run the step again, uncancelled.
+            retry=retry_if_exception(
+                lambda e: not isinstance(e, (InvalidEvent, asyncio.CancelledError))
+            ),
             stop=self._should_stop_retrying,
             wait=wait_random_exponential(multiplier=0.05, max=5),
             reraise=True,
@@ -913,17 +903,35 @@ class EventConsumer:
         self._tracker.forget(revoked_set)
 
 
-def _without_leave_group(consumer: AIOKafkaConsumer) -> None:
-    """Make ``consumer.stop()`` forget its group membership without a LeaveGroup request
-    (aiokafka has no option for it; its coordinator exists once ``start`` has begun)."""
-    coordinator = getattr(consumer, "_coordinator", None)
-    if coordinator is None or not hasattr(coordinator, "_maybe_leave_group"):
-        return  # not started, or an aiokafka that changed: it leaves as usual
+def pacing_input(spec: ConsumerSpec) -> PacingInput:
+    """What a consumer of ``spec`` asks of its broker profile."""
+    return PacingInput(
+        topics=frozenset(spec.topics),
+        fetch_max_wait_ms=spec.fetch_max_wait_ms,
+        observer=spec.observer,
+    )
 
-    async def forget() -> None:
-        coordinator.reset_generation()
 
-    coordinator._maybe_leave_group = forget
+def consumer_kwargs(
+    settings: FleetSettings, spec: ConsumerSpec, pacing: FetchPacing
+) -> dict[str, Any]:
+    """The ``AIOKafkaConsumer`` arguments of a consumer of ``spec``: its group, manual
+    commits, and fetch requests the broker holds ``pacing.broker_wait_ms`` at most."""
+    return {
+        **connection_kwargs(settings),
+        "group_id": spec.group_id,
+        "client_id": f"toolfleet-{spec.service}",
+        "enable_auto_commit": False,
+        "auto_offset_reset": spec.auto_offset_reset,
+        "fetch_max_wait_ms": pacing.broker_wait_ms,
+        "max_partition_fetch_bytes": max(settings.max_event_bytes * 2, 1_048_576),
+        "session_timeout_ms": settings.session_timeout_ms,
+        "heartbeat_interval_ms": max(500, settings.session_timeout_ms // 3),
+        "max_poll_interval_ms": 300_000,
+        **(
+            {"metadata_max_age_ms": PATTERN_METADATA_MAX_AGE_MS} if spec.pattern is not None else {}
+        ),
+    }
 
 
 def _failure_info(exc: Exception) -> ErrorInfo:
@@ -964,3 +972,6 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
         )
         if assigned:
             self._runtime.assigned.set()
+        on_assign = self._runtime.spec.on_assign
+        if on_assign is not None:
+            on_assign([Partition(tp.topic, tp.partition) for tp in assigned])

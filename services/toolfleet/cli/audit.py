@@ -8,7 +8,7 @@ import json
 import signal
 import sys
 from collections.abc import Callable
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -19,6 +19,9 @@ from toolfleet.errors import InvalidEvent
 from toolfleet.events.codec import STRUCTURED_CONTENT_TYPE, decode
 from toolfleet.events.types import TopicName, topic
 from toolfleet.settings import FleetSettings
+
+if TYPE_CHECKING:
+    from toolfleet.bus.profile import BrokerProfile
 
 app = typer.Typer(help="The audit trail.", no_args_is_help=True)
 
@@ -61,30 +64,52 @@ async def _tail(
         loop.add_signal_handler(sig, stop.set)
     from aiokafka import AIOKafkaConsumer  # the fleet extra: imported on use
 
-    from toolfleet.bus.fetch_wait import split_fetch_wait, wait_in_client
+    from toolfleet.bus.profile import PacingInput
 
-    at_broker_ms, in_client_s = split_fetch_wait(settings, max(settings.fetch_max_wait_ms, 100))
+    audit = topic(settings.topic_prefix, TopicName.AUDIT)
+    profile = _broker_profile(settings)
+    pacing = profile.pacing(
+        PacingInput(
+            topics=frozenset({audit}),
+            fetch_max_wait_ms=max(settings.fetch_max_wait_ms, 100),
+            poll_timeout_ms=200,
+        )
+    )
     consumer = AIOKafkaConsumer(
-        topic(settings.topic_prefix, TopicName.AUDIT),
+        audit,
         **connection_kwargs(settings),
         group_id=None,
         enable_auto_commit=False,
         auto_offset_reset="earliest" if from_beginning else "latest",
-        fetch_max_wait_ms=at_broker_ms,
+        fetch_max_wait_ms=pacing.broker_wait_ms,
         client_id="toolfleet-audit-tail",
     )
     try:
         await consumer.start()
-        wait_in_client(consumer, in_client_s)
+        pacing.after_start(consumer)
         while not stop.is_set():
-            batch = await consumer.getmany(timeout_ms=200)
+            batch = await consumer.getmany(timeout_ms=pacing.poll_timeout_ms)
             for records in batch.values():
                 for record in records:
                     line = audit_line(record.key, record.value, list(record.headers), tenant=tenant)
                     if line is not None:
                         emit(line)
     finally:
+        pacing.close()
         await consumer.stop()
+        await profile.aclose()
+
+
+def _broker_profile(settings: FleetSettings) -> BrokerProfile:
+    """The profile ``TOOLFLEET_BROKER_PROFILE`` names, without a doorbell: a tail reads
+    one topic at its own pace (the dev stack is imported only for its profile)."""
+    from toolfleet.bus.profile import KafkaProfile
+
+    if settings.broker_profile == "dev":
+        from toolfleet.devstack.broker_profile import DevBrokerProfile
+
+        return DevBrokerProfile.open(settings, doorbell=False)
+    return KafkaProfile(settings)
 
 
 def _write_line(line: str) -> None:

@@ -43,6 +43,7 @@ EXTRAS_OF_COMMAND: dict[str, tuple[str, ...]] = {
     "invoke": ("fleet",),
     "audit": ("fleet",),
     "token": ("fleet",),
+    "doctor": ("fleet",),
 }
 
 

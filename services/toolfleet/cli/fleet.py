@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib
+import os
 from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
@@ -69,6 +70,16 @@ def init(
         Path | None,
         typer.Option(help="Topic definitions to use instead of the packaged topics.yaml."),
     ] = None,
+    pool: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--pool",
+            help="Also the topic of this executor pool (invoke.authorized.NAME, configured "
+            "as invoke.authorized); repeatable. For clusters where the services may not "
+            "create topics.",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Migrate Postgres, create the topics (retention and cleanup from topics.yaml) and
     register the installed tools; report topics whose configs drifted."""
@@ -78,15 +89,23 @@ def init(
 
     if check and apply:
         raise CliError("--check and --apply exclude each other")
+    pools = _pool_names(pool)
     settings = load_settings(FleetSettings)
     with reaching_fleet(settings):
         if check:
             report = asyncio.run(
-                sync_fleet_topics(settings, mode=TopicMode.CHECK, topics_file=topics_file)
+                sync_fleet_topics(
+                    settings, mode=TopicMode.CHECK, topics_file=topics_file, pools=pools
+                )
             )
         else:
             mode = TopicMode.APPLY if apply else TopicMode.CREATE
             report = asyncio.run(bootstrap(settings, topic_mode=mode, topics_file=topics_file))
+            if pools:
+                pooled = asyncio.run(
+                    sync_fleet_topics(settings, mode=mode, topics_file=topics_file, pools=pools)
+                )
+                report.created += [t for t in pooled.created if t not in report.created]
     if as_json:
         print_json(report.as_dict())
     else:
@@ -109,6 +128,16 @@ def worker(
             show_default=False,
         ),
     ],
+    pool: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--pool",
+            help="Executor only: serve this executor pool (read its topic "
+            "invoke.authorized.NAME; 'default' is invoke.authorized); repeatable "
+            "[TOOLFLEET_EXECUTOR_POOLS, default: default].",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Run one service, or several in one process (shown as `toolfleet worker NAME` in
     ps); SIGTERM drains."""
@@ -124,9 +153,15 @@ def worker(
     from toolfleet.worker import require_keys, run_worker, worker_services
 
     try:
-        worker_services(name)
+        services = worker_services(name)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="NAME") from None
+    pools = _pool_names(pool)
+    if pools:
+        if WorkerName.EXECUTOR not in services:
+            raise typer.BadParameter("only an executor serves pools", param_hint="--pool")
+        # The executor reads its pools from its own settings (ExecutorSettings).
+        os.environ["TOOLFLEET_EXECUTOR_POOLS"] = ",".join(pools)
     settings = load_settings(FleetSettings)
     try:
         require_keys(name, settings)  # one line saying how to fix it, not a traceback
@@ -134,6 +169,21 @@ def worker(
         raise CliError(exc.message) from None
     with reaching_fleet(settings):
         run_worker(name, settings)
+
+
+def _pool_names(given: list[str] | None) -> list[str]:
+    """The ``--pool`` values, each checked, once each in the order given."""
+    from toolfleet.events.types import check_pool_name
+
+    names: list[str] = []
+    for value in given or []:
+        try:
+            name = check_pool_name(value)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--pool") from None
+        if name not in names:
+            names.append(name)
+    return names
 
 
 def api(

@@ -40,6 +40,7 @@ DEFAULT_WAIT_S = 300.0
 _PHASE_OF_EVENT: dict[str, str] = {
     EventType.INVOKED: "running",
     EventType.APPROVAL_REQUESTED: "waiting for approval",
+    EventType.INVOKE_QUEUED: "queued (no executor of its pool)",
 }
 
 

@@ -16,6 +16,7 @@ from rich.markup import escape
 from toolfleet.cli import (
     agent,
     audit,
+    doctor,
     fleet,
     invoke,
     keys,
@@ -46,6 +47,7 @@ app.command("status")(friendly(remote.status))
 app.command("cancel")(friendly(remote.cancel))
 app.command("approve")(friendly(remote.approve))
 app.command("deny")(friendly(remote.deny))
+app.command("doctor")(friendly(doctor.doctor))
 
 
 @app.callback()

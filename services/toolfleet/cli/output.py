@@ -23,6 +23,7 @@ _STATUS_STYLE = {
     "success": "bold green",
     "pending": "cyan",
     "pending_approval": "bold yellow",
+    "queued": "yellow",
     "running": "cyan",
     "error": "bold red",
     "timeout": "bold red",

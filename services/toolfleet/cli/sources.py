@@ -1,10 +1,13 @@
-"""``toolfleet sources add|list|configure|remove|tools``: MCP servers and HTTP APIs as tool
-sources.
+"""``toolfleet sources add|list|tools|refresh|configure|remove``: MCP servers and HTTP APIs
+as tool sources.
 
 Through the API (admin token). ``add`` names exactly one of ``--stdio "CMD ..."``,
 ``--http URL`` (an MCP server) or ``--openapi SPEC`` (an OpenAPI 3 file whose
-operations become HTTP tools). The answer lists the tools registered; none is callable
-until a policy names it. Every source tool is ``external_side_effect`` until an operator
+operations become HTTP tools). The API stores the source and an executor lists its
+tools (the API starts and reaches no source): ``add`` and ``refresh`` wait for that
+listing (``--wait``, 60 s) and print the tools registered, or why the listing failed,
+or that no executor answered in time. None is callable until a policy names it.
+Every source tool is ``external_side_effect`` until an operator
 vouches for another (``configure NAME TOOL --effect read_only``): what the source says
 of a tool (MCP ``readOnlyHint``, an HTTP method) is listed beside it as ``hints``, never
 taken as its effect. ``configure NAME TOOL`` also sets what clients see of one tool's
@@ -13,6 +16,8 @@ results.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import quote
@@ -157,6 +162,96 @@ def _hint(value: Any) -> str:
 
 EFFECTS = ("read_only", "state_change", "external_side_effect")
 
+#: How often a waiting command asks how the listing stands.
+LISTING_POLL_S = 0.5
+
+WaitOption = Annotated[
+    float,
+    typer.Option(
+        "--wait",
+        min=0,
+        help="Seconds to wait for an executor to list the tools (0: do not wait).",
+    ),
+]
+
+
+def _path(name: str) -> str:
+    return f"/v1/sources/{quote(name, safe='')}"
+
+
+def wait_for_listing(
+    fetch: Callable[[], dict[str, Any]],
+    listing: dict[str, Any],
+    *,
+    wait_s: float,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> dict[str, Any]:
+    """``listing`` once it is no longer ``pending``, asking ``fetch`` again every
+    half second, or as it stands after ``wait_s`` seconds."""
+    deadline = clock() + wait_s
+    while listing["state"] == "pending" and clock() < deadline:
+        sleep(max(min(LISTING_POLL_S, deadline - clock()), 0.0))
+        listing = fetch()
+    return listing
+
+
+def listing_problem(name: str, listing: dict[str, Any], *, waited_s: float) -> str | None:
+    """Why the tools of ``name`` are not listed (None: they are, or nobody waited)."""
+    if listing["state"] == "pending":
+        if waited_s <= 0:
+            return None
+        return (
+            f"{name} is stored, but no executor listed its tools within {waited_s:g} s: "
+            "is an executor running (`toolfleet worker executor`, or `toolfleet dev`)? "
+            f"`toolfleet sources tools {name}` shows them once listed"
+        )
+    if listing["state"] != "failed":
+        return None
+    error = listing.get("error") or {}
+    problem = (
+        f"{name} is stored, but listing its tools failed: {error.get('code', 'internal_error')}: "
+        f"{error.get('message', '')}"
+    )
+    if listing.get("next_attempt_at"):
+        return problem + (
+            f" (executors try again at {listing['next_attempt_at']}; "
+            f"`toolfleet sources refresh {name}` asks now)"
+        )
+    return problem + f" (`toolfleet sources refresh {name}` tries again)"
+
+
+def _finish_listing(
+    session: ApiSession,
+    name: str,
+    listing: dict[str, Any],
+    *,
+    wait_s: float,
+    json_: bool,
+    what: str,
+) -> None:
+    """Wait for the listing, then print the tools it registered (or why there are none)."""
+    listing = wait_for_listing(
+        lambda: session.call("GET", f"{_path(name)}/listing"), listing, wait_s=wait_s
+    )
+    view = session.call("GET", _path(name))
+    listing = view.get("listing") or listing
+    problem = listing_problem(name, listing, waited_s=wait_s)
+    if json_:
+        print_json(view)
+    elif listing["state"] == "pending" and problem is None:
+        console.print(
+            f"{name}: {what}; an executor lists its tools (pending): "
+            f"`toolfleet sources tools {name}` shows them",
+            markup=False,
+        )
+    elif problem is None:
+        console.print(f"{name}: {len(view['tools'])} tools registered", markup=False)
+        _print_tools(view["tools"])
+        console.print("none is callable until a policy names it in allow_tools", markup=False)
+    if problem is not None:
+        raise CliError(problem)
+
 
 @app.command("add")
 @friendly
@@ -203,10 +298,11 @@ def add(
         list[str] | None,
         typer.Option("--host", help="A host a sandboxed stdio server may reach (egress)."),
     ] = None,
+    wait: WaitOption = 60.0,
     json_: JsonOption = False,
     token: TokenOption = None,
 ) -> None:
-    """Register a source and list its tools (callable once a policy names them)."""
+    """Register a source; an executor lists its tools (callable once a policy names them)."""
     source = definition(
         name,
         stdio=stdio,
@@ -223,15 +319,23 @@ def add(
         paths=path,
         hosts=host,
     )
-    body = _session(token).call("POST", "/v1/sources", json=source.model_dump(mode="json"))
-    if json_:
-        print_json(body)
-        return
-    console.print(f"{name}: {len(body['tools'])} tools registered", markup=False)
-    for warning in body.get("warnings", []):
-        console.print(f"  warning: {warning}", markup=False)
-    _print_tools(body["tools"])
-    console.print("none is callable until a policy names it in allow_tools", markup=False)
+    session = _session(token)
+    body = session.call("POST", "/v1/sources", json=source.model_dump(mode="json"))
+    _finish_listing(session, name, body["listing"], wait_s=wait, json_=json_, what="stored")
+
+
+@app.command("refresh")
+@friendly
+def refresh(
+    name: Annotated[str, typer.Argument(help="Source name.")],
+    wait: WaitOption = 60.0,
+    json_: JsonOption = False,
+    token: TokenOption = None,
+) -> None:
+    """List a source's tools again (an executor asks the source) and print them."""
+    session = _session(token)
+    listing = session.call("POST", f"{_path(name)}/listing")
+    _finish_listing(session, name, listing, wait_s=wait, json_=json_, what="listing requested")
 
 
 @app.command("list")
@@ -242,9 +346,11 @@ def list_(json_: JsonOption = False, token: TokenOption = None) -> None:
     if json_:
         print_json(body)
         return
+    states = body.get("listings", {})
     for source in body["sources"]:
         console.print(
-            f"{source['name']}  {source['kind']}  tenant={source['tenant_id']}  {source['target']}",
+            f"{source['name']}  {source['kind']}  tenant={source['tenant_id']}  "
+            f"tools={states.get(source['name'], 'pending')}  {source['target']}",
             markup=False,
         )
 
@@ -256,11 +362,19 @@ def tools(
     json_: JsonOption = False,
     token: TokenOption = None,
 ) -> None:
-    """The tools (every schema version) a source registered."""
-    body = _session(token).call("GET", f"/v1/sources/{quote(name, safe='')}")
+    """The tools (every schema version) a source registered, and how its listing stands."""
+    body = _session(token).call("GET", _path(name))
     if json_:
         print_json(body["tools"])
         return
+    listing = body.get("listing")
+    if listing is not None and listing["state"] != "ready":
+        problem = listing_problem(name, listing, waited_s=0)
+        console.print(
+            problem or f"{name}: listing pending since {listing['requested_at']}",
+            markup=False,
+            soft_wrap=True,
+        )
     _print_tools(body["tools"])
 
 
@@ -301,7 +415,7 @@ def configure(
     if effect is not None and effect not in EFFECTS:
         raise CliError(f"--effect takes one of {', '.join(EFFECTS)}, got {effect!r}")
     session = _session(token)
-    tool_path = f"/v1/sources/{quote(name, safe='')}/tools/{quote(tool, safe='')}"
+    tool_path = f"{_path(name)}/tools/{quote(tool, safe='')}"
     rules_given = (allow, result_validation, sanitize, max_result_bytes) != (None,) * 4
     body: dict[str, Any] = {}
     if rules_given or effect is None:
@@ -338,7 +452,7 @@ def remove(
     token: TokenOption = None,
 ) -> None:
     """Forget a source; its tools are marked removed."""
-    body = _session(token).call("DELETE", f"/v1/sources/{quote(name, safe='')}")
+    body = _session(token).call("DELETE", _path(name))
     if json_:
         print_json(body)
         return

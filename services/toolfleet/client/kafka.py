@@ -6,9 +6,10 @@ CloudEvent (key, extensions, trace context). Waiting reads the results and event
 topics directly, only the partition the tenant's key maps to, positioned before
 publishing so no outcome can be missed. While nobody waits, the watcher's partitions
 are paused (it costs the broker nothing); registering a wait resumes it where it
-stopped. Each acknowledged send rings its topic so that resting consumers of the fleet
-wake (:mod:`toolfleet.bus.fetch_wait`); the watcher itself rests between outcomes and
-wakes when the results or events topic rings, while its subscription to the rings is up.
+stopped. The broker profile (``TOOLFLEET_BROKER_PROFILE``, :mod:`toolfleet.bus.profile`)
+paces the watcher: ``kafka`` long-polls; under the dev stack's profile each acknowledged
+send rings its topic so that resting consumers of the fleet wake, and the watcher itself
+rests between outcomes and wakes when the results or events topic rings.
 """
 
 from __future__ import annotations
@@ -21,21 +22,12 @@ from types import TracebackType
 from typing import Any, Self, Unpack
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from redis.asyncio import Redis
 
 from toolfleet.auth.control import ControlSigner, control_claims
 from toolfleet.auth.outcomes import OutcomeVerifier
 from toolfleet.bus.connection import connection_kwargs
-from toolfleet.bus.fetch_wait import (
-    FetchPace,
-    TrafficAnnouncer,
-    TrafficSignal,
-    fetch_pace,
-    split_fetch_wait,
-    traffic_signal,
-    wait_in_client,
-)
 from toolfleet.bus.producer import EventProducer, Outbound
+from toolfleet.bus.profile import BrokerProfile, FetchPacing, KafkaProfile, PacingInput
 from toolfleet.client.handles import InvocationHandle, Progress, ProgressCallback
 from toolfleet.client.requests import InvokeOptions, RequestPublisher
 from toolfleet.errors import InvalidEvent
@@ -52,9 +44,18 @@ from toolfleet.events.types import TERMINAL_TYPES, EventType, Source, TopicName,
 from toolfleet.observability.metrics import OUTCOMES_REFUSED
 from toolfleet.observability.tracing import current_traceparent
 from toolfleet.settings import FleetSettings
-from toolfleet.storage.redis import connect_redis
 
 log = logging.getLogger(__name__)
+
+
+def broker_profile(settings: FleetSettings) -> BrokerProfile:
+    """The profile ``TOOLFLEET_BROKER_PROFILE`` names; the dev stack is imported only for
+    its own (whose doorbell rings on a Redis connection of the client's own)."""
+    if settings.broker_profile == "dev":
+        from toolfleet.devstack.broker_profile import DevBrokerProfile
+
+        return DevBrokerProfile.open(settings)
+    return KafkaProfile(settings)
 
 
 class ToolfleetClient(RequestPublisher):
@@ -66,28 +67,24 @@ class ToolfleetClient(RequestPublisher):
         *,
         source: Source | str = Source.CLIENT,
         watch: bool = True,
-        traffic: TrafficAnnouncer | None = None,
+        profile: BrokerProfile | None = None,
     ) -> None:
-        """``traffic``: where acknowledged sends ring; unset, the client rings on the
-        fleet's Redis (``TOOLFLEET_REDIS_URL``) itself, in the background, and its watcher
-        listens there: a Redis it cannot reach costs latency (resting consumers find the
-        request within ``TOOLFLEET_IDLE_FETCH_INTERVAL_MS``), nothing else.
-        """
+        """``profile``: the broker profile (:mod:`toolfleet.bus.profile`); unset, the one
+        ``TOOLFLEET_BROKER_PROFILE`` names, which the client closes when it stops."""
         self._settings = settings
         self._source = str(source)
         self._watch = watch
-        self._own_redis: Redis | None = None
-        self._own_traffic: TrafficSignal | None = None
-        if traffic is None and settings.fetch_doorbell:
-            self._own_redis = connect_redis(settings.redis_url, max_connections=2, wait_s=5.0)
-            self._own_traffic = traffic_signal(self._own_redis, settings)
-            traffic = self._own_traffic
-        self._producer = EventProducer(settings, client_id="toolfleet-client", traffic=traffic)
+        self._own_profile = profile is None
+        self._profile = profile if profile is not None else broker_profile(settings)
+        self._producer = EventProducer(
+            settings, client_id="toolfleet-client", traffic=self._profile.announcer
+        )
         self._waiting = asyncio.Event()
         self._watcher: AIOKafkaConsumer | None = None
         self._watch_task: asyncio.Task[None] | None = None
-        self._listen_task: asyncio.Task[None] | None = None
-        self._pace: FetchPace | None = None
+        self._listen_tasks: list[asyncio.Task[None]] = []
+        self._listening = asyncio.Event()
+        self._pacing: FetchPacing | None = None
         self._outcomes: dict[str, asyncio.Future[ToolOutcome]] = {}
         self._progress: dict[str, ProgressCallback] = {}
         self._tenants: dict[str, str] = {}
@@ -123,6 +120,7 @@ class ToolfleetClient(RequestPublisher):
         await self.stop()
 
     async def start(self) -> None:
+        log.info(self._profile.summary())
         await self._producer.start()
         results = topic(self._settings.topic_prefix, TopicName.RESULTS)
         self._partitions = sorted(await self._producer.partitions_for(results))
@@ -130,21 +128,22 @@ class ToolfleetClient(RequestPublisher):
             await self._start_watcher()
 
     async def stop(self) -> None:
-        if self._listen_task is not None:
-            self._listen_task.cancel()
+        self._listening.set()
+        for task in self._listen_tasks:
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._listen_task
+                await task
         if self._watch_task is not None:
             self._watch_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._watch_task
+        if self._pacing is not None:
+            self._pacing.close()
         if self._watcher is not None:
             await self._watcher.stop()
         await self._producer.stop()
-        if self._own_traffic is not None:
-            await self._own_traffic.close()
-        if self._own_redis is not None:
-            await self._own_redis.aclose()
+        if self._own_profile:
+            await self._profile.aclose()
 
     # --- publishing -----------------------------------------------------------------
 
@@ -321,10 +320,8 @@ class ToolfleetClient(RequestPublisher):
         self._tenants[handle.invocation_id] = handle.tenant_id
         if on_progress is not None:
             self._progress[handle.invocation_id] = on_progress
-            if self._pace is not None and self._pace.quiet_topics:
-                # Its rings were ignored until now: fetch for a while, as if rung.
-                self._pace.quiet_topics = frozenset()
-                self._pace.ring(self._topic(TopicName.EVENTS), {})
+            if self._pacing is not None:
+                self._pacing.set_quiet(frozenset())  # progress events are awaited now
         self._waiting.set()
         try:
             return await asyncio.wait_for(asyncio.shield(future), timeout)
@@ -351,50 +348,44 @@ class ToolfleetClient(RequestPublisher):
 
     async def _start_watcher(self) -> None:
         # Every partition: a caller may wait for invocations of many tenants at once.
-        at_broker_ms, in_client_s = split_fetch_wait(
-            self._settings, self._settings.fetch_max_wait_ms
-        )
-        consumer = AIOKafkaConsumer(
-            **connection_kwargs(self._settings),
-            group_id=None,
-            enable_auto_commit=False,
-            fetch_max_wait_ms=at_broker_ms,
-            client_id="toolfleet-client-watch",
-        )
-        await consumer.start()
         parts = [
             TopicPartition(self._topic(name), p)
             for name in (TopicName.RESULTS, TopicName.EVENTS)
             for p in self._partitions
         ]
+        pacing = self._profile.pacing(
+            PacingInput(topics=frozenset(tp.topic for tp in parts), poll_timeout_ms=200)
+        )
+        consumer = AIOKafkaConsumer(
+            **connection_kwargs(self._settings),
+            group_id=None,
+            enable_auto_commit=False,
+            fetch_max_wait_ms=pacing.broker_wait_ms,
+            client_id="toolfleet-client-watch",
+        )
+        await consumer.start()
         consumer.assign(parts)
         await consumer.seek_to_end(*parts)
         for tp in parts:  # resolve the lazy seek now, before anything is published
             await consumer.position(tp)
         self._watcher = consumer
-        signal = self._own_traffic
-        if signal is not None:
-            self._pace = fetch_pace(self._settings, {tp.topic for tp in parts})
-        wait_in_client(consumer, in_client_s, self._pace)
-        if signal is not None and self._pace is not None:
-            signal.register(self._pace)
-            self._listen_task = asyncio.create_task(
-                signal.listen(asyncio.Event()), name="toolfleet-client-rings"
-            )
+        pacing.after_start(consumer)
+        self._pacing = pacing
+        self._listen_tasks = [
+            asyncio.create_task(job(self._listening), name="toolfleet-client-profile")
+            for job in self._profile.background()
+        ]
         self._watch_task = asyncio.create_task(
-            self._watch_loop(consumer), name="toolfleet-client-watch"
+            self._watch_loop(consumer, pacing), name="toolfleet-client-watch"
         )
 
-    async def _watch_loop(self, consumer: AIOKafkaConsumer) -> None:
-        pace, signal = self._pace, self._own_traffic
+    async def _watch_loop(self, consumer: AIOKafkaConsumer, pacing: FetchPacing) -> None:
         never: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        timeout_ms = self._settings.fetch_max_wait_ms + 10 if pace is not None else 200
         progress = frozenset({self._topic(TopicName.EVENTS)})
         while True:
-            if pace is not None:
-                # Progress events wake it only while someone follows progress; otherwise
-                # they come with the next fetch of outcomes (and are skipped unparsed).
-                pace.quiet_topics = frozenset() if self._progress else progress
+            # Progress events hurry a fetch only while someone follows progress; otherwise
+            # they come with the next fetch of outcomes (and are skipped unparsed).
+            pacing.set_quiet(frozenset() if self._progress else progress)
             if not self._outcomes and not self._progress:
                 # Nobody waits: no fetches until someone does. Paused partitions keep
                 # their position, so nothing published meanwhile is skipped.
@@ -402,17 +393,15 @@ class ToolfleetClient(RequestPublisher):
                 self._waiting.clear()
                 await self._waiting.wait()
                 consumer.resume(*consumer.assignment())
-                if pace is not None:
-                    pace.fetchable()
-            elif pace is not None and signal is not None and signal.live and pace.should_rest():
+                pacing.after_resume()
+            elif pacing.wants_rest(busy=False):
                 # Caught up: no fetches until the results or events topic rings.
                 consumer.pause(*consumer.assignment())
-                await pace.rest_unless_unread(consumer, never)
+                await pacing.rest(consumer, never)
                 consumer.resume(*consumer.assignment())
-                pace.fetchable()
-            batch = await consumer.getmany(timeout_ms=timeout_ms)
-            if pace is not None:
-                pace.fetched(records=bool(batch))
+                pacing.after_resume()
+            batch = await consumer.getmany(timeout_ms=pacing.poll_timeout_ms)
+            pacing.after_fetch(records=bool(batch))
             for records in batch.values():
                 for record in records:
                     self._route(record.key, record.value, list(record.headers))

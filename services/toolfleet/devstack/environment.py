@@ -61,8 +61,15 @@ def setting_value(value: object) -> str:
     return str(value)
 
 
+#: The broker profile of a dev fleet, unless the user names another: the embedded
+#: broker's (:mod:`toolfleet.devstack.broker_profile`).
+DEV_BROKER_PROFILE = "dev"
+
+
 def user_settings(settings: FleetSettings) -> dict[str, str]:
-    """``TOOLFLEET_*`` values the user set (environment, ``.env``), normalised."""
+    """``TOOLFLEET_*`` values the user set (environment, ``.env``), normalised, and the
+    dev broker profile (``TOOLFLEET_BROKER_PROFILE=dev``) unless the user set one: every
+    child and ``dev.env`` get it."""
     values = {
         f"{ENV_PREFIX}{name.upper()}": setting_value(value)
         for name, value in settings.model_dump(exclude_unset=True).items()
@@ -72,6 +79,7 @@ def user_settings(settings: FleetSettings) -> dict[str, str]:
     for name, value in os.environ.items():
         if name.startswith(ENV_PREFIX):
             values.setdefault(name, value)
+    values.setdefault(f"{ENV_PREFIX}BROKER_PROFILE", DEV_BROKER_PROFILE)
     return values
 
 

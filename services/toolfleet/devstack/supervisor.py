@@ -5,7 +5,8 @@
 2. :func:`~toolfleet.devstack.bootstrap.bootstrap`: database, migrations, topics, tools.
 3. Start ``toolfleet worker NAME`` for every service and ``toolfleet api``; restart any
    that dies, with backoff (``kill -9`` an executor and watch the work resume).
-4. Once ``/readyz`` answers 200 and every service runs: write ``dev.env``, print a banner.
+4. Once ``/readyz`` answers 200 and every service runs: write ``dev.env``, print the
+   lines of ``toolfleet doctor`` (dev profile), print a banner.
 5. On Ctrl-C, SIGTERM or SIGHUP: SIGTERM every child, wait up to 15 s, SIGKILL the rest,
    stop the embedded servers, exit 0. A second Ctrl-C kills the children at once.
 """
@@ -28,6 +29,7 @@ from toolfleet.devstack.environment import render_env_file, write_atomically
 from toolfleet.devstack.plan import DevPlan, PlanError, build_plan
 from toolfleet.devstack.processes import SupervisedProcess, stop_all
 from toolfleet.devstack.readiness import banner, wait_until_up
+from toolfleet.doctor.run import examine_and_say
 from toolfleet.settings import FleetSettings
 
 #: How long children may drain after SIGTERM before they are killed.
@@ -119,6 +121,7 @@ async def _supervise(plan: DevPlan, console: DevConsole) -> int:
             env_file = plan.home / "dev.env"
             # 0600: it may hold a database password.
             write_atomically(env_file, render_env_file(plan.fleet_env), mode=0o600)
+            await examine_and_say(plan.settings, console.say, profile="dev")
             console.print_block(
                 banner(api_url=plan.api_url, env_file=env_file, log_dir=plan.home / "logs")
             )

@@ -16,6 +16,7 @@ from uuid import UUID
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from toolfleet.errors import ErrorInfo
+from toolfleet.events.types import POOL_NAME_PATTERN
 
 TOOL_ID_PATTERN = r"^[a-z][a-z0-9_]*__[a-z0-9][a-z0-9_]*$"
 TENANT_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
@@ -50,6 +51,8 @@ class InvocationStatus(StrEnum):
 
     PENDING = "pending"
     PENDING_APPROVAL = "pending_approval"
+    QUEUED = "queued"
+    """Authorized, waiting for an executor of its pool (``execution_metadata.pool``)."""
     RUNNING = "running"
     SUCCESS = "success"
     ERROR = "error"
@@ -221,6 +224,12 @@ class InvokeAuthorized(_Internal):
     grant: str | None = Field(default=None, repr=False)
     """Policy's signed execution grant, bound to this call. Not the capability token:
     executors verify it before running anything (defence in depth)."""
+    pool: str = Field(
+        default="default", pattern=POOL_NAME_PATTERN, exclude_if=lambda pool: pool == "default"
+    )
+    """The executor pool of the tool (its manifest's ``pool``): the event travels on that
+    pool's topic. Set by policy from the registry; a request cannot choose it. Absent
+    for the default pool (the event is then as it was before pools)."""
 
 
 class CheckpointRef(_Internal):
@@ -301,6 +310,27 @@ class ToolOutcome(_Internal):
 
 
 # --- lifecycle notifications (toolfleet.invoke.events) ---------------------------------
+
+
+class InvokeQueued(_Internal):
+    """``ai.agent.tool.invoke.queued``: the call waits for an executor of its pool."""
+
+    invocation_id: UUID
+    tenant_id: str
+    agent_did: str
+    tool_id: str
+    tool_version: str
+    pool: str
+    """The pool whose executors may run it."""
+    reason: Literal["no_live_executor", "tool_not_loaded"]
+    """``no_live_executor``: no executor of the pool was live when policy authorized the
+    call (written by policy). ``tool_not_loaded``: the executor of the pool that read it
+    lacks the tool and no live one has it (written by that executor, ``worker_id``)."""
+    worker_id: str | None = None
+    """The executor that lacked the tool (``tool_not_loaded``)."""
+    deadline: datetime
+    """When it ends ``timeout`` if no executor has started it by then."""
+    at: datetime
 
 
 class ToolInvoked(_Internal):

@@ -9,13 +9,32 @@ connectors) appear too, for the document's sake; they have no consumer group of 
 
 Rows name topics without the configurable prefix and group ids without it either:
 :meth:`toolfleet.worker.Resources.spec` adds both.
+
+**Executor pools.** A route with ``pools`` covers the topic of every executor pool too:
+``invoke.authorized`` is the default pool's topic and ``invoke.authorized.<pool>`` each
+other pool's (:func:`~toolfleet.events.types.pool_topic`). Policy sends a call on its
+tool's pool's topic; an executor reads the topics of the pools it serves, in one
+consumer group per pool (:func:`pool_group`); the observers read every pool's topic
+(:func:`subscription_pattern`: a pattern subscription, so a pool's topic created after
+they started is read from its beginning).
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
-from toolfleet.events.types import LIFECYCLE_TOPICS, TOPIC_OF_TYPE, EventType, Source, TopicName
+from toolfleet.events.types import (
+    DEFAULT_POOL,
+    LIFECYCLE_TOPICS,
+    TOPIC_OF_TYPE,
+    EventType,
+    Source,
+    TopicName,
+    check_pool_name,
+    pool_topics_pattern,
+    topic,
+)
 
 
 def types_on(name: TopicName) -> tuple[EventType, ...]:
@@ -38,6 +57,9 @@ class Route:
     stands for every lifecycle type."""
     summary: str
     """One sentence for the AsyncAPI operation."""
+    pools: bool = False
+    """The route covers the topics of the executor pools too (``<topic>.<pool>``): only
+    ``invoke.authorized`` has them."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -54,6 +76,9 @@ class Consumer:
     record instead of a share of the partitions."""
     from_latest: bool = False
     """A new group starts at the end of its topics instead of the beginning."""
+    all_pools: bool = False
+    """It reads every executor pool's topic besides its own topics, those created after
+    it started included (observers): see :func:`subscription_pattern`."""
 
     @property
     def topics(self) -> tuple[TopicName, ...]:
@@ -84,12 +109,19 @@ class Party:
 
 
 def _observer(name: str, purpose: str) -> Consumer:
-    """A consumer of every lifecycle topic, every type on each."""
+    """A consumer of every lifecycle topic, every type on each, every pool's topic too."""
     return Consumer(
         name=name,
         group=name,
+        all_pools=True,
         reads=tuple(
-            Route(topic=topic, types=types_on(topic), summary=purpose) for topic in LIFECYCLE_TOPICS
+            Route(
+                topic=name,
+                types=types_on(name),
+                summary=purpose,
+                pools=name is TopicName.AUTHORIZED,
+            )
+            for name in LIFECYCLE_TOPICS
         ),
     )
 
@@ -128,7 +160,9 @@ EXECUTOR_RUNS = Consumer(
         Route(
             topic=TopicName.AUTHORIZED,
             types=(EventType.INVOKE_AUTHORIZED,),
-            summary="Runs the tool.",
+            summary="Runs the tool: the topics of the pools it serves (--pool), one "
+            "consumer group per pool.",
+            pools=True,
         ),
     ),
 )
@@ -197,7 +231,8 @@ POLICY = Party(
         Route(
             topic=TopicName.AUTHORIZED,
             types=(EventType.INVOKE_AUTHORIZED,),
-            summary="Allowed requests.",
+            summary="Allowed requests, on the topic of the tool's pool.",
+            pools=True,
         ),
         Route(
             topic=TopicName.RESULTS,
@@ -207,12 +242,14 @@ POLICY = Party(
         Route(
             topic=TopicName.EVENTS,
             types=(
+                EventType.INVOKE_QUEUED,
                 EventType.APPROVAL_REQUESTED,
                 EventType.CONTROL_REFUSED,
                 EventType.OUTCOME_REFUSED,
             ),
-            summary="Calls that need a human's approval; control events refused (unsigned "
-            "or forged); outcomes duplicates waited on refused (unsigned or forged).",
+            summary="Calls queued for a pool with no live executor; calls that need a "
+            "human's approval; control events refused (unsigned or forged); outcomes "
+            "duplicates waited on refused (unsigned or forged).",
         ),
     ),
     dead_letters=True,
@@ -222,6 +259,13 @@ EXECUTOR = Party(
     source=Source.EXECUTOR,
     consumers=(EXECUTOR_RUNS, EXECUTOR_CANCELS),
     sends=(
+        Route(
+            topic=TopicName.AUTHORIZED,
+            types=(EventType.INVOKE_AUTHORIZED,),
+            summary="Hands a call whose tool it lacks (a misconfigured pool) to a partition "
+            "of an executor of the pool that has the tool, policy's grant unchanged.",
+            pools=True,
+        ),
         Route(
             topic=TopicName.EXECUTED,
             types=(EventType.INVOKE_EXECUTED,),
@@ -235,6 +279,7 @@ EXECUTOR = Party(
         Route(
             topic=TopicName.EVENTS,
             types=(
+                EventType.INVOKE_QUEUED,
                 EventType.INVOKED,
                 EventType.CHECKPOINT_CREATED,
                 EventType.CIRCUIT_OPENED,
@@ -242,8 +287,9 @@ EXECUTOR = Party(
                 EventType.SOURCE_TOOL_ADDED,
                 EventType.EGRESS,
             ),
-            summary="Execution started, checkpoints, circuit changes, tools a source "
-            "added at run time and sandbox egress.",
+            summary="Calls queued because no live executor of their pool has their tool, "
+            "execution started, checkpoints, circuit changes, tools a source added at "
+            "run time and sandbox egress.",
         ),
     ),
     dead_letters=True,
@@ -339,3 +385,20 @@ def party_of(consumer: Consumer) -> Party:
         if consumer in party.consumers:
             return party
     raise LookupError(f"consumer {consumer.name!r} is not in the routing table")
+
+
+def pool_group(group: str, pool: str) -> str:
+    """The consumer group of ``group``'s consumers of ``pool``'s topic: ``group`` itself
+    for the default pool (unchanged), ``<group>.<pool>`` for another one. One group per
+    pool: an executor joining or leaving one pool never rebalances another."""
+    return group if check_pool_name(pool) == DEFAULT_POOL else f"{group}.{pool}"
+
+
+def subscription_pattern(consumer: Consumer, prefix: str) -> str | None:
+    """The pattern a consumer that reads every pool's topic (:attr:`Consumer.all_pools`)
+    subscribes with: its own topics, and ``invoke.authorized.<pool>`` for any pool. None
+    for every other consumer (it subscribes to its topics by name)."""
+    if not consumer.all_pools:
+        return None
+    names = "|".join(re.escape(topic(prefix, name)) for name in consumer.topics)
+    return f"^(?:{names}|{pool_topics_pattern(prefix)})$"

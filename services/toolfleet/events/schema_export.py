@@ -41,6 +41,7 @@ from toolfleet.events.models import (
     EgressDecided,
     InvokeAuthorized,
     InvokeExecuted,
+    InvokeQueued,
     InvokeRequested,
     OutcomeRefused,
     SourceToolAdded,
@@ -50,7 +51,13 @@ from toolfleet.events.models import (
 )
 from toolfleet.events.outcomes import _TYPE_OF_STATUS
 from toolfleet.events.routing import DEAD_LETTER, ROUTING, Route, types_on
-from toolfleet.events.types import LIFECYCLE_TOPICS, TOPIC_OF_TYPE, EventType, TopicName
+from toolfleet.events.types import (
+    LIFECYCLE_TOPICS,
+    POOL_NAME_PATTERN,
+    TOPIC_OF_TYPE,
+    EventType,
+    TopicName,
+)
 
 #: Version of the external contract these files describe (CONTRACT.md "v1").
 CONTRACT_VERSION = "1.0.0"
@@ -111,6 +118,13 @@ EVENTS: dict[EventType, EventDoc] = {
     EventType.CANCELLED: EventDoc(
         model=ToolOutcome,
         description="Terminal outcome: the invocation was cancelled (contract section 3).",
+    ),
+    EventType.INVOKE_QUEUED: EventDoc(
+        model=InvokeQueued,
+        description="The call waits for an executor of its pool: none was live when policy "
+        "authorized it (written by policy), or the executor of the pool that read it lacks "
+        "the tool and no live one has it (written by that executor). Its status is queued "
+        "until an executor starts it, or it ends timeout at its deadline.",
     ),
     EventType.INVOKED: EventDoc(
         model=ToolInvoked,
@@ -235,6 +249,16 @@ TOPIC_DOCS: dict[TopicName, str] = {
 }
 
 STRUCTURED_TOPICS = frozenset({TopicName.AUDIT, TopicName.DLQ})
+
+#: The channel of every executor pool's topic but the default pool's.
+POOL_CHANNEL = "invokeAuthorizedPool"
+POOL_CHANNEL_DOC = (
+    "The topic of executor pool {pool}: requests policy allowed for a tool whose manifest "
+    "names that pool (tools of the default pool stay on invoke.authorized). Read by the "
+    "executors started with --pool {pool} (consumer group executor.{pool}) and by the "
+    "observers (a pattern subscription); an executor that lacks a call's tool hands it to "
+    "a partition of one that has it. Created with the configuration of invoke.authorized."
+)
 
 _TERMINAL_STATUSES: dict[EventType, list[str]] = {}
 for _status, _type in _TYPE_OF_STATUS.items():
@@ -585,6 +609,26 @@ def _channels() -> dict[str, Any]:
                 }
             },
         }
+    authorized = channels[_channel_id(TopicName.AUTHORIZED)]
+    address = f"{authorized['address']}.{{pool}}"
+    channels[POOL_CHANNEL] = {
+        "address": address,
+        "title": address,
+        "description": f"{POOL_CHANNEL_DOC} Binary content mode, as invoke.authorized. Key: "
+        f"the tenant id; the prefix {DEFAULT_TOPIC_PREFIX!r} is configurable "
+        "(TOOLFLEET_TOPIC_PREFIX).",
+        "parameters": {
+            "pool": {
+                "description": f"The pool's name ({POOL_NAME_PATTERN}), from the tool's "
+                "manifest; never from the request.",
+                "examples": ["gpu", "acme"],
+            }
+        },
+        "messages": dict(authorized["messages"]),
+        "bindings": {
+            "kafka": {"partitions": DEFAULT_PARTITIONS, "bindingVersion": KAFKA_BINDING_VERSION}
+        },
+    }
     return channels
 
 
@@ -603,6 +647,12 @@ def _operations_doc() -> dict[str, Any]:
             "tags": [{"name": op.service}],
             "messages": [{"$ref": f"#/channels/{channel}/messages/{mid}"} for mid in mids],
         }
+        if route.pools:
+            doc[f"{op_id}Pools"] = {
+                **doc[op_id],
+                "channel": {"$ref": f"#/channels/{POOL_CHANNEL}"},
+                "messages": [{"$ref": f"#/channels/{POOL_CHANNEL}/messages/{mid}"} for mid in mids],
+            }
     return doc
 
 

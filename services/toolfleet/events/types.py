@@ -1,8 +1,10 @@
-"""Event types, topics and sources of the contract (section 1)."""
+"""Event types, topics and sources of the contract (section 1), and executor pools' topics."""
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
+from typing import Final
 
 
 class EventType(StrEnum):
@@ -11,6 +13,7 @@ class EventType(StrEnum):
     INVOKE_REQUESTED = "ai.agent.tool.invoke.requested"
     INVOKE_AUTHORIZED = "ai.agent.tool.invoke.authorized"
     INVOKE_EXECUTED = "ai.agent.tool.invoke.executed"
+    INVOKE_QUEUED = "ai.agent.tool.invoke.queued"
     SUCCEEDED = "ai.agent.tool.succeeded"
     FAILED = "ai.agent.tool.failed"
     TIMEOUT = "ai.agent.tool.timeout"
@@ -58,6 +61,7 @@ TOPIC_OF_TYPE: dict[EventType, TopicName] = {
     EventType.FAILED: TopicName.RESULTS,
     EventType.TIMEOUT: TopicName.RESULTS,
     EventType.CANCELLED: TopicName.RESULTS,
+    EventType.INVOKE_QUEUED: TopicName.EVENTS,
     EventType.INVOKED: TopicName.EVENTS,
     EventType.CHECKPOINT_CREATED: TopicName.EVENTS,
     EventType.APPROVAL_REQUESTED: TopicName.EVENTS,
@@ -103,3 +107,52 @@ class Source(StrEnum):
 def topic(prefix: str, name: TopicName) -> str:
     """Full topic name, e.g. ``topic("toolfleet.", TopicName.RESULTS)``."""
     return f"{prefix}{name.value}"
+
+
+# --- executor pools (contract section 9) ----------------------------------------------
+
+DEFAULT_POOL: Final = "default"
+"""The pool of a tool whose manifest names none; its calls stay on ``invoke.authorized``."""
+POOL_NAME_PATTERN: Final = r"^[a-z0-9][a-z0-9_-]{0,31}$"
+"""A pool name: lower-case letters, digits, ``-`` and ``_``, at most 32 characters. It
+becomes a topic suffix (``invoke.authorized.<pool>``), so nothing else is allowed."""
+_POOL_NAME: Final = re.compile(POOL_NAME_PATTERN)
+
+
+def check_pool_name(name: str) -> str:
+    """``name`` if it is a valid pool name; else :class:`ValueError` saying what is allowed."""
+    if not isinstance(name, str) or not _POOL_NAME.fullmatch(name):
+        raise ValueError(
+            f"{name!r} is not a pool name: lower-case letters, digits, '-' and '_', "
+            "1 to 32 characters, starting with a letter or digit"
+        )
+    return name
+
+
+def pool_topic(prefix: str, pool: str) -> str:
+    """The topic executors of ``pool`` read: ``invoke.authorized`` for the default pool,
+    ``invoke.authorized.<pool>`` for every other one (with the fleet's ``prefix``).
+
+    Raises:
+        ValueError: ``pool`` is not a valid pool name.
+    """
+    base = topic(prefix, TopicName.AUTHORIZED)
+    return base if check_pool_name(pool) == DEFAULT_POOL else f"{base}.{pool}"
+
+
+def pool_of_topic(prefix: str, name: str) -> str | None:
+    """The pool whose topic ``name`` is (:func:`pool_topic` read backwards); None when it
+    is no pool's topic."""
+    base = topic(prefix, TopicName.AUTHORIZED)
+    if name == base:
+        return DEFAULT_POOL
+    pool = name.removeprefix(f"{base}.")
+    if pool in (name, DEFAULT_POOL) or not _POOL_NAME.fullmatch(pool):
+        return None
+    return pool
+
+
+def pool_topics_pattern(prefix: str) -> str:
+    """A regular expression of every pool's topic but the default pool's
+    (``invoke.authorized.<pool>``), for consumers that read them all (observers)."""
+    return re.escape(f"{topic(prefix, TopicName.AUTHORIZED)}.") + POOL_NAME_PATTERN[1:-1]

@@ -173,6 +173,7 @@ async def check_grant(
                 if call.document_context is None
                 else call.document_context.model_dump(mode="json")
             ),
+            pool=call.pool,
         )
         if revocations is not None:
             await ensure_grant_not_revoked(revocations, grant)
@@ -225,13 +226,18 @@ class Admission:
             return Refused(error=Cancelled("cancelled before it ran"))
         return None
 
+    async def find_tool(self, call: InvokeAuthorized) -> ToolSpec | None:
+        """The call's tool version as this executor has it: loaded, or from a source."""
+        spec = self.catalog.get(call.tool_id, call.tool_version)
+        for provider in self.providers:
+            if spec is not None:
+                break
+            spec = await provider.spec(call.tool_id, call.tool_version)
+        return spec
+
     async def tool(self, run: RunInput, admitted: Admitted, stack: AsyncExitStack) -> Stop | None:
         call = run.call
-        admitted.spec = self.catalog.get(call.tool_id, call.tool_version)
-        for provider in self.providers:
-            if admitted.spec is not None:
-                break
-            admitted.spec = await provider.spec(call.tool_id, call.tool_version)
+        admitted.spec = await self.find_tool(call)
         if admitted.spec is None:
             error = ToolNotFound(f"no executor has {call.tool_id}@{call.tool_version} loaded")
             return Refused(error=error)

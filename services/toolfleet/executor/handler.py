@@ -19,7 +19,7 @@ from toolfleet.documents.mcp_source import McpDocumentSource
 from toolfleet.documents.pins import TieredPinBook
 from toolfleet.events import routing
 from toolfleet.events.envelope import Envelope
-from toolfleet.events.types import EventType, TopicName
+from toolfleet.events.types import EventType, TopicName, pool_of_topic
 from toolfleet.executor.cache import RedisResultCache
 from toolfleet.executor.checkpoints.cold import PostgresCheckpointStore
 from toolfleet.executor.checkpoints.store import RedisCheckpointStore, TieredCheckpointStore
@@ -29,6 +29,7 @@ from toolfleet.executor.concurrency import RedisAgentSlots
 from toolfleet.executor.isolated import EgressEvents, build_runtime, stdio_sandbox
 from toolfleet.executor.leasing.guard import LeaseGuard, LeaseLost
 from toolfleet.executor.leasing.leases import RedisLeases
+from toolfleet.executor.pool_wiring import ExecutorPools
 from toolfleet.executor.registration import register_catalog
 from toolfleet.executor.result_transfer import ResultTransfer
 from toolfleet.executor.scheduling import placement
@@ -44,6 +45,7 @@ from toolfleet.sources.provider import (
     EventSourceAudit,
     SourceCatalog,
     SourceToolProvider,
+    listing_job,
     secret_credentials,
 )
 from toolfleet.sources.store import SourceStore
@@ -86,13 +88,13 @@ def secret_store(settings: ExecutorSettings) -> SecretStore:
 
 def source_tools(res: Resources, secrets: SecretStore) -> SourceToolProvider:
     """MCP and HTTP tool sources; a server's ``list_changed`` registers its new tools,
-    and sources added while they could not be listed are listed in the background."""
+    and the listings the API asks for are done in the background (the API starts none)."""
     store = SourceStore(res.pool)
     pool = SessionPool(credentials=secret_credentials(secrets))
     audit = EventSourceAudit(emitter=_ProducerEmitter(res.producer, res))
     catalog = SourceCatalog(store=store, pool=pool, audit=audit)
     pool.on_tools_changed = catalog.on_tools_changed
-    res.background(catalog.list_unlisted)
+    res.background(listing_job(catalog, res.pool, res.worker_id))
     return SourceToolProvider(lookup=store, pool=pool)
 
 
@@ -158,6 +160,9 @@ async def build(res: Resources) -> list[EventConsumer]:
         trust_lease_reads=True,  # leases, cancel flags and hot checkpoints: res.redis
     )
     sources.network_permissions = lambda ctx: service.network_permissions(ctx.invocation_id)
+    assert service.lease_guard is not None
+    pools = await ExecutorPools.start(res, settings.pool_list, catalog, service.lease_guard.leases)
+    service.pool_router = pools.router()
     if settings.isolation_enabled:
         service.egress_events = EgressEvents(emitter=service.emitter)
         service.isolation, service.isolation_limits, isolation_job = build_runtime(
@@ -185,7 +190,8 @@ async def build(res: Resources) -> list[EventConsumer]:
         part, invocation_id = Partition(event.topic, event.partition), event.envelope.invocationid
         in_flight[part].add(invocation_id or "")
         try:
-            emitted = await service.on_authorized(event.envelope)
+            pool = pool_of_topic(res.settings.topic_prefix, event.topic)
+            emitted = await service.on_authorized(event.envelope, pool=pool)
         finally:
             in_flight[part].discard(invocation_id or "")
         return [Outbound(envelope=env, topic=res.topic(name)) for name, env in emitted]
@@ -217,4 +223,6 @@ async def build(res: Resources) -> list[EventConsumer]:
     )
     # Every executor must see every cancel: its own group, reading from the end.
     cancels = res.spec(routing.EXECUTOR_CANCELS, max_in_flight=64)
-    return [res.consumer(executions, run), res.consumer(cancels, control, dedupe=False)]
+    # One consumer per pool served (TOOLFLEET_EXECUTOR_POOLS), each in its pool's group.
+    runs = [res.consumer(spec, run) for _, spec in pools.specs(executions)]
+    return [*runs, res.consumer(cancels, control, dedupe=False)]

@@ -31,7 +31,7 @@ from toolfleet.documents.cache import DocumentCache
 from toolfleet.documents.pins import MemoryPinBook, PinBook
 from toolfleet.documents.reader import CallDocuments
 from toolfleet.documents.source import DocumentSource
-from toolfleet.errors import Cancelled, ResourceExhausted, ToolfleetError
+from toolfleet.errors import Cancelled, InvalidEvent, ResourceExhausted, ToolfleetError
 from toolfleet.events.envelope import Emitted, Envelope
 from toolfleet.events.identity import CallKey
 from toolfleet.events.models import CancelRequested, ExecutionMetadata, InvokeAuthorized
@@ -56,6 +56,7 @@ from toolfleet.executor.circuits.breaker import CircuitBreaker, Transition
 from toolfleet.executor.concurrency import AgentSlots
 from toolfleet.executor.isolated import EgressEvents, IsolatedRunner, sandbox_grants
 from toolfleet.executor.leasing.guard import LeaseGuard, Suspended
+from toolfleet.executor.pools import PoolRouter
 from toolfleet.executor.ports import Emitter, ToolProvider
 from toolfleet.executor.result_transfer import ResultTransfer
 from toolfleet.executor.runner import RunResult
@@ -134,6 +135,9 @@ class ExecutorService:
     """Defaults and ceilings of isolated runs."""
     egress_events: EgressEvents | None = None
     """Turns the egress proxy's records of this executor's calls into events."""
+    pool_router: PoolRouter | None = None
+    """Hands a call whose tool this executor lacks to an executor of its pool that has
+    it (:mod:`toolfleet.executor.pools`); None: such a call fails ``tool_not_found``."""
 
     def network_permissions(self, invocation_id: str) -> tuple[str, ...] | None:
         """The hosts a running call may reach, as policy signed them (None: unchecked)."""
@@ -154,14 +158,23 @@ class ExecutorService:
             providers=self.providers,
         )
 
-    async def on_authorized(self, event: Envelope) -> list[Emitted]:
+    async def on_authorized(self, event: Envelope, *, pool: str | None = None) -> list[Emitted]:
         """Run one authorized call; every release is owned by one ``AsyncExitStack``.
 
         The stack is entered lease first, then whatever the gates acquire (credentials,
         the agent's slot), so it unwinds in reverse on every exit: an outcome, a refusal,
-        a cancel, or an error (an emitter that fails included).
+        a cancel, or an error (an emitter that fails included). ``pool``: the pool whose
+        topic carried the event; a call whose tool this executor lacks goes to another
+        executor of that pool (:attr:`pool_router`) instead of failing.
         """
         call = event.data_as(InvokeAuthorized)
+        if pool is not None and call.pool != pool:
+            # Policy publishes a call on its own pool's topic only, and the grant binds the
+            # pool the event names: this is a copy someone with topic access moved. It is
+            # not the call's delivery (that one runs in its pool), so it ends nothing.
+            raise InvalidEvent(
+                f"an authorized event of pool {call.pool!r} on pool {pool!r}'s topic"
+            )
         unleased = RunInput(event=event, call=call)
         invocation_id = unleased.invocation_id
         verified: list[ExecutionGrant] = []
@@ -173,9 +186,22 @@ class ExecutorService:
         stop = await check_grant(self.grants, self.revocations, unleased, granted=granted)
         if stop is not None:
             self.network_grants.pop(invocation_id, None)
-            return self._stopped(unleased, stop)
+            # A call that ended meanwhile (a queued call's deadline passed, then its grant
+            # expired) keeps its one outcome: the recorded events go out again, same ids.
+            ended = await self._finished(unleased)
+            return ended if ended is not None else self._stopped(unleased, stop)
         # The grant is verified once, here: the run and its sandbox read what it says.
         unleased = replace(unleased, grant=verified[0] if verified else None)
+        if (
+            pool is not None
+            and self.pool_router is not None
+            and await self.admission.find_tool(call) is None
+        ):
+            self.network_grants.pop(invocation_id, None)
+            ended = await self._finished(unleased)  # ended already (its deadline passed)
+            return (
+                ended if ended is not None else await self.pool_router.misrouted(event, call, pool)
+            )
         acks: list[asyncio.Future[object]] = []
         acknowledged: asyncio.Future[list[object]] | None = None
         try:
@@ -204,6 +230,13 @@ class ExecutorService:
                 _retrieve_later(acknowledged, acks)
             self.suspended_calls.discard(invocation_id)
             self.network_grants.pop(invocation_id, None)
+
+    async def _finished(self, run: RunInput) -> list[Emitted] | None:
+        """The recorded events of the call if it finished (None: it did not, or no leases)."""
+        if self.lease_guard is None:
+            return None
+        record = await self.lease_guard.leases.finished(run.ref.key)
+        return None if record is None else [(e.topic, e.envelope) for e in record.events]
 
     def suspend(self) -> None:
         """Shutting down: running tools stop at their next checkpoint and are handed over."""
@@ -409,6 +442,10 @@ class ExecutorService:
         running = self.running.get(invocation_id)
         if running is not None and running.tenant_id == request.tenant_id:
             self.cancel_local(invocation_id)
+        if self.pool_router is not None:  # a call waiting for its pool ends at the next sweep
+            await self.pool_router.queued.due_now(
+                CallKey(tenant_id=request.tenant_id, invocation_id=invocation_id)
+            )
 
     def cancel_local(self, invocation_id: str) -> bool:
         running = self.running.get(invocation_id)

@@ -5,8 +5,9 @@ from __future__ import annotations
 from enum import StrEnum
 from pathlib import Path
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
+from toolfleet.events.types import DEFAULT_POOL, check_pool_name
 from toolfleet.settings import FleetSettings
 
 
@@ -22,6 +23,28 @@ class SecretBackend(StrEnum):
 
 
 class ExecutorSettings(FleetSettings):
+    executor_pools: str = DEFAULT_POOL
+    """Comma-separated executor pools this executor serves (``toolfleet worker executor
+    --pool NAME``, repeatable, sets it): it reads each pool's topic
+    (``invoke.authorized`` for ``default``, ``invoke.authorized.<pool>`` otherwise) in the
+    pool's consumer group, and announces them in Redis while it is live. A tool's pool is
+    its manifest's ``pool``."""
+
+    @field_validator("executor_pools")
+    @classmethod
+    def _valid_pools(cls, value: str) -> str:
+        pools = [p.strip() for p in value.split(",") if p.strip()]
+        if not pools:
+            raise ValueError("TOOLFLEET_EXECUTOR_POOLS names no pool (default: 'default')")
+        for pool in pools:
+            check_pool_name(pool)
+        return ",".join(dict.fromkeys(pools))
+
+    @property
+    def pool_list(self) -> list[str]:
+        """The pools served, each once, in the order given."""
+        return self.executor_pools.split(",")
+
     max_in_flight: int = Field(default=64, ge=1)
     """Invocations one executor runs at once."""
     max_in_flight_per_tenant: int | None = Field(default=None, ge=1)

@@ -4,33 +4,32 @@ A sandbox has an empty network namespace; its only way out is this proxy, listen
 a unix socket that is bind-mounted into that one sandbox (and/or on ``127.0.0.1:0`` for
 tools isolated as plain processes). Each listener is an :class:`EgressSession` opened
 with an :class:`EgressGrant`: the invocation, its tenant and the hosts of the token's
-``network_permissions``. One :class:`EgressProxy` serves many sessions.
+``network_permissions`` (their grammar and the address rules: :mod:`.egress_policy`).
+One :class:`EgressProxy` serves many sessions.
 
-The proxy speaks just enough HTTP/1.1: ``CONNECT host:port`` opens a tunnel (HTTPS and
-any other TCP protocol), and a request with an absolute ``http://`` URI is forwarded
-(hop-by-hop headers and ``Proxy-Authorization`` stripped, ``Connection: close`` on both
-sides: one request per client connection). Anything else gets a short refusal:
+HTTP/1.1 is framed by h11 on both sides; this module only decides. ``CONNECT host:port``
+opens a byte tunnel after the ``200`` (HTTPS and any other TCP protocol), and a request
+with an absolute ``http://`` URI is forwarded: h11 reads the client's request and the
+upstream's response and writes what the other side gets, so no byte passes unparsed
+(bodies are re-framed, chunk extensions dropped, bytes past a message's end discarded).
+One request per client connection, ``Connection: close`` on both sides (bytes
+pipelined behind it are never read); hop-by-hop fields and ``Proxy-Authorization`` are
+never forwarded. What h11 reads leniently is refused before it acts: bare LF line ends,
+obs-fold, both ``Content-Length`` and ``Transfer-Encoding``, control characters in field
+values, more than 100 fields, a ``CONNECT`` with a body. Refusals are short answers
+with an ``X-Toolfleet-Egress`` field naming the reason:
 
-    400  malformed request (the proxy keeps serving other connections)
+    400  malformed_request (the proxy keeps serving other connections; 408 for a head
+                          too slow, 431 for one too large)
     403  not_granted      the token names no such host and port
     403  private_address  the name resolves only to private, loopback, link-local,
                           multicast or metadata addresses the grant does not name
     429  too_many_connections
     502  unresolvable / connect_failed, 504 connect_timeout
 
-Grant entries (``network_permissions``), case-insensitive::
-
-    api.example.com           ports 80 and 443
-    api.example.com:8443      that port only (``:*``: any port)
-    *.example.com             any name under example.com, not example.com itself
-    *                         any public host (private addresses stay refused)
-    93.184.216.34, [2001:db8::1]:443, 10.0.0.0/8:5432   addresses and networks
-
 SSRF: a name is resolved once, only after the grant admitted it (a DNS query for a
 host not granted is itself a leak), every address is checked, and the proxy connects to
-an address it checked (no second resolution, so DNS rebinding cannot swap it). A
-non-public address is reachable only when an address entry of the grant covers it:
-granting a name alone never reaches loopback or the cloud metadata service.
+an address it checked (no second resolution, so DNS rebinding cannot swap it).
 
 Every refusal is an :class:`EgressRecord` for the :class:`EgressAudit` port (allowed
 connections too unless :attr:`EgressLimits.audit_allowed` is off); records carry the
@@ -49,48 +48,51 @@ import re
 import socket
 import stat
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
+from http import HTTPStatus
 from pathlib import Path
 from typing import Literal, Protocol
 
-from toolfleet.errors import PermissionDenied
+import h11
+
+from toolfleet.isolation.egress_policy import EgressGrant as EgressGrant  # re-exported
+from toolfleet.isolation.egress_policy import IPAddress as IPAddress  # re-exported
+from toolfleet.isolation.egress_policy import Target, parse_target
+from toolfleet.isolation.egress_policy import parse_host as parse_host  # re-exported
 
 log = logging.getLogger(__name__)
 
-IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
-IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
-Host = str | IPAddress
-"""A normalized target host: a lower-case name without trailing dot, or an address."""
-
-WEB_PORTS = frozenset({80, 443})
-"""The ports a grant entry without a port admits."""
-METADATA_ADDRESSES = frozenset(
-    ipaddress.ip_address(a) for a in ("169.254.169.254", "fd00:ec2::254", "100.100.100.200")
-)
-"""Cloud metadata services (also covered by the link-local / private checks)."""
-HOP_BY_HOP = frozenset(
+_HOP_BY_HOP = frozenset(
     {
-        "connection",
-        "keep-alive",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "proxy-connection",
-        "te",
-        "trailer",
-        "upgrade",
+        b"connection",
+        b"keep-alive",
+        b"proxy-authenticate",
+        b"proxy-authorization",
+        b"proxy-connection",
+        b"te",
+        b"trailer",
+        b"upgrade",
     }
 )
-"""Headers that concern one hop and are never forwarded. ``Transfer-Encoding`` is kept:
-the body is relayed as received, in the same coding."""
+"""Fields that concern one hop and are never forwarded, nor are those ``Connection``
+names (except the framing fields: they describe the body the proxy relays)."""
+_FRAMING = frozenset({b"content-length", b"transfer-encoding"})
+_NOT_FORWARDED = _HOP_BY_HOP | {b"host", b"expect"}
+"""Of a request: ``Host`` is rebuilt from the URI, ``Expect`` answered by the proxy."""
+_NOT_TRAILERS = _HOP_BY_HOP | _FRAMING | {b"host"}
 
-_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]{1,64}")
-_LABEL = re.compile(r"[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?")
-_BAD_VALUE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+_HEAD_END = re.compile(rb"\n\r?\n")
+"""Where h11 ends a head (it accepts bare LF line ends; :func:`_screen_head` does not)."""
+_BARE_LF = re.compile(rb"(?<!\r)\n")
+_OBS_FOLD = re.compile(rb"\n[ \t]")
+_HOST_FIELD = re.compile(rb"\r\nhost:", re.IGNORECASE)
+_BAD_VALUE = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
 _MAX_HEADERS = 100
+_READ_SIZE = 65536
 _LINGER_S = 1.0
 
 
@@ -116,201 +118,6 @@ class EgressReason(StrEnum):
     UNRESOLVABLE = "unresolvable"
     CONNECT_FAILED = "connect_failed"
     CONNECT_TIMEOUT = "connect_timeout"
-
-
-class InvalidNetworkPermission(PermissionDenied):
-    """A ``network_permissions`` entry of the token cannot be read: nothing is granted."""
-
-
-# --- grants ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class HostRule:
-    """One parsed ``network_permissions`` entry."""
-
-    kind: Literal["name", "suffix", "any", "address"]
-    name: str = ""
-    """``name``: the host; ``suffix``: ``.example.com`` for ``*.example.com``."""
-    network: IPNetwork | None = None
-    """``address``: the address or network granted."""
-    ports: frozenset[int] | None = WEB_PORTS
-    """Ports admitted; ``None``: any."""
-
-    def admits(self, host: Host, port: int) -> bool:
-        if self.ports is not None and port not in self.ports:
-            return False
-        if self.kind == "any":
-            return True
-        if self.kind == "name":
-            return host == self.name
-        if self.kind == "suffix":
-            return isinstance(host, str) and host.endswith(self.name)
-        return not isinstance(host, str) and self.network is not None and host in self.network
-
-    def unlocks(self, address: IPAddress, port: int) -> bool:
-        """Whether this entry names ``address`` literally (so it may be non-public)."""
-        return (
-            self.network is not None
-            and address in self.network
-            and (self.ports is None or port in self.ports)
-        )
-
-
-def parse_permission(entry: str) -> HostRule:
-    """One grant entry (see the module docstring), or :class:`ValueError`."""
-    text = entry.strip().lower()
-    host_text, port_text = _split_host_port(text)
-    if port_text is None:
-        ports: frozenset[int] | None = WEB_PORTS
-    elif port_text == "*":
-        ports = None
-    else:
-        ports = frozenset({_port(port_text)})
-    if host_text == "*":
-        return HostRule(kind="any", ports=ports)
-    if host_text.startswith("*."):
-        return HostRule(kind="suffix", name="." + _name(host_text[2:]), ports=ports)
-    try:
-        network = ipaddress.ip_network(host_text, strict=True)
-    except ValueError:
-        return HostRule(kind="name", name=_name(host_text), ports=ports)
-    return HostRule(kind="address", network=network, ports=ports)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class EgressGrant:
-    """What one invocation may reach: the token's ``network_permissions``, parsed."""
-
-    invocation_id: str
-    tenant_id: str
-    rules: tuple[HostRule, ...] = ()
-    """Empty: no network at all."""
-
-    @classmethod
-    def from_permissions(
-        cls, *, invocation_id: str, tenant_id: str, network_permissions: Iterable[str]
-    ) -> EgressGrant:
-        """Parse the token's entries; one unreadable entry refuses the whole grant.
-
-        Raises :class:`InvalidNetworkPermission` naming the entry's position (not its text).
-        """
-        rules = []
-        for index, entry in enumerate(network_permissions):
-            try:
-                rules.append(parse_permission(entry))
-            except ValueError:
-                raise InvalidNetworkPermission(
-                    f"network_permissions entry {index} is malformed"
-                ) from None
-        return cls(invocation_id=invocation_id, tenant_id=tenant_id, rules=tuple(rules))
-
-    @property
-    def allows_network(self) -> bool:
-        """False when the token names no host: run the sandbox without any session."""
-        return bool(self.rules)
-
-    def admits(self, host: Host, port: int) -> bool:
-        """Whether an entry names this host (or address) and port."""
-        return any(rule.admits(host, port) for rule in self.rules)
-
-    def reachable(self, addresses: Sequence[IPAddress], port: int) -> tuple[IPAddress, ...]:
-        """Of a name's addresses, those it may connect to: public ones, and non-public
-        ones an address entry names literally."""
-        return tuple(
-            a
-            for a in addresses
-            if is_public_address(a) or any(r.unlocks(a, port) for r in self.rules)
-        )
-
-
-def is_public_address(address: IPAddress) -> bool:
-    """False for private, loopback, link-local, multicast, reserved and metadata
-    addresses, including IPv4 ones embedded in IPv6 (:func:`embedded_ipv4`), and for
-    the local-use NAT64 prefix ``64:ff9b:1::/48``."""
-    candidates: list[IPAddress] = [address]
-    if isinstance(address, ipaddress.IPv6Address):
-        if address in _LOCAL_NAT64:
-            return False
-        candidates += embedded_ipv4(address)
-    return not any(a.is_multicast or not a.is_global or a in METADATA_ADDRESSES for a in candidates)
-
-
-def embedded_ipv4(address: ipaddress.IPv6Address) -> tuple[ipaddress.IPv4Address, ...]:
-    """The IPv4 addresses an IPv6 address carries, in every form that may deliver to
-    them: IPv4-compatible (``::127.0.0.1``, deprecated but still routed by some stacks),
-    IPv4-mapped (``::ffff:127.0.0.1``), IPv4-translated (``::ffff:0:127.0.0.1``), NAT64
-    (``64:ff9b::7f00:1``), 6to4 (``2002:7f00:1::``), Teredo (server and client) and an
-    ISATAP interface id (``...:0:5efe:7f00:1``). An address is judged as each of them too.
-    """
-    value = int(address)
-    low32 = ipaddress.IPv4Address(value & 0xFFFFFFFF)
-    found: list[ipaddress.IPv4Address] = []
-    if value >> 32 == 0 or value >> 32 == 0xFFFF or value >> 32 == 0xFFFF0000:
-        found.append(low32)  # compatible (``::`` and ``::1`` included), mapped, translated
-    if address in _NAT64:
-        found.append(low32)
-    if address.sixtofour is not None:
-        found.append(address.sixtofour)
-    if address.teredo is not None:
-        found += address.teredo
-    if (value >> 32) & 0xFDFFFFFF == 0x5EFE:
-        found.append(low32)  # ISATAP: ``0000:5efe`` or ``0200:5efe`` before the IPv4
-    return tuple(found)
-
-
-_NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
-_LOCAL_NAT64 = ipaddress.IPv6Network("64:ff9b:1::/48")
-"""RFC 8215: NAT64 inside one network, the IPv4 anywhere from bit 48 on; never public."""
-
-
-def parse_host(text: str) -> Host:
-    """A target host as sent (``Example.COM.``, ``[::1]``, ``10.0.0.1``), normalized;
-    :class:`ValueError` when it is neither a DNS name nor an address."""
-    if text.startswith("[") and text.endswith("]"):
-        address = ipaddress.ip_address(text[1:-1])
-        if not isinstance(address, ipaddress.IPv6Address):
-            raise ValueError("brackets hold IPv6 addresses only")
-        return address
-    try:
-        return ipaddress.ip_address(text)
-    except ValueError:
-        return _name(text)
-
-
-def _name(text: str) -> str:
-    name = text.lower().removesuffix(".")
-    labels = name.split(".")
-    if len(name) > 253 or not all(_LABEL.fullmatch(label) for label in labels):
-        raise ValueError("not a DNS name")
-    # 127.1, 0x7f.1 or 2130706433 are addresses to some resolvers: never names here.
-    if labels[-1].isdigit() or labels[-1].startswith("0x"):
-        raise ValueError("numeric top-level label")
-    return name
-
-
-def _split_host_port(text: str) -> tuple[str, str | None]:
-    if text.startswith("["):
-        end = text.find("]")
-        if end < 0:
-            raise ValueError("unclosed bracket")
-        rest = text[end + 1 :]
-        if (rest and not rest.startswith(":")) or ":" not in text[:end]:
-            raise ValueError("brackets hold IPv6 addresses only")
-        return text[1:end], (rest[1:] if rest else None)
-    if text.count(":") > 1:  # a bare IPv6 address (or network): no port
-        return text, None
-    host, sep, port = text.partition(":")
-    return host, (port if sep else None)
-
-
-def _port(text: str) -> int:
-    if not (text.isascii() and text.isdigit()) or len(text) > 5:
-        raise ValueError("bad port")
-    port = int(text)
-    if not 0 < port < 65536:
-        raise ValueError("port out of range")
-    return port
 
 
 # --- ports: resolver and audit --------------------------------------------------------
@@ -425,141 +232,99 @@ class EgressUsage:
     """Bytes relayed back from upstreams."""
 
 
-# --- HTTP heads -----------------------------------------------------------------------
+# --- HTTP: h11 frames, these rules decide ---------------------------------------------
 
 
-class MalformedRequest(ValueError):
-    """The client sent something the proxy will not interpret (answered with 400)."""
+class _Malformed(ValueError):
+    """A head the proxy will not relay: 400 for a request, 502 for a response."""
 
 
 _Counter = Literal["connections", "refused", "bytes_sent", "bytes_received"]
-Framing = int | Literal["chunked", "eof"]
-"""How a body ends: after N bytes, after the last chunk, or when the sender closes."""
+_Fields = Sequence[tuple[bytes, bytes]]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class ProxyRequest:
-    """A parsed request head: ``CONNECT`` or an absolute-URI request."""
+class _ProxyRequest:
+    """A request head h11 parsed and :func:`_judge` accepted."""
 
     method: str
-    host: Host
-    port: int
-    target: str = ""
-    """Origin-form path and query to forward; empty for ``CONNECT``."""
-    headers: tuple[tuple[str, str], ...] = ()
+    target: Target
+    fields: tuple[tuple[bytes, bytes], ...]
+    """As received (original case), h11-validated."""
 
     @property
     def is_connect(self) -> bool:
         return self.method == "CONNECT"
 
     @property
-    def host_text(self) -> str:
-        return str(self.host)
+    def has_body(self) -> bool:
+        return any(n.lower() in _FRAMING and v != b"0" for n, v in self.fields)
 
-    @property
-    def authority(self) -> str:
-        host = f"[{self.host}]" if isinstance(self.host, ipaddress.IPv6Address) else self.host_text
-        return host if self.port == 80 else f"{host}:{self.port}"
-
-    @property
-    def expects_continue(self) -> bool:
-        return any(n == "expect" and v.lower() == "100-continue" for n, v in self.headers)
-
-    def framing(self) -> Framing:
-        """The request body's framing; :class:`MalformedRequest` when ambiguous."""
-        return _framing(self.headers, default=0, strict=True)
-
-    def upstream_head(self) -> bytes:
-        """The head sent upstream: origin-form, ``Host`` from the URI, no hop-by-hop."""
-        kept = _end_to_end(self.headers, also_drop={"host", "expect"})
-        lines = [f"{self.method} {self.target} HTTP/1.1", f"Host: {self.authority}"]
-        lines += [f"{name}: {value}" for name, value in kept]
-        lines += ["Connection: close", "", ""]
-        return "\r\n".join(lines).encode("latin-1")
+    def upstream(self) -> h11.Request:
+        """What is sent upstream: origin-form, ``Host`` from the URI, no hop-by-hop."""
+        return h11.Request(
+            method=self.method,
+            target=self.target.path,
+            headers=[
+                (b"Host", self.target.authority.encode()),
+                *_end_to_end(self.fields, drop=_NOT_FORWARDED),
+                (b"Connection", b"close"),
+            ],
+        )
 
 
-def parse_request_head(head: bytes) -> ProxyRequest:
-    """A request head ending in CRLF CRLF, strictly; :class:`MalformedRequest` otherwise."""
-    start, headers = _parse_head(head)
-    parts = start.split(" ")
-    if len(parts) != 3 or parts[2] not in ("HTTP/1.1", "HTTP/1.0"):
-        raise MalformedRequest("malformed request line")
-    method, target, _ = parts
-    if not _TOKEN.fullmatch(method) or not target.isascii() or not target.isprintable():
-        raise MalformedRequest("malformed request line")
+def _screen_head(head: bytes) -> bytes:
+    """Refuse what h11 would read leniently, and give it the ``Host`` it insists on.
+
+    A bare LF line end or an obs-fold line is where two parsers disagree on where a
+    field ends: refused. A proxy takes its target from the request line and ignores
+    ``Host`` (RFC 9112, 3.2.2), so a head without one (many clients' ``CONNECT``) gets an
+    empty one here instead of h11's 400.
+    """
+    if _BARE_LF.search(head) or _OBS_FOLD.search(head):
+        raise _Malformed("bare LF or obs-fold in the request head")
+    if _HOST_FIELD.search(head):
+        return head
+    line_end = head.find(b"\r\n") + 2
+    return head[:line_end] + b"Host: \r\n" + head[line_end:]
+
+
+def _judge(event: h11.Request) -> _ProxyRequest:
+    """What this proxy refuses of a head h11 accepted, and the target it names."""
+    fields = tuple(event.headers.raw_items())
+    names = {name.lower() for name, _ in fields}
+    if event.http_version not in (b"1.0", b"1.1"):
+        raise _Malformed("only HTTP/1.0 and HTTP/1.1 are spoken")
+    if sum(name.lower() != b"host" for name, _ in fields) > _MAX_HEADERS:
+        raise _Malformed("too many header fields")
+    _check_values(fields)
+    if names >= _FRAMING:
+        raise _Malformed("both Content-Length and Transfer-Encoding")
+    method = event.method.decode("ascii")
     try:
-        if method == "CONNECT":
-            host_text, port_text = _split_host_port(target)
-            if port_text is None:
-                raise MalformedRequest("CONNECT needs host:port")
-            return ProxyRequest(
-                method=method, host=parse_host(host_text), port=_port(port_text), headers=headers
-            )
-        scheme, sep, rest = target.partition("://")
-        if not sep or scheme.lower() != "http":
-            raise MalformedRequest("only absolute http:// URIs are forwarded (use CONNECT)")
-        rest = rest.partition("#")[0]
-        cut = min((i for i in (rest.find("/"), rest.find("?")) if i >= 0), default=len(rest))
-        authority, path = rest[:cut], rest[cut:]
-        if "@" in authority:
-            raise MalformedRequest("credentials in the URI are not forwarded")
-        host_text, port_text = _split_host_port(authority)
-        port = 80 if port_text is None else _port(port_text)
-        host = parse_host(host_text)
-    except MalformedRequest:
-        raise
-    except ValueError:
-        raise MalformedRequest("malformed target host or port") from None
-    if not path.startswith("/"):
-        path = "/" + path
-    return ProxyRequest(method=method, host=host, port=port, target=path, headers=headers)
+        target = parse_target(method, event.target.decode("ascii"))
+    except ValueError as exc:
+        raise _Malformed(f"malformed target: {exc}") from None
+    request = _ProxyRequest(method=method, target=target, fields=fields)
+    if request.is_connect and request.has_body:
+        raise _Malformed("a CONNECT request has no body")
+    return request
 
 
-def _parse_head(head: bytes) -> tuple[str, tuple[tuple[str, str], ...]]:
-    if not head.endswith(b"\r\n\r\n"):
-        raise MalformedRequest("head does not end with an empty line")
-    lines = head[:-4].decode("latin-1").split("\r\n")
-    if len(lines) > _MAX_HEADERS + 1:
-        raise MalformedRequest("too many header fields")
-    if any("\r" in line or "\n" in line for line in lines):
-        raise MalformedRequest("bare CR or LF in the head")
-    headers = []
-    for line in lines[1:]:
-        name, sep, value = line.partition(":")
-        if not sep or not _TOKEN.fullmatch(name):
-            raise MalformedRequest("malformed header field")
-        value = value.strip(" \t")
-        if _BAD_VALUE.search(value):
-            raise MalformedRequest("control character in a header value")
-        headers.append((name.lower(), value))
-    return lines[0], tuple(headers)
+def _check_values(fields: _Fields) -> None:
+    if any(_BAD_VALUE.search(value) for _, value in fields):
+        raise _Malformed("control character in a header value")
 
 
-def _end_to_end(
-    headers: Sequence[tuple[str, str]], *, also_drop: Iterable[str] = ()
-) -> list[tuple[str, str]]:
+def _end_to_end(fields: _Fields, *, drop: frozenset[bytes]) -> list[tuple[bytes, bytes]]:
     named = {
         token.strip().lower()
-        for name, value in headers
-        if name == "connection"
-        for token in value.split(",")
+        for name, value in fields
+        if name.lower() == b"connection"
+        for token in value.split(b",")
     }
-    drop = HOP_BY_HOP | named | set(also_drop)
-    return [(name, value) for name, value in headers if name not in drop]
-
-
-def _framing(headers: Sequence[tuple[str, str]], *, default: Framing, strict: bool) -> Framing:
-    codings = [v.strip().lower() for n, v in headers if n == "transfer-encoding"]
-    lengths = {v.strip() for n, v in headers if n == "content-length"}
-    if codings:
-        if strict and (codings != ["chunked"] or lengths):
-            raise MalformedRequest("only a lone Transfer-Encoding: chunked is accepted")
-        return "chunked" if codings[-1].endswith("chunked") else "eof"
-    if not lengths:
-        return default
-    if len(lengths) > 1 or not all(v.isascii() and v.isdigit() and len(v) < 19 for v in lengths):
-        raise MalformedRequest("malformed Content-Length")
-    return int(lengths.pop())
+    dropped = drop | (named - _FRAMING)
+    return [(name, value) for name, value in fields if name.lower() not in dropped]
 
 
 # --- the proxy ------------------------------------------------------------------------
@@ -583,15 +348,15 @@ class _Refusal(Exception):
         self.address = address
 
 
-_STATUS_TEXT = {
-    400: "Bad Request",
-    403: "Forbidden",
-    408: "Request Timeout",
-    429: "Too Many Requests",
-    431: "Request Header Fields Too Large",
-    502: "Bad Gateway",
-    504: "Gateway Timeout",
-}
+@dataclass(eq=False, kw_only=True)
+class _Side:
+    """One connection of an exchange: its streams and the h11 state machine framing them."""
+
+    reader: asyncio.StreamReader
+    writer: asyncio.StreamWriter
+    http: h11.Connection
+    method: bytes = b""
+    """The client's request method once h11 read it (a ``HEAD`` answer has no body)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -699,18 +464,19 @@ class EgressSession:
             self._tasks.discard(task)
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        client = _Side(reader=reader, writer=writer, http=self._http(h11.SERVER))
         try:
             if self._closed:  # accepted just before the listener closed
                 return
             if self._clients >= self._limits.max_clients:
-                await self._refuse(reader, writer, None, _too_many("client connections"))
+                await self._refuse(client, None, _too_many("client connections"))
                 return
             self._clients += 1
             try:
-                await self._serve(reader, writer)
+                await self._serve(client)
             finally:
                 self._clients -= 1
-        except (OSError, asyncio.IncompleteReadError, TimeoutError, MalformedRequest):
+        except (OSError, TimeoutError, h11.RemoteProtocolError, _Malformed):
             pass  # the client or the upstream went away or misbehaved mid-stream
         except Exception as exc:  # a bug here must not take the executor down
             log.warning("egress connection failed (%s)", type(exc).__name__)
@@ -720,15 +486,18 @@ class EgressSession:
                 async with asyncio.timeout(1):
                     await writer.wait_closed()
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        request: ProxyRequest | None = None
+    def _http(self, role: type[h11.CLIENT] | type[h11.SERVER]) -> h11.Connection:
+        return h11.Connection(role, max_incomplete_event_size=self._limits.max_head_bytes)
+
+    async def _serve(self, client: _Side) -> None:
+        request: _ProxyRequest | None = None
         try:
-            request = await self._read_request(reader)
+            request = await self._read_request(client)
             if request is None:
                 return
-            upstream_reader, upstream_writer, address = await self._open(request)
+            upstream, address = await self._open(request.target)
         except _Refusal as refusal:
-            await self._refuse(reader, writer, request, refusal)
+            await self._refuse(client, request, refusal)
             return
         try:
             self._usage["connections"] += 1
@@ -737,69 +506,95 @@ class EgressSession:
             log.debug(
                 "egress allowed invocation=%s host=%s port=%d",
                 self.grant.invocation_id,
-                request.host_text,
-                request.port,
+                request.target.host_text,
+                request.target.port,
             )
             if request.is_connect:
-                await self._send(writer, b"HTTP/1.1 200 Connection Established\r\n\r\n")
-                await self._tunnel(reader, writer, upstream_reader, upstream_writer)
+                established = h11.Response(
+                    status_code=200, reason=b"Connection Established", headers=[]
+                )
+                await self._emit(client, established)
+                # What the client sent right behind its CONNECT head (a TLS hello) is the
+                # tunnel's first payload.
+                await self._send(upstream.writer, client.http.trailing_data[0], "bytes_sent")
+                await self._tunnel(client, upstream)
             else:
-                await self._forward(request, reader, writer, upstream_reader, upstream_writer)
+                await self._forward(request, client, upstream)
         finally:
             self._tunnels -= 1
-            upstream_writer.close()
+            upstream.writer.close()
 
-    async def _read_request(self, reader: asyncio.StreamReader) -> ProxyRequest | None:
+    async def _read_request(self, client: _Side) -> _ProxyRequest | None:
+        """Read and judge one request head; ``None`` when the client left before one."""
         try:
             async with asyncio.timeout(self._limits.head_timeout_s):
-                head = await reader.readuntil(b"\r\n\r\n")
-        except asyncio.IncompleteReadError:
-            return None  # closed before a full head: nothing was asked
-        except asyncio.LimitOverrunError:
-            raise _Refusal(431, EgressReason.MALFORMED_REQUEST, "request head too large") from None
+                received = await self._read_head(client.reader)
         except TimeoutError:
             raise _Refusal(408, EgressReason.MALFORMED_REQUEST, "request head too slow") from None
+        if received is None:
+            return None
+        head, rest = received
         try:
-            request = parse_request_head(head)
-            if not request.is_connect:
-                request.framing()
-        except MalformedRequest as exc:
-            raise _Refusal(400, EgressReason.MALFORMED_REQUEST, str(exc)) from None
+            client.http.receive_data(_screen_head(head) + rest)
+            event = client.http.next_event()
+            if not isinstance(event, h11.Request):  # h11 has the whole head: a Request or an error
+                raise _Malformed("no request head")
+            client.method = event.method
+            request = _judge(event)
+            if request.is_connect:
+                client.http.next_event()  # its EndOfMessage (no body): h11 now awaits the 200
+        except (_Malformed, h11.RemoteProtocolError) as exc:
+            message = str(exc) if isinstance(exc, _Malformed) else "malformed request head"
+            raise _Refusal(400, EgressReason.MALFORMED_REQUEST, message) from None
         return request
 
-    async def _open(
-        self, request: ProxyRequest
-    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, IPAddress]:
+    async def _read_head(self, reader: asyncio.StreamReader) -> tuple[bytes, bytes] | None:
+        """The bytes up to the end of the request head and those already read after it;
+        ``None`` when the client closes first."""
+        limit = self._limits.max_head_bytes
+        received = bytearray()
+        while (end := _HEAD_END.search(received)) is None:
+            if len(received) > limit:
+                break
+            data = await reader.read(_READ_SIZE)
+            if not data:
+                return None
+            received += data
+        if end is None or end.end() > limit:
+            raise _Refusal(431, EgressReason.MALFORMED_REQUEST, "request head too large")
+        return bytes(received[: end.end()]), bytes(received[end.end() :])
+
+    async def _open(self, target: Target) -> tuple[_Side, IPAddress]:
         """Judge the target, then resolve once and connect to an address that passed."""
-        host, port = request.host, request.port
-        if not self.grant.admits(host, port):
+        if not self.grant.admits(target.host, target.port):
             raise _Refusal(
                 403,
                 EgressReason.NOT_GRANTED,
-                f"egress to {request.host_text}:{port} is not granted",
+                f"egress to {target.host_text}:{target.port} is not granted",
             )
         if self._tunnels >= self._limits.max_tunnels:
             raise _too_many("connections")
         self._tunnels += 1
         try:
             async with asyncio.timeout(self._limits.connect_timeout_s):
-                return await self._connect(request)
+                reader, writer, address = await self._connect(target)
         except TimeoutError:
             self._tunnels -= 1
             raise _Refusal(
                 504,
                 EgressReason.CONNECT_TIMEOUT,
-                f"connecting to {request.host_text}:{port} timed out",
+                f"connecting to {target.host_text}:{target.port} timed out",
                 decision=EgressDecision.FAILED,
             ) from None
         except BaseException:
             self._tunnels -= 1
             raise
+        return _Side(reader=reader, writer=writer, http=self._http(h11.CLIENT)), address
 
     async def _connect(
-        self, request: ProxyRequest
+        self, target: Target
     ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, IPAddress]:
-        host, port = request.host, request.port
+        host, port = target.host, target.port
         if isinstance(host, str):
             addresses = await self._deps.resolver.resolve(host)
             if not addresses:
@@ -816,7 +611,7 @@ class EgressSession:
             raise _Refusal(
                 403,
                 EgressReason.PRIVATE_ADDRESS,
-                f"{request.host_text} resolves to a non-public address the grant does not name",
+                f"{target.host_text} resolves to a non-public address the grant does not name",
                 address=addresses[0],
             )
         for address in reachable:
@@ -829,45 +624,54 @@ class EgressSession:
         raise _Refusal(
             502,
             EgressReason.CONNECT_FAILED,
-            f"could not connect to {request.host_text}:{port}",
+            f"could not connect to {target.host_text}:{port}",
             decision=EgressDecision.FAILED,
             address=reachable[0],
         )
 
     async def _refuse(
-        self,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-        request: ProxyRequest | None,
-        refusal: _Refusal,
+        self, client: _Side, request: _ProxyRequest | None, refusal: _Refusal
     ) -> None:
         self._usage["refused"] += 1
         log.info(
             "egress %s invocation=%s host=%s port=%s reason=%s",
             refusal.decision,
             self.grant.invocation_id,
-            request.host_text if request else "-",
-            request.port if request else "-",
+            request.target.host_text if request else "-",
+            request.target.port if request else "-",
             refusal.reason,
         )
         if self._audited_refusals < self._limits.max_audited_refusals:
             self._audited_refusals += 1
             await self._audit(request, refusal.decision, refusal.reason, refusal.address)
-        body = f"{refusal.message}\n".encode()
-        head = (
-            f"HTTP/1.1 {refusal.status} {_STATUS_TEXT[refusal.status]}\r\n"
-            "Content-Type: text/plain; charset=utf-8\r\n"
-            f"Content-Length: {len(body)}\r\n"
-            f"X-Toolfleet-Egress: {refusal.reason}\r\n"
-            "Connection: close\r\n\r\n"
-        )
+        egress = (b"X-Toolfleet-Egress", refusal.reason.encode())
         with contextlib.suppress(OSError, TimeoutError):
-            await self._send(writer, head.encode() + body)
-            await _linger(reader, writer)
+            await self._answer(client, refusal.status, refusal.message, egress)
+            await _linger(client.reader, client.writer)
+
+    async def _answer(
+        self, client: _Side, status: int, message: str, *fields: tuple[bytes, bytes]
+    ) -> None:
+        """A short ``text/plain`` answer of the proxy's own, closing the connection."""
+        body = f"{message}\n".encode()
+        head = h11.Response(
+            status_code=status,
+            reason=HTTPStatus(status).phrase.encode(),
+            headers=[
+                (b"Content-Type", b"text/plain; charset=utf-8"),
+                (b"Content-Length", str(len(body)).encode()),
+                *fields,
+                (b"Connection", b"close"),
+            ],
+        )
+        if client.method == b"HEAD":  # the same head, no body
+            await self._emit(client, head, h11.EndOfMessage())
+        else:
+            await self._emit(client, head, h11.Data(data=body), h11.EndOfMessage())
 
     async def _audit(
         self,
-        request: ProxyRequest | None,
+        request: _ProxyRequest | None,
         decision: EgressDecision,
         reason: EgressReason,
         address: IPAddress | None,
@@ -875,8 +679,8 @@ class EgressSession:
         entry = EgressRecord(
             invocation_id=self.grant.invocation_id,
             tenant_id=self.grant.tenant_id,
-            host=request.host_text if request else "",
-            port=request.port if request else 0,
+            host=request.target.host_text if request else "",
+            port=request.target.port if request else 0,
             method=request.method if request else "",
             decision=decision,
             reason=reason,
@@ -888,7 +692,7 @@ class EgressSession:
         except Exception as exc:  # auditing is the executor's; a failure never breaks egress
             log.warning("egress audit record failed (%s)", type(exc).__name__)
 
-    # Relaying bytes, each read and write bounded by the idle timeout.
+    # Relaying, each read and write bounded by the idle timeout.
 
     async def _send(
         self, writer: asyncio.StreamWriter, data: bytes, count: _Counter | None = None
@@ -903,13 +707,22 @@ class EgressSession:
         async with asyncio.timeout(self._limits.idle_timeout_s):
             return await awaitable
 
-    async def _tunnel(
-        self,
-        client_reader: asyncio.StreamReader,
-        client_writer: asyncio.StreamWriter,
-        upstream_reader: asyncio.StreamReader,
-        upstream_writer: asyncio.StreamWriter,
-    ) -> None:
+    async def _emit(self, side: _Side, *events: h11.Event, count: _Counter | None = None) -> None:
+        """Frame ``events`` with ``side``'s h11 state machine and send them."""
+        await self._send(side.writer, b"".join(side.http.send(e) or b"" for e in events), count)
+
+    async def _next(self, side: _Side) -> h11.Event:
+        """The next event h11 reads from ``side``, reading bytes as it needs them."""
+        while True:
+            event = side.http.next_event()
+            if event is h11.NEED_DATA:
+                side.http.receive_data(await self._read(side.reader.read(_READ_SIZE)))
+            elif isinstance(event, h11.Event):
+                return event
+            else:  # PAUSED: the message is over and the proxy reads no further
+                raise _Malformed("nothing more is read on this connection")
+
+    async def _tunnel(self, client: _Side, upstream: _Side) -> None:
         last = [self._deps.clock()]
 
         async def pump(
@@ -919,7 +732,7 @@ class EgressSession:
             while True:
                 try:
                     async with asyncio.timeout(self._limits.idle_timeout_s):
-                        data = await src.read(65536)
+                        data = await src.read(_READ_SIZE)
                 except TimeoutError:
                     if self._deps.clock() - last[0] < self._limits.idle_timeout_s:
                         continue  # the other direction is busy
@@ -938,8 +751,8 @@ class EgressSession:
                     return False
 
         pumps = {
-            asyncio.create_task(pump(client_reader, upstream_writer, "bytes_sent")),
-            asyncio.create_task(pump(upstream_reader, client_writer, "bytes_received")),
+            asyncio.create_task(pump(client.reader, upstream.writer, "bytes_sent")),
+            asyncio.create_task(pump(upstream.reader, client.writer, "bytes_received")),
         }
         try:
             while pumps:
@@ -951,120 +764,103 @@ class EgressSession:
                 task.cancel()
             await asyncio.gather(*pumps, return_exceptions=True)
 
-    async def _forward(
-        self,
-        request: ProxyRequest,
-        client_reader: asyncio.StreamReader,
-        client_writer: asyncio.StreamWriter,
-        upstream_reader: asyncio.StreamReader,
-        upstream_writer: asyncio.StreamWriter,
-    ) -> None:
-        await self._send(upstream_writer, request.upstream_head(), "bytes_sent")
-        if request.expects_continue:
-            await self._send(client_writer, b"HTTP/1.1 100 Continue\r\n\r\n")
-        body = asyncio.create_task(
-            self._copy_body(client_reader, upstream_writer, request.framing(), "bytes_sent")
-        )
-        response = asyncio.create_task(
-            self._relay_response(request, upstream_reader, client_writer)
-        )
+    async def _forward(self, request: _ProxyRequest, client: _Side, upstream: _Side) -> None:
+        if not request.has_body:
+            client.http.next_event()  # its EndOfMessage, read with the head
+            await self._emit(upstream, request.upstream(), h11.EndOfMessage(), count="bytes_sent")
+            await self._relay_response(client, upstream)
+        elif not await self._forward_with_body(request, client, upstream):
+            return
+        if client.http.trailing_data[0]:
+            await _linger(client.reader, client.writer)  # pipelined: never read, never sent
+
+    async def _forward_with_body(
+        self, request: _ProxyRequest, client: _Side, upstream: _Side
+    ) -> bool:
+        """Relay the body and the response side by side; False when the client's body
+        was broken (both sides are cut) or left unread."""
+        await self._emit(upstream, request.upstream(), count="bytes_sent")
+        if client.http.client_is_waiting_for_100_continue:
+            await self._emit(client, h11.InformationalResponse(status_code=100, headers=[]))
+        body = asyncio.create_task(self._relay_body(client, upstream))
+        response = asyncio.create_task(self._relay_response(client, upstream))
         try:
             done, _ = await asyncio.wait({body, response}, return_when=asyncio.FIRST_COMPLETED)
             if response in done:
                 response.result()  # answered (perhaps early): the rest of the body is moot
-            elif isinstance(body.exception(), MalformedRequest | asyncio.IncompleteReadError):
-                return  # the client's body is broken: cut both sides
+            elif isinstance(body.exception(), h11.RemoteProtocolError):
+                return False  # the client's body is broken: cut both sides
             else:
                 # Sent, or the upstream stopped reading (it may be answering 413): relay.
                 await response
-            if not body.done() or body.exception() is not None:
-                body.cancel()
-                await asyncio.gather(body, return_exceptions=True)
-                await _linger(client_reader, client_writer)  # let the client read the answer
+            if body.done() and body.exception() is None:
+                return True
+            body.cancel()
+            await asyncio.gather(body, return_exceptions=True)
+            await _linger(client.reader, client.writer)  # let the client read the answer
+            return False
         finally:
             for task in (body, response):
                 task.cancel()
             await asyncio.gather(body, response, return_exceptions=True)
 
-    async def _relay_response(
-        self,
-        request: ProxyRequest,
-        upstream: asyncio.StreamReader,
-        client: asyncio.StreamWriter,
-    ) -> None:
+    async def _relay_body(self, client: _Side, upstream: _Side) -> None:
+        """The request body, re-framed by h11 (chunk extensions do not pass)."""
+        while isinstance(event := await self._next(client), h11.Data):
+            await self._emit(upstream, event, count="bytes_sent")
+        if not isinstance(event, h11.EndOfMessage):
+            raise _Malformed("request body cut short")
+        trailers = _end_to_end(event.headers.raw_items(), drop=_NOT_TRAILERS)
+        await self._emit(upstream, h11.EndOfMessage(headers=trailers), count="bytes_sent")
+
+    async def _relay_response(self, client: _Side, upstream: _Side) -> None:
+        try:
+            head = await self._response_head(client, upstream)
+        except (_Malformed, h11.RemoteProtocolError, OSError):
+            with contextlib.suppress(OSError, TimeoutError):
+                await self._answer(client, 502, "malformed response from the upstream")
+            return
+        kept = _end_to_end(head.headers.raw_items(), drop=_HOP_BY_HOP)
+        relayed = h11.Response(
+            status_code=head.status_code,
+            reason=head.reason,
+            headers=[*kept, (b"Connection", b"close")],
+        )
+        await self._emit(client, relayed, count="bytes_received")
+        # h11 frames the body for the client: Content-Length as the upstream said, else
+        # chunked (HTTP/1.1) or until close (HTTP/1.0); only chunked carries trailers.
+        while isinstance(event := await self._next(upstream), h11.Data):
+            await self._emit(client, event, count="bytes_received")
+        if not isinstance(event, h11.EndOfMessage):
+            raise _Malformed("response body cut short")
+        chunked = client.http.their_http_version == b"1.1"
+        trailers = _end_to_end(event.headers.raw_items(), drop=_NOT_TRAILERS) if chunked else []
+        await self._emit(client, h11.EndOfMessage(headers=trailers), count="bytes_received")
+
+    async def _response_head(self, client: _Side, upstream: _Side) -> h11.Response:
+        """The upstream's final response head; 1xx ones passed on to HTTP/1.1 clients
+        (but ``100``: the proxy answered ``Expect`` itself)."""
         while True:
-            try:
-                head = await self._read(upstream.readuntil(b"\r\n\r\n"))
-                status_line, headers = _parse_head(head)
-                version, _, rest = status_line.partition(" ")
-                if not (version.startswith("HTTP/1.") and rest[:3].isdigit()) or rest[3:4] not in (
-                    "",
-                    " ",
-                ):
-                    raise MalformedRequest("malformed status line")
-                status = int(rest[:3])
-                bodiless = request.method == "HEAD" or status in (204, 304)
-                framing: Framing = 0 if bodiless else _framing(headers, default="eof", strict=False)
-            except (ValueError, OSError, asyncio.LimitOverrunError, asyncio.IncompleteReadError):
-                with contextlib.suppress(OSError, TimeoutError):
-                    await self._send(client, _bad_gateway())
-                return
-            kept = _end_to_end(headers)
-            if any(n == "transfer-encoding" for n, _ in kept):
-                kept = [(n, v) for n, v in kept if n != "content-length"]
-            lines = [status_line, *(f"{n}: {v}" for n, v in kept)]
-            if status >= 200:
-                lines.append("Connection: close")
-            await self._send(
-                client, "\r\n".join([*lines, "", ""]).encode("latin-1"), "bytes_received"
-            )
-            if status >= 200:
-                break
-        await self._copy_body(upstream, client, framing, "bytes_received")
-
-    async def _copy_body(
-        self,
-        src: asyncio.StreamReader,
-        dst: asyncio.StreamWriter,
-        framing: Framing,
-        count: _Counter,
-    ) -> None:
-        if framing == "eof":
-            while data := await self._read(src.read(65536)):
-                await self._send(dst, data, count)
-        elif framing == "chunked":
-            while True:
-                line = await self._read(src.readuntil(b"\r\n"))
-                size_text = line[:-2].partition(b";")[0].strip()
-                if (
-                    not size_text
-                    or len(size_text) > 15
-                    or size_text.strip(b"0123456789abcdefABCDEF")
-                ):
-                    raise MalformedRequest("malformed chunk size")
-                size = int(size_text, 16)
-                await self._send(dst, line, count)
-                if size == 0:
-                    break
-                await self._copy_exact(src, dst, size, count)
-                if await self._read(src.readexactly(2)) != b"\r\n":
-                    raise MalformedRequest("chunk not followed by CRLF")
-                await self._send(dst, b"\r\n", count)
-            while (line := await self._read(src.readuntil(b"\r\n"))) != b"\r\n":
-                await self._send(dst, line, count)  # trailer fields
-            await self._send(dst, line, count)
-        else:
-            await self._copy_exact(src, dst, framing, count)
-
-    async def _copy_exact(
-        self, src: asyncio.StreamReader, dst: asyncio.StreamWriter, size: int, count: _Counter
-    ) -> None:
-        while size > 0:
-            data = await self._read(src.read(min(size, 65536)))
-            if not data:
-                raise asyncio.IncompleteReadError(b"", size)
-            size -= len(data)
-            await self._send(dst, data, count)
+            event = await self._next(upstream)
+            if not isinstance(event, h11.InformationalResponse | h11.Response):
+                raise _Malformed("no response head")
+            fields = event.headers.raw_items()
+            # h11 bounds only a head still incomplete: one read can bring a larger one.
+            if (
+                sum(len(name) + len(value) + 4 for name, value in fields)
+                > self._limits.max_head_bytes
+            ):
+                raise _Malformed("response head too large")
+            _check_values(fields)
+            if isinstance(event, h11.Response):
+                return event
+            if event.status_code != 100 and client.http.their_http_version == b"1.1":
+                informational = h11.InformationalResponse(
+                    status_code=event.status_code,
+                    reason=event.reason,
+                    headers=_end_to_end(event.headers.raw_items(), drop=_HOP_BY_HOP),
+                )
+                await self._emit(client, informational, count="bytes_received")
 
 
 async def _linger(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -1076,20 +872,12 @@ async def _linger(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) ->
     writer.write_eof()
     with contextlib.suppress(OSError, TimeoutError):
         async with asyncio.timeout(_LINGER_S):
-            while await reader.read(65536):
+            while await reader.read(_READ_SIZE):
                 pass
 
 
 def _too_many(what: str) -> _Refusal:
     return _Refusal(429, EgressReason.TOO_MANY_CONNECTIONS, f"too many concurrent {what}")
-
-
-def _bad_gateway() -> bytes:
-    body = b"malformed response from the upstream\n"
-    return (
-        b"HTTP/1.1 502 Bad Gateway\r\nContent-Type: text/plain; charset=utf-8\r\n"
-        b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body)
-    )
 
 
 class EgressProxy:

@@ -1,9 +1,13 @@
 """Kafka adapter of policy: requests, control and results in; decisions out.
 
-Besides its consumer, policy runs four background jobs: the ``policy:updates`` and
+Besides its consumer, policy runs five background jobs: the ``policy:updates`` and
 ``token:revocations`` listeners (cache invalidation within a second), the
-approval-expiry sweeper, and the policy-file watcher that re-seeds file-managed tenants
-when the file changes.
+approval-expiry sweeper, the policy-file watcher that re-seeds file-managed tenants
+when the file changes, and the view of which executor pools have a live executor.
+
+An authorized call goes on its pool's topic (:func:`~toolfleet.events.types.pool_topic`);
+before the first call of a pool other than ``default``, policy makes sure the topic
+exists (:func:`~toolfleet.bus.admin.ensure_pool_topics`).
 """
 
 from __future__ import annotations
@@ -18,17 +22,20 @@ from toolfleet.auth.grants import GrantSigner
 from toolfleet.auth.outcomes import OutcomeVerifier
 from toolfleet.auth.revocation import CachedRevocationList
 from toolfleet.auth.tokens import open_verifier
+from toolfleet.bus.admin import ensure_pool_topics
 from toolfleet.bus.producer import Outbound
 from toolfleet.bus.runtime import ByBatch, EventConsumer, Inbound
+from toolfleet.bus.topics import TopicAdminError
 from toolfleet.errors import InvalidEvent
 from toolfleet.events import routing
-from toolfleet.events.envelope import Emitted
-from toolfleet.events.types import EventType, TopicName
+from toolfleet.events.envelope import Emitted, Envelope
+from toolfleet.events.types import DEFAULT_POOL, EventType, TopicName, pool_topic
 from toolfleet.isolation.limits import FleetLimits
 from toolfleet.policy.approval_expiry import expiry_outcome, run_expiry_sweeper
 from toolfleet.policy.cache import RedisPolicyCache, run_invalidation_listener
 from toolfleet.policy.claims import DEFAULT_CLAIM_TTL_S, RedisInvocationClaims
 from toolfleet.policy.documents import load_policy
+from toolfleet.policy.pools import PoolLiveness
 from toolfleet.policy.postgres_policies import PolicyStore, seed_from_document
 from toolfleet.policy.provider import PolicyProvider
 from toolfleet.policy.redis_stores import (
@@ -43,6 +50,7 @@ from toolfleet.policy.settings import PolicySettings
 from toolfleet.registry.lookup import ToolLookup
 from toolfleet.registry.store import RegistryStore
 from toolfleet.storage.cancel_flags import RedisCancelFlags
+from toolfleet.storage.pools import RedisPoolPresence, RedisQueuedCalls
 from toolfleet.worker import Resources
 
 log = logging.getLogger(__name__)
@@ -57,6 +65,8 @@ async def build(res: Resources) -> list[EventConsumer]:
     approvals = RedisApprovalStore(res.redis)
     revocations = CachedRevocationList.from_settings(res.redis, settings)
     limiter, idempotency = RedisRateLimiter(res.redis), RedisIdempotencyStore(res.redis)
+    prefix = res.settings.topic_prefix
+    pools = PoolLiveness(RedisPoolPresence(res.redis, topic_prefix=prefix))
     service = PolicyService(
         lookup=ToolLookup(RegistryStore(res.pool), ttl_s=settings.registry_cache_ttl_s),
         verifier=await open_verifier(settings),
@@ -78,10 +88,27 @@ async def build(res: Resources) -> list[EventConsumer]:
         ),
         claims=RedisInvocationClaims(res.redis),
         claim_ttl_s=max(DEFAULT_CLAIM_TTL_S, settings.approval_ttl_s),
+        pools=pools,
+        queued=RedisQueuedCalls(res.redis, topic_prefix=prefix),
     )
+    pool_topics: set[str] = {DEFAULT_POOL}
 
-    def outbound(emitted: Sequence[Emitted]) -> list[Outbound]:
-        return [Outbound(envelope=env, topic=res.topic(name)) for name, env in emitted]
+    async def topic_of(name: TopicName, envelope: Envelope) -> str:
+        if name is not TopicName.AUTHORIZED:
+            return res.topic(name)
+        # Set by policy itself from the registry (InvokeAuthorized.pool), never by a request.
+        pool = str(envelope.data.get("pool") or DEFAULT_POOL)
+        if pool not in pool_topics:
+            try:
+                await ensure_pool_topics(res.settings, [pool])
+            except TopicAdminError as exc:
+                # Sends to it wait (transient) until the topic exists: an operator's job.
+                log.error("cannot create the topic of pool %r: %s", pool, exc)
+            pool_topics.add(pool)
+        return pool_topic(prefix, pool)
+
+    async def outbound(emitted: Sequence[Emitted]) -> list[Outbound]:
+        return [Outbound(envelope=env, topic=await topic_of(name, env)) for name, env in emitted]
 
     async def handle(event: Inbound) -> Sequence[Outbound]:
         if event.envelope.type == EventType.INVOKE_REQUESTED:
@@ -90,14 +117,14 @@ async def build(res: Resources) -> list[EventConsumer]:
             emitted = await service.on_control(event.envelope, event.key)
         else:
             raise InvalidEvent(f"policy does not accept {event.envelope.type!r} on {event.topic}")
-        return outbound(emitted)
+        return await outbound(emitted)
 
     async def answer_waiters(events: Sequence[Inbound]) -> Sequence[Outbound]:
-        return outbound(await service.on_results([event.envelope for event in events]))
+        return await outbound(await service.on_results([event.envelope for event in events]))
 
     async def expire(pending: PendingApproval) -> None:
         name, envelope = expiry_outcome(pending)
-        await res.producer.send(Outbound(envelope=envelope, topic=res.topic(name)))
+        await res.producer.send(Outbound(envelope=envelope, topic=await topic_of(name, envelope)))
 
     async def watch_policy_file(stop: asyncio.Event) -> None:
         path = settings.policy_file
@@ -125,6 +152,7 @@ async def build(res: Resources) -> list[EventConsumer]:
     res.background(lambda stop: revocations.listen(res.redis, stop))
     res.background(lambda stop: run_expiry_sweeper(approvals, expire, stop))
     res.background(watch_policy_file)
+    res.background(pools.run)
     spec = res.spec(
         routing.POLICY_CONSUMER,
         max_in_flight=settings.max_in_flight,

@@ -6,6 +6,12 @@ valid and names this tenant, agent and tool; the tool and version resolve in the
 registry; policy-as-data allows it; the parameters match the input schema. Then the
 call is either authorized or parked for a human approval. Every refusal is a typed
 terminal outcome, never an exception escaping the consumer.
+
+An authorized call names its tool's executor pool (the manifest's ``pool``, never the
+request's: requests have no such field); the handler publishes it on that pool's topic.
+When no executor of the pool is live (:class:`~toolfleet.policy.pools.PoolLiveness`)
+the call is also announced ``queued`` and indexed under its deadline
+(:mod:`toolfleet.storage.pools`).
 """
 
 from __future__ import annotations
@@ -66,6 +72,7 @@ from toolfleet.policy.idempotency import (
     outcome_for_duplicate,
 )
 from toolfleet.policy.limits import check_resource_limits
+from toolfleet.policy.pools import PoolLiveness
 from toolfleet.policy.ratelimit import RateLimiter, RateLimits, rate_limit_error
 from toolfleet.registry.enforcement import check_parameters
 from toolfleet.registry.lookup import ResolvedTool, ToolLookup
@@ -73,6 +80,7 @@ from toolfleet.registry.manifest import SourceType
 from toolfleet.registry.schemas import CompiledSchemas
 from toolfleet.registry.versions import matches
 from toolfleet.storage.cancel_flags import CancelFlags
+from toolfleet.storage.pools import QueuedCalls, queued_call, queued_notification
 
 AUTHTYPE = "app_user"
 """authcontext ``authtype`` for calls authorized by a verified capability token."""
@@ -153,6 +161,10 @@ class PolicyService:
     claim_ttl_s: int = DEFAULT_CLAIM_TTL_S
     outcomes: OutcomeVerifier | None = None
     """Checks the signature of outcomes duplicates wait on; ``None`` refuses them all."""
+    pools: PoolLiveness | None = None
+    """Which executor pools have a live executor; ``None``: every pool counts as served."""
+    queued: QueuedCalls | None = None
+    """Where a call of a pool without a live executor waits for its deadline."""
 
     # --- invoke.requested ----------------------------------------------------------
 
@@ -228,7 +240,7 @@ class PolicyService:
                 ident = _identity_of(event, key)
                 return [self._fail(event, _cancelled("cancelled before it ran"), ident)]
             return [parked]
-        return [
+        return await self._queue_unserved(
             self._authorize(
                 event,
                 authorized,
@@ -237,8 +249,9 @@ class PolicyService:
                 tenant,
                 filesystem_permissions=capability.filesystem_permissions,
                 network_permissions=capability.network_permissions,
-            )
-        ]
+            ),
+            authorized,
+        )
 
     async def _claim_id(self, request: InvokeRequested, invocation_id: str) -> None:
         """Fix what ``invocation_id`` names on its first accepted request; raise
@@ -292,7 +305,23 @@ class PolicyService:
             requested_at=event.time or datetime.now(UTC),
             max_result_bytes=decision.budgets.max_result_bytes,
             max_concurrent_per_agent=decision.max_concurrent_per_agent,
+            pool=manifest.pool,
         )
+
+    async def _queue_unserved(
+        self, authorized_event: Emitted, authorized: InvokeAuthorized
+    ) -> list[Emitted]:
+        """The authorized event, and, when no executor of the call's pool is live, the
+        ``queued`` notice: the call is indexed under its deadline (it ends ``timeout``
+        then unless an executor of the pool has started it)."""
+        pool = authorized.pool
+        if self.pools is None or self.pools.is_served(pool):
+            return [authorized_event]
+        _, envelope = authorized_event
+        queued = queued_call(envelope, authorized, pool=pool, reason="no_live_executor")
+        if self.queued is not None:
+            await self.queued.add(queued)
+        return [authorized_event, queued_notification(queued, source=Source.POLICY)]
 
     def _authorize(
         self,
@@ -317,6 +346,7 @@ class PolicyService:
                 document_context=data["document_context"],
                 filesystem_permissions=filesystem_permissions,
                 network_permissions=network_permissions,
+                pool=authorized.pool,
             )
         return (
             TopicName.AUTHORIZED,
@@ -630,7 +660,7 @@ class PolicyService:
                 )
             ]
         # The grant is minted now, not when the call was parked: it must outlive the run.
-        return [
+        return await self._queue_unserved(
             self._authorize(
                 event,
                 pending.authorized,
@@ -640,8 +670,9 @@ class PolicyService:
                 traceparent=pending.traceparent,
                 filesystem_permissions=pending.filesystem_permissions,
                 network_permissions=pending.network_permissions,
-            )
-        ]
+            ),
+            pending.authorized,
+        )
 
     def _fail_pending(
         self, event: Envelope, pending: PendingApproval, error: ToolfleetError

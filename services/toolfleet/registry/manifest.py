@@ -16,6 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from toolfleet.events.models import TOOL_ID_PATTERN, Effect
+from toolfleet.events.types import DEFAULT_POOL, POOL_NAME_PATTERN
 from toolfleet.results.rules import ResultRules
 
 
@@ -149,6 +150,11 @@ class ToolManifest(BaseModel):
     """Where the executor runs it: ``none``, ``process`` or ``sandbox``."""
     command: list[str] = Field(default_factory=list)
     """A command tool's executable and arguments (empty: a Python tool)."""
+    pool: str = Field(default=DEFAULT_POOL, pattern=POOL_NAME_PATTERN)
+    """The executor pool that runs it: policy publishes its calls on the pool's topic
+    (``invoke.authorized.<pool>``; ``invoke.authorized`` for ``default``), read by the
+    executors started with ``--pool <pool>``. A deployment setting, not part of the
+    version's contract: re-registering the version with another pool moves it."""
     lifecycle_state: LifecycleState = LifecycleState.ACTIVE
     deprecation_message: str | None = None
     deprecation_date: datetime | None = None

@@ -137,13 +137,14 @@ class RegistryStore:
                         f"{manifest.tool_id}@{manifest.version} is already registered with a "
                         "different schema; publish a new version instead"
                     )
+                await _restate_pool(conn, manifest)
                 return False
             await conn.execute(
                 """INSERT INTO tool_versions (tool_id, version, major, minor, patch, prerelease,
                        lifecycle_state, deprecation_message, effect, input_schema, output_schema,
                        redaction_allowlist, timeout_seconds, schema_hash, manifest,
-                       requires_approval)
-                   VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16)""",
+                       requires_approval, pool)
+                   VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17)""",
                 manifest.tool_id,
                 manifest.version,
                 v.major,
@@ -160,6 +161,7 @@ class RegistryStore:
                 manifest.schema_hash,
                 manifest.model_dump(mode="json"),
                 manifest.requires_approval,
+                manifest.pool,
             )
             return True
 
@@ -516,6 +518,25 @@ def _summary(row: asyncpg.Record, now: datetime) -> dict[str, Any]:
 
 def _when(text: str | None) -> datetime | None:
     return datetime.fromisoformat(text) if text else None
+
+
+async def _restate_pool(conn: PoolConnectionProxy, manifest: ToolManifest) -> None:
+    """A re-registered version keeps its contract but takes the pool it is registered
+    with now (a deployment setting): its next calls go to that pool's topic."""
+    moved = await conn.fetchval(
+        """UPDATE tool_versions
+           SET pool = $3, manifest = manifest || jsonb_build_object('pool', $3::text)
+           WHERE tool_id = $1 AND version = $2 AND pool IS DISTINCT FROM $3
+           RETURNING 1""",
+        manifest.tool_id,
+        manifest.version,
+        manifest.pool,
+    )
+    if moved:
+        log.info(
+            "tool moved to another pool",
+            extra={"tool": f"{manifest.tool_id}@{manifest.version}", "pool": manifest.pool},
+        )
 
 
 def _tags(column: list[str | None] | None) -> list[str]:

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ValidationError
 
 from toolfleet.errors import RegistrationError
 from toolfleet.events.models import TOOL_ID_PATTERN, Effect
+from toolfleet.events.types import DEFAULT_POOL, check_pool_name
 from toolfleet.isolation.limits import Isolation, ToolLimits
 from toolfleet.registry.manifest import (
     CircuitSettings,
@@ -39,6 +40,8 @@ F = TypeVar("F", bound=ToolFunction)
 
 #: A tool module may set this to its tools' default isolation (``"none"``, ``"process"``).
 MODULE_DEFAULT = "TOOLFLEET_ISOLATION"
+#: A tool module may set this to its tools' default executor pool (``"gpu"``).
+MODULE_POOL = "TOOLFLEET_POOL"
 
 #: The attribute ``@tool`` sets on the function it declares.
 SPEC_ATTRIBUTE = "__toolfleet_spec__"
@@ -91,6 +94,8 @@ class ToolSpec:
     """What it needs (memory, CPU, processes, files), within its agent's limits."""
     command: tuple[str, ...] = ()
     """A command tool's executable and arguments (:func:`toolfleet.isolation.command_tool`)."""
+    pool: str = DEFAULT_POOL
+    """The executor pool that runs it (executors started with ``--pool <pool>``)."""
 
     @property
     def target(self) -> str:
@@ -139,6 +144,7 @@ class ToolSpec:
             result_rules=self.result_rules,
             isolation=self.isolation.value,
             command=list(self.command),
+            pool=self.pool,
         )
 
 
@@ -165,6 +171,7 @@ def tool(
     resource_defaults: ResourceDefaults | None = None,
     isolation: Isolation | str | None = None,
     limits: ToolLimits | None = None,
+    pool: str | None = None,
 ) -> Callable[[F], F]:
     """Declare a tool; the decorated function is returned unchanged, still callable.
 
@@ -220,6 +227,11 @@ def tool(
     event loop (toolfleet's own awaiting built-ins); a module's ``TOOLFLEET_ISOLATION =
     "process"`` sets the default of its tools. ``limits=ToolLimits(memory_mb=256)``
     declares what the tool needs; a call whose agent has less is refused.
+
+    Pools: ``pool="gpu"`` puts the tool in the executor pool ``gpu`` (lower-case letters,
+    digits, ``-``, ``_``): policy publishes its calls on ``invoke.authorized.gpu``, which
+    only executors started with ``toolfleet worker executor --pool gpu`` read; a module's
+    ``TOOLFLEET_POOL = "gpu"`` sets the default of its tools. Undeclared: ``default``.
     """
 
     def decorate(fn: F) -> F:
@@ -305,6 +317,7 @@ def tool(
             result_rules=result_rules,
             isolation=_isolation_of(fn, isolation),
             limits=limits or ToolLimits(),
+            pool=_pool_of(id, fn, pool),
             input_schema={
                 "$schema": "https://json-schema.org/draft/2020-12/schema",
                 **input_schema,
@@ -334,6 +347,19 @@ def _isolation_of(fn: ToolFunction, isolation: Isolation | str | None) -> Isolat
             ) from None
     trusted = fn.__module__.startswith("toolfleet.")
     return Isolation.NONE if trusted else Isolation.SANDBOX
+
+
+def _pool_of(tool_id: str, fn: ToolFunction, pool: str | None) -> str:
+    """The declared pool; undeclared: the module's ``TOOLFLEET_POOL`` if it sets one, else
+    ``default``."""
+    if pool is None:
+        pool = getattr(sys.modules.get(fn.__module__), MODULE_POOL, None)
+    if pool is None:
+        return DEFAULT_POOL
+    try:
+        return check_pool_name(pool)
+    except ValueError as exc:
+        raise RegistrationError(f"{tool_id}: {exc}") from None
 
 
 def spec_of(tool_fn: ToolFunction | ToolSpec) -> ToolSpec:

@@ -35,39 +35,14 @@ from toolfleet.errors import (
     ResultValidationFailed,
 )
 from toolfleet.isolation.egress import EgressGrant, IPAddress, Resolver, parse_host
-from toolfleet.sources.models import (
-    UNVOUCHED_EFFECT,
-    HttpOperation,
-    SourceDefinition,
-    SourceTool,
-)
-from toolfleet.sources.naming import http_tool_id, schema_version
-from toolfleet.sources.rules import with_rules
+from toolfleet.sources.declared import source_tool as source_tool
+from toolfleet.sources.models import HttpOperation, SourceDefinition, SourceTool
 
 
 class ExternalApiRefused(ExternalApiError):
     """The API refused the request (a 4xx other than 429): a retry cannot help."""
 
     retryable = False
-
-
-def source_tool(source: SourceDefinition, operation: HttpOperation) -> SourceTool:
-    found = SourceTool(
-        tool_id=operation.tool_id or http_tool_id(source.name, operation.operation_id),
-        version=schema_version(operation.input_schema, operation.output_schema),
-        source=source.name,
-        source_type="http",
-        tenant_id=source.tenant_id,
-        remote_name=operation.operation_id,
-        description=operation.description,
-        effect=UNVOUCHED_EFFECT,  # with_rules applies an operator's declared effect
-        hints=operation.hints,
-        input_schema=operation.input_schema,
-        output_schema=operation.output_schema,
-        redaction_allowlist=[],
-        timeout_seconds=source.timeout_s,
-    )
-    return with_rules(source, found)
 
 
 def build_request(

@@ -6,12 +6,16 @@ Pure pydantic, no I/O: the store keeps these as JSON, the API and CLI exchange t
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
+from datetime import datetime
 from enum import StrEnum
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from toolfleet.errors import ErrorInfo
 from toolfleet.events.models import TENANT_ID_PATTERN, TOOL_ID_PATTERN
+from toolfleet.registry.manifest import SourceType, ToolManifest
 from toolfleet.results.rules import ResultRules
 
 #: Source names become part of tool ids: lower-case words joined by ``_``.
@@ -20,6 +24,9 @@ GLOBAL_TENANT = "*"
 DEFAULT_MAX_RESPONSE_BYTES = 10 * 1_048_576
 _TEMPLATE_FIELD = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
+#: How a source's tools came to be known: listed when it was added (or replaced), on the
+#: server's ``tools/list_changed``, or on a refresh (a retry, ``sources refresh``).
+Discovery = Literal["add", "list_changed", "refresh"]
 ToolEffect = Literal["read_only", "state_change", "external_side_effect"]
 #: A source tool's effect until an operator sets another: a source cannot vouch for itself.
 UNVOUCHED_EFFECT: ToolEffect = "external_side_effect"
@@ -186,3 +193,80 @@ class SourceTool(BaseModel):
             tool_id = str(data.get("tool_id", ""))
             return {**data, "source_type": "mcp" if tool_id.startswith("mcp__") else "http"}
         return data
+
+
+def manifest_of(tool: SourceTool) -> ToolManifest:
+    return ToolManifest(
+        tool_id=tool.tool_id,
+        version=tool.version,
+        effect=tool.effect,
+        description=tool.description,
+        tags=[f"source:{tool.source}"],
+        source_type=SourceType(tool.source_type),
+        input_schema=tool.input_schema,
+        output_schema=tool.output_schema,
+        redaction_allowlist=tool.redaction_allowlist,
+        result_rules=tool.result_rules,
+        timeout_seconds=tool.timeout_seconds,
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class ListingLimits:
+    """What one listing of a source's tools may cost; past any, it fails typed."""
+
+    max_tools: int = 1000
+    """Tools one source may list (``result_too_large`` past it)."""
+    max_bytes: int = 8 * 1_048_576
+    """Bytes of tool definitions (names, descriptions, schemas) one listing may hold."""
+    max_pages: int = 100
+    """Pages of ``tools/list`` followed before the listing is ``result_too_large``."""
+    max_seconds: float = 300.0
+    """A listing takes at most the source's ``timeout_s`` and never longer than this
+    (starting the server included): past it, ``timeout`` (retryable)."""
+
+    def deadline_s(self, source: SourceDefinition) -> float:
+        return min(source.timeout_s, self.max_seconds)
+
+
+LISTING_LIMITS = ListingLimits()
+
+
+class ListingState(StrEnum):
+    """Where a source's tool listing stands (``GET /v1/sources/{name}/listing``)."""
+
+    PENDING = "pending"
+    """Requested (the source was added, replaced or refreshed); no executor answered yet."""
+    READY = "ready"
+    """An executor (or, for an HTTP source, the API from its declared operations) listed
+    the tools and registered them."""
+    FAILED = "failed"
+    """The last attempt failed; ``error`` says why. A retryable failure is tried again
+    from ``next_attempt_at``."""
+
+
+class SourceListing(BaseModel):
+    """A source's tool listing as the API shows it: asked for by the API, done by an
+    executor (the API never starts or reaches a source itself)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    source: str
+    tenant_id: str
+    """The source's tenant (``*``: every tenant) when the listing was requested."""
+    state: ListingState
+    request: int = 1
+    """Which request the state answers: each add, replacement or refresh is one more."""
+    requested_at: datetime
+    attempts: int = 0
+    """Attempts since the last request (a retry after a retryable failure counts)."""
+    listed_at: datetime | None = None
+    """When the last attempt ended (listed or failed)."""
+    listed_by: str | None = None
+    """The worker that made the last attempt (``api`` for an HTTP source's declared tools)."""
+    tools: int | None = None
+    """How many tools the last successful listing found."""
+    error: ErrorInfo | None = None
+    """Why the last attempt failed (``timeout``, ``result_too_large``, ...)."""
+    next_attempt_at: datetime | None = None
+    """When executors try a retryable failure again; none: only a new request does."""

@@ -41,10 +41,16 @@ from mcp.client.subscriptions import ListenNotSupportedError
 from mcp.shared.dispatcher import ProgressFnT
 from mcp.shared.exceptions import MCPError
 from mcp.types import CallToolResult, Tool, ToolListChangedNotification
+from pydantic import ValidationError
 
-from toolfleet.errors import ExternalApiError, ResultTooLarge, ResultValidationFailed
+from toolfleet.errors import (
+    ExternalApiError,
+    ResultTooLarge,
+    ResultValidationFailed,
+    ToolfleetError,
+)
 from toolfleet.isolation.stdio import StdioServer
-from toolfleet.sources.models import SourceDefinition, SourceKind
+from toolfleet.sources.models import LISTING_LIMITS, ListingLimits, SourceDefinition, SourceKind
 from toolfleet.sources.stdio_client import TOO_LARGE_CODE, StdioConnection
 
 log = logging.getLogger(__name__)
@@ -168,25 +174,52 @@ class ServerSession:
             self._in_flight -= 1
             self._last_used = self.clock()
 
-    async def list_tools(self) -> list[Tool]:
-        """Every tool the server lists now (all pages)."""
+    async def list_tools(self, limits: ListingLimits = LISTING_LIMITS) -> list[Tool]:
+        """Every tool the server lists now (all pages), within ``limits``.
+
+        Raises:
+            ResultTooLarge: more tools, bytes or pages than ``limits`` allow, or one
+                message over the source's ``max_response_bytes`` (the session restarts).
+            ResultValidationFailed: the answer is not a tool listing.
+            ServerLost: the server could not be started or reached, or broke.
+        """
         self._in_flight += 1
         client: Client | None = None
         try:
             client = await self._session()
             tools: list[Tool] = []
+            size = 0
             cursor: str | None = None
-            for _ in range(100):
+            for _ in range(limits.max_pages):
                 page = await client.list_tools(cursor=cursor, cache_mode="refresh")
                 tools.extend(page.tools)
+                size += len(page.model_dump_json(by_alias=True, exclude_none=True))
+                if len(tools) > limits.max_tools or size > limits.max_bytes:
+                    raise self._too_large(
+                        f"more than {limits.max_tools} tools or {limits.max_bytes} bytes",
+                        limits,
+                    )
                 cursor = page.next_cursor
                 if cursor is None:
-                    break
-            return tools
-        except (asyncio.CancelledError, TimeoutError):
+                    return tools
+            raise self._too_large(f"more than {limits.max_pages} pages", limits)
+        except (asyncio.CancelledError, TimeoutError, ToolfleetError):
             raise
-        except Exception as exc:
+        except ValidationError:
+            # Alive, and answering with something that is not a listing.
             self._discard(client)
+            raise ResultValidationFailed(
+                f"the MCP server {self.source.name} answered tools/list with a malformed listing"
+            ) from None
+        except Exception as exc:
+            stdio = self._stdio
+            self._discard(client)
+            if stdio is not None and stdio.overflow is not None:
+                raise ResultTooLarge(
+                    f"the MCP server {self.source.name} answered tools/list with a message "
+                    f"over {stdio.overflow.limit} bytes; its session was restarted",
+                    details={"source": self.source.name, "max_bytes": stdio.overflow.limit},
+                ) from None
             raise ServerLost(
                 f"the MCP server {self.source.name} failed to list its tools: {type(exc).__name__}",
                 retry_after_s=1.0,
@@ -194,6 +227,17 @@ class ServerSession:
         finally:
             self._in_flight -= 1
             self._last_used = self.clock()
+
+    def _too_large(self, what: str, limits: ListingLimits) -> ResultTooLarge:
+        return ResultTooLarge(
+            f"the MCP server {self.source.name} lists {what}",
+            details={
+                "source": self.source.name,
+                "max_tools": limits.max_tools,
+                "max_bytes": limits.max_bytes,
+                "max_pages": limits.max_pages,
+            },
+        )
 
     def close_when_idle(self) -> None:
         """Stop at the next idle check, whatever ``idle_s`` says (a replaced session)."""
@@ -374,13 +418,27 @@ class SessionPool:
     """Starts stdio servers sandboxed (the executor sets it when it can run sandboxes)."""
     max_backoff_s: float = 5.0
     _sessions: dict[tuple[str, str], ServerSession] = field(default_factory=dict)
+    _retiring: list[ServerSession] = field(default_factory=list)
+    """Sessions let go of that may still run calls (closed with the pool at the latest)."""
+
+    def discard(self, source: SourceDefinition) -> None:
+        """Let go of ``source``'s session (a listing it failed): it stops once its calls
+        end, and the next call opens a new one."""
+        found = self._sessions.pop((source.tenant_id, source.name), None)
+        if found is not None:
+            self._retire(found)
+
+    def _retire(self, session: ServerSession) -> None:
+        session.close_when_idle()
+        self._retiring = [s for s in self._retiring if s.running]  # the stopped ones: gone
+        self._retiring.append(session)
 
     def session(self, source: SourceDefinition) -> ServerSession:
         key = (source.tenant_id, source.name)
         found = self._sessions.get(key)
         if found is not None and found.source != source:
             # The operator changed the source: the old session ends once its calls do.
-            found.close_when_idle()
+            self._retire(found)
             found = None
         if found is None:
             found = ServerSession(
@@ -394,5 +452,6 @@ class SessionPool:
         return found
 
     async def close(self) -> None:
-        sessions, self._sessions = list(self._sessions.values()), {}
+        sessions = [*self._sessions.values(), *self._retiring]
+        self._sessions, self._retiring = {}, []
         await asyncio.gather(*(s.close() for s in sessions), return_exceptions=True)

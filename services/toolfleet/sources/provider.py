@@ -9,20 +9,24 @@ against the tool's input schema, and calls the MCP server (through the supervise
 
 MCP progress becomes checkpoints (progress events); a fleet cancel cancels the MCP
 request, which makes the SDK send ``notifications/cancelled``.
+
+:class:`SourceCatalog` lists a source's tools for the executor's listing job
+(:func:`listing_job`, :mod:`toolfleet.sources.listing`) and on a server's
+``list_changed``: only executors start or reach sources, never the API.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import ssl
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+import asyncpg
 import httpx
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -31,7 +35,6 @@ from toolfleet.errors import (
     InvalidParameters,
     PermissionDenied,
     ResultValidationFailed,
-    ToolfleetError,
     ToolNotFound,
 )
 from toolfleet.events.envelope import Envelope, new_event
@@ -44,9 +47,19 @@ from toolfleet.sdk.context import ToolContext
 from toolfleet.sdk.tool import ToolSpec
 from toolfleet.secrets.store import SecretStore
 from toolfleet.sources import http_tools, mcp_tools
-from toolfleet.sources.models import GLOBAL_TENANT, SourceDefinition, SourceKind, SourceTool
-from toolfleet.sources.pool import ServerSession, SessionPool, SourceCredentials
-from toolfleet.sources.store import Discovery, RecordedTools, SourceStore
+from toolfleet.sources.declared import declared_tools
+from toolfleet.sources.listing import ListingJob, bounded_listing
+from toolfleet.sources.models import (
+    GLOBAL_TENANT,
+    LISTING_LIMITS,
+    Discovery,
+    ListingLimits,
+    SourceDefinition,
+    SourceKind,
+    SourceTool,
+)
+from toolfleet.sources.pool import SessionPool, SourceCredentials
+from toolfleet.sources.store import ListingStore, RecordedTools, SourceStore
 
 log = logging.getLogger(__name__)
 
@@ -95,16 +108,6 @@ class LoggedSourceAudit:
             "a source added a tool at run time; it stays disabled until a policy names it",
             extra={"source": tool.source, "tool_id": tool.tool_id, "version": tool.version},
         )
-
-
-async def list_source_tools(
-    source: SourceDefinition, session: ServerSession | None
-) -> list[SourceTool]:
-    """The tools ``source`` offers now (an MCP source is asked through ``session``)."""
-    if source.kind is SourceKind.HTTP:
-        return [http_tools.source_tool(source, op) for op in source.operations]
-    assert session is not None
-    return [mcp_tools.source_tool(source, tool) for tool in await session.list_tools()]
 
 
 @dataclass(kw_only=True)
@@ -252,17 +255,37 @@ class SourceToolProvider:
 
 @dataclass(kw_only=True)
 class SourceCatalog:
-    """Lists sources' tools and records them (at ``sources add``, and on ``list_changed``)."""
+    """Lists sources' tools and records them: the executor's side of a listing the API
+    asked for (:class:`~toolfleet.sources.listing.ListingJob`), and a server's
+    ``list_changed``; every listing bounded by
+    :func:`~toolfleet.sources.listing.bounded_listing`."""
 
     store: SourceStore
     pool: SessionPool
     audit: SourceAudit = field(default_factory=LoggedSourceAudit)
     after_record: Callable[[RecordedTools], Awaitable[None]] | None = None
+    limits: ListingLimits = LISTING_LIMITS
+    worker: str = "executor"
+    """Who lists (``listed_by``): the executor's worker id once :func:`listing_job` runs."""
 
-    async def refresh(self, source: SourceDefinition, *, via: Discovery = "add") -> RecordedTools:
-        session = None if source.kind is SourceKind.HTTP else self.pool.session(source)
-        tools = await list_source_tools(source, session)
+    async def listed(self, source: SourceDefinition) -> list[SourceTool]:
+        """The tools ``source`` offers now: an HTTP source's declared operations, an MCP
+        server's answer (through the pool's session, within ``limits``). A session that
+        failed a listing (or ran out of time) is let go of: the next call opens another."""
+        if source.kind is SourceKind.HTTP:
+            return declared_tools(source)
+        try:
+            answer = await self.pool.session(source).list_tools(self.limits)
+            return [mcp_tools.source_tool(source, tool) for tool in answer]
+        except BaseException:
+            self.pool.discard(source)
+            raise
+
+    async def record(self, tools: list[SourceTool], *, via: Discovery) -> RecordedTools:
         recorded = await self.store.record(tools, via=via)
+        for name in sorted({t.source for t in tools}):
+            # Rules an operator set while the source was being listed apply too.
+            await self.store.restate_rules(name)
         if via == "list_changed":
             for tool in recorded.new_tools:
                 await self.audit.tool_appeared(tool)
@@ -270,26 +293,18 @@ class SourceCatalog:
             await self.after_record(recorded)
         return recorded
 
-    async def list_unlisted(self, stop: asyncio.Event, *, every_s: float = 30.0) -> None:
-        """Until ``stop``: list the tools of sources added while they could not be listed
-        (unreachable, or their credentials only resolve on executors)."""
-        while not stop.is_set():
-            try:
-                for source in await self.store.unlisted():
-                    try:
-                        await self.refresh(source, via="refresh")
-                    except ToolfleetError as exc:
-                        log.info(
-                            "source not listed yet",
-                            extra={"source": source.name, "error": exc.code},
-                        )
-            except Exception as exc:  # Postgres away: try again next round
-                log.warning("listing sources failed", extra={"error": type(exc).__name__})
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=every_s)
+    async def refresh(self, source: SourceDefinition, *, via: Discovery = "add") -> RecordedTools:
+        """List ``source`` now (bounded), record what it lists, and mark its listing
+        ready when ``source`` is what is stored (outside the listing queue: a server's
+        ``list_changed``)."""
+        tools = await bounded_listing(self, source, self.limits)
+        recorded = await self.record(tools, via=via)
+        await self.store.listings.listed_now(source, tools=len(tools), by=self.worker)
+        return recorded
 
     async def on_tools_changed(self, source: SourceDefinition) -> None:
-        """The ``notifications/tools/list_changed`` handler of the pool's sessions."""
+        """The ``notifications/tools/list_changed`` handler of the pool's sessions: the
+        session that heard it lists again (its server holds the change)."""
         current = await self.store.get(source.name)
         if current is None:
             return
@@ -300,6 +315,16 @@ class SourceCatalog:
                 "relisting a source's tools failed",
                 extra={"source": source.name, "error": type(exc).__name__},
             )
+
+
+def listing_job(
+    catalog: SourceCatalog, pool: asyncpg.Pool, worker: str
+) -> Callable[[asyncio.Event], Coroutine[Any, Any, None]]:
+    """The executor's background job that lists sources' tools as the API asks
+    (:class:`~toolfleet.sources.listing.ListingJob` over ``source_listings``)."""
+    catalog.worker = worker
+    job = ListingJob(queue=ListingStore(pool), lister=catalog, worker=worker, limits=catalog.limits)
+    return job.run
 
 
 #: Namespace of the ids of ``source.tool_added`` events: one id per tool version, so

@@ -1,8 +1,11 @@
-"""Sources and their tools in Postgres (``tool_sources``, ``tool_source_tools``).
+"""Sources, their tools and their listings in Postgres (``tool_sources``,
+``tool_source_tools``, ``source_listings``).
 
 Recording a source's tools also registers each in the tool registry (so policy resolves
 it and the validator checks its results) and deprecates the versions of a tool whose
-schema changed, so ``*`` resolves to the current one.
+schema changed, so ``*`` resolves to the current one. Storing a source requests a
+listing of its tools, in the same transaction; :class:`ListingStore` is the queue
+executors take listings from (:mod:`toolfleet.sources.listing`) and the API reads.
 """
 
 from __future__ import annotations
@@ -10,16 +13,23 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
-from typing import Literal
 
 import asyncpg
+from asyncpg.pool import PoolConnectionProxy
 
-from toolfleet.registry.manifest import LifecycleState, SourceType, ToolManifest
+from toolfleet.registry.manifest import LifecycleState
 from toolfleet.registry.store import RegistryStore
-from toolfleet.sources.models import SourceDefinition, SourceTool
+from toolfleet.sources.listing import ListingClaim, ListingResult
+from toolfleet.sources.models import (
+    LISTING_LIMITS,
+    Discovery,
+    ListingState,
+    SourceDefinition,
+    SourceListing,
+    SourceTool,
+    manifest_of,
+)
 from toolfleet.sources.rules import with_rules
-
-Discovery = Literal["add", "list_changed", "refresh"]
 
 log = logging.getLogger(__name__)
 
@@ -34,22 +44,6 @@ class RecordedTools:
     """Of those, tools whose id was not known before (a new tool, not a new schema)."""
 
 
-def manifest_of(tool: SourceTool) -> ToolManifest:
-    return ToolManifest(
-        tool_id=tool.tool_id,
-        version=tool.version,
-        effect=tool.effect,
-        description=tool.description,
-        tags=[f"source:{tool.source}"],
-        source_type=SourceType(tool.source_type),
-        input_schema=tool.input_schema,
-        output_schema=tool.output_schema,
-        redaction_allowlist=tool.redaction_allowlist,
-        result_rules=tool.result_rules,
-        timeout_seconds=tool.timeout_seconds,
-    )
-
-
 class SourceStore:
     """The only sources code touching SQL."""
 
@@ -57,21 +51,32 @@ class SourceStore:
         self._pool = pool
         self._registry = RegistryStore(pool)
 
-    async def put(self, source: SourceDefinition) -> None:
-        await self._pool.execute(
-            """INSERT INTO tool_sources (name, tenant_id, kind, target, connection_id, definition)
-               VALUES ($1, $2, $3, $4, $5, $6)
-               ON CONFLICT (name) DO UPDATE SET tenant_id = EXCLUDED.tenant_id,
-                   kind = EXCLUDED.kind, target = EXCLUDED.target,
-                   connection_id = EXCLUDED.connection_id,
-                   definition = EXCLUDED.definition, updated_at = now()""",
-            source.name,
-            source.tenant_id,
-            source.kind.value,
-            source.target,
-            source.connection_id,
-            source.model_dump(mode="json"),
-        )
+    @property
+    def listings(self) -> ListingStore:
+        """The listings of these sources."""
+        return ListingStore(self._pool)
+
+    async def put(self, source: SourceDefinition) -> SourceListing:
+        """Store ``source`` (replacing one of its name) and request a listing of its tools."""
+        async with self._pool.acquire() as conn, conn.transaction():
+            await conn.execute(
+                """INSERT INTO tool_sources
+                       (name, tenant_id, kind, target, connection_id, definition)
+                   VALUES ($1, $2, $3, $4, $5, $6)
+                   ON CONFLICT (name) DO UPDATE SET tenant_id = EXCLUDED.tenant_id,
+                       kind = EXCLUDED.kind, target = EXCLUDED.target,
+                       connection_id = EXCLUDED.connection_id,
+                       definition = EXCLUDED.definition, updated_at = now()""",
+                source.name,
+                source.tenant_id,
+                source.kind.value,
+                source.target,
+                source.connection_id,
+                source.model_dump(mode="json"),
+            )
+            listing = await ListingStore.request_on(conn, source.name, via="add")
+        assert listing is not None  # the source row is there: the same transaction wrote it
+        return listing
 
     async def update(
         self, name: str, change: Callable[[SourceDefinition], SourceDefinition]
@@ -102,15 +107,6 @@ class SourceStore:
             """SELECT definition AS d FROM tool_sources
                WHERE $1::text IS NULL OR tenant_id IN ($1, '*') ORDER BY name""",
             tenant_id,
-        )
-        return [SourceDefinition.model_validate(r["d"]) for r in rows]
-
-    async def unlisted(self) -> list[SourceDefinition]:
-        """Sources none of whose tools is known yet (added while unreachable)."""
-        rows = await self._pool.fetch(
-            """SELECT s.definition AS d FROM tool_sources s
-               WHERE NOT EXISTS (SELECT 1 FROM tool_source_tools t WHERE t.source_name = s.name)
-               ORDER BY s.name"""
         )
         return [SourceDefinition.model_validate(r["d"]) for r in rows]
 
@@ -268,3 +264,166 @@ class SourceStore:
                     f"the source's schema changed; use {tool.version}",
                 )
         return RecordedTools(added=added, new_tools=new_tools)
+
+
+def _listing(row: asyncpg.Record) -> SourceListing:
+    return SourceListing(
+        source=row["source_name"],
+        tenant_id=row["tenant_id"],
+        state=ListingState(row["state"]),
+        request=row["request"],
+        requested_at=row["requested_at"],
+        attempts=row["attempts"],
+        listed_at=row["listed_at"],
+        listed_by=row["listed_by"],
+        tools=row["tool_count"],
+        error=row["error"],
+        next_attempt_at=row["next_attempt_at"],
+    )
+
+
+class ListingStore:
+    """``source_listings``: the API requests and reads listings, executors claim and
+    answer them (:class:`toolfleet.sources.listing.ListingQueue`)."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self._pool = pool
+
+    @staticmethod
+    async def request_on(
+        conn: PoolConnectionProxy, name: str, *, via: Discovery
+    ) -> SourceListing | None:
+        """Ask (again) for a listing of source ``name``, for its tenant; None: no such
+        source. A claim on an earlier request no longer counts."""
+        row = await conn.fetchrow(
+            """INSERT INTO source_listings (source_name, tenant_id, requested_via)
+                SELECT name, tenant_id, $2 FROM tool_sources WHERE name = $1
+                ON CONFLICT (source_name) DO UPDATE SET
+                    tenant_id = EXCLUDED.tenant_id, request = source_listings.request + 1,
+                    state = 'pending', requested_at = now(),
+                    requested_via = EXCLUDED.requested_via, attempts = 0,
+                    claimed_by = NULL, claimed_until = NULL, next_attempt_at = NULL,
+                    error = NULL
+                RETURNING *""",
+            name,
+            via,
+        )
+        return None if row is None else _listing(row)
+
+    async def request(self, name: str, *, via: Discovery = "refresh") -> SourceListing | None:
+        async with self._pool.acquire() as conn:
+            return await self.request_on(conn, name, via=via)
+
+    async def get(self, name: str) -> SourceListing | None:
+        row = await self._pool.fetchrow(
+            "SELECT * FROM source_listings WHERE source_name = $1", name
+        )
+        return None if row is None else _listing(row)
+
+    async def states(self) -> dict[str, ListingState]:
+        """Every source's listing state, by source name."""
+        rows = await self._pool.fetch("SELECT source_name, state FROM source_listings")
+        return {r["source_name"]: ListingState(r["state"]) for r in rows}
+
+    async def listed_here(self, listing: SourceListing, *, tools: int, by: str) -> SourceListing:
+        """Mark the request ``listing`` answers ready with ``tools`` tools, listed by ``by``
+        (an HTTP source's declared operations, listed where it is stored); a newer
+        request is left as it is."""
+        row = await self._pool.fetchrow(
+            """UPDATE source_listings SET state = 'ready', listed_at = now(), listed_by = $3,
+                    tool_count = $4, error = NULL, next_attempt_at = NULL,
+                    claimed_by = NULL, claimed_until = NULL
+                WHERE source_name = $1 AND request = $2
+                RETURNING *""",
+            listing.source,
+            listing.request,
+            by,
+            tools,
+        )
+        return listing if row is None else _listing(row)
+
+    async def listed_now(self, source: SourceDefinition, *, tools: int, by: str) -> bool:
+        """Mark ``source``'s listing ready after a listing made outside the queue (a
+        server's ``list_changed``), if ``source`` is the stored definition and no worker
+        holds a claim on it (that worker answers); whether it was marked."""
+        done = await self._pool.fetchval(
+            """UPDATE source_listings l SET state = 'ready', listed_at = now(),
+                   listed_by = $3, tool_count = $4, error = NULL, next_attempt_at = NULL
+               FROM tool_sources s
+               WHERE l.source_name = $1 AND s.name = l.source_name
+                 AND s.definition = $2::jsonb AND l.claimed_by IS NULL
+               RETURNING 1""",
+            source.name,
+            source.model_dump(mode="json"),
+            by,
+            tools,
+        )
+        return done is not None
+
+    async def claim(self, worker: str, *, lease_margin_s: float) -> ListingClaim | None:
+        row = await self._pool.fetchrow(
+            """WITH due AS (
+                   SELECT source_name FROM source_listings
+                   WHERE (state = 'pending' OR (state = 'failed' AND next_attempt_at <= now()))
+                     AND (claimed_until IS NULL OR claimed_until < now())
+                   ORDER BY requested_at LIMIT 1
+                   FOR UPDATE SKIP LOCKED)
+               UPDATE source_listings l SET claimed_by = $1, attempts = l.attempts + 1,
+                   claimed_until = now() + make_interval(secs =>
+                       least((s.definition->>'timeout_s')::float8, $3) + $2)
+               FROM due, tool_sources s
+               WHERE l.source_name = due.source_name AND s.name = l.source_name
+               RETURNING l.tenant_id, l.request, l.requested_via, l.attempts,
+                   s.definition""",
+            worker,
+            lease_margin_s,
+            LISTING_LIMITS.max_seconds,
+        )
+        if row is None:
+            return None
+        return ListingClaim(
+            source=SourceDefinition.model_validate(row["definition"]),
+            tenant_id=row["tenant_id"],
+            request=row["request"],
+            via=row["requested_via"],
+            attempts=row["attempts"],
+        )
+
+    async def is_current(self, claim: ListingClaim, worker: str) -> bool:
+        found = await self._pool.fetchval(
+            """SELECT 1 FROM source_listings
+               WHERE source_name = $1 AND request = $2 AND claimed_by = $3""",
+            claim.source.name,
+            claim.request,
+            worker,
+        )
+        return found is not None
+
+    async def finish(self, claim: ListingClaim, worker: str, result: ListingResult) -> bool:
+        done = await self._pool.fetchval(
+            """UPDATE source_listings SET
+                   state = CASE WHEN $4::jsonb IS NULL THEN 'ready' ELSE 'failed' END,
+                   listed_at = now(), listed_by = $3,
+                   tool_count = coalesce($5, tool_count), error = $4::jsonb,
+                   next_attempt_at = now() + make_interval(secs => $6::float8),
+                   claimed_by = NULL, claimed_until = NULL
+               WHERE source_name = $1 AND request = $2 AND claimed_by = $3
+               RETURNING 1""",
+            claim.source.name,
+            claim.request,
+            worker,
+            None if result.error is None else result.error.model_dump(mode="json"),
+            result.tools,
+            result.retry_in_s,
+        )
+        return done is not None
+
+    async def release(self, claim: ListingClaim, worker: str) -> None:
+        await self._pool.execute(
+            """UPDATE source_listings SET claimed_by = NULL, claimed_until = NULL,
+                   attempts = greatest(attempts - 1, 0)
+               WHERE source_name = $1 AND request = $2 AND claimed_by = $3""",
+            claim.source.name,
+            claim.request,
+            worker,
+        )

@@ -4,9 +4,13 @@ Events of one invocation arrive on six topics, so in any order and sometimes twi
 Every rule here is a merge that does not care about order, which is what makes the
 projection converge: any ordering of one lifecycle's events gives the same row.
 
-* **status** only moves up the rank ``pending 0 < pending_approval 1 < running 2 <
-  terminal 3``; the first terminal outcome wins and is never replaced. Checkpoints and
-  ``executed`` imply ``running`` (they only happen once the tool runs).
+* **status** only moves up the rank ``pending 0 < pending_approval 1 < queued 1 <
+  running 2 < terminal 3`` (``queued``, authorized and waiting for an executor of its
+  pool, comes after ``pending_approval`` in the fold and shares its stored rank); the
+  first terminal outcome wins and is never replaced. Checkpoints and ``executed``
+  imply ``running`` (they only happen once the tool runs).
+* **execution_metadata.pool**: the pool of a call that was queued, or of a tool outside
+  the default pool, kept once known (the terminal outcome's metadata gets it too).
 * **identity** (tenant, agent, user, session, tool, requested version, parameters,
   trace, priority, idempotency key): the first write wins. Every event only fills
   what is still unknown (a priority still at its default counts as unknown), so a
@@ -23,7 +27,7 @@ projection converge: any ordering of one lifecycle's events gives the same row.
   the accepted call replaces it: the row then folds as if it never came. It sets no
   phase, and fixes nothing of the row's identity but a new row's ``tool_id``.
 * **current_phase** keeps the latest phase of the lifecycle, by this precedence:
-  ``"" < awaiting_approval < approved < denied < authorized < running <`` checkpoint
+  ``"" < awaiting_approval < approved < denied < authorized < queued < running <`` checkpoint
   phase ``< validating < cancel_requested < completed``; among checkpoints the one with
   the highest (progress, timestamp, id) wins, and is also ``latest_checkpoint``.
 * **progress_percent** and **latest_checkpoint** only go up; ``created_at`` and
@@ -58,17 +62,19 @@ from toolfleet.events.models import (
     InvocationStatus,
     InvokeAuthorized,
     InvokeExecuted,
+    InvokeQueued,
     InvokeRequested,
     ToolInvoked,
     ToolOutcome,
 )
 from toolfleet.events.sanitize import sanitize_parameters
-from toolfleet.events.types import TERMINAL_TYPES, EventType
+from toolfleet.events.types import DEFAULT_POOL, TERMINAL_TYPES, EventType
 from toolfleet.storage.pg_text import jsonable
 
 _RANK: Final = {
     InvocationStatus.PENDING: 0,
     InvocationStatus.PENDING_APPROVAL: 1,
+    InvocationStatus.QUEUED: 1,
     InvocationStatus.RUNNING: 2,
 }
 TERMINAL_RANK: Final = 3
@@ -83,6 +89,7 @@ _PHASE_LEVEL: Final = {
     "approved": 20,
     "denied": 25,
     "authorized": 30,
+    "queued": 35,
     "running": 40,
     "validating": 60,
     "cancel_requested": 70,
@@ -100,6 +107,7 @@ class Kind(StrEnum):
 
     REQUESTED = "requested"
     AUTHORIZED = "authorized"
+    QUEUED = "queued"
     APPROVAL_REQUESTED = "approval_requested"
     INVOKED = "invoked"
     CHECKPOINT = "checkpoint"
@@ -118,12 +126,14 @@ _STATUS_OF_KIND: Final = {
     Kind.REQUESTED: InvocationStatus.PENDING,
     Kind.AUTHORIZED: InvocationStatus.PENDING,
     Kind.APPROVAL_REQUESTED: InvocationStatus.PENDING_APPROVAL,
+    Kind.QUEUED: InvocationStatus.QUEUED,
     Kind.INVOKED: InvocationStatus.RUNNING,
     Kind.CHECKPOINT: InvocationStatus.RUNNING,
     Kind.EXECUTED: InvocationStatus.RUNNING,
 }
 _PHASE_OF_KIND: Final = {
     Kind.AUTHORIZED: "authorized",
+    Kind.QUEUED: "queued",
     Kind.APPROVAL_REQUESTED: "awaiting_approval",
     Kind.INVOKED: "running",
     Kind.EXECUTED: "validating",
@@ -246,11 +256,18 @@ class Fact:
     """``invoked``: the checkpoint the attempt resumed from, if it resumed."""
     id_conflict: bool = False
     """``terminal``: policy's ``invocation_id_conflict`` refusal of a request."""
+    pool: str | None = None
+    """``queued``: the executor pool of the call; ``authorized``: its pool, unless it is
+    ``default`` (a call that never waited shows no pool)."""
+    queue_reason: str | None = None
+    """``queued``: why it waits (``no_live_executor``, ``tool_not_loaded``)."""
 
     def timeline_detail(self) -> dict[str, Any]:
         """What the console's timeline shows of this fact (no parameters, no result)."""
         detail: dict[str, Any] = {}
-        if self.kind is Kind.INVOKED:
+        if self.kind is Kind.QUEUED:
+            detail = {"pool": self.pool, "reason": self.queue_reason, "worker_id": self.worker_id}
+        elif self.kind is Kind.INVOKED:
             detail = {
                 "attempt": self.attempt,
                 "worker_id": self.worker_id,
@@ -271,6 +288,8 @@ class Fact:
             }
         elif self.tool_version is not None:
             detail = {"tool_version": self.tool_version}
+            if self.kind is Kind.AUTHORIZED and self.pool is not None:
+                detail["pool"] = self.pool
         return {k: v for k, v in detail.items() if v is not None}
 
 
@@ -385,6 +404,21 @@ def _authorized(event: Envelope, base: dict[str, Any]) -> Fact:
         idempotency_key=opts.idempotency_key,
         parameters=sanitize_parameters(auth.parameters),
         warnings=tuple(auth.warnings),
+        pool=None if auth.pool == DEFAULT_POOL else auth.pool,
+    )
+
+
+def _queued(event: Envelope, base: dict[str, Any]) -> Fact:
+    queued = event.data_as(InvokeQueued)
+    return _fact(
+        Kind.QUEUED,
+        base,
+        tool_id=queued.tool_id,
+        agent_did=queued.agent_did,
+        tool_version=queued.tool_version,
+        pool=queued.pool,
+        queue_reason=queued.reason,
+        worker_id=queued.worker_id,
     )
 
 
@@ -506,6 +540,7 @@ _Reader = Callable[[Envelope, dict[str, Any]], "Fact | None"]
 _READERS: Final[dict[str, _Reader]] = {
     EventType.INVOKE_REQUESTED: _requested,
     EventType.INVOKE_AUTHORIZED: _authorized,
+    EventType.INVOKE_QUEUED: _queued,
     EventType.APPROVAL_REQUESTED: _approval_requested,
     EventType.INVOKED: _invoked,
     EventType.CHECKPOINT_CREATED: _checkpoint,
@@ -551,6 +586,7 @@ def apply(row: InvocationRow | None, fact: Fact) -> InvocationRow | None:
     _merge_identity(values, fact, kind)
     _merge_progress(values, fact, kind)
     _merge_status(values, fact, kind)
+    _merge_pool(values, fact, kind)
     if not fact.id_conflict:  # a refusal that an accepted event may replace sets no phase
         _merge_phase(values, kind)
     return _new(InvocationRow, values)
@@ -559,6 +595,7 @@ def apply(row: InvocationRow | None, fact: Fact) -> InvocationRow | None:
 _ACCEPTED_KINDS: Final = frozenset(
     {
         Kind.AUTHORIZED,
+        Kind.QUEUED,
         Kind.APPROVAL_REQUESTED,
         Kind.INVOKED,
         Kind.CHECKPOINT,
@@ -649,11 +686,14 @@ def _merge_status(row: dict[str, Any], fact: Fact, kind: Kind) -> None:
     if status in _TERMINAL_STATUSES:
         return  # the first terminal outcome is final
     if kind is Kind.TERMINAL and fact.status is not None and fact.status in _TERMINAL_STATUSES:
+        pool = (row["execution_metadata"] or {}).get("pool")
         row["status"] = fact.status
         row["result"] = fact.result
         row["error"] = fact.error
         row["warnings"] = fact.warnings or ()
         row["execution_metadata"] = fact.execution_metadata
+        if pool is not None:
+            _keep_pool(row, pool)
         row["documents_accessed"] = fact.documents_accessed
         row["completed_at"] = fact.completed_at or fact.occurred_at
         return
@@ -662,6 +702,21 @@ def _merge_status(row: dict[str, Any], fact: Fact, kind: Kind) -> None:
     new = _STATUS_OF_KIND.get(kind)
     if new is not None and _STATUS_RANK[new] > _STATUS_RANK[status]:
         row["status"] = new
+
+
+def _merge_pool(row: dict[str, Any], fact: Fact, kind: Kind) -> None:
+    """The call's pool, once known: from a queued fact, or the authorized one of a tool
+    outside the default pool (a default-pool call that never waited shows none)."""
+    if fact.pool is not None:
+        _keep_pool(row, fact.pool)
+
+
+def _keep_pool(row: dict[str, Any], pool: str) -> None:
+    meta = row["execution_metadata"]
+    if meta is None:
+        row["execution_metadata"] = {"pool": pool}
+    elif "pool" not in meta:
+        row["execution_metadata"] = {**meta, "pool": pool}
 
 
 def _merge_phase(row: dict[str, Any], kind: Kind) -> None:
@@ -680,4 +735,8 @@ _ROW_DEFAULTS: Final = {
     f.name: f.default for f in fields(InvocationRow) if f.default is not MISSING
 }
 _FACT_DEFAULTS: Final = {f.name: f.default for f in fields(Fact) if f.default is not MISSING}
-_STATUS_RANK: Final = {status: status_rank(status) for status in InvocationStatus}
+_STATUS_RANK: Final = {
+    # ``queued`` follows ``pending_approval`` (approved, then waiting for an executor).
+    status: (status_rank(status), status is InvocationStatus.QUEUED)
+    for status in InvocationStatus
+}

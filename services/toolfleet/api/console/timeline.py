@@ -1,8 +1,9 @@
 """One invocation's timeline, from the status projection (pure: no I/O).
 
 The projection keeps, beside each dedupe marker, what the event said (migration 0009):
-requested, authorized, approval requested/granted/denied, invoked (attempt, worker,
-resumed checkpoint), checkpoints, executed, cancel requested, outcome. :func:`timeline`
+requested, authorized (its executor pool, outside ``default``), queued (the pool it
+waits for), approval requested/granted/denied, invoked (attempt, worker, resumed
+checkpoint), checkpoints, executed, cancel requested, outcome. :func:`timeline`
 orders them and adds durations, attempts, resumes and worker hand-overs. What the
 markers no longer tell (pruned after ``TOOLFLEET_DEDUPE_TTL_S``, or projected before
 0009) comes from the invocation row: its creation, start, checkpoints and outcome.
@@ -26,11 +27,12 @@ _ORDER = {
     "approval_granted": 2,
     "approval_denied": 2,
     "authorized": 3,
-    "invoked": 4,
-    "checkpoint": 5,
-    "executed": 6,
-    "cancel_requested": 7,
-    "terminal": 8,
+    "queued": 4,
+    "invoked": 5,
+    "checkpoint": 6,
+    "executed": 7,
+    "cancel_requested": 8,
+    "terminal": 9,
 }
 _LABELS = {
     "requested": "requested",
@@ -38,6 +40,7 @@ _LABELS = {
     "approval_granted": "approved",
     "approval_denied": "denied",
     "authorized": "authorized",
+    "queued": "queued",
     "invoked": "invoked",
     "checkpoint": "checkpoint",
     "executed": "executed",
@@ -142,6 +145,8 @@ def _label(mark: Mark, attempt_workers: list[str | None]) -> str:
     if mark.kind == "checkpoint" and "progress_percent" in d:
         phase = f" {d['current_phase']}" if d.get("current_phase") else ""
         return f"{label} {float(d['progress_percent']):.0f}%{phase}"
+    if mark.kind in {"authorized", "queued"} and d.get("pool"):
+        return f"{label} (pool {d['pool']})"
     if mark.kind == "terminal":
         status = d.get("status", "")
         code = f": {d['error_code']}" if d.get("error_code") else ""

@@ -28,7 +28,7 @@ HANDLE_SCHEMA: Final[dict[str, Any]] = {
     "description": "The call is not finished: poll its status with the same bearer token.",
     "properties": {
         "invocation_id": {"type": "string"},
-        "status": {"type": "string", "enum": ["pending", "pending_approval", "running"]},
+        "status": {"type": "string", "enum": ["pending", "pending_approval", "queued", "running"]},
         "poll": {"type": "string", "description": "Path of GET /v1/invocations/{id}."},
     },
     "required": ["invocation_id", "status", "poll"],

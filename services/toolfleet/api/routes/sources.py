@@ -1,8 +1,13 @@
 """``/v1/sources``: register, list, configure and remove tool sources (admin scope only).
 
-Adding a source lists its tools at once (an MCP server is started or reached for that,
-then let go) and registers each in the tool registry, so a policy can name them; no
-policy allows them before it does. The answer lists the tools and their versions.
+The API never starts or reaches a source. Adding (or replacing) a source stores it and
+requests a listing of its tools; an executor lists them (starting a stdio server in its
+sandbox, or reaching an MCP server over HTTP), registers each in the tool registry and
+stores the answer (:mod:`toolfleet.sources.listing`). The answer is ``202`` with the
+listing ``pending``; ``GET /v1/sources/{name}/listing`` shows it ``ready`` or
+``failed`` with a typed error, and ``POST`` there asks for a new listing. An HTTP
+source's tools are its declared operations: they are registered at once (``201``,
+``ready``), nothing reached. No policy allows a source tool before it names it.
 ``PUT /v1/sources/{name}/tools/{tool}/rules`` sets what clients see of one tool's
 results (allowlist, validation mode, sanitization, size limit), for every version;
 ``PUT /v1/sources/{name}/tools/{tool}/effect`` the effect an operator vouches for (a
@@ -11,8 +16,6 @@ source tool is ``external_side_effect`` until one does; its server's hints never
 
 from __future__ import annotations
 
-import functools
-import logging
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Response
@@ -21,23 +24,22 @@ from pydantic import BaseModel, ConfigDict
 from toolfleet.api.auth import Caller, CallerDep
 from toolfleet.api.problems import ProblemError, problem_responses
 from toolfleet.api.resources import ApiResources, resources
-from toolfleet.errors import ErrorCode, SandboxFailure, ToolfleetError
-from toolfleet.executor.settings import ExecutorSettings
-from toolfleet.isolation.sandbox import probe
-from toolfleet.isolation.stdio import StdioSandbox
-from toolfleet.sources import http_tools
+from toolfleet.errors import ErrorCode
+from toolfleet.sources.declared import declared_tools, tool_id_of
 from toolfleet.sources.models import (
     SOURCE_NAME_PATTERN,
+    Discovery,
+    ListingState,
     SourceDefinition,
     SourceKind,
+    SourceListing,
     SourceTool,
 )
-from toolfleet.sources.pool import SessionPool
-from toolfleet.sources.provider import SourceCatalog
 from toolfleet.sources.rules import ToolEffectChoice, ToolRules, configured, with_effect
-from toolfleet.sources.store import SourceStore
+from toolfleet.sources.store import ListingStore, SourceStore
 
-log = logging.getLogger(__name__)
+#: ``listed_by`` of an HTTP source's declared tools (registered where it is stored).
+LISTED_BY_API = "api"
 
 router = APIRouter(
     prefix="/v1/sources", tags=["sources"], responses=problem_responses(401, 403, 422)
@@ -52,20 +54,23 @@ ToolPath = Annotated[
 
 
 class SourceView(BaseModel):
-    """A source and the tools the fleet knows from it."""
+    """A source, the tools the fleet knows from it, and where their listing stands."""
 
     model_config = ConfigDict(extra="forbid")
 
     source: SourceDefinition
     tools: list[SourceTool]
-    warnings: list[str] = []
-    """Why the tools are not listed yet, when they are not."""
+    """Every version registered so far (none before the first listing is ready)."""
+    listing: SourceListing | None
+    """The last requested listing (none only for a source removed meanwhile)."""
 
 
 class SourceList(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     sources: list[SourceDefinition]
+    listings: dict[str, ListingState] = {}
+    """Each source's listing state, by name."""
 
 
 def _require_admin(caller: Caller) -> None:
@@ -75,29 +80,25 @@ def _require_admin(caller: Caller) -> None:
         )
 
 
-@functools.cache
-def stdio_launcher() -> StdioSandbox | None:
-    """How the API starts a stdio server to list its tools: in the executors' sandbox,
-    under the uid just below the tools' range when root; None without a sandbox."""
-    support = probe()
-    if not support.sandboxes:
-        return None
-    return StdioSandbox(support=support, uid=ExecutorSettings().isolation_uid_base - 1)
+def _listing_url(name: str) -> str:
+    return f"/v1/sources/{name}/listing"
 
 
-@router.post("", response_model=SourceView, status_code=201)
+@router.post(
+    "",
+    response_model=SourceView,
+    status_code=201,
+    responses={202: {"description": "Stored; an executor lists its tools (pending)."}},
+)
 async def add_source(
     source: SourceDefinition, res: ResourcesDep, caller: CallerDep, response: Response
 ) -> SourceView:
-    """Store the source (replacing one of the same name) and register its tools.
-
-    A source the API cannot list now (unreachable, or credentials only executors
-    resolve) is stored all the same (``202``, with a warning): executors list it in the
-    background once they can.
-    """
+    """Store the source (replacing one of the same name) and request a listing of its
+    tools: ``202`` with the listing ``pending`` (an executor lists an MCP server), or
+    ``201`` with it ``ready`` (an HTTP source's declared operations, registered now)."""
     _require_admin(caller)
     store = SourceStore(res.pool)
-    declared = [http_tools.source_tool(source, op).tool_id for op in source.operations]
+    declared = [tool_id_of(source, op) for op in source.operations]
     taken = await store.id_conflicts(source.name, declared)
     if taken:
         owners = ", ".join(f"{t} ({owner})" for t, owner in sorted(taken.items()))
@@ -107,44 +108,99 @@ async def add_source(
             code=ErrorCode.INVALID_PARAMETERS,
             extensions={"conflicting_tools": taken},
         )
-    # Listing a stdio source starts its command: sandboxed here as on the executors, or
-    # not at all (the executors list it) where this host has no sandbox.
-    launcher = stdio_launcher()
-    pool = SessionPool(launcher=launcher)
-    warnings: list[str] = []
-    try:
-        await store.put(source)
-        await store.restate_rules(source.name)  # a replaced source's known versions follow it
-        if source.kind is SourceKind.MCP_STDIO and launcher is None:
-            raise SandboxFailure("this API host cannot sandbox a stdio server")
-        await SourceCatalog(store=store, pool=pool).refresh(source, via="add")
-    except ToolfleetError as exc:
-        log.warning("source not listed", extra={"source": source.name, "error": exc.code})
+    listing = await store.put(source)
+    await store.restate_rules(source.name)  # a replaced source's known versions follow it
+    listing = await _list_declared(res, source, listing, via="add")
+    _answer_listing(response, source.name, listing, created=True)
+    return await _view(res, source, listing)
+
+
+async def _view(
+    res: ApiResources, source: SourceDefinition, listing: SourceListing | None = None
+) -> SourceView:
+    return SourceView(
+        source=source,
+        tools=await SourceStore(res.pool).tools(source.name),
+        listing=listing or await ListingStore(res.pool).get(source.name),
+    )
+
+
+async def _list_declared(
+    res: ApiResources, source: SourceDefinition, listing: SourceListing, *, via: Discovery
+) -> SourceListing:
+    """An HTTP source's listing, done here: its tools are what its definition declares."""
+    if source.kind is not SourceKind.HTTP:
+        return listing
+    tools = declared_tools(source)
+    await SourceStore(res.pool).record(tools, via=via)
+    return await ListingStore(res.pool).listed_here(listing, tools=len(tools), by=LISTED_BY_API)
+
+
+def _answer_listing(
+    response: Response, name: str, listing: SourceListing, *, created: bool
+) -> None:
+    """``202`` and where to watch while an executor has yet to answer."""
+    if listing.state is ListingState.PENDING:
         response.status_code = 202
-        warnings.append(
-            f"stored, but its tools could not be listed now ({exc.message}); executors "
-            "list them once the source answers"
-        )
-    finally:
-        await pool.close()
-    return SourceView(source=source, tools=await store.tools(source.name), warnings=warnings)
+        response.headers["Location"] = _listing_url(name)
+    elif created:
+        response.status_code = 201
 
 
 @router.get("", response_model=SourceList)
 async def list_sources(res: ResourcesDep, caller: CallerDep) -> SourceList:
     _require_admin(caller)
-    return SourceList(sources=await SourceStore(res.pool).sources())
+    return SourceList(
+        sources=await SourceStore(res.pool).sources(),
+        listings=await ListingStore(res.pool).states(),
+    )
 
 
 @router.get("/{name}", response_model=SourceView, responses=problem_responses(404))
 async def get_source(name: NamePath, res: ResourcesDep, caller: CallerDep) -> SourceView:
-    """The source and every tool version it registered."""
+    """The source, every tool version it registered, and its listing."""
     _require_admin(caller)
     store = SourceStore(res.pool)
     source = await store.get(name)
     if source is None:
-        raise ProblemError(404, f"no source {name!r}", code=ErrorCode.TOOL_NOT_FOUND)
-    return SourceView(source=source, tools=await store.tools(name))
+        raise _no_source(name)
+    return await _view(res, source)
+
+
+@router.get("/{name}/listing", response_model=SourceListing, responses=problem_responses(404))
+async def get_listing(name: NamePath, res: ResourcesDep, caller: CallerDep) -> SourceListing:
+    """Where the source's listing stands: ``pending``, ``ready`` or ``failed`` (with a
+    typed ``error``; a retryable one is tried again from ``next_attempt_at``)."""
+    _require_admin(caller)
+    listing = await ListingStore(res.pool).get(name)
+    if listing is None:
+        raise _no_source(name)
+    return listing
+
+
+@router.post(
+    "/{name}/listing",
+    response_model=SourceListing,
+    status_code=200,
+    responses={**problem_responses(404), 202: {"description": "Requested (pending)."}},
+)
+async def request_listing(
+    name: NamePath, res: ResourcesDep, caller: CallerDep, response: Response
+) -> SourceListing:
+    """List the source's tools again (a server that changed while no session heard it,
+    or a failed listing): ``202`` with the new listing ``pending``."""
+    _require_admin(caller)
+    source = await SourceStore(res.pool).get(name)
+    listing = None if source is None else await ListingStore(res.pool).request(name)
+    if source is None or listing is None:
+        raise _no_source(name)
+    listing = await _list_declared(res, source, listing, via="refresh")
+    _answer_listing(response, name, listing, created=False)
+    return listing
+
+
+def _no_source(name: str) -> ProblemError:
+    return ProblemError(404, f"no source {name!r}", code=ErrorCode.TOOL_NOT_FOUND)
 
 
 @router.put(
@@ -160,9 +216,13 @@ async def configure_tool(
     remote = await _remote_name(store, name, tool)
     updated = await store.update(name, lambda current: configured(current, remote, rules))
     if updated is None:
-        raise ProblemError(404, f"no source {name!r}", code=ErrorCode.TOOL_NOT_FOUND)
+        raise _no_source(name)
     await store.restate_rules(name)
-    return SourceView(source=updated, tools=await store.tools(name))
+    return SourceView(
+        source=updated,
+        tools=await store.tools(name),
+        listing=await ListingStore(res.pool).get(name),
+    )
 
 
 @router.put(
@@ -179,21 +239,26 @@ async def set_tool_effect(
     remote = await _remote_name(store, name, tool)
     updated = await store.update(name, lambda current: with_effect(current, remote, choice.effect))
     if updated is None:
-        raise ProblemError(404, f"no source {name!r}", code=ErrorCode.TOOL_NOT_FOUND)
+        raise _no_source(name)
     await store.restate_rules(name)
-    return SourceView(source=updated, tools=await store.tools(name))
+    return SourceView(
+        source=updated,
+        tools=await store.tools(name),
+        listing=await ListingStore(res.pool).get(name),
+    )
 
 
 async def _remote_name(store: SourceStore, name: str, tool: str) -> str:
     """The name on the source of ``tool`` (its name there or its fleet tool id)."""
     if await store.get(name) is None:
-        raise ProblemError(404, f"no source {name!r}", code=ErrorCode.TOOL_NOT_FOUND)
+        raise _no_source(name)
     tools = await store.tools(name)
     remote = next((t.remote_name for t in tools if tool in (t.remote_name, t.tool_id)), None)
     if remote is None:
-        raise ProblemError(
-            404, f"the source {name!r} has no tool {tool!r}", code=ErrorCode.TOOL_NOT_FOUND
-        )
+        detail = f"the source {name!r} has no tool {tool!r}"
+        if not tools:
+            detail += " (none of its tools is listed yet: see GET /v1/sources/{name}/listing)"
+        raise ProblemError(404, detail, code=ErrorCode.TOOL_NOT_FOUND)
     return remote
 
 
@@ -208,5 +273,5 @@ async def remove_source(name: NamePath, res: ResourcesDep, caller: CallerDep) ->
     """Forget the source; its tools are marked removed in the registry."""
     _require_admin(caller)
     if not await SourceStore(res.pool).remove(name):
-        raise ProblemError(404, f"no source {name!r}", code=ErrorCode.TOOL_NOT_FOUND)
+        raise _no_source(name)
     return Removed(removed=name)

@@ -185,6 +185,7 @@ class Leases(Protocol):
     async def renew(self, fence: Fence, owner: str) -> bool: ...
     async def release(self, fence: Fence) -> None: ...
     async def finish(self, fence: Fence, events: list[OutgoingEvent]) -> bool: ...
+    async def finished(self, call: CallKey) -> FinishedRecord | None: ...
 
 
 class RedisLeases:
@@ -253,6 +254,11 @@ class RedisLeases:
         )
         return bool(finished)
 
+    async def finished(self, call: CallKey) -> FinishedRecord | None:
+        """The finished call's record, if it finished (a read: takes nothing)."""
+        raw = await self._redis.get(done_key(call))
+        return None if raw is None else FinishedRecord.model_validate_json(raw)
+
 
 @dataclass(frozen=True, slots=True)
 class _Lease:
@@ -312,3 +318,6 @@ class MemoryLeases:
         self.done[fence.call] = FinishedRecord(epoch=fence.epoch, events=events)
         self.leases.pop(fence.call, None)
         return True
+
+    async def finished(self, call: CallKey) -> FinishedRecord | None:
+        return self.done.get(call)

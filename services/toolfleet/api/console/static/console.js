@@ -230,6 +230,12 @@
     renderTimeline(await response.json());
   }
 
+  // The executor pool of a call, where one of its steps names it (outside "default").
+  function poolFacts(steps) {
+    const named = steps.find((s) => s.detail && s.detail.pool);
+    return named ? [el("li", {}, `pool ${named.detail.pool}`)] : [];
+  }
+
   function renderTimeline(t) {
     $("#timeline-title").textContent = `${t.tool_id} · ${t.invocation_id}`;
     const facts = el(
@@ -239,6 +245,7 @@
       el("li", {}, `attempts ${t.attempts}`),
       el("li", {}, `resumes ${t.resumes}`),
       el("li", {}, `worker hand-overs ${t.handovers}`),
+      ...poolFacts(t.steps),
     );
     const steps = t.steps;
     const total = Math.max(1, ...steps.map((s) => s.since_start_ms));
@@ -274,6 +281,7 @@
       el("strong", {}, step.label), ` at ${when(step.at)} `,
       el("span", { class: "muted" }, `(+${ms(step.since_previous_ms)})`),
       step.detail.worker_id ? el("span", { class: "muted" }, ` on ${step.detail.worker_id}`) : null,
+      step.detail.reason ? el("span", { class: "muted" }, ` (${step.detail.reason})`) : null,
     )));
     $("#timeline").replaceChildren(facts, chart, list);
   }

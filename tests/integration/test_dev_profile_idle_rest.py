@@ -1,4 +1,5 @@
-"""Consumers rest once caught up, and the rings of acknowledged sends wake each hop.
+"""The dev profile: consumers rest once caught up, and the rings of acknowledged sends wake
+each hop.
 
 The first fleet below looks for records nobody rang only once a minute: a call that
 completes in seconds while every consumer (and the client's watcher) rests between hops
@@ -21,7 +22,13 @@ from redis.asyncio import Redis
 
 from tests.support.eventually import eventually
 from tests.support.pipeline import Fleet, fleet_settings, in_process_fleet
-from toolfleet.bus.fetch_wait import FetchPace, TrafficSignal, fast_channel, traffic_channel
+from toolfleet.devstack.broker_profile import DevBrokerSettings
+from toolfleet.devstack.broker_profile.doorbell import (
+    FetchPace,
+    TrafficSignal,
+    fast_channel,
+    traffic_channel,
+)
 from toolfleet.events.envelope import new_event
 from toolfleet.events.models import AgentContext, InvocationStatus, InvokeRequested
 from toolfleet.events.types import EventType, Source
@@ -37,8 +44,10 @@ SERVICES = ("policy", "executor", "validator")
 async def fleet(
     settings: FleetSettings, tmp_path: Path, request: pytest.FixtureRequest
 ) -> AsyncIterator[Fleet]:
-    rested = fleet_settings(
-        settings, tmp_path, idle_after_ms=request.param, idle_fetch_interval_ms=60_000
+    rested = doorbell(
+        fleet_settings(settings, tmp_path),
+        idle_after_ms=request.param,
+        idle_fetch_interval_ms=60_000,
     )
     async with in_process_fleet(rested) as running:
         yield running
@@ -46,9 +55,22 @@ async def fleet(
 
 @pytest.fixture
 async def looking_fleet(settings: FleetSettings, tmp_path: Path) -> AsyncIterator[Fleet]:
-    rested = fleet_settings(settings, tmp_path, idle_after_ms=300, idle_fetch_interval_ms=300)
+    rested = doorbell(
+        fleet_settings(settings, tmp_path), idle_after_ms=300, idle_fetch_interval_ms=300
+    )
     async with in_process_fleet(rested) as running:
         yield running
+
+
+def doorbell(
+    fleet: FleetSettings, *, idle_after_ms: int, idle_fetch_interval_ms: int
+) -> DevBrokerSettings:
+    """``fleet`` with the dev profile's doorbell knobs (its workers read them from it)."""
+    return DevBrokerSettings(
+        **fleet.model_dump(exclude_unset=True),
+        idle_after_ms=idle_after_ms,
+        idle_fetch_interval_ms=idle_fetch_interval_ms,
+    )
 
 
 def resting(service: str) -> float:

@@ -1,4 +1,4 @@
-"""Waiting between fetches in the client, on the real dev broker.
+"""The dev profile waits between fetches in the client, on the real dev broker.
 
 The dev broker spends CPU for as long as it holds a fetch, so it holds one for
 ``fetch_broker_wait_ms`` (1 ms) and the consumer waits the rest of ``fetch_max_wait_ms``
@@ -14,7 +14,8 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from toolfleet.bus.fetch_wait import FetchPace, fetch_waits, wait_in_client
+from toolfleet.devstack.broker_profile.client_wait import fetch_waits, wait_in_client
+from toolfleet.devstack.broker_profile.doorbell import FetchPace
 
 pytestmark = pytest.mark.integration
 

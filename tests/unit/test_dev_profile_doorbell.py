@@ -1,4 +1,5 @@
-"""Fetch on demand: consumers rest once caught up and wake when a topic they read rings."""
+"""The dev profile's doorbell: consumers rest once caught up and wake when a topic they read
+rings; the wait between fetches moves from the dev broker to the client."""
 
 from __future__ import annotations
 
@@ -12,21 +13,20 @@ from aiokafka import TopicPartition
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from tests.support.eventually import eventually
-from toolfleet.bus.fetch_wait import (
+from toolfleet.bus.profile import PacingInput
+from toolfleet.devstack.broker_profile import DevBrokerProfile, DevBrokerSettings, DoorbellPacing
+from toolfleet.devstack.broker_profile.client_wait import fetch_waits, wait_in_client
+from toolfleet.devstack.broker_profile.doorbell import (
     FAST_RING_EVERY_S,
     FetchPace,
     TrafficSignal,
     fast_channel,
     fast_ring,
     fetch_pace,
-    fetch_waits,
     parse_ring,
-    split_fetch_wait,
     traffic_channel,
     traffic_signal,
-    wait_in_client,
 )
-from toolfleet.settings import FleetSettings
 
 pytestmark = pytest.mark.unit
 
@@ -114,7 +114,7 @@ def test_a_consumer_rests_once_a_fetch_could_have_caught_up_and_the_idle_spell_p
 
 
 def test_without_an_idle_spell_a_consumer_rests_as_soon_as_it_may_have_caught_up() -> None:
-    eager = fetch_pace(FleetSettings(idle_after_ms=0), ["t"])
+    eager = fetch_pace(DevBrokerSettings(idle_after_ms=0), ["t"])
     assert eager is not None
     eager.fetched(records=True)
     assert eager.should_rest()  # the end offsets decide, not another fetch
@@ -283,12 +283,12 @@ async def test_a_fleet_s_rings_are_spaced_by_half_its_idle_spell(
     idle_after_ms: int, round_trips: int
 ) -> None:
     redis = Publishes()
-    signal = traffic_signal(redis, FleetSettings(idle_after_ms=idle_after_ms))  # type: ignore[arg-type]
+    signal = traffic_signal(redis, DevBrokerSettings(idle_after_ms=idle_after_ms))  # type: ignore[arg-type]
     assert signal is not None
     for _ in range(2):
         signal.announce("a")
         await signal.close()
-    assert len(redis.on(traffic_channel(FleetSettings().topic_prefix))) == round_trips
+    assert len(redis.on(traffic_channel(DevBrokerSettings().topic_prefix))) == round_trips
 
 
 async def test_after_a_failed_ring_redis_is_left_alone_for_a_while() -> None:
@@ -311,9 +311,11 @@ async def test_after_a_failed_ring_redis_is_left_alone_for_a_while() -> None:
 
 
 def test_the_doorbell_can_be_switched_off_and_fleets_do_not_share_a_channel() -> None:
-    off = FleetSettings(fetch_doorbell=False)
+    off = DevBrokerSettings(fetch_doorbell=False)
     assert traffic_signal(Publishes(), off) is None  # type: ignore[arg-type]
     assert fetch_pace(off, ["t"]) is None
+    assert DevBrokerProfile.open(off, redis=Publishes()).announcer is None  # type: ignore[arg-type]
+    assert DevBrokerProfile.open(DevBrokerSettings(), doorbell=False).announcer is None
     assert traffic_channel("a.") != traffic_channel("b.")
 
 
@@ -326,8 +328,18 @@ def test_the_broker_holds_a_fetch_at_most_its_share_and_the_client_waits_the_res
     assert fetch_waits(5, 500) == (5, 0.0)  # a Kafka that long-polls: all at the broker
     assert fetch_waits(0, 1) == (0, 0.0)
     assert fetch_waits(5, 0) == (1, 0.004)  # held 0 ms, the dev broker reads nothing
-    settings = FleetSettings(fetch_max_wait_ms=20, fetch_broker_wait_ms=2)
-    assert split_fetch_wait(settings, settings.fetch_max_wait_ms) == (2, 0.018)
+    profile = DevBrokerProfile(
+        DevBrokerSettings(
+            fetch_max_wait_ms=20, fetch_broker_wait_ms=2, observer_fetch_max_wait_ms=40
+        )
+    )
+    critical = profile.pacing(PacingInput(topics=frozenset({"t"})))
+    observer = profile.pacing(PacingInput(topics=frozenset({"t"}), observer=True))
+    assert isinstance(critical, DoorbellPacing)
+    assert isinstance(observer, DoorbellPacing)
+    assert critical.broker_wait_ms == observer.broker_wait_ms == 2
+    assert critical.client_wait_s == pytest.approx(0.018)
+    assert observer.client_wait_s == pytest.approx(0.038)
 
 
 async def test_between_fetches_the_consumer_waits_unless_a_ring_came_meanwhile() -> None:
@@ -429,7 +441,7 @@ def test_observers_and_consumers_of_a_fleet_without_fast_rings_keep_polling() ->
     assert observer.spacing(0.05) == pytest.approx(0.03)
     clock.now += 0.03
     assert observer.spacing(0.05) == pytest.approx(0.05)
-    settings = FleetSettings(fetch_max_wait_ms=5)
+    settings = DevBrokerSettings(fetch_max_wait_ms=5)
     critical = fetch_pace(settings, ["t"])
     assert critical is not None
     assert critical.critical

@@ -1,10 +1,10 @@
-"""Fetch on demand: a consumer that has caught up rests until a topic it reads rings.
+"""The dev profile's doorbell: a consumer that has caught up rests until a topic it reads rings.
 
-Real Kafka long-polls: a fetch waits at the broker and returns the moment a record
-lands. The dev broker does not wake a waiting fetch, and each fetch request costs it
-about half a millisecond of CPU whether it finds records or not, so a fleet of
-consumers polling every ``fetch_max_wait_ms`` (5 ms) keeps it busy for nothing and makes
-every hop queue for CPU. So, with ``TOOLFLEET_FETCH_DOORBELL`` on (the default):
+A Kafka long-polls: a fetch waits at the broker and returns the moment a record lands.
+The dev broker does not wake a waiting fetch, and each fetch request costs it about
+half a millisecond of CPU whether it finds records or not, so a fleet of consumers
+polling every ``fetch_max_wait_ms`` (5 ms) keeps it busy for nothing and makes every hop
+queue for CPU. So, with ``TOOLFLEET_FETCH_DOORBELL`` on (the dev profile's default):
 
 - every producer of the fleet (workers and ``ToolfleetClient``) **rings** a topic once
   the broker has acknowledged a send to it: one Redis ``PUBLISH`` of the topic name on
@@ -60,16 +60,6 @@ whose fast ring reached no one leaves that topic's fast channel alone for
 ``fetch_max_wait_ms`` for that long first. Observers keep the rings of the fleet channel,
 and fetch at most once every ``TOOLFLEET_OBSERVER_FETCH_MAX_WAIT_MS`` while awake: one
 fetch collects the records of several hops, and rings do not cut that short.
-
-**Waiting in the client.** The dev broker spends CPU for as long as it holds a fetch
-that found nothing (it polls its logs meanwhile, more so the more partitions the fetch
-names): measured, a fetch held 5 ms costs it 0.6-1.4 ms of CPU, one held 1 ms 0.2-0.5
-ms, and at ``fetch_max_wait_ms=0`` it answers without reading at all. So the broker holds
-a fetch for at most ``TOOLFLEET_FETCH_BROKER_WAIT_MS`` (1 ms) and the consumer waits the
-rest of ``fetch_max_wait_ms`` itself (:func:`wait_in_client`), before its next fetch;
-a ring cuts that wait short. A Kafka that long-polls wakes a held fetch the moment a
-record lands: set ``TOOLFLEET_FETCH_BROKER_WAIT_MS`` to ``fetch_max_wait_ms`` or more
-there (``docker-compose.yml`` does), and consumers wait at the broker only.
 """
 
 from __future__ import annotations
@@ -78,15 +68,14 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping
-from typing import Any, Protocol
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.consumer.fetcher import Fetcher
 from aiokafka.errors import KafkaError
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from toolfleet.settings import FleetSettings
+from toolfleet.devstack.broker_profile.settings import DevBrokerSettings
 from toolfleet.storage.pubsub import listen_with_reconnect
 
 log = logging.getLogger(__name__)
@@ -144,7 +133,7 @@ def parse_ring(message: str) -> tuple[str, dict[int, int] | None]:
     return topic, marks
 
 
-def traffic_signal(redis: Redis, settings: FleetSettings) -> TrafficSignal | None:
+def traffic_signal(redis: Redis, settings: DevBrokerSettings) -> TrafficSignal | None:
     """The fleet's :class:`TrafficSignal` over ``redis``; None when the doorbell is off."""
     if not settings.fetch_doorbell:
         return None
@@ -156,7 +145,7 @@ def traffic_signal(redis: Redis, settings: FleetSettings) -> TrafficSignal | Non
 
 
 def fetch_pace(
-    settings: FleetSettings, topics: Iterable[str], *, wake_delay_s: float = 0.0
+    settings: DevBrokerSettings, topics: Iterable[str], *, wake_delay_s: float = 0.0
 ) -> FetchPace | None:
     """The :class:`FetchPace` of a consumer of ``topics``; None when the doorbell is off."""
     if not settings.fetch_doorbell:
@@ -381,94 +370,6 @@ class FetchPace:
             await self.records_wait(stopped)
             return True
         return await self.rest(stopped, since=since)
-
-
-_FETCHER_HOOK = callable(getattr(Fetcher, "_proc_fetch_request", None))
-"""Whether this aiokafka's fetcher sends each fetch request in ``_proc_fetch_request``
-(true of 0.10-0.14). If a release changes that, consumers wait at the broker only."""
-
-
-def fetch_waits(max_wait_ms: int, broker_wait_ms: int) -> tuple[int, float]:
-    """How a consumer waits for records: (``fetch_max_wait_ms`` of its fetch requests,
-    seconds it waits itself after a fetch that brought none). Together, ``max_wait_ms``."""
-    if not _FETCHER_HOOK:
-        return max_wait_ms, 0.0
-    at_broker = min(max_wait_ms, max(broker_wait_ms, 1))  # 0: the dev broker reads nothing
-    return at_broker, (max_wait_ms - at_broker) / 1000
-
-
-def split_fetch_wait(settings: FleetSettings, max_wait_ms: int) -> tuple[int, float]:
-    """:func:`fetch_waits` of a consumer that waits ``max_wait_ms`` under ``settings``."""
-    return fetch_waits(max_wait_ms, settings.fetch_broker_wait_ms)
-
-
-def wait_in_client(
-    consumer: AIOKafkaConsumer, seconds: float, pace: FetchPace | None = None
-) -> None:
-    """After a fetch that brought no records, ``consumer`` waits ``seconds`` before it
-    sends the next (cut short by ``pace``'s rings): the wait between fetches moves from
-    the broker to the client (see the module's notes). Call it once ``consumer`` started.
-
-    aiokafka fetches in a background task, one request per broker in flight, the next
-    as soon as the last is answered; the wait is added to that request's task, so the
-    broker stays *in flight* for it and no other fetch is sent meanwhile.
-    """
-    fetcher = getattr(consumer, "_fetcher", None)
-    if seconds <= 0 or fetcher is None or not _FETCHER_HOOK:
-        return
-    send = fetcher._proc_fetch_request
-
-    async def fetch_then_wait(assignment: Any, node_id: int, request: Any) -> bool:
-        try:
-            if pace is None:
-                found: bool = await send(assignment, node_id, request)
-                if not found:
-                    await asyncio.sleep(seconds)
-                return found
-            since = pace.rings
-            if not pace.critical:
-                # An observer: at most one fetch every ``seconds``, rings or not.
-                await asyncio.sleep(pace.spacing(seconds))
-                return bool(await send(assignment, node_id, request))
-            if pace.exact and not _owed(pace, assignment, request):
-                if await pace.hold(since=since) or getattr(fetcher, "_closed", False):
-                    return False  # rung, or partitions freed: the fetcher builds it anew
-                since = pace.rings
-            found = await send(assignment, node_id, request)
-            if found:
-                return True
-            if getattr(fetcher, "_closed", False):
-                return False
-            if not pace.exact or _owed(pace, assignment, request):
-                await pace.between_fetches(seconds, since=since)
-        except asyncio.CancelledError:
-            # Only the fetcher cancels its requests (closing, or the assignment changed)
-            # and awaits them afterwards; like aiokafka's own, end as an empty fetch.
-            return False
-        return False
-
-    fetcher._proc_fetch_request = fetch_then_wait
-
-
-def _owed(pace: FetchPace, assignment: Any, request: Any) -> bool:
-    """:meth:`FetchPace.owed` of a fetch request (read as aiokafka's fetcher reads it),
-    with the high watermarks the assignment's last fetches reported."""
-    offsets = {
-        TopicPartition(topic, partition): offset
-        for topic, partitions in request.topics
-        for partition, offset, *_ in partitions
-    }
-    ends = {tp: getattr(assignment.state_value(tp), "highwater", None) for tp in offsets}
-    return pace.owed(offsets, assignment.tps, ends)
-
-
-class TrafficAnnouncer(Protocol):
-    """What a producer tells once a send was acknowledged: :class:`TrafficSignal`."""
-
-    def announce(self, topic: str, partition: int | None = None, offset: int | None = None) -> None:
-        """A record is now on ``topic`` (at ``offset`` of ``partition``, when known);
-        never blocks, never raises."""
-        ...
 
 
 class TrafficSignal:

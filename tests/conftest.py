@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -12,6 +11,7 @@ import asyncpg
 import pytest
 from hypothesis import settings as hypothesis_settings
 
+from tests.support.databases import fresh_database
 from tests.support.servers import (
     kafka_broker,
     postgres_server,
@@ -21,7 +21,7 @@ from toolfleet.auth.grants import ensure_grant_key
 from toolfleet.bus.admin import ensure_topics
 from toolfleet.devstack.redis_claims import claimed_redis_database
 from toolfleet.settings import FleetSettings
-from toolfleet.storage.postgres import create_pool, dsn_with_database, migrate
+from toolfleet.storage.postgres import dsn_with_database
 
 # Properties test what the code does, not how fast: on a loaded 2-core CI machine a
 # single example can take longer than hypothesis's 200 ms default deadline.
@@ -75,29 +75,6 @@ def own_redis_url(redis_server_url: str) -> Iterator[str]:
     Postgres database and one Redis database, never a mix."""
     with claimed_redis_database(redis_server_url) as url:
         yield url
-
-
-@contextlib.asynccontextmanager
-async def fresh_database(postgres_admin_url: str) -> AsyncIterator[str]:
-    """A new, migrated database, dropped on exit."""
-    name = f"toolfleet_test_{uuid.uuid4().hex[:12]}"
-    admin = await asyncpg.connect(postgres_admin_url)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await admin.close()
-    url = dsn_with_database(postgres_admin_url, name)
-    pool = await create_pool(url)
-    await migrate(pool)
-    await pool.close()
-    try:
-        yield url
-    finally:
-        admin = await asyncpg.connect(postgres_admin_url)
-        try:
-            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        finally:
-            await admin.close()
 
 
 @pytest.fixture(scope="module")

@@ -3,14 +3,14 @@
 
 from __future__ import annotations
 
-import hashlib
 import uuid
 from collections.abc import AsyncIterator
 
 import asyncpg
 import pytest
 
-from toolfleet.storage.postgres import create_pool, dsn_with_database, migrate, migration_files
+from tests.support.databases import database_before
+from toolfleet.storage.postgres import migrate
 
 pytestmark = pytest.mark.integration
 
@@ -24,36 +24,8 @@ _ROW = (
 @pytest.fixture
 async def before_0011(postgres_admin_url: str) -> AsyncIterator[asyncpg.Pool]:
     """A database migrated as a fleet was before migration 0011."""
-    name = f"toolfleet_test_{uuid.uuid4().hex[:12]}"
-    admin = await asyncpg.connect(postgres_admin_url)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await admin.close()
-    pool = await create_pool(dsn_with_database(postgres_admin_url, name))
-    try:
-        async with pool.acquire() as conn:
-            await conn.execute(
-                "CREATE TABLE schema_migrations (name text PRIMARY KEY, checksum text NOT NULL,"
-                " applied_at timestamptz NOT NULL DEFAULT now())"
-            )
-            for file, sql in migration_files():
-                if file >= TENANT_ROWS:
-                    break
-                await conn.execute(sql)
-                await conn.execute(
-                    "INSERT INTO schema_migrations (name, checksum) VALUES ($1, $2)",
-                    file,
-                    hashlib.sha256(sql.encode()).hexdigest(),
-                )
+    async with database_before(postgres_admin_url, TENANT_ROWS) as pool:
         yield pool
-    finally:
-        await pool.close()
-        admin = await asyncpg.connect(postgres_admin_url)
-        try:
-            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        finally:
-            await admin.close()
 
 
 async def test_rows_become_calls_and_markers_keep_their_tenant(before_0011: asyncpg.Pool) -> None:

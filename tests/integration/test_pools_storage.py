@@ -5,7 +5,6 @@ and ``pools_in_use``, and migration 0012 on a database that already holds tools 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import uuid
 from collections.abc import AsyncIterator
 from datetime import timedelta
@@ -13,6 +12,7 @@ from datetime import timedelta
 import asyncpg
 import pytest
 
+from tests.support.databases import database_before
 from tests.support.eventually import eventually
 from tests.support.lifecycle import Lifecycle
 from toolfleet.events.models import Effect, InvokeAuthorized
@@ -28,7 +28,7 @@ from toolfleet.storage.pools import (
     pools_in_use,
     queued_call,
 )
-from toolfleet.storage.postgres import create_pool, dsn_with_database, migrate, migration_files
+from toolfleet.storage.postgres import create_pool, migrate
 from toolfleet.storage.redis import connect_redis
 
 pytestmark = pytest.mark.integration
@@ -136,36 +136,8 @@ async def test_the_registry_keeps_each_versions_pool_and_a_restart_may_move_it(
 @pytest.fixture
 async def before_0012(postgres_admin_url: str) -> AsyncIterator[asyncpg.Pool]:
     """A database migrated as a fleet was before migration 0012."""
-    name = f"toolfleet_test_{uuid.uuid4().hex[:12]}"
-    admin = await asyncpg.connect(postgres_admin_url)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await admin.close()
-    pool = await create_pool(dsn_with_database(postgres_admin_url, name))
-    try:
-        async with pool.acquire() as conn:
-            await conn.execute(
-                "CREATE TABLE schema_migrations (name text PRIMARY KEY, checksum text NOT NULL,"
-                " applied_at timestamptz NOT NULL DEFAULT now())"
-            )
-            for file, sql in migration_files():
-                if file >= POOLS:
-                    break
-                await conn.execute(sql)
-                await conn.execute(
-                    "INSERT INTO schema_migrations (name, checksum) VALUES ($1, $2)",
-                    file,
-                    hashlib.sha256(sql.encode()).hexdigest(),
-                )
+    async with database_before(postgres_admin_url, POOLS) as pool:
         yield pool
-    finally:
-        await pool.close()
-        admin = await asyncpg.connect(postgres_admin_url)
-        try:
-            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        finally:
-            await admin.close()
 
 
 async def test_tools_registered_before_pools_are_in_default_and_calls_may_queue(

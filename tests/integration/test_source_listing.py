@@ -5,14 +5,13 @@ typed error and registers nothing, and the job lists the honest source beside th
 
 from __future__ import annotations
 
-import hashlib
 import sys
 import uuid
 
-import asyncpg
 import pytest
 
 from tests.integration.test_mcp_sources import SERVER_UID
+from tests.support.databases import database_before
 from tests.support.listing import listed, listing_executor
 from toolfleet.errors import ErrorCode
 from toolfleet.isolation.sandbox import probe
@@ -22,7 +21,7 @@ from toolfleet.sources.models import HttpOperation, ListingState, SourceDefiniti
 from toolfleet.sources.pool import SessionPool
 from toolfleet.sources.provider import SourceCatalog
 from toolfleet.sources.store import ListingStore, SourceStore
-from toolfleet.storage.postgres import create_pool, dsn_with_database, migrate, migration_files
+from toolfleet.storage.postgres import create_pool, migrate, migration_files
 
 pytestmark = pytest.mark.integration
 
@@ -127,26 +126,8 @@ LISTINGS = "0013_source_listings.sql"
 
 
 async def test_sources_stored_before_listings_existed_get_one(postgres_admin_url: str) -> None:
-    name = f"toolfleet_test_{uuid.uuid4().hex[:12]}"
-    admin = await asyncpg.connect(postgres_admin_url)
-    await admin.execute(f'CREATE DATABASE "{name}"')
-    await admin.close()
-    pool = await create_pool(dsn_with_database(postgres_admin_url, name))
-    try:
+    async with database_before(postgres_admin_url, LISTINGS) as pool:
         async with pool.acquire() as conn:
-            await conn.execute(
-                "CREATE TABLE schema_migrations (name text PRIMARY KEY, checksum text NOT NULL,"
-                " applied_at timestamptz NOT NULL DEFAULT now())"
-            )
-            for file, sql in migration_files():
-                if file >= LISTINGS:
-                    break
-                await conn.execute(sql)
-                await conn.execute(
-                    "INSERT INTO schema_migrations (name, checksum) VALUES ($1, $2)",
-                    file,
-                    hashlib.sha256(sql.encode()).hexdigest(),
-                )
             for source, tenant in (("listed", "tenant_a"), ("unlisted", "*")):
                 await conn.execute(
                     "INSERT INTO tool_sources (name, tenant_id, kind, target, definition)"
@@ -173,8 +154,3 @@ async def test_sources_stored_before_listings_existed_get_one(postgres_admin_url
         unlisted = await listings.get("unlisted")
         assert unlisted is not None
         assert (unlisted.state, unlisted.tools) == (ListingState.PENDING, None)
-    finally:
-        await pool.close()
-        admin = await asyncpg.connect(postgres_admin_url)
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        await admin.close()

@@ -49,8 +49,9 @@ def migration_files() -> list[tuple[str, str]]:
     return [(f.name, f.read_text()) for f in files]
 
 
-async def migrate(pool: asyncpg.Pool) -> list[str]:
-    """Apply pending migrations under an advisory lock; return the names applied."""
+async def migrate(pool: asyncpg.Pool, *, before: str | None = None) -> list[str]:
+    """Apply pending migrations under an advisory lock; return the names applied.
+    ``before``: stop at that migration (a database as a fleet had it then: upgrade tests)."""
     applied: list[str] = []
     async with pool.acquire() as conn, conn.transaction():
         await conn.execute("SELECT pg_advisory_xact_lock($1)", _MIGRATION_LOCK)
@@ -63,6 +64,8 @@ async def migrate(pool: asyncpg.Pool) -> list[str]:
             r["name"]: r["checksum"] for r in await conn.fetch("SELECT * FROM schema_migrations")
         }
         for name, sql in migration_files():
+            if before is not None and name >= before:
+                break
             checksum = hashlib.sha256(sql.encode()).hexdigest()
             if name in done:
                 if done[name] != checksum:

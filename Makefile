@@ -2,10 +2,11 @@
 #
 #   make dev        whole fleet + API on this machine (embedded broker/Redis/Postgres)
 #   make test       unit, then integration, then end-to-end tests
-#   make lint       ruff check + ruff format --check
+#   make lint       ruff check + ruff format --check + lint-imports (layers, no cycles)
 #   make typecheck  mypy --strict
 #   make bench      end-to-end, policy-push, revocation-push and isolation benchmarks
 #   make schemas    regenerate schemas/ from the pydantic models
+#   make docs       the docs site (mkdocs build --strict into build/site)
 #   make clean      caches and build output (keeps .venv and .toolfleet)
 #
 # The first target that needs it creates .venv with $(PYTHON) and installs the project
@@ -17,11 +18,11 @@ PYTHON ?= $(shell command -v python3.11 2>/dev/null || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.toolfleet-installed
-PYTEST_ARGS ?=
+PYTEST_ARGS ?= --durations=15
 TEST_LAYERS := unit integration e2e
 
 .DEFAULT_GOAL := help
-.PHONY: help venv browser dev test lint typecheck bench schemas clean
+.PHONY: help venv browser dev test lint typecheck bench schemas docs clean
 
 help:
 	@sed -n 's/^#   make /  make /p' $(firstword $(MAKEFILE_LIST))
@@ -65,6 +66,7 @@ test: $(STAMP) browser
 lint: $(STAMP)
 	$(BIN)/ruff check services tests bench
 	$(BIN)/ruff format --check services tests bench
+	$(BIN)/lint-imports --no-cache
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
@@ -77,6 +79,10 @@ bench: $(STAMP)
 
 schemas: $(STAMP)
 	$(BIN)/python -m toolfleet.cli.schemas schemas
+
+# A broken link or anchor fails the build (tests/unit/test_docs_site.py builds it too).
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 clean:
 	rm -rf build dist .mypy_cache .ruff_cache .pytest_cache .hypothesis

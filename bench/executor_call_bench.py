@@ -41,7 +41,6 @@ from redis.asyncio.client import Pipeline
 from redis.asyncio.connection import AbstractConnection
 
 from toolfleet.auth.grants import GrantSigner, GrantVerifier
-from toolfleet.auth.revocation import CachedRevocationList, RedisRevocationList
 from toolfleet.documents.pins import TieredPinBook
 from toolfleet.events.envelope import Envelope, new_event
 from toolfleet.events.identity import CallRef
@@ -60,6 +59,7 @@ from toolfleet.registry.catalog import discover
 from toolfleet.storage.cancel_flags import RedisCancelFlags
 from toolfleet.storage.postgres import create_pool, dsn_with_database, migrate
 from toolfleet.storage.redis import connect_redis
+from toolfleet.storage.revocation import CachedRevocationList, RedisRevocationList
 
 KEY = b"bench-grant-key-0123456789abcdef"
 

@@ -38,7 +38,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.support.hostile_tools import echo
 
 from toolfleet.executor.runner import run_tool
-from toolfleet.isolation.limits import AgentLimits, FleetLimits, Isolation, bound_limits
 from toolfleet.isolation.runtime import (
     Grants,
     IsolatedCall,
@@ -46,8 +45,9 @@ from toolfleet.isolation.runtime import (
     RuntimeConfig,
 )
 from toolfleet.isolation.sandbox import parse_filesystem_permissions
-from toolfleet.sdk.context import ToolContext
-from toolfleet.sdk.tool import spec_of
+from toolfleet.tools.context import ToolContext
+from toolfleet.tools.limits import AgentLimits, FleetLimits, Isolation, bound_limits
+from toolfleet.tools.spec import spec_of
 
 SPEC = spec_of(echo)
 LIMITS = bound_limits(

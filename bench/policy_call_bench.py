@@ -52,7 +52,6 @@ from redis.asyncio.client import Pipeline
 from e2e_bench import throwaway_database
 from toolfleet.auth.grants import GrantSigner
 from toolfleet.auth.keys import generate_key_pair
-from toolfleet.auth.revocation import CachedRevocationList, RedisRevocationList
 from toolfleet.auth.tokens import TokenIssuer, TokenVerifier
 from toolfleet.events.envelope import Emitted, Envelope, new_event
 from toolfleet.events.models import (
@@ -83,6 +82,7 @@ from toolfleet.sdk.builtin import echo
 from toolfleet.storage.cancel_flags import RedisCancelFlags
 from toolfleet.storage.postgres import create_pool, migrate
 from toolfleet.storage.redis import connect_redis
+from toolfleet.storage.revocation import CachedRevocationList, RedisRevocationList
 
 AGENT = "did:agent:bench"
 SCENARIOS = ("e2e", "full")

@@ -26,8 +26,8 @@ from typing import Any
 
 from e2e_bench import RunResult, summarize
 from policy_push_bench import measure_bare_pubsub, push_main
-from toolfleet.auth.revocation import CachedRevocationList, RedisRevocationList
 from toolfleet.storage.redis import connect_redis
+from toolfleet.storage.revocation import CachedRevocationList, RedisRevocationList
 
 #: How often the reader asks while it waits (its cache answers until the push lands).
 POLL_S = 0.0005

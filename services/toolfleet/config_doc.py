@@ -1,7 +1,7 @@
-"""Renders the README's configuration table from the settings classes.
+"""Renders the docs' configuration table from the settings classes.
 
-``python -m toolfleet.config_doc README.md`` rewrites the table between the
-``config-table`` markers; a test fails when the README and the classes disagree.
+``python -m toolfleet.config_doc [docs/configuration.md]`` rewrites the table between
+the ``config-table`` markers; a test fails when that page and the classes disagree.
 """
 
 from __future__ import annotations
@@ -76,14 +76,18 @@ def render_table() -> str:
     return "\n".join(lines)
 
 
-def rewrite(readme: str) -> str:
-    head, _, rest = readme.partition(START)
+def rewrite(page: str) -> str:
+    """``page`` with the table between its markers regenerated; ValueError without them
+    (the table moved: say so instead of appending a second one)."""
+    if page.count(START) != 1 or page.count(END) != 1:
+        raise ValueError(f"the page needs exactly one {START} ... {END} pair")
+    head, _, rest = page.partition(START)
     _, _, tail = rest.partition(END)
     return f"{head}{START}\n{render_table()}\n{END}{tail}"
 
 
 def main() -> None:
-    path = Path(sys.argv[1] if len(sys.argv) > 1 else "README.md")
+    path = Path(sys.argv[1] if len(sys.argv) > 1 else "docs/configuration.md")
     path.write_text(rewrite(path.read_text()))
 
 

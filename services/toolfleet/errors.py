@@ -85,7 +85,7 @@ class ErrorCode(StrEnum):
 class ErrorInfo(BaseModel):
     """The ``error`` member of an outcome: safe to show to the agent and its user."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     code: ErrorCode
     """One of the contract's error codes."""

@@ -1,7 +1,8 @@
 """Fleet-wide configuration, read from ``TOOLFLEET_*`` environment variables (and ``.env``).
 
 Each service extends :class:`FleetSettings` with its own knobs in its ``settings.py``.
-The README's configuration table is checked against these classes by a test.
+The docs' configuration table (``docs/configuration.md``) is checked against these
+classes by a test.
 """
 
 from __future__ import annotations
@@ -114,7 +115,7 @@ class FleetSettings(BaseSettings):
 
     # --- Keys and policy ---------------------------------------------------------------
     home: Path = Path(".toolfleet")
-    """State directory of ``toolfleet dev`` (keys, embedded data, ``dev.env``)."""
+    """State directory of ``toolfleet dev`` (keys, embedded data, ``dev.env``, ``logs/``)."""
     jwt_private_key_file: Path | None = None
     """PEM RSA private key that signs capability tokens (``token issue``)."""
     jwt_public_key_file: Path | None = None
@@ -163,7 +164,14 @@ class FleetSettings(BaseSettings):
     ``http://collector:4318``; spans go to its ``/v1/traces``. Unset: the exporter's own
     ``OTEL_EXPORTER_OTLP_*`` default (``http://localhost:4318``)."""
     metrics_port: int = Field(default=0, ge=0)
-    """Workers serve Prometheus metrics on this port (0 = off; the API has ``/metrics``)."""
+    """Workers serve Prometheus metrics (``/metrics``), liveness (``/livez``: the event loop
+    turns) and readiness (``/readyz``: every consumer in its group) on this port (0 = off;
+    ``toolfleet worker analytics`` serves its metrics alone, on loopback; the API has its
+    own ``/metrics``)."""
+    metrics_host: str = "127.0.0.1"
+    """Address the workers' metrics port binds. Loopback by default, since the endpoints
+    answer anyone who reaches them; ``0.0.0.0`` (or ``::``) where Prometheus and the
+    kubelet reach pods by their IP, as in the Kubernetes manifests."""
 
     # --- Auth: key rotation, JWKS, revocation, execution grants (toolfleet.auth) --------
     jwks_file: Path | None = None

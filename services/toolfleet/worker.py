@@ -26,11 +26,12 @@ from toolfleet.auth.grants import fleet_grant_keys
 from toolfleet.auth.outcomes import OutcomeSigner
 from toolfleet.bus.dedupe import RedisProcessedEvents
 from toolfleet.bus.producer import EventProducer, Outbound
-from toolfleet.bus.profile import BrokerProfile, Job, KafkaProfile
+from toolfleet.bus.profile import BrokerProfile, Job, open_profile
 from toolfleet.bus.runtime import ByBatch, ConsumerSpec, EventConsumer, Handler, Inbound
 from toolfleet.events import routing
 from toolfleet.events.envelope import Envelope
 from toolfleet.events.types import TopicName, topic
+from toolfleet.observability.health import WorkerHealth, serve_endpoints
 from toolfleet.observability.logs import configure_logging
 from toolfleet.observability.tracing import configure_tracing, shutdown_tracing
 from toolfleet.settings import FleetSettings
@@ -154,21 +155,11 @@ def worker_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
 
-def broker_profile(settings: FleetSettings, redis: Redis) -> BrokerProfile:
-    """The profile ``TOOLFLEET_BROKER_PROFILE`` names; the dev stack is imported only for
-    its own (its doorbell rings and listens on the worker's ``redis``)."""
-    if settings.broker_profile == "dev":
-        from toolfleet.devstack.broker_profile import DevBrokerProfile
-
-        return DevBrokerProfile.open(settings, redis=redis)
-    return KafkaProfile(settings)
-
-
 @asynccontextmanager
 async def open_resources(settings: FleetSettings, *, service: str) -> AsyncIterator[Resources]:
     before_send = _outcome_sealer(settings, service)  # before anything is opened
     redis = connect_redis(settings.redis_url)
-    broker = broker_profile(settings, redis)
+    broker = open_profile(settings, redis=redis)
     producer = EventProducer(
         settings,
         client_id=f"toolfleet-{service}",
@@ -338,13 +329,16 @@ async def _main(service: str, settings: FleetSettings) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     loop.add_signal_handler(signal.SIGUSR1, _log_tasks)
-    if settings.metrics_port:
-        from prometheus_client import start_http_server
-
-        start_http_server(settings.metrics_port, addr="127.0.0.1")
+    health = WorkerHealth(stopping=stop.is_set)
+    endpoints: contextlib.AbstractAsyncContextManager[object] = (
+        serve_endpoints(health, host=settings.metrics_host, port=settings.metrics_port)
+        if settings.metrics_port
+        else contextlib.nullcontext()
+    )
     build = load_build(service)
-    async with open_resources(settings, service=service) as res:
+    async with endpoints, open_resources(settings, service=service) as res:
         consumers = await build(res)
+        health.serving((c.spec.group_id, c.joined.is_set) for c in consumers)
         settle_heap()
         if res.broker is not None:
             log.info(res.broker.summary())

@@ -1,15 +1,19 @@
 """``toolfleet dev`` as a user runs it: fleet up, ``dev.env`` joins it, Ctrl-C leaves nothing.
 
 The broker is embedded (started by ``toolfleet dev``); Redis and Postgres are the test
-session's, with a database nobody created yet (``bootstrap`` creates it).
+session's, with a database nobody created yet (``bootstrap`` creates it). The terminal
+gets a short page (a line per service, the doctor's findings, the URLs); the services'
+own output goes to their log files.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import json
 import os
+import re
 import shlex
 import signal
 import sys
@@ -38,6 +42,12 @@ DEV_ENV_KEYS = {
     "TOOLFLEET_POLICY_FILE",
     "TOOLFLEET_TOPIC_PREFIX",
 }
+SERVICES = ("policy", "executor", "validator", "audit", "status", "maintenance", "api") + (
+    ("analytics",) if importlib.util.find_spec("faust") is not None else ()
+)
+#: Lines a healthy start and stop may print (about 35 with embedded servers and analytics).
+MOST_LINES = 40
+UP_LINE = re.compile(r"up +(?P<name>\S+) +pid (?P<pid>\d+) +(?P<log>\S+)(?: +(?P<url>\S+))?")
 PATH_KEYS = (
     "TOOLFLEET_HOME",
     "TOOLFLEET_JWT_PRIVATE_KEY_FILE",
@@ -95,6 +105,25 @@ def tail(path: Path, chars: int = 6000) -> str:
     return path.read_text(errors="replace")[-chars:] if path.exists() else "(no output)"
 
 
+def check_terminal(text: str, *, api_url: str, cwd: Path, home: Path) -> dict[str, int]:
+    """The banner, one ``up`` line per service (pid, log file; the API's URL) and none of
+    the services' own output. Returns ``{service: pid}``."""
+    rows = text.splitlines()
+    assert "toolfleet dev is up" in rows, text
+    assert f"  API      {api_url}   (OpenAPI: {api_url}/openapi.json)" in rows, text
+    assert f"  console  {api_url}/console" in rows, text
+    assert "  try      toolfleet invoke core__get_current_time --tenant t1 --wait" in rows, text
+    assert any(row.startswith("doctor (dev profile): ") for row in rows), text
+    up = {m["name"]: m for m in map(UP_LINE.fullmatch, rows) if m is not None}
+    assert sorted(up) == sorted(SERVICES), text
+    for name, match in up.items():
+        assert cwd / match["log"] == home / "logs" / f"{name}.log", match[0]
+    assert up["api"]["url"] == api_url
+    for chatter in ("uvicorn", "faust", "toolfleet.worker", "Traceback"):
+        assert chatter not in text, text
+    return {name: int(match["pid"]) for name, match in up.items()}
+
+
 async def test_dev_runs_a_fleet_that_dev_env_joins_and_ctrl_c_stops(
     tmp_path: Path, own_redis_url: str, unborn_database_url: str
 ) -> None:
@@ -130,6 +159,16 @@ async def test_dev_runs_a_fleet_that_dev_env_joins_and_ctrl_c_stops(
         assert values["TOOLFLEET_DATABASE_URL"] == unborn_database_url
         assert values["TOOLFLEET_TOPIC_PREFIX"] == prefix
 
+        # 1b. The terminal: a line per service, the doctor, the banner; no service chatter.
+        async def banner_printed() -> str | None:
+            text = output.read_text(errors="replace")
+            return text if "  stop     Ctrl-C" in text.splitlines() else None
+
+        terminal = await eventually(banner_printed, timeout=60, interval=0.2)
+        pids = check_terminal(
+            terminal, api_url=values["TOOLFLEET_API_URL"], cwd=tmp_path, home=home
+        )
+
         # 2. Another shell that sourced dev.env invokes a tool and waits for it.
         invoke = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "toolfleet", "invoke", "core__get_current_time",
@@ -155,9 +194,19 @@ async def test_dev_runs_a_fleet_that_dev_env_joins_and_ctrl_c_stops(
             "toolfleet api",
         ):
             assert any(expected in title for title in titles), titles
+
+        # 4. Each service's own output is in its log file, from the pid its line named.
+        async def started_lines_logged() -> bool:
+            for name, pid in pids.items():
+                log = (home / "logs" / f"{name}.log").read_text(errors="replace")
+                assert f"started pid {pid} ----" in log, f"{name}:\n{log}"
+                assert "broker profile: " in log, f"{name}:\n{log}"  # its own start line
+            return True
+
+        await eventually(started_lines_logged, timeout=60, interval=0.5)
     finally:
         if supervisor.returncode is None:
-            # 4. Ctrl-C: exit 0, no child left behind.
+            # 5. Ctrl-C: exit 0, no child left behind.
             children = children_of(supervisor.pid)
             supervisor.send_signal(signal.SIGINT)
             try:
@@ -169,4 +218,6 @@ async def test_dev_runs_a_fleet_that_dev_env_joins_and_ctrl_c_stops(
     assert supervisor.returncode == 0, tail(output)
     survivors = {pid: title for pid, title in children.items() if alive(pid)}
     assert not survivors, f"left behind: {survivors}\n{tail(output)}"
-    assert "stopped" in tail(output)
+    printed = output.read_text(errors="replace").splitlines()
+    assert printed[-1] == "stopped", printed
+    assert len(printed) <= MOST_LINES, "\n".join(printed)

@@ -29,6 +29,7 @@ from tests.support.eventually import eventually
 from tests.support.fleet import ProcessFleet, fleet_env, process_fleet
 from tests.support.pipeline import Fleet, fleet_settings
 from toolfleet.api import ApiSettings
+from toolfleet.client.handles import InvocationHandle
 from toolfleet.devstack.children import child_preexec
 from toolfleet.events.models import InvocationStatus, ToolOutcome
 from toolfleet.settings import FleetSettings
@@ -67,6 +68,24 @@ class PoolFleet:
             self.procs.procs.setdefault("executor", []).append(proc)
             self.started[name] = proc
         return self.started[name]
+
+    async def queued(
+        self, tool: str, params: dict[str, Any], tenant: str
+    ) -> tuple[InvocationHandle, dict[str, Any]]:
+        """Invoke ``tool`` and wait until status shows the call ``queued``."""
+        handle = await self.running.client.invoke(
+            tool,
+            params,
+            tenant_id=tenant,
+            agent_did=AGENT,
+            capability_token=self.running.token(tenant, AGENT),
+        )
+
+        async def queued() -> dict[str, Any] | None:
+            view = await self.status(tenant, handle.invocation_id)
+            return view if view.get("status") == "queued" else None
+
+        return handle, await eventually(queued, timeout=30)
 
     async def serving(self, proc: subprocess.Popen[bytes], pool: str) -> None:
         """Return once ``proc`` announces partitions of ``pool``'s topic."""
@@ -149,19 +168,7 @@ async def test_a_call_for_a_pool_without_executor_is_queued_until_one_starts(
 ) -> None:
     fleet = extra_executor
     tenant = TENANTS[0]
-    handle = await fleet.running.client.invoke(
-        "acme__weather",
-        {"city": "Lyon"},
-        tenant_id=tenant,
-        agent_did=AGENT,
-        capability_token=fleet.running.token(tenant, AGENT),
-    )
-
-    async def queued() -> dict[str, Any] | None:
-        view = await fleet.status(tenant, handle.invocation_id)
-        return view if view.get("status") == "queued" else None
-
-    view = await eventually(queued, timeout=30)
+    handle, view = await fleet.queued("acme__weather", {"city": "Lyon"}, tenant)
     assert view["execution_metadata"]["pool"] == "acme"
 
     acme = fleet.executor("acme", "--pool", "acme")
@@ -198,19 +205,7 @@ async def test_a_call_whose_pool_never_gets_an_executor_times_out_at_its_deadlin
 ) -> None:
     fleet = extra_executor
     tenant = TENANTS[1]
-    handle = await fleet.running.client.invoke(
-        "idle__wait",
-        {"text": "anyone?"},
-        tenant_id=tenant,
-        agent_did=AGENT,
-        capability_token=fleet.running.token(tenant, AGENT),
-    )
-
-    async def queued() -> dict[str, Any] | None:
-        view = await fleet.status(tenant, handle.invocation_id)
-        return view if view.get("status") == "queued" else None
-
-    view = await eventually(queued, timeout=30)
+    handle, view = await fleet.queued("idle__wait", {"text": "anyone?"}, tenant)
     assert view["execution_metadata"]["pool"] == "nobody"
     outcome = await fleet.running.client.wait(handle, timeout=60)
     assert outcome.status is InvocationStatus.TIMEOUT

@@ -25,6 +25,16 @@ from toolfleet.auth.keys import generate_key_pair
 from toolfleet.auth.tokens import TokenIssuer
 from toolfleet.bus.connection import connection_kwargs
 from toolfleet.client import ApiError, InvocationHandle, ToolfleetHttpClient
+from toolfleet.contract.manifest import (
+    CircuitSettings,
+    FilesystemAccess,
+    ResourceDefaults,
+    RetrySettings,
+    SourceType,
+    ToolCategory,
+    ToolManifest,
+    ToolPermissions,
+)
 from toolfleet.events.codec import decode
 from toolfleet.events.envelope import Envelope
 from toolfleet.events.identity import CallKey, trace_id_of
@@ -43,16 +53,6 @@ from toolfleet.policy.postgres_policies import PolicyStore
 from toolfleet.policy.redis_stores import RedisApprovalStore
 from toolfleet.policy.service import PendingApproval
 from toolfleet.registry.catalog import discover
-from toolfleet.registry.manifest import (
-    CircuitSettings,
-    FilesystemAccess,
-    ResourceDefaults,
-    RetrySettings,
-    SourceType,
-    ToolCategory,
-    ToolManifest,
-    ToolPermissions,
-)
 from toolfleet.registry.store import RegistryStore
 from toolfleet.settings import FleetSettings
 from toolfleet.storage.blobs import PostgresBlobStore

@@ -15,12 +15,12 @@ from tests.support.api import ApiKeys, api_settings_for, bearer, running_app
 from tests.support.eventually import eventually
 from toolfleet.api import ApiSettings
 from toolfleet.api.resources import ApiResources
-from toolfleet.auth.revocation import CachedRevocationList, RedisRevocationList
 from toolfleet.auth.tokens import TokenIssuer
 from toolfleet.executor.registration import register_catalog
 from toolfleet.registry.catalog import discover
 from toolfleet.settings import FleetSettings
 from toolfleet.storage.redis import connect_redis
+from toolfleet.storage.revocation import CachedRevocationList, RedisRevocationList
 
 pytestmark = pytest.mark.integration
 

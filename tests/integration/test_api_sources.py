@@ -20,8 +20,8 @@ from tests.integration.test_api_policies import Auth, api_settings, app, auth
 from tests.support.eventually import eventually
 from tests.support.listing import listing_executor
 from toolfleet.api import ApiSettings
+from toolfleet.contract.manifest import ToolManifest
 from toolfleet.events.models import Effect
-from toolfleet.registry.manifest import ToolManifest
 from toolfleet.registry.store import RegistryStore
 from toolfleet.storage.postgres import create_pool
 

@@ -20,7 +20,6 @@ from tests.support.pipeline import Fleet, fleet_settings, in_process_fleet
 from toolfleet.api import ApiSettings
 from toolfleet.auth.control import ControlAction, ControlClaims, ControlSigner
 from toolfleet.auth.grants import parameters_hash
-from toolfleet.auth.revocation import RedisRevocationList
 from toolfleet.bus.producer import Outbound
 from toolfleet.events.envelope import Envelope, new_event
 from toolfleet.events.identity import trace_id_of
@@ -28,6 +27,7 @@ from toolfleet.events.models import ApprovalDecision, CancelRequested
 from toolfleet.events.types import EventType, TopicName
 from toolfleet.settings import FleetSettings
 from toolfleet.storage.redis import connect_redis
+from toolfleet.storage.revocation import RedisRevocationList
 
 pytestmark = pytest.mark.integration
 

@@ -15,7 +15,11 @@ from typer.testing import CliRunner
 
 from tests.support.eventually import eventually
 from toolfleet.auth.keys import generate_key_pair
-from toolfleet.auth.revocation import (
+from toolfleet.auth.tokens import TokenIssuer, TokenVerifier
+from toolfleet.cli.main import app
+from toolfleet.errors import PermissionDenied
+from toolfleet.storage.redis import connect_redis
+from toolfleet.storage.revocation import (
     CachedRevocationList,
     MemoryRevocationList,
     RedisRevocationList,
@@ -23,10 +27,6 @@ from toolfleet.auth.revocation import (
     remaining_ttl_s,
     revocation_key,
 )
-from toolfleet.auth.tokens import TokenIssuer, TokenVerifier
-from toolfleet.cli.main import app
-from toolfleet.errors import PermissionDenied
-from toolfleet.storage.redis import connect_redis
 
 pytestmark = pytest.mark.integration
 

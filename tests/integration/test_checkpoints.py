@@ -43,11 +43,11 @@ from toolfleet.executor.checkpoints.store import (
 )
 from toolfleet.executor.leasing.fencing import Fence, StaleLease, epoch_key, lease_key, runs_key
 from toolfleet.executor.leasing.leases import RedisLeases, Taken
-from toolfleet.sdk.context import ToolContext
 from toolfleet.secrets.capability import LeakDetector
 from toolfleet.settings import FleetSettings
 from toolfleet.storage.cancel_flags import MemoryCancelFlags
 from toolfleet.storage.postgres import create_pool
+from toolfleet.tools.context import ToolContext
 
 pytestmark = pytest.mark.integration
 

@@ -28,6 +28,7 @@ from toolfleet.auth.tokens import TokenVerifier
 from toolfleet.bus.connection import connection_kwargs
 from toolfleet.bus.producer import EventProducer, Outbound
 from toolfleet.cli.main import app as cli
+from toolfleet.contract.manifest import ToolCategory, ToolManifest
 from toolfleet.errors import ErrorCode, ErrorInfo
 from toolfleet.events.codec import decode
 from toolfleet.events.envelope import new_event
@@ -35,7 +36,6 @@ from toolfleet.events.models import CheckpointCreated, Effect, InvocationStatus,
 from toolfleet.events.types import EventType, Source, TopicName, topic
 from toolfleet.executor.registration import register_catalog
 from toolfleet.registry.catalog import discover
-from toolfleet.registry.manifest import ToolCategory, ToolManifest
 from toolfleet.registry.store import RegistryStore
 from toolfleet.settings import FleetSettings
 

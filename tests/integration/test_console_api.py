@@ -14,10 +14,10 @@ from fastapi import FastAPI
 
 from tests.support.lifecycle import T0 as LIFE_T0
 from tests.support.lifecycle import Lifecycle
-from toolfleet.api.console.feed import RESYNC
-from toolfleet.api.models import InvocationView
+from toolfleet.api.feed import RESYNC
 from toolfleet.api.resources import ApiResources
 from toolfleet.auth.tokens import TokenIssuer
+from toolfleet.contract.http import InvocationView
 from toolfleet.events.models import ToolInvoked
 from toolfleet.events.types import EventType, Source
 from toolfleet.status.service import StatusProjector

@@ -2,17 +2,22 @@
 
 The dev broker spends CPU for as long as it holds a fetch, so it holds one for
 ``fetch_broker_wait_ms`` (1 ms) and the consumer waits the rest of ``fetch_max_wait_ms``
-itself; a doorbell ring ends that wait at once.
+itself. A ring ends that wait at once for a consumer on the critical path; an
+observer (audit, status) fetches at most once per wait, rings or not.
 """
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.structs import ConsumerRecord
 
 from toolfleet.devstack.broker_profile.client_wait import fetch_waits, wait_in_client
 from toolfleet.devstack.broker_profile.doorbell import FetchPace
@@ -32,9 +37,30 @@ async def topic(kafka_bootstrap: str) -> AsyncIterator[str]:
         await admin.close()
 
 
-async def test_an_idle_consumer_waits_in_the_client_until_a_ring(
-    kafka_bootstrap: str, topic: str
-) -> None:
+class WatchedPace(FetchPace):
+    """A :class:`FetchPace` that tells when its consumer begins a wait between fetches."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.waiting = asyncio.Event()
+
+    async def between_fetches(self, seconds: float, *, since: int) -> None:
+        self.waiting.set()
+        await super().between_fetches(seconds, since=since)
+
+    def spacing(self, seconds: float) -> float:
+        wait = super().spacing(seconds)
+        if wait > 0:
+            self.waiting.set()
+        return wait
+
+
+@asynccontextmanager
+async def waiting_consumer(
+    kafka_bootstrap: str, topic: str, pace: WatchedPace
+) -> AsyncIterator[tuple[AIOKafkaConsumer, AIOKafkaProducer]]:
+    """A consumer of ``topic`` that waits three seconds in the client after an empty
+    fetch (its fetches held 1 ms at the broker), and a producer."""
     at_broker_ms, in_client_s = fetch_waits(3000, 1)  # a long wait, to see where it happens
     consumer = AIOKafkaConsumer(
         topic,
@@ -47,18 +73,44 @@ async def test_an_idle_consumer_waits_in_the_client_until_a_ring(
     await consumer.start()
     await producer.start()
     try:
-        pace = FetchPace(topics=[topic], idle_after_s=60, interval_s=60)
         wait_in_client(consumer, in_client_s, pace)
-        assert await consumer.getmany(timeout_ms=300) == {}  # an empty fetch: it waits now
+        assert await consumer.getmany(timeout_ms=300) == {}
+        await asyncio.wait_for(pace.waiting.wait(), 10)  # an empty fetch: it waits now
+        yield consumer, producer
+    finally:
+        await producer.stop()
+        await consumer.stop()  # a consumer stopped in the middle of a wait stops cleanly
 
+
+def values(batch: dict[object, list[ConsumerRecord[bytes, bytes]]]) -> list[bytes | None]:
+    return [r.value for records in batch.values() for r in records]
+
+
+async def test_an_idle_consumer_on_the_critical_path_waits_in_the_client_until_a_ring(
+    kafka_bootstrap: str, topic: str
+) -> None:
+    # No wake delay and a fast window: a consumer on the critical path (policy, executor).
+    pace = WatchedPace(topics=[topic], idle_after_s=60, interval_s=60, fast_window_s=0.01)
+    assert pace.critical
+    async with waiting_consumer(kafka_bootstrap, topic, pace) as (consumer, producer):
         await producer.send_and_wait(topic, b"hello")
         # The broker would answer a fetch within a millisecond; none is sent: the
         # consumer is in its own wait (three seconds) and the broker holds nothing.
         assert await consumer.getmany(timeout_ms=1000) == {}
 
         pace.ring()  # the producer's ring: the wait ends and the next fetch finds it
-        batch = await consumer.getmany(timeout_ms=2000)
-        assert [r.value for records in batch.values() for r in records] == [b"hello"]
-    finally:
-        await producer.stop()
-        await consumer.stop()  # a consumer stopped in the middle of a wait stops cleanly
+        # Within a second of the ring, long before the three-second wait would end.
+        assert values(await consumer.getmany(timeout_ms=1000)) == [b"hello"]
+
+
+async def test_an_observer_fetches_once_per_wait_whatever_rings(
+    kafka_bootstrap: str, topic: str
+) -> None:
+    pace = WatchedPace(topics=[topic], idle_after_s=60, interval_s=60, wake_delay_s=0.5)
+    assert not pace.critical
+    async with waiting_consumer(kafka_bootstrap, topic, pace) as (consumer, producer):
+        await producer.send_and_wait(topic, b"hello")
+        pace.ring()  # an observer's fetches are spaced: one fetch collects several hops
+        assert await consumer.getmany(timeout_ms=1000) == {}
+        # The next fetch, three seconds after the last, brings it.
+        assert values(await consumer.getmany(timeout_ms=4000)) == [b"hello"]

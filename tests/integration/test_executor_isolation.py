@@ -34,10 +34,10 @@ from toolfleet.executor.checkpoints.store import MemoryCheckpointStore
 from toolfleet.executor.isolated import EgressEvents
 from toolfleet.executor.service import ExecutorService
 from toolfleet.isolation.egress import EgressProxy
-from toolfleet.isolation.limits import FleetLimits
 from toolfleet.isolation.runtime import IsolationRuntime, RuntimeConfig
 from toolfleet.registry.catalog import ToolCatalog
 from toolfleet.storage.cancel_flags import MemoryCancelFlags
+from toolfleet.tools.limits import FleetLimits
 
 pytestmark = pytest.mark.integration
 

@@ -9,7 +9,6 @@ import pytest
 
 from tests.support.eventually import eventually
 from tests.support.pipeline import Fleet, fleet_settings, in_process_fleet, running_services
-from toolfleet.auth.revocation import RedisRevocationList
 from toolfleet.client import InvocationHandle
 from toolfleet.events.models import InvocationStatus
 from toolfleet.events.types import EventType, TopicName
@@ -18,6 +17,7 @@ from toolfleet.registry.catalog import discover
 from toolfleet.settings import FleetSettings
 from toolfleet.storage.postgres import create_pool
 from toolfleet.storage.redis import connect_redis
+from toolfleet.storage.revocation import RedisRevocationList
 
 pytestmark = pytest.mark.integration
 

@@ -25,21 +25,21 @@ from starlette.routing import Route
 
 from tests.support.servers import free_port
 from tests.support.tls import make_pki
+from toolfleet.contract.manifest import SourceType
 from toolfleet.errors import PermissionDenied
 from toolfleet.executor.runner import RunResult, run_tool
 from toolfleet.isolation.egress import IPAddress, StaticResolver
 from toolfleet.policy.catalog import CatalogView
 from toolfleet.policy.documents import TenantPolicy
 from toolfleet.policy.engine import PolicyQuery, decide_tenant
-from toolfleet.registry.manifest import SourceType
 from toolfleet.registry.store import RegistryStore
-from toolfleet.sdk.context import ToolContext
 from toolfleet.secrets.store import Secret
 from toolfleet.sources import openapi
 from toolfleet.sources.models import HttpOperation, SourceDefinition, SourceKind
 from toolfleet.sources.provider import SourceCatalog, SourceToolProvider
 from toolfleet.sources.store import SourceStore
 from toolfleet.storage.postgres import create_pool
+from toolfleet.tools.context import ToolContext
 
 pytestmark = pytest.mark.integration
 

@@ -30,7 +30,6 @@ from toolfleet.events.models import DocumentContext
 from toolfleet.executor.isolated import IsolatedRunner
 from toolfleet.isolation.builtin import RunPythonInput, run_python
 from toolfleet.isolation.egress import EgressDecision, EgressGrant, EgressProxy, InMemoryEgressAudit
-from toolfleet.isolation.limits import AgentLimits, FleetLimits, Isolation, RunLimits
 from toolfleet.isolation.runtime import (
     Grants,
     IsolatedCall,
@@ -39,9 +38,10 @@ from toolfleet.isolation.runtime import (
     RuntimeConfig,
 )
 from toolfleet.isolation.sandbox import parse_filesystem_permissions
-from toolfleet.sdk.context import CheckpointInput, ToolContext
-from toolfleet.sdk.tool import spec_of
 from toolfleet.secrets.store import Secret
+from toolfleet.tools.context import CheckpointInput, ToolContext
+from toolfleet.tools.limits import AgentLimits, FleetLimits, Isolation, RunLimits
+from toolfleet.tools.spec import spec_of
 
 pytestmark = pytest.mark.integration
 

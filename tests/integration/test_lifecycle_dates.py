@@ -16,9 +16,9 @@ from tests.support.api import running_app
 from toolfleet.api import ApiSettings
 from toolfleet.api.resources import ApiResources
 from toolfleet.auth.tokens import TokenIssuer
+from toolfleet.contract.manifest import ToolManifest
 from toolfleet.events.models import Effect
 from toolfleet.registry.lookup import ToolLookup
-from toolfleet.registry.manifest import ToolManifest
 from toolfleet.registry.store import RegistryStore
 
 pytestmark = pytest.mark.integration

@@ -26,10 +26,10 @@ from tests.support.pipeline import DEFAULT_POLICY, Fleet, fleet_settings, in_pro
 from tests.support.servers import free_port
 from toolfleet.api import ApiSettings, create_app
 from toolfleet.api.mcp.results import HANDLE_SCHEMA
-from toolfleet.auth.revocation import RedisRevocationList
 from toolfleet.registry.store import RegistryStore
 from toolfleet.settings import FleetSettings
 from toolfleet.storage.redis import connect_redis
+from toolfleet.storage.revocation import RedisRevocationList
 from toolfleet.worker import SERVICES
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]

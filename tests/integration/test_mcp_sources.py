@@ -22,6 +22,7 @@ import pytest
 from tests.support.eventually import eventually
 from tests.support.servers import free_port, kill_quietly, wait_for_port
 from tests.support.source_servers import sandbox_state
+from toolfleet.contract.manifest import LifecycleState
 from toolfleet.devstack.children import child_preexec
 from toolfleet.errors import ErrorCode
 from toolfleet.executor.runner import RunResult, run_tool
@@ -29,15 +30,14 @@ from toolfleet.isolation.egress import EgressDecision, EgressProxy, InMemoryEgre
 from toolfleet.isolation.sandbox import probe
 from toolfleet.isolation.stdio import StdioSandbox
 from toolfleet.policy.documents import allowed_by
-from toolfleet.registry.manifest import LifecycleState
 from toolfleet.registry.store import RegistryStore
-from toolfleet.sdk.context import CheckpointInput, ToolContext
 from toolfleet.secrets.store import Secret
 from toolfleet.sources.models import SourceDefinition, SourceKind, SourceTool
 from toolfleet.sources.pool import SessionPool
 from toolfleet.sources.provider import SourceCatalog, SourceToolProvider, secret_credentials
 from toolfleet.sources.store import SourceStore
 from toolfleet.storage.postgres import create_pool
+from toolfleet.tools.context import CheckpointInput, ToolContext
 
 pytestmark = pytest.mark.integration
 

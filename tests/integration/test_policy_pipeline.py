@@ -12,7 +12,6 @@ import pytest
 
 from tests.support.eventually import eventually
 from tests.support.pipeline import Fleet, fleet_settings, in_process_fleet
-from toolfleet.auth.revocation import RedisRevocationList
 from toolfleet.client.requests import invoke_request
 from toolfleet.events.identity import CallRef
 from toolfleet.events.models import InvocationStatus, ResourceLimits, ToolOutcome
@@ -22,6 +21,7 @@ from toolfleet.policy.postgres_policies import PolicyStore
 from toolfleet.settings import FleetSettings
 from toolfleet.storage.postgres import create_pool
 from toolfleet.storage.redis import connect_redis
+from toolfleet.storage.revocation import RedisRevocationList
 
 pytestmark = pytest.mark.integration
 

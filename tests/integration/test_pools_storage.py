@@ -15,9 +15,9 @@ import pytest
 from tests.support.databases import database_before
 from tests.support.eventually import eventually
 from tests.support.lifecycle import Lifecycle
+from toolfleet.contract.manifest import LifecycleState, ToolManifest
 from toolfleet.events.models import Effect, InvokeAuthorized
 from toolfleet.registry.lookup import ToolLookup
-from toolfleet.registry.manifest import LifecycleState, ToolManifest
 from toolfleet.registry.store import LifecycleChange, RegistryStore
 from toolfleet.settings import FleetSettings
 from toolfleet.storage.pools import (

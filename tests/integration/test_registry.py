@@ -6,10 +6,10 @@ import uuid
 
 import pytest
 
+from toolfleet.contract.manifest import LifecycleState, ToolManifest
 from toolfleet.errors import RegistrationError, ToolRemoved
 from toolfleet.events.models import Effect
 from toolfleet.registry.lookup import ToolLookup
-from toolfleet.registry.manifest import LifecycleState, ToolManifest
 from toolfleet.registry.store import RegistryStore
 from toolfleet.settings import FleetSettings
 from toolfleet.storage.postgres import create_pool

@@ -38,9 +38,9 @@ from toolfleet.agent import ToolRunner
 from toolfleet.agent.fleets import HttpFleet
 from toolfleet.api import ApiSettings, create_app
 from toolfleet.api.resources import ApiResources
-from toolfleet.auth.revocation import RedisRevocationList
 from toolfleet.settings import FleetSettings
 from toolfleet.storage.redis import connect_redis
+from toolfleet.storage.revocation import RedisRevocationList
 from toolfleet.worker import SERVICES
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]

@@ -23,10 +23,10 @@ from tests.support.api import running_app
 from toolfleet.api import ApiSettings
 from toolfleet.api.resources import ApiResources
 from toolfleet.auth.tokens import TokenIssuer
+from toolfleet.contract.manifest import ToolManifest
 from toolfleet.events.models import Effect
 from toolfleet.policy.documents import TenantPolicy
 from toolfleet.policy.postgres_policies import PolicyStore
-from toolfleet.registry.manifest import ToolManifest
 from toolfleet.registry.search import CONFIDENT_SCORE, MIN_SCORE
 from toolfleet.registry.store import RegistryStore
 

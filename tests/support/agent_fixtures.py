@@ -7,7 +7,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from toolfleet.agent.catalog import RunCatalog
-from toolfleet.registry.manifest import ToolManifest
+from toolfleet.contract.manifest import ToolManifest
 
 
 class Address(BaseModel):

@@ -44,8 +44,7 @@ from toolfleet.events.codec import decode
 from toolfleet.events.envelope import Envelope
 from toolfleet.events.identity import CallKey
 from toolfleet.events.types import TERMINAL_TYPES, EventType, TopicName, topic
-from toolfleet.executor.checkpoints.store import checkpoint_key
-from toolfleet.executor.leasing.fencing import lease_key
+from toolfleet.executor.leasing.fencing import checkpoint_key, lease_key
 from toolfleet.executor.leasing.leases import done_key
 from toolfleet.settings import FleetSettings
 

@@ -14,10 +14,10 @@ import time
 
 from pydantic import BaseModel, Field
 
+from toolfleet.contract.manifest import ResourceDefaults
 from toolfleet.isolation.command import command_tool
-from toolfleet.isolation.limits import ToolLimits
-from toolfleet.registry.manifest import ResourceDefaults
 from toolfleet.sdk import ToolContext, tool
+from toolfleet.tools.limits import ToolLimits
 
 #: Whether this module was imported by a call's job (its environment set) or before it,
 #: by a warm worker kept for one of its tools.

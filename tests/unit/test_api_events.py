@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from toolfleet.api.models import InvocationView
 from toolfleet.api.routes.events import follow
+from toolfleet.contract.http import InvocationView
 
 pytestmark = pytest.mark.unit
 

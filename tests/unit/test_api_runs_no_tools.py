@@ -25,7 +25,7 @@ FORBIDDEN = (
 )
 #: Pure modules under a forbidden package, which policy (and so the API) shares: the
 #: isolation package's docstring and its limit arithmetic (limits only go down).
-PURE = {"toolfleet.isolation": set(), "toolfleet.isolation.limits": {"toolfleet.errors"}}
+PURE = {"toolfleet.isolation": set(), "toolfleet.tools.limits": {"toolfleet.errors"}}
 
 
 def module_file(module: str, root: Path = ROOT) -> Path | None:

@@ -22,7 +22,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 import toolfleet
 from toolfleet.bus.producer import EventProducer, Outbound, producer_kwargs
-from toolfleet.bus.profile import KafkaProfile, PacingInput, ProfileNotGiven
+from toolfleet.bus.profile import KafkaProfile, PacingInput, ProfileNotGiven, open_profile
 from toolfleet.bus.runtime import (
     ConsumerSpec,
     EventConsumer,
@@ -117,6 +117,15 @@ async def test_a_consumer_under_the_dev_profile_refuses_to_run_without_its_imple
         await consumer.run(asyncio.Event())  # before any connection: no silent kafka
 
 
+async def test_the_dev_profile_is_the_dev_stacks_plugin_loaded_when_named() -> None:
+    profile = open_profile(DEV, doorbell=False)  # through the toolfleet.broker_profiles entry point
+    assert isinstance(profile, DevBrokerProfile)
+    await profile.aclose()
+    unknown = DEV.model_copy(update={"broker_profile": "elsewhere"})
+    with pytest.raises(ProfileNotGiven, match="no such profile is installed"):
+        open_profile(unknown)
+
+
 def test_the_dev_profile_pacing_follows_its_own_settings() -> None:
     pacing = DevBrokerProfile(DEV).pacing(PacingInput(topics=frozenset({"t"}), observer=True))
     assert pacing.broker_wait_ms == 1  # observers: 50 ms, 1 of them at the broker
@@ -147,11 +156,10 @@ def test_the_kafka_profile_of_workers_clients_and_tails_loads_nothing_of_the_dev
     script = (
         "import sys\n"
         "from toolfleet.settings import FleetSettings\n"
-        "from toolfleet.worker import broker_profile\n"
-        "from toolfleet.client.kafka import broker_profile as client_profile\n"
-        "from toolfleet.cli.audit import _broker_profile as tail_profile\n"
+        "import toolfleet.worker, toolfleet.client.kafka, toolfleet.cli.audit\n"
+        "from toolfleet.bus.profile import open_profile\n"
         "s = FleetSettings(_env_file=None)\n"
-        "names = {broker_profile(s, None).name, client_profile(s).name, tail_profile(s).name}\n"
+        "names = {open_profile(s).name, open_profile(s, doorbell=False).name}\n"
         "assert names == {'kafka'}, names\n"
         "print(sorted(m for m in sys.modules if m.startswith('toolfleet.devstack')))\n"
     )

@@ -18,8 +18,7 @@ from toolfleet.documents.pins import pins_key
 from toolfleet.events.envelope import Envelope
 from toolfleet.events.identity import CallKey, CallRef
 from toolfleet.events.models import TENANT_ID_PATTERN
-from toolfleet.executor.checkpoints.store import checkpoint_key
-from toolfleet.executor.leasing.fencing import epoch_key, lease_key, runs_key
+from toolfleet.executor.leasing.fencing import checkpoint_key, epoch_key, lease_key, runs_key
 from toolfleet.executor.leasing.leases import done_key
 from toolfleet.policy.redis_stores import RedisIdempotencyStore
 from toolfleet.storage.call_keys import call_key, call_scope

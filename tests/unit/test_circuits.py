@@ -20,7 +20,7 @@ from toolfleet.executor.circuits.breaker import (
     admit,
     record,
 )
-from toolfleet.sdk.policies import CircuitPolicy
+from toolfleet.tools.policies import CircuitPolicy
 
 pytestmark = pytest.mark.unit
 

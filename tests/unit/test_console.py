@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from toolfleet.api.console.feed import RESYNC, InvocationFeed, Subscription
 from toolfleet.api.console.timeline import Mark, timeline
-from toolfleet.api.models import ApprovalView, InvocationView
+from toolfleet.api.feed import RESYNC, InvocationFeed, Subscription
 from toolfleet.api.routes.events import follow_list, summary
+from toolfleet.contract.http import ApprovalView, InvocationView
 from toolfleet.events.models import InvocationStatus
 from toolfleet.status.projection import Checkpoint, Fact, Kind
 

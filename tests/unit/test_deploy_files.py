@@ -28,6 +28,7 @@ from toolfleet.cli.fleet import WorkerName
 from toolfleet.cli.main import app
 from toolfleet.config_doc import SETTINGS_CLASSES
 from toolfleet.events.types import check_pool_name
+from toolfleet.observability.health import READINESS_PATH
 from toolfleet.worker import AUXILIARY, KEYED, SERVICES, worker_services
 
 pytestmark = pytest.mark.unit
@@ -234,8 +235,16 @@ def compose_problems(compose: Mapping[str, Any]) -> list[str]:
             problems.append(f"{name}: no healthcheck")
         if workers_of(argv):
             port = env.get("TOOLFLEET_METRICS_PORT")
-            if not port or f"127.0.0.1:{port}/" not in " ".join(map(str, test or [])):
+            command = " ".join(map(str, test or []))
+            if not port or f"127.0.0.1:{port}/" not in command:
                 problems.append(f"{name}: its healthcheck does not read TOOLFLEET_METRICS_PORT")
+            elif (
+                workers_of(argv) != ("analytics",)
+                and f"127.0.0.1:{port}{READINESS_PATH}" not in command
+            ):
+                # The analytics app serves its metrics alone; every other worker says
+                # whether its consumers are in their groups, which its metrics do not.
+                problems.append(f"{name}: its healthcheck does not read {READINESS_PATH}")
             grace = seconds(str(service.get("stop_grace_period", "10s")))
             if grace <= float(env.get("TOOLFLEET_DRAIN_TIMEOUT_S", 30.0)):
                 problems.append(f"{name}: stop_grace_period is not above the drain timeout")
@@ -348,6 +357,32 @@ def test_the_image_has_every_extra_its_commands_need_and_no_dev_stack() -> None:
             lambda c: c["services"]["validator"].pop("healthcheck"),
             "validator: no healthcheck",
             id="no-healthcheck",
+        ),
+        pytest.param(
+            lambda c: c["services"]["audit"]["healthcheck"].update(
+                test=[
+                    "CMD",
+                    "python",
+                    "-c",
+                    "import urllib.request; "
+                    "urllib.request.urlopen('http://127.0.0.1:9100/metrics', timeout=3)",
+                ]
+            ),
+            "audit: its healthcheck does not read /readyz",
+            id="healthcheck-shows-only-a-process",
+        ),
+        pytest.param(
+            lambda c: c["services"]["analytics"]["healthcheck"].update(
+                test=[
+                    "CMD",
+                    "python",
+                    "-c",
+                    "import urllib.request; "
+                    "urllib.request.urlopen('http://127.0.0.1:9200/metrics', timeout=3)",
+                ]
+            ),
+            "analytics: its healthcheck does not read TOOLFLEET_METRICS_PORT",
+            id="analytics-healthcheck-on-the-wrong-port",
         ),
         pytest.param(
             lambda c: c["services"]["kafka"]["environment"].update(

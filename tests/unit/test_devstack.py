@@ -120,7 +120,7 @@ async def test_a_dying_child_is_restarted_and_its_output_logged(tmp_path: Path) 
     console.close()
     assert len(set(process.pids)) >= 3
     assert "hello from the child" in (tmp_path / "child.log").read_text()
-    assert "child died (exit code 3)" in (tmp_path / "dev.log").read_text()
+    assert "child died: exit code 3" in (tmp_path / "dev.log").read_text()
 
 
 async def test_stop_all_terminates_then_kills_stragglers(tmp_path: Path) -> None:

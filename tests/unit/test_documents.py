@@ -21,8 +21,8 @@ from toolfleet.errors import (
 )
 from toolfleet.events.identity import CallKey
 from toolfleet.events.models import DocumentContext, InvokeRequested
-from toolfleet.sdk.context import ToolContext
 from toolfleet.sdk.testing import context_for, run_tool
+from toolfleet.tools.context import ToolContext
 
 pytestmark = pytest.mark.unit
 

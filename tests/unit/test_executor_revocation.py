@@ -10,13 +10,13 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from tests.unit.test_secrets_executor import Cancels, Checkpoints, Emitter
 from toolfleet.auth.grants import GrantSigner, GrantVerifier
-from toolfleet.auth.revocation import MemoryRevocationList
 from toolfleet.events.envelope import Envelope, new_event
 from toolfleet.events.identity import CallRef
 from toolfleet.events.models import AgentContext, Effect, InvokeAuthorized
 from toolfleet.events.types import EventType, Source, TopicName
 from toolfleet.executor.service import ExecutorService
 from toolfleet.registry.catalog import discover
+from toolfleet.storage.revocation import MemoryRevocationList
 
 pytestmark = pytest.mark.unit
 

@@ -20,12 +20,12 @@ from toolfleet.auth.grants import (
 )
 from toolfleet.cli.main import app as cli
 from toolfleet.executor.runner import run_tool
-from toolfleet.sdk.context import ToolContext
 from toolfleet.settings import FleetSettings
 from toolfleet.sources import http_tools
 from toolfleet.sources.models import HttpOperation, SourceDefinition, SourceKind, SourceTool
 from toolfleet.sources.provider import SourceToolProvider
 from toolfleet.storage.at_rest import RESULT_CACHE, TRANSFER_BLOB, AtRestCipher
+from toolfleet.tools.context import ToolContext
 from toolfleet.worker import require_keys
 
 pytestmark = pytest.mark.unit

@@ -16,15 +16,6 @@ from toolfleet.auth.grants import GrantSigner, GrantVerifier
 from toolfleet.errors import ErrorCode, PermissionDenied, RegistrationError
 from toolfleet.events.identity import CallRef
 from toolfleet.isolation import seccomp
-from toolfleet.isolation.limits import (
-    AgentLimitExceeded,
-    AgentLimits,
-    FleetLimits,
-    Isolation,
-    ManifestDefaults,
-    ToolLimits,
-    bound_limits,
-)
 from toolfleet.isolation.protocol import (
     MAX_FRAME_BYTES,
     FrameDecoder,
@@ -42,7 +33,16 @@ from toolfleet.isolation.sandbox import (
 )
 from toolfleet.sdk import ToolContext, tool
 from toolfleet.sdk.builtin import TOOLS
-from toolfleet.sdk.tool import spec_of
+from toolfleet.tools.limits import (
+    AgentLimitExceeded,
+    AgentLimits,
+    FleetLimits,
+    Isolation,
+    ManifestDefaults,
+    ToolLimits,
+    bound_limits,
+)
+from toolfleet.tools.spec import spec_of
 
 pytestmark = pytest.mark.unit
 

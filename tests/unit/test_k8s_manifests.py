@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import ipaddress
 import itertools
 import json
 import re
@@ -42,7 +43,9 @@ from tests.unit.test_deploy_files import (
 from toolfleet.api.routes.health import router as health_router
 from toolfleet.events import routing
 from toolfleet.events.types import DEFAULT_POOL, POOL_NAME_PATTERN, pool_topic
+from toolfleet.observability.health import LIVENESS_PATH, METRICS_PATH, READINESS_PATH
 from toolfleet.policy.documents import PolicyDocument
+from toolfleet.settings import FleetSettings
 from toolfleet.worker import worker_services
 
 pytestmark = pytest.mark.unit
@@ -541,7 +544,7 @@ def workload_problems(objects: Sequence[Obj]) -> list[str]:
                     problems.append(f"{where}: {problem}")
                     continue
                 run.update(workers_of(argv))
-                problems += container_problems(objects, where, obj["kind"], spec, container, argv)
+                problems += container_problems(objects, where, obj, spec, container, argv)
     for worker in DOCUMENTED_WORKERS:
         if worker not in run:
             problems.append(f"no Deployment runs `toolfleet worker {worker}`")
@@ -557,9 +560,11 @@ def workload_problems(objects: Sequence[Obj]) -> list[str]:
 
 
 def container_problems(
-    objects: Sequence[Obj], where: str, kind: str, spec: Obj, container: Obj, argv: list[str]
+    objects: Sequence[Obj], where: str, obj: Obj, spec: Obj, container: Obj, argv: list[str]
 ) -> list[str]:
     problems: list[str] = []
+    kind = obj["kind"]
+    template = obj.get("spec", {}).get("template", {})
     env = container_env(objects, container)
     problems += env_problems(where, {k: v for k, v in env.items() if isinstance(v, str)})
     required = ["TOOLFLEET_KAFKA_BOOTSTRAP", "TOOLFLEET_REDIS_URL"]
@@ -592,7 +597,9 @@ def container_problems(
         elif low > high:
             problems.append(f"{where}: {bound} request above its limit")
     if kind == "Deployment":
-        problems += probe_problems(where, container, env)
+        problems += probe_problems(where, container, env, argv)
+        if workers_of(argv):
+            problems += scrape_problems(where, template, container, env)
     return problems
 
 
@@ -636,30 +643,118 @@ def file_problems(
     return problems
 
 
-def probe_problems(where: str, container: Obj, env: Mapping[str, Any]) -> list[str]:
+#: What each probe of a worker asks its endpoints (toolfleet.observability.health): the
+#: liveness probes whether the event loop turns, never readiness (a worker waiting for
+#: its group would be restarted).
+WORKER_PROBE_PATHS: Mapping[str, str] = {
+    "startupProbe": LIVENESS_PATH,
+    "livenessProbe": LIVENESS_PATH,
+    "readinessProbe": READINESS_PATH,
+}
+
+
+def metrics_port(env: Mapping[str, Any]) -> int | None:
+    port = env.get("TOOLFLEET_METRICS_PORT")
+    return int(port) if isinstance(port, str) and port.isdigit() and int(port) else None
+
+
+def metrics_reachable(env: Mapping[str, Any]) -> bool:
+    """Whether a worker's endpoints answer on the pod's IP (the kubelet, Prometheus), not
+    on loopback only."""
+    host = env.get("TOOLFLEET_METRICS_HOST", FleetSettings.model_fields["metrics_host"].default)
+    if not isinstance(host, str) or host == "localhost":
+        return False
+    try:
+        return not ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return True  # a name: whatever it resolves to in the pod
+
+
+def probe_problems(
+    where: str, container: Obj, env: Mapping[str, Any], argv: Sequence[str]
+) -> list[str]:
+    """The API's probes get its health routes; a worker's get its /livez and /readyz on
+    TOOLFLEET_METRICS_PORT, which must then bind beyond loopback. The analytics app serves
+    its metrics on 127.0.0.1 only: only a command inside the pod reaches them."""
     problems: list[str] = []
-    ports = {p.get("name") for p in container.get("ports", [])} | {
-        p["containerPort"] for p in container.get("ports", [])
-    }
-    routes = {getattr(route, "path", None) for route in health_router.routes}
-    for kind in ("livenessProbe", "readinessProbe"):
+    ports: dict[object, int] = {}
+    for port in container.get("ports", []):
+        ports[port["containerPort"]] = port["containerPort"]
+        if "name" in port:
+            ports[port["name"]] = port["containerPort"]
+    workers = workers_of(argv)
+    for kind in ("startupProbe", "livenessProbe", "readinessProbe"):
         probe = container.get(kind)
         if probe is None:
-            problems.append(f"{where}: no {kind}")
+            if kind != "startupProbe":
+                problems.append(f"{where}: no {kind}")
             continue
         if "exec" in probe:
-            # Workers serve metrics on 127.0.0.1 only: only a probe inside the pod sees it.
+            if workers != ("analytics",):
+                problems.append(f"{where}: {kind} execs a command; get its HTTP endpoint")
+                continue
             command = " ".join(probe["exec"]["command"])
-            port = env.get("TOOLFLEET_METRICS_PORT")
+            port = metrics_port(env)
             if not port or f"127.0.0.1:{port}/" not in command:
                 problems.append(f"{where}: {kind} does not read TOOLFLEET_METRICS_PORT")
         elif "httpGet" in probe:
-            if probe["httpGet"]["port"] not in ports:
-                problems.append(f"{where}: {kind} names a port the container lacks")
-            if probe["httpGet"]["path"] not in routes:
-                problems.append(f"{where}: {kind} path {probe['httpGet']['path']} is no route")
+            get = probe["httpGet"]
+            if not workers:
+                routes = {getattr(route, "path", None) for route in health_router.routes}
+                if get["port"] not in ports:
+                    problems.append(f"{where}: {kind} names a port the container lacks")
+                if get["path"] not in routes:
+                    problems.append(f"{where}: {kind} path {get['path']} is no route")
+                continue
+            if workers == ("analytics",):
+                problems.append(f"{where}: {kind} gets HTTP; analytics listens on loopback only")
+                continue
+            port = metrics_port(env)
+            if port is None or ports.get(get["port"]) != port:
+                problems.append(f"{where}: {kind} is not on TOOLFLEET_METRICS_PORT ({port})")
+            if get["path"] != WORKER_PROBE_PATHS[kind]:
+                problems.append(
+                    f"{where}: {kind} gets {get['path']}, not {WORKER_PROBE_PATHS[kind]}"
+                )
+            if not metrics_reachable(env):
+                problems.append(
+                    f"{where}: {kind} gets HTTP but TOOLFLEET_METRICS_HOST is loopback: "
+                    "the kubelet cannot reach it"
+                )
         else:
             problems.append(f"{where}: {kind} neither execs nor gets HTTP")
+    return problems
+
+
+def scrape_problems(where: str, template: Obj, container: Obj, env: Mapping[str, Any]) -> list[str]:
+    """A worker whose metrics the pod's IP serves says so to Prometheus (the
+    ``prometheus.io/*`` pod annotations of its kubernetes_sd convention), on the metrics
+    port and path; the analytics app, on loopback only, does not."""
+    annotations = template.get("metadata", {}).get("annotations", {})
+    port = metrics_port(env)
+    if (
+        port is None
+        or not metrics_reachable(env)
+        or workers_of(argv_of(container)) == ("analytics",)
+    ):
+        if annotations.get("prometheus.io/scrape") == "true":
+            return [f"{where}: asks Prometheus to scrape metrics it cannot reach"]
+        return []
+    problems: list[str] = []
+    if annotations.get("prometheus.io/scrape") != "true":
+        problems.append(f"{where}: no prometheus.io/scrape annotation")
+    if annotations.get("prometheus.io/port") != str(port):
+        problems.append(
+            f"{where}: prometheus.io/port {annotations.get('prometheus.io/port')} is not "
+            f"TOOLFLEET_METRICS_PORT ({port})"
+        )
+    if annotations.get("prometheus.io/path", METRICS_PATH) != METRICS_PATH:
+        problems.append(f"{where}: prometheus.io/path is not {METRICS_PATH}")
+    if not any(
+        p.get("name") == "metrics" and p["containerPort"] == port
+        for p in container.get("ports", [])
+    ):
+        problems.append(f"{where}: no container port named metrics on TOOLFLEET_METRICS_PORT")
     return problems
 
 
@@ -922,6 +1017,21 @@ def _drop(kind: str, name: str) -> Callable[[list[Obj]], None]:
     return edit
 
 
+def _annotate(target: str, key: str, value: str | None) -> Callable[[list[Obj]], None]:
+    """Set (None: remove) a pod template annotation of ``kind/name``: its key has dots."""
+    kind, name = target.split("/")
+
+    def edit(objects: list[Obj]) -> None:
+        (obj,) = [o for o in objects if o["kind"] == kind and o["metadata"]["name"] == name]
+        annotations = obj["spec"]["template"]["metadata"].setdefault("annotations", {})
+        if value is None:
+            annotations.pop(key)
+        else:
+            annotations[key] = value
+
+    return edit
+
+
 def _set_env(name: str, value: str) -> Callable[[list[Obj]], None]:
     def edit(objects: list[Obj]) -> None:
         for obj in of_kind(objects, "ConfigMap"):
@@ -1047,8 +1157,53 @@ CONTAINER = f"{POD}.containers.0"
             id="unconfined-under-restricted",
         ),
         pytest.param(
+            _mutate(f"Deployment/toolfleet-audit:{CONTAINER}.livenessProbe.httpGet.port", 9200),
+            "Deployment/toolfleet-audit: livenessProbe is not on TOOLFLEET_METRICS_PORT (9100)",
+            id="probe-on-the-wrong-port",
+        ),
+        pytest.param(
+            _mutate(f"Deployment/toolfleet-validator:{CONTAINER}.ports", []),
+            "Deployment/toolfleet-validator: readinessProbe is not on TOOLFLEET_METRICS_PORT",
+            id="probe-on-a-port-the-container-lacks",
+        ),
+        pytest.param(
             _mutate(
-                f"Deployment/toolfleet-audit:{CONTAINER}.livenessProbe.exec.command",
+                f"Deployment/toolfleet-audit:{CONTAINER}.livenessProbe.httpGet.path", "/readyz"
+            ),
+            "Deployment/toolfleet-audit: livenessProbe gets /readyz, not /livez",
+            id="liveness-on-readiness",
+        ),
+        pytest.param(
+            _mutate(
+                f"Deployment/toolfleet-policy:{CONTAINER}.readinessProbe",
+                {"exec": {"command": ["python", "-c", "pass"]}},
+            ),
+            "Deployment/toolfleet-policy: readinessProbe execs a command",
+            id="worker-probe-that-only-shows-a-process",
+        ),
+        pytest.param(
+            _set_env("TOOLFLEET_METRICS_HOST", "127.0.0.1"),
+            "TOOLFLEET_METRICS_HOST is loopback: the kubelet cannot reach it",
+            id="metrics-on-loopback",
+        ),
+        pytest.param(
+            _annotate("Deployment/toolfleet-status", "prometheus.io/port", "9200"),
+            "Deployment/toolfleet-status: prometheus.io/port 9200 is not TOOLFLEET_METRICS_PORT",
+            id="scrape-on-the-wrong-port",
+        ),
+        pytest.param(
+            _annotate("Deployment/toolfleet-executor", "prometheus.io/scrape", None),
+            "Deployment/toolfleet-executor: no prometheus.io/scrape annotation",
+            id="not-scraped",
+        ),
+        pytest.param(
+            _annotate("Deployment/toolfleet-analytics", "prometheus.io/scrape", "true"),
+            "Deployment/toolfleet-analytics: asks Prometheus to scrape metrics it cannot reach",
+            id="analytics-scraped-on-loopback",
+        ),
+        pytest.param(
+            _mutate(
+                f"Deployment/toolfleet-analytics:{CONTAINER}.livenessProbe.exec.command",
                 [
                     "python",
                     "-c",
@@ -1056,8 +1211,8 @@ CONTAINER = f"{POD}.containers.0"
                     "'http://127.0.0.1:9200/metrics')",
                 ],
             ),
-            "livenessProbe does not read TOOLFLEET_METRICS_PORT",
-            id="probe-on-the-wrong-port",
+            "Deployment/toolfleet-analytics: livenessProbe does not read TOOLFLEET_METRICS_PORT",
+            id="analytics-probe-on-the-wrong-port",
         ),
         pytest.param(
             _mutate(f"Deployment/toolfleet-api:{CONTAINER}.readinessProbe.httpGet.path", "/ready"),

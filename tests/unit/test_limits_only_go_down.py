@@ -9,9 +9,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from toolfleet.contract.manifest import ResourceDefaults, ToolManifest
 from toolfleet.errors import ErrorCode
 from toolfleet.events.models import ResourceLimits
-from toolfleet.isolation.limits import (
+from toolfleet.policy.limits import check_resource_limits
+from toolfleet.tools.limits import (
     AgentLimits,
     CallCeiling,
     FleetLimits,
@@ -22,8 +24,6 @@ from toolfleet.isolation.limits import (
     clamp,
     refuse_raised,
 )
-from toolfleet.policy.limits import check_resource_limits
-from toolfleet.registry.manifest import ResourceDefaults, ToolManifest
 
 pytestmark = pytest.mark.unit
 

@@ -7,9 +7,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from toolfleet.errors import RegistrationError
-from toolfleet.events.models import Effect
-from toolfleet.registry.manifest import (
+from toolfleet.contract.manifest import (
     FilesystemAccess,
     LifecycleState,
     ResourceDefaults,
@@ -17,9 +15,11 @@ from toolfleet.registry.manifest import (
     ToolManifest,
     ToolPermissions,
 )
+from toolfleet.errors import RegistrationError
+from toolfleet.events.models import Effect
 from toolfleet.sdk import ToolContext, tool
-from toolfleet.sdk.policies import CachePolicy, CircuitPolicy, RetryPolicy
-from toolfleet.sdk.tool import spec_of
+from toolfleet.tools.policies import CachePolicy, CircuitPolicy, RetryPolicy
+from toolfleet.tools.spec import spec_of
 
 pytestmark = pytest.mark.unit
 

@@ -17,7 +17,7 @@ from toolfleet.api.mcp.results import (
     handle_result,
     output_schema,
 )
-from toolfleet.api.models import InvocationView
+from toolfleet.contract.http import InvocationView
 from toolfleet.events.models import InvocationStatus
 from toolfleet.storage.notices import MemoryFinishedNotices
 

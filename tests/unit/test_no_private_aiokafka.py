@@ -1,11 +1,11 @@
-"""Product code outside the dev stack touches no private part of aiokafka.
+"""Product code outside the dev broker profile touches no private part of aiokafka.
 
 The production path (the ``kafka`` broker profile) uses aiokafka's public API only, so an
 aiokafka release cannot silently change what it does. The dev broker's workarounds that
 replace private parts (the fetcher's request task, the coordinator's LeaveGroup) live in
-``toolfleet/devstack/``, which this check leaves out.
+``toolfleet/devstack/broker_profile/``, which this check leaves out.
 
-Flagged, in every module under ``services/toolfleet`` outside ``devstack/``:
+Flagged, in every module under ``services/toolfleet`` outside ``devstack/broker_profile/``:
 
 - an import of an aiokafka module outside its public API (:data:`PUBLIC_MODULES`,
   :data:`PUBLIC_PACKAGES`), or of a private name from one;
@@ -31,8 +31,8 @@ import toolfleet
 pytestmark = pytest.mark.unit
 
 ROOT = Path(toolfleet.__file__).parent
-EXEMPT = ROOT / "devstack"
-"""The dev stack: the dev profile's workarounds are the only private uses allowed."""
+EXEMPT = ROOT / "devstack" / "broker_profile"
+"""The dev broker profile: its workarounds are the only private uses allowed."""
 
 PUBLIC_MODULES = frozenset(
     {

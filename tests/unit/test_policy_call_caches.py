@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from toolfleet.auth.jws import HS256Signer
-from toolfleet.auth.revocation import CachedRevocationList, MemoryRevocationList
+from toolfleet.contract.manifest import LifecycleState, ToolManifest
 from toolfleet.errors import InvalidEvent, PermissionDenied, ToolRemoved
 from toolfleet.events.envelope import Envelope
 from toolfleet.events.identity import CallKey
@@ -34,8 +34,8 @@ from toolfleet.policy.memory_stores import MemoryIdempotencyStore
 from toolfleet.policy.schemas import ManifestSchemas
 from toolfleet.policy.service import PolicyService
 from toolfleet.registry.lookup import InMemoryManifests, ToolLookup
-from toolfleet.registry.manifest import LifecycleState, ToolManifest
 from toolfleet.registry.schemas import CompiledSchemas
+from toolfleet.storage.revocation import CachedRevocationList, MemoryRevocationList
 
 pytestmark = pytest.mark.unit
 

@@ -9,7 +9,6 @@ from typing import Any, cast
 import pytest
 
 from toolfleet.auth.control import ControlSigner, ControlVerifier, control_claims
-from toolfleet.auth.revocation import MemoryRevocationList
 from toolfleet.events.envelope import Envelope, new_event
 from toolfleet.events.identity import CallKey
 from toolfleet.events.models import (
@@ -23,6 +22,7 @@ from toolfleet.events.types import EventType, Source, TopicName
 from toolfleet.policy.memory_stores import MemoryApprovalStore
 from toolfleet.policy.service import PendingApproval, PolicyService
 from toolfleet.storage.cancel_flags import MemoryCancelFlags
+from toolfleet.storage.revocation import MemoryRevocationList
 
 pytestmark = pytest.mark.unit
 

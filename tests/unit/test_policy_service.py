@@ -13,8 +13,8 @@ from toolfleet.auth.control import ControlSigner, ControlVerifier, control_claim
 from toolfleet.auth.grants import GrantSigner, GrantVerifier
 from toolfleet.auth.keys import generate_key_pair
 from toolfleet.auth.outcomes import OutcomeSigner, OutcomeVerifier
-from toolfleet.auth.revocation import MemoryRevocationList
 from toolfleet.auth.tokens import TokenIssuer, TokenVerifier
+from toolfleet.contract.manifest import ToolManifest
 from toolfleet.errors import ErrorCode
 from toolfleet.events.envelope import Emitted, Envelope, new_event
 from toolfleet.events.identity import CallKey, CallRef
@@ -40,10 +40,10 @@ from toolfleet.policy.memory_stores import (
 from toolfleet.policy.ratelimit import InMemoryRateLimiter
 from toolfleet.policy.service import PolicyService
 from toolfleet.registry.lookup import InMemoryManifests, ToolLookup
-from toolfleet.registry.manifest import ToolManifest
 from toolfleet.registry.schemas import CompiledSchemas
 from toolfleet.sdk import ToolContext, spec_of, tool
 from toolfleet.storage.cancel_flags import MemoryCancelFlags
+from toolfleet.storage.revocation import MemoryRevocationList
 
 pytestmark = pytest.mark.unit
 

@@ -16,10 +16,11 @@ from typer.testing import CliRunner
 
 from tests.support.lifecycle import T0, Lifecycle
 from toolfleet.api.console.timeline import Mark, timeline
-from toolfleet.api.models import InvocationView
 from toolfleet.bus.admin import MemoryTopicAdmin, pool_topic_specs
 from toolfleet.bus.topics import TopicMode, load_topic_specs, sync_topics
 from toolfleet.cli.main import app
+from toolfleet.contract.http import InvocationView
+from toolfleet.contract.manifest import ToolManifest
 from toolfleet.errors import RegistrationError
 from toolfleet.events import routing
 from toolfleet.events.envelope import Envelope
@@ -33,7 +34,6 @@ from toolfleet.events.types import (
     pool_topic,
 )
 from toolfleet.executor.settings import ExecutorSettings
-from toolfleet.registry.manifest import ToolManifest
 from toolfleet.sdk import ToolContext, spec_of, tool
 from toolfleet.settings import FleetSettings
 from toolfleet.status.projection import InvocationRow, apply, fact_of

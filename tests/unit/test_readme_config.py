@@ -1,4 +1,5 @@
-"""The README's configuration table is generated from the settings classes."""
+"""The docs' configuration table (docs/configuration.md) is generated from the settings
+classes."""
 
 from __future__ import annotations
 
@@ -10,13 +11,14 @@ from toolfleet.config_doc import END, START, render_table
 
 pytestmark = pytest.mark.unit
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 
 
-def test_readme_configuration_table_matches_the_settings() -> None:
-    text = README.read_text()
+def test_docs_configuration_table_matches_the_settings() -> None:
+    text = PAGE.read_text()
+    assert (text.count(START), text.count(END)) == (1, 1), "one table, between its markers"
     table = text.split(START, 1)[1].split(END, 1)[0].strip()
-    assert table == render_table(), "run: python -m toolfleet.config_doc README.md"
+    assert table == render_table(), "run: python -m toolfleet.config_doc docs/configuration.md"
 
 
 def test_every_variable_is_documented() -> None:

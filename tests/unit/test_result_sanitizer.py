@@ -19,6 +19,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.support import hostile_results as hostile
+from toolfleet.contract.result_rules import ALL_CHECKS, ResultRules, parse_path
 from toolfleet.errors import ErrorCode, RegistrationError
 from toolfleet.events.envelope import Envelope, new_event
 from toolfleet.events.models import (
@@ -33,7 +34,6 @@ from toolfleet.events.types import EventType, Source
 from toolfleet.registry.lookup import InMemoryManifests, ToolLookup
 from toolfleet.registry.schemas import CompiledSchemas
 from toolfleet.results.coercion import coerce
-from toolfleet.results.rules import ALL_CHECKS, ResultRules, parse_path
 from toolfleet.results.sanitizer import CompiledSanitizer, scan
 from toolfleet.sdk import ToolContext, spec_of, tool
 from toolfleet.sdk.testing import run_tool

@@ -7,12 +7,12 @@ import asyncio
 import pytest
 
 from toolfleet.auth.grants import ExecutionGrant
-from toolfleet.auth.revocation import (
+from toolfleet.errors import PermissionDenied
+from toolfleet.storage.revocation import (
     CachedRevocationList,
     MemoryRevocationList,
     ensure_grant_not_revoked,
 )
-from toolfleet.errors import PermissionDenied
 
 pytestmark = pytest.mark.unit
 

@@ -10,8 +10,8 @@ from pydantic import BaseModel
 from toolfleet.errors import ErrorCode, ExternalApiError
 from toolfleet.executor.leasing.fencing import Fence, StaleLease
 from toolfleet.executor.runner import run_tool
-from toolfleet.sdk.context import CheckpointInput, ToolContext
-from toolfleet.sdk.tool import spec_of, tool
+from toolfleet.tools.context import CheckpointInput, ToolContext
+from toolfleet.tools.spec import spec_of, tool
 
 pytestmark = pytest.mark.unit
 

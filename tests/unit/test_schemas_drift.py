@@ -14,8 +14,8 @@ import yaml
 from pydantic import BaseModel
 
 from toolfleet.cli import schemas as schema_files
+from toolfleet.contract import schema_export
 from toolfleet.errors import ErrorCode, ErrorInfo
-from toolfleet.events import schema_export
 from toolfleet.events.codec import ContentMode, encode
 from toolfleet.events.envelope import new_event
 from toolfleet.events.models import (
@@ -404,8 +404,8 @@ def test_the_schemas_command_writes_checks_and_removes_stale_files(
 
 
 def test_a_tool_manifest_validates_against_the_published_manifest_schema() -> None:
+    from toolfleet.sdk import spec_of
     from toolfleet.sdk.builtin import echo
-    from toolfleet.sdk.tool import spec_of
 
     data = spec_of(echo).manifest().model_dump(mode="json")
     validator = _validator("manifest.json")

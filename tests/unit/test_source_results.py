@@ -26,6 +26,7 @@ from pydantic import ValidationError
 
 from toolfleet.cli.errors import CliError
 from toolfleet.cli.sources import tool_rules
+from toolfleet.contract.result_rules import ResultMode, SanitizeAction
 from toolfleet.errors import (
     ErrorCode,
     ExternalApiError,
@@ -38,7 +39,6 @@ from toolfleet.registry.enforcement import visible_result
 from toolfleet.registry.redaction import REDACTED
 from toolfleet.registry.schemas import CompiledSchemas
 from toolfleet.results.checks import ResultChecker
-from toolfleet.results.rules import ResultMode, SanitizeAction
 from toolfleet.sources import http_tools, mcp_tools
 from toolfleet.sources.models import HttpOperation, SourceDefinition, SourceKind, SourceTool
 from toolfleet.sources.naming import glob_warnings

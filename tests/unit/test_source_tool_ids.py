@@ -8,12 +8,12 @@ import json
 import pytest
 from pydantic import ValidationError
 
+from toolfleet.contract.manifest import SourceType
 from toolfleet.errors import PermissionDenied
 from toolfleet.events.models import Effect
 from toolfleet.policy.catalog import CatalogView
 from toolfleet.policy.documents import PolicyDocument, TenantPolicy, allowed_by
 from toolfleet.policy.engine import PolicyQuery, allows_tool, decide_tenant
-from toolfleet.registry.manifest import SourceType
 from toolfleet.sources import http_tools, openapi
 from toolfleet.sources.models import HttpOperation, SourceDefinition, SourceKind, SourceTool
 from toolfleet.sources.naming import glob_warnings, is_untrusted, pattern_allows

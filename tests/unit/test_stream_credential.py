@@ -15,10 +15,10 @@ from toolfleet.api.credential import (
     before_credential_ends,
     until_credential_ends,
 )
-from toolfleet.auth.revocation import CachedRevocationList, MemoryRevocationList
 from toolfleet.auth.tokens import Capability
 from toolfleet.policy.catalog import CatalogView, visible_page
 from toolfleet.policy.documents import TenantPolicy
+from toolfleet.storage.revocation import CachedRevocationList, MemoryRevocationList
 
 
 def capability(*, expires_at: float, jti: str = "jti-1") -> Capability:

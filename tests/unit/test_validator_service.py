@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from toolfleet.contract.manifest import ToolManifest
 from toolfleet.errors import ErrorCode
 from toolfleet.events.envelope import Envelope, new_event
 from toolfleet.events.large_results import encode_result
@@ -23,7 +24,6 @@ from toolfleet.events.models import (
 )
 from toolfleet.events.types import EventType, Source, TopicName
 from toolfleet.registry.lookup import InMemoryManifests, ToolLookup
-from toolfleet.registry.manifest import ToolManifest
 from toolfleet.registry.redaction import REDACTED
 from toolfleet.registry.schemas import CompiledSchemas
 from toolfleet.storage.blobs import InMemoryBlobStore

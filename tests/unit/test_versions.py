@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from toolfleet.contract.manifest import LifecycleState, effective_state
 from toolfleet.errors import ToolRemoved, ToolVersionNotFound
-from toolfleet.registry.manifest import LifecycleState, effective_state
 from toolfleet.registry.versions import (
     VersionInfo,
     exact_version,

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from toolfleet.agent.schema import provider_safe
+from toolfleet.contract.manifest import LifecycleState, ToolManifest
 from toolfleet.errors import ProviderSchemaError
 from toolfleet.events.models import Effect
-from toolfleet.registry.manifest import LifecycleState, ToolManifest
 from toolfleet.registry.schemas import CompiledSchemas
 
 __all__ = ["MAX_TOOL_NAME", "CatalogTool", "RunCatalog"]

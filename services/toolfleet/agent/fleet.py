@@ -18,9 +18,9 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Protocol
 
+from toolfleet.contract.manifest import ToolManifest
 from toolfleet.errors import ApprovalDenied, ErrorInfo, ToolfleetError, ToolNotFound
 from toolfleet.events.models import ExecutionMetadata, InvocationStatus, ToolOutcome
-from toolfleet.registry.manifest import ToolManifest
 
 __all__ = [
     "FleetEvent",

@@ -30,11 +30,11 @@ from toolfleet.agent.fleet import (
     Submission,
     Submitted,
 )
-from toolfleet.agent.progress import view_events
-from toolfleet.agent.records import EventKind
 from toolfleet.client.handles import InvocationHandle, Progress
 from toolfleet.client.http import ApiError, ApiUnavailable, ToolfleetHttpClient
 from toolfleet.client.requests import invoke_request
+from toolfleet.contract.manifest import ToolManifest
+from toolfleet.contract.progress import EventKind, view_events
 from toolfleet.errors import (
     ErrorCode,
     ErrorInfo,
@@ -45,11 +45,10 @@ from toolfleet.errors import (
 from toolfleet.events.identity import new_traceparent, trace_id_of
 from toolfleet.events.models import ExecutionMetadata, ToolOutcome
 from toolfleet.events.types import EventType
-from toolfleet.registry.manifest import ToolManifest
 
 if TYPE_CHECKING:
-    from toolfleet.api.models import InvocationView
     from toolfleet.client.kafka import ToolfleetClient
+    from toolfleet.contract.http import InvocationView
 
 __all__ = ["ApiCatalog", "HttpFleet", "KafkaFleet"]
 

@@ -4,23 +4,21 @@ Each iteration asks ``model_fn`` for a response (a provider-shaped dict, a strea
 provider events, or a ready :class:`~toolfleet.agent.records.ModelTurn`), decodes it
 with the adapter, runs its tool calls through the runner, appends the model's message
 and the results to the conversation, and stops when the model asks for no tool or
-``max_iterations`` is reached. With a ``recorder`` every turn goes to a replay bundle.
+``max_iterations`` is reached. With a ``recorder`` (a replay bundle's
+:class:`~toolfleet.agent.replay.BundleWriter`) every turn is written as it ends.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterable, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterable, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from toolfleet.agent.adapters import ProviderAdapter
 from toolfleet.agent.records import ModelTurn, ToolEnvelope
 from toolfleet.agent.runner import ToolRunner
 
-if TYPE_CHECKING:
-    from toolfleet.agent.replay import BundleWriter
-
-__all__ = ["AgentRun", "ModelFn", "ModelRequest", "ModelResponse", "run_agent"]
+__all__ = ["AgentRun", "ModelFn", "ModelRequest", "ModelResponse", "TurnRecorder", "run_agent"]
 
 ModelResponse = Mapping[str, Any] | AsyncIterable[Mapping[str, Any]] | ModelTurn
 
@@ -37,6 +35,12 @@ class ModelRequest:
 
 
 ModelFn = Callable[[ModelRequest], Awaitable[ModelResponse]]
+
+
+class TurnRecorder(Protocol):
+    """Where each finished turn goes (a replay bundle's writer)."""
+
+    def turn(self, turn: int, model: ModelTurn, envelopes: Iterable[ToolEnvelope]) -> None: ...
 
 
 @dataclass(kw_only=True)
@@ -78,7 +82,7 @@ async def run_agent(
     runner: ToolRunner,
     adapter: ProviderAdapter,
     messages: list[dict[str, Any]],
-    recorder: BundleWriter | None = None,
+    recorder: TurnRecorder | None = None,
 ) -> AgentRun:
     """Drive the loop until the model stops asking for tools (or the iteration cap)."""
     history = list(messages)

@@ -8,11 +8,11 @@ from __future__ import annotations
 import hashlib
 import json
 from datetime import datetime
-from enum import StrEnum
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from toolfleet.contract.progress import EventKind
 from toolfleet.errors import ErrorInfo
 
 __all__ = [
@@ -101,16 +101,6 @@ class ToolEnvelope(_Record):
     @property
     def ok(self) -> bool:
         return self.status == "success"
-
-
-class EventKind(StrEnum):
-    """What happened to a call, for UIs."""
-
-    TOOL_CALL_START = "tool_call_start"
-    PROGRESS = "progress"
-    APPROVAL_PENDING = "approval_pending"
-    """The call waits for a human; the run goes on waiting for it, nothing failed."""
-    TOOL_CALL_RESULT = "tool_call_result"
 
 
 class AgentEvent(_Record):

@@ -27,6 +27,7 @@ from toolfleet.agent.loop import ModelRequest, run_agent
 from toolfleet.agent.providers import adapter_named
 from toolfleet.agent.records import ModelTurn, ToolEnvelope
 from toolfleet.agent.runner import RunLimits, ToolRunner
+from toolfleet.contract.manifest import ToolManifest
 from toolfleet.errors import ErrorCode, ErrorInfo
 from toolfleet.events.models import (
     Attachment,
@@ -35,7 +36,6 @@ from toolfleet.events.models import (
     InvocationStatus,
     ToolOutcome,
 )
-from toolfleet.registry.manifest import ToolManifest
 
 __all__ = [
     "BUNDLE_VERSION",

@@ -1,7 +1,8 @@
 """The status API: HTTP over the status projection and the registry, publishing to Kafka.
 
-Exports load on first use: :mod:`toolfleet.api.models` (pure pydantic) is read by the
-HTTP client on installs without the ``api`` extra (FastAPI, uvicorn).
+Exports load on first use: :mod:`toolfleet.api.settings` is read on installs without the
+``api`` extra (FastAPI, uvicorn). The bodies the API and its clients share are
+:mod:`toolfleet.contract.http`.
 """
 
 from __future__ import annotations

@@ -18,9 +18,9 @@ from redis.exceptions import RedisError
 
 from toolfleet.api.problems import ProblemError
 from toolfleet.api.resources import ApiResources, resources
-from toolfleet.auth.revocation import ensure_not_revoked
 from toolfleet.auth.tokens import Capability
 from toolfleet.errors import ErrorCode, PermissionDenied
+from toolfleet.storage.revocation import ensure_not_revoked
 
 _bearer = HTTPBearer(auto_error=False, description="A capability token (RS256 JWT).")
 

@@ -3,8 +3,9 @@
 A request is authorized once, when it arrives; a Server-Sent Events stream or a long
 MCP call then goes on answering for as long as it runs. So each of them also waits for
 its token to end (:meth:`CredentialWatch.ended`): at the token's ``exp``, or within a
-second of its revocation, pushed by the ``token:revocations`` announcement that
-already drops the revocation cache (:meth:`~toolfleet.auth.revocation.CachedRevocationList.watch`).
+second of its revocation, pushed by the ``token:revocations`` announcement that already
+drops the revocation cache
+(:meth:`~toolfleet.storage.revocation.CachedRevocationList.watch`).
 A stream then sends a last ``stream_closed`` event naming the :class:`CloseReason` and
 closes (:func:`until_credential_ends`); a long call answers with the reason instead of
 its result (:func:`before_credential_ends`).

@@ -15,9 +15,9 @@ from uuid import UUID
 from aiokafka.errors import KafkaError
 
 from toolfleet.api.auth import Caller
-from toolfleet.api.models import CancelResult, InvocationView
 from toolfleet.api.problems import ProblemError
 from toolfleet.api.resources import ApiResources
+from toolfleet.contract.http import CancelResult, InvocationView
 from toolfleet.errors import ErrorCode
 from toolfleet.events.identity import traceparent_in
 from toolfleet.events.models import InvokeRequested

@@ -23,7 +23,7 @@ from uuid import UUID
 
 import asyncpg
 
-from toolfleet.api.models import ApprovalView, InvocationPage, InvocationView
+from toolfleet.contract.http import ApprovalView, InvocationPage, InvocationView
 from toolfleet.events.models import InvocationStatus
 
 _COLUMNS = """invocation_id, tenant_id, agent_did, tool_id, tool_version, status,

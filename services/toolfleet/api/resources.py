@@ -12,11 +12,10 @@ import asyncpg
 from fastapi import Request
 from redis.asyncio import Redis
 
-from toolfleet.api.console.feed import InvocationFeed
+from toolfleet.api.feed import InvocationFeed
 from toolfleet.api.queries import InvocationQueries
 from toolfleet.api.settings import ApiSettings
 from toolfleet.auth.grants import fleet_grant_keys
-from toolfleet.auth.revocation import CachedRevocationList
 from toolfleet.auth.tokens import TokenVerifier
 from toolfleet.client import ToolfleetClient
 from toolfleet.errors import ToolfleetError
@@ -26,6 +25,7 @@ from toolfleet.storage.blobs import PostgresBlobStore
 from toolfleet.storage.notices import RedisFinishedNotices
 from toolfleet.storage.postgres import create_pool
 from toolfleet.storage.redis import connect_redis
+from toolfleet.storage.revocation import CachedRevocationList
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -16,7 +16,7 @@ Every failure is a :class:`~toolfleet.errors.PermissionDenied` whose message say
 which check failed and never contains the token or anything copied from it.
 :meth:`TokenVerifier.verify` does no I/O; key refreshes happen in the async
 :meth:`TokenVerifier.refresh` / :meth:`TokenVerifier.verify_fresh`. Revocation (by
-``jti``) is checked separately, see :mod:`toolfleet.auth.revocation`.
+``jti``) is checked separately, see :mod:`toolfleet.storage.revocation`.
 
 An agent sends the same token with every call, and an RS256 signature check is the
 largest cost of authorizing one (``bench/PROFILE.md``), so a verifier remembers the

@@ -8,8 +8,11 @@ the producer is idempotent with ``acks=all``; a stopping consumer leaves its gro
 (``getmany(timeout_ms)``, ``pause``/``resume``, ``commit``, ``stop``).
 
 ``dev`` is the embedded broker's (``toolfleet dev``, the tests). Its implementation
-lives in the dev stack (:mod:`toolfleet.devstack.broker_profile`): the process that
-composes a worker or a client picks it, and the runtime sees only the ports below.
+lives in the dev stack (:mod:`toolfleet.devstack.broker_profile`, the only product code
+touching private parts of aiokafka) and reaches the fleet as a plugin: the package
+registers it under the ``toolfleet.broker_profiles`` entry points, and
+:func:`open_profile` loads it only when named. The bus never imports the dev stack;
+the runtime sees only the ports below.
 
 A consumer's poll loop calls its :class:`FetchPacing`; a producer tells the profile's
 :class:`TrafficAnnouncer` (if any) of every acknowledged send; the worker runs the
@@ -21,12 +24,18 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from functools import cache
+from importlib.metadata import entry_points
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from toolfleet.settings import FleetSettings
 
 if TYPE_CHECKING:  # annotations only: importable without the fleet extra
     from aiokafka import AIOKafkaConsumer
+    from redis.asyncio import Redis
+
+PROFILE_ENTRY_POINTS = "toolfleet.broker_profiles"
+"""The entry-point group a broker profile other than ``kafka`` is registered under."""
 
 Job = Callable[[asyncio.Event], Coroutine[Any, Any, None]]
 """A background job: runs until the event is set."""
@@ -211,12 +220,46 @@ class ProfileNotGiven(ValueError):
     """The settings name a profile whose implementation the caller did not pass."""
 
 
+class ProfilePlugin(Protocol):
+    """What a profile registered under :data:`PROFILE_ENTRY_POINTS` names."""
+
+    def open(
+        self, settings: FleetSettings, *, redis: Redis | None = None, doorbell: bool = True
+    ) -> BrokerProfile:
+        """The profile of one process (``redis``: a worker's own connection, for the
+        profile's background jobs; ``doorbell=False``: a reader at its own pace)."""
+        ...
+
+
+def open_profile(
+    settings: FleetSettings, *, redis: Redis | None = None, doorbell: bool = True
+) -> BrokerProfile:
+    """The profile ``TOOLFLEET_BROKER_PROFILE`` names, for a worker, a client or a tail
+    (see :meth:`ProfilePlugin.open`); the caller closes it. ``kafka`` is built in; the
+    others are loaded from their entry point when named, never before."""
+    if settings.broker_profile == "kafka":
+        return KafkaProfile(settings)
+    return _plugin(settings.broker_profile).open(settings, redis=redis, doorbell=doorbell)
+
+
+@cache
+def _plugin(name: str) -> ProfilePlugin:
+    found = entry_points(group=PROFILE_ENTRY_POINTS, name=name)
+    if not found:
+        raise ProfileNotGiven(
+            f"TOOLFLEET_BROKER_PROFILE={name}: no such profile is installed "
+            f"(entry points {PROFILE_ENTRY_POINTS}); install toolfleet itself "
+            "(pip install -e .) rather than putting its sources on the path"
+        )
+    return cast(ProfilePlugin, next(iter(found)).load())
+
+
 def built_in_profile(settings: FleetSettings) -> BrokerProfile:
     """The profile of a consumer nobody passed one to: ``kafka``'s. The ``dev``
-    profile's implementation is the dev stack's, so a consumer under it is given one."""
+    profile's implementation lives apart, so a consumer under it is given one."""
     if settings.broker_profile != "kafka":
         raise ProfileNotGiven(
             f"TOOLFLEET_BROKER_PROFILE={settings.broker_profile}: pass its implementation "
-            "(toolfleet.devstack.broker_profile.DevBrokerProfile) as profile="
+            "(open_profile(settings)) as profile="
         )
     return KafkaProfile(settings)

@@ -14,7 +14,7 @@ full-jitter backoff for as long as it takes; anything else is retried a few time
 dead-lettered with the original bytes.
 
 How a consumer waits for records and how it leaves its group are its broker profile's
-(:mod:`toolfleet.bus.profile`): long polls and LeaveGroup by default, the dev stack's
+(:mod:`toolfleet.bus.profile`): long polls and LeaveGroup by default, another
 profile when the process was given it.
 """
 
@@ -241,7 +241,10 @@ class EventConsumer:
         self._profile = profile
         self._pacing: FetchPacing | None = None
         self.assigned = asyncio.Event()
-        """Set once the consumer has been assigned partitions (tests and readiness)."""
+        """Set once the consumer has been assigned partitions (tests)."""
+        self.joined = asyncio.Event()
+        """Set once the consumer has joined its group, with or without partitions (a member
+        beyond the partition count gets none and is still in its group): readiness."""
         # Metric children bound once: a ``labels()`` lookup per record was 6% of audit.
         # The in-flight gauge is read when scraped, not set twice per record.
         alive = weakref.ref(self)
@@ -970,6 +973,7 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
             "partitions assigned",
             extra={"group": self._runtime.spec.group_id, "partitions": len(assigned)},
         )
+        self._runtime.joined.set()
         if assigned:
             self._runtime.assigned.set()
         on_assign = self._runtime.spec.on_assign

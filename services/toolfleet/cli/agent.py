@@ -20,8 +20,8 @@ from toolfleet.agent.replay import ReplayReport, read_bundle, replay
 from toolfleet.cli.errors import CliError, friendly
 from toolfleet.cli.output import console, print_json
 from toolfleet.cli.remote import JsonOption
+from toolfleet.contract.manifest import ToolManifest
 from toolfleet.errors import ProviderSchemaError
-from toolfleet.registry.manifest import ToolManifest
 
 app = typer.Typer(help="The agent runner's tools (replay bundles).", no_args_is_help=True)
 

@@ -8,7 +8,7 @@ import json
 import signal
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 import typer
 
@@ -19,9 +19,6 @@ from toolfleet.errors import InvalidEvent
 from toolfleet.events.codec import STRUCTURED_CONTENT_TYPE, decode
 from toolfleet.events.types import TopicName, topic
 from toolfleet.settings import FleetSettings
-
-if TYPE_CHECKING:
-    from toolfleet.bus.profile import BrokerProfile
 
 app = typer.Typer(help="The audit trail.", no_args_is_help=True)
 
@@ -64,10 +61,10 @@ async def _tail(
         loop.add_signal_handler(sig, stop.set)
     from aiokafka import AIOKafkaConsumer  # the fleet extra: imported on use
 
-    from toolfleet.bus.profile import PacingInput
+    from toolfleet.bus.profile import PacingInput, open_profile
 
     audit = topic(settings.topic_prefix, TopicName.AUDIT)
-    profile = _broker_profile(settings)
+    profile = open_profile(settings, doorbell=False)  # a tail reads at its own pace
     pacing = profile.pacing(
         PacingInput(
             topics=frozenset({audit}),
@@ -98,18 +95,6 @@ async def _tail(
         pacing.close()
         await consumer.stop()
         await profile.aclose()
-
-
-def _broker_profile(settings: FleetSettings) -> BrokerProfile:
-    """The profile ``TOOLFLEET_BROKER_PROFILE`` names, without a doorbell: a tail reads
-    one topic at its own pace (the dev stack is imported only for its profile)."""
-    from toolfleet.bus.profile import KafkaProfile
-
-    if settings.broker_profile == "dev":
-        from toolfleet.devstack.broker_profile import DevBrokerProfile
-
-        return DevBrokerProfile.open(settings, doorbell=False)
-    return KafkaProfile(settings)
 
 
 def _write_line(line: str) -> None:

@@ -45,10 +45,21 @@ def _devstack(module: str, attribute: str) -> object:
     return getattr(loaded, attribute)
 
 
-def dev() -> None:
+def dev(
+    verbose: Annotated[
+        bool,
+        typer.Option(
+            "--verbose",
+            "-v",
+            envvar="TOOLFLEET_DEV_VERBOSE",
+            help="Stream every service's output to the terminal too (it always goes to "
+            "$TOOLFLEET_HOME/logs/<service>.log).",
+        ),
+    ] = False,
+) -> None:
     """Run the whole fleet and the API on this machine (embedded servers where unset)."""
-    run_dev = cast(Callable[[], int], _devstack("supervisor", "run_dev"))
-    raise typer.Exit(run_dev())
+    run_dev = cast(Callable[..., int], _devstack("supervisor", "run_dev"))
+    raise typer.Exit(run_dev(verbose=verbose))
 
 
 def init(

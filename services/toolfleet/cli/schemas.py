@@ -5,7 +5,7 @@ Usage::
     python -m toolfleet.cli.schemas schemas          # (re)write the files
     python -m toolfleet.cli.schemas --check schemas  # write nothing; exit 1 listing drift
 
-The text comes from :func:`toolfleet.events.schema_export.render`; this module owns the
+The text comes from :func:`toolfleet.contract.schema_export.render`; this module owns the
 files: what differs, what is stale, and writing them.
 """
 
@@ -16,7 +16,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from toolfleet.events.schema_export import ASYNCAPI_PATH, ENVELOPE_SCHEMA_PATH, GENERATOR, render
+from toolfleet.contract.schema_export import ASYNCAPI_PATH, ENVELOPE_SCHEMA_PATH, GENERATOR, render
 
 
 def _existing(root: Path) -> set[str]:

@@ -97,7 +97,7 @@ def revoke(
     ] = None,
 ) -> None:
     """Revoke a capability token by jti: policy refuses it from now on."""
-    from toolfleet.auth.revocation import revocation_key  # the fleet extra (redis)
+    from toolfleet.storage.revocation import revocation_key  # the fleet extra (redis)
 
     settings = load_settings(FleetSettings)
     try:
@@ -111,8 +111,8 @@ def revoke(
 
 
 async def _revoke(settings: FleetSettings, jti: str, ttl_s: int) -> None:
-    from toolfleet.auth.revocation import RedisRevocationList
     from toolfleet.storage.redis import connect_redis
+    from toolfleet.storage.revocation import RedisRevocationList
 
     redis = connect_redis(settings.redis_url, max_connections=2, wait_s=5.0)
     try:

@@ -25,9 +25,9 @@ from uuid import UUID
 
 import httpx
 
-from toolfleet.api.models import CancelResult, DecisionResult, InvocationView, InvokeAccepted
 from toolfleet.client.handles import InvocationHandle
 from toolfleet.client.requests import InvokeOptions, RequestPublisher, invoke_request
+from toolfleet.contract.http import CancelResult, DecisionResult, InvocationView, InvokeAccepted
 from toolfleet.errors import ToolfleetError
 from toolfleet.events.models import InvokeRequested
 

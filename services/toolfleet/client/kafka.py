@@ -7,7 +7,7 @@ topics directly, only the partition the tenant's key maps to, positioned before
 publishing so no outcome can be missed. While nobody waits, the watcher's partitions
 are paused (it costs the broker nothing); registering a wait resumes it where it
 stopped. The broker profile (``TOOLFLEET_BROKER_PROFILE``, :mod:`toolfleet.bus.profile`)
-paces the watcher: ``kafka`` long-polls; under the dev stack's profile each acknowledged
+paces the watcher: ``kafka`` long-polls; under the dev broker's profile each acknowledged
 send rings its topic so that resting consumers of the fleet wake, and the watcher itself
 rests between outcomes and wakes when the results or events topic rings.
 """
@@ -27,7 +27,7 @@ from toolfleet.auth.control import ControlSigner, control_claims
 from toolfleet.auth.outcomes import OutcomeVerifier
 from toolfleet.bus.connection import connection_kwargs
 from toolfleet.bus.producer import EventProducer, Outbound
-from toolfleet.bus.profile import BrokerProfile, FetchPacing, KafkaProfile, PacingInput
+from toolfleet.bus.profile import BrokerProfile, FetchPacing, PacingInput, open_profile
 from toolfleet.client.handles import InvocationHandle, Progress, ProgressCallback
 from toolfleet.client.requests import InvokeOptions, RequestPublisher
 from toolfleet.errors import InvalidEvent
@@ -48,16 +48,6 @@ from toolfleet.settings import FleetSettings
 log = logging.getLogger(__name__)
 
 
-def broker_profile(settings: FleetSettings) -> BrokerProfile:
-    """The profile ``TOOLFLEET_BROKER_PROFILE`` names; the dev stack is imported only for
-    its own (whose doorbell rings on a Redis connection of the client's own)."""
-    if settings.broker_profile == "dev":
-        from toolfleet.devstack.broker_profile import DevBrokerProfile
-
-        return DevBrokerProfile.open(settings)
-    return KafkaProfile(settings)
-
-
 class ToolfleetClient(RequestPublisher):
     """Async producer client. Use as ``async with ToolfleetClient(settings) as client``."""
 
@@ -75,7 +65,7 @@ class ToolfleetClient(RequestPublisher):
         self._source = str(source)
         self._watch = watch
         self._own_profile = profile is None
-        self._profile = profile if profile is not None else broker_profile(settings)
+        self._profile = profile if profile is not None else open_profile(settings)
         self._producer = EventProducer(
             settings, client_id="toolfleet-client", traffic=self._profile.announcer
         )

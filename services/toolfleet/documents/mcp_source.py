@@ -20,11 +20,11 @@ from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 from pydantic import BaseModel, ValidationError
 
-from toolfleet.documents.models import Document, DocumentMetadata, SearchHit
 from toolfleet.documents.source import DocumentQuery
 from toolfleet.errors import DocumentNotFound, DocumentSourceUnavailable
 from toolfleet.sources.models import DEFAULT_MAX_RESPONSE_BYTES
 from toolfleet.sources.stdio_client import StdioConnection
+from toolfleet.tools.documents import Document, DocumentMetadata, SearchHit
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from toolfleet.documents.models import Document, DocumentMetadata, SearchHit
 from toolfleet.documents.pins import DocumentPins
 from toolfleet.documents.source import DocumentQuery, DocumentSource
 from toolfleet.errors import (
@@ -34,6 +33,7 @@ from toolfleet.errors import (
     DocumentVersionConflict,
 )
 from toolfleet.events.models import DocumentAccess, DocumentContext, DocumentRef
+from toolfleet.tools.documents import Document, DocumentMetadata, SearchHit
 
 if TYPE_CHECKING:  # Redis-backed: the executor passes one; tool authors' tests need none
     from toolfleet.documents.cache import DocumentCache

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from toolfleet.documents.models import Document, DocumentMetadata, SearchHit
 from toolfleet.errors import DocumentNotFound
+from toolfleet.tools.documents import Document, DocumentMetadata, SearchHit
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

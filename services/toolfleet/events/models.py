@@ -39,11 +39,11 @@ def nesting_depth_exceeds(value: object, limit: int) -> bool:
 
 
 class _Inbound(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
 
 class _Internal(BaseModel):
-    model_config = ConfigDict(extra="ignore", frozen=True)
+    model_config = ConfigDict(extra="ignore", frozen=True, use_attribute_docstrings=True)
 
 
 class InvocationStatus(StrEnum):

@@ -22,7 +22,6 @@ from functools import cached_property
 from typing import Any
 
 from toolfleet.auth.grants import ExecutionGrant, GrantVerifier
-from toolfleet.auth.revocation import RevocationList, ensure_grant_not_revoked
 from toolfleet.errors import (
     Cancelled,
     CircuitBreakerOpen,
@@ -46,10 +45,11 @@ from toolfleet.executor.leasing.fencing import Fence
 from toolfleet.executor.leasing.leases import Seen
 from toolfleet.executor.ports import ToolProvider
 from toolfleet.registry.catalog import ToolCatalog
-from toolfleet.sdk.tool import ToolSpec
 from toolfleet.secrets.capability import CredentialCapability, resolve_credentials
 from toolfleet.secrets.store import SecretStore
 from toolfleet.storage.cancel_flags import CancelFlags
+from toolfleet.storage.revocation import RevocationList, ensure_grant_not_revoked
+from toolfleet.tools.spec import ToolSpec
 
 __all__ = [
     "Admission",

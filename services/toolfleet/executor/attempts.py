@@ -1,6 +1,6 @@
 """One invocation's attempts: the retry loop and the circuit breaker around each run.
 
-Retries follow the tool's :class:`~toolfleet.sdk.policies.RetryPolicy` through tenacity:
+Retries follow the tool's :class:`~toolfleet.tools.policies.RetryPolicy` through tenacity:
 only errors whose class is retryable (:func:`toolfleet.errors.is_retryable`) are
 retried, after an exponential backoff with full jitter (``wait_random_exponential``).
 Every attempt builds a fresh context from the latest checkpoint, so a retry resumes
@@ -31,8 +31,8 @@ from toolfleet.errors import (
 )
 from toolfleet.executor.circuits.breaker import CallOutcome, CircuitBreaker, Transition, Verdict
 from toolfleet.executor.runner import RunResult, run_tool
-from toolfleet.sdk.context import ToolContext
-from toolfleet.sdk.tool import ToolSpec
+from toolfleet.tools.context import ToolContext
+from toolfleet.tools.spec import ToolSpec
 
 #: Errors that say the tool's upstream is unhealthy; other errors do not move a circuit.
 CIRCUIT_FAILURES = frozenset(

@@ -22,8 +22,8 @@ from typing import Any, Protocol
 
 from redis.asyncio import Redis
 
-from toolfleet.sdk.policies import CachePolicy
 from toolfleet.storage.at_rest import AtRestCipher
+from toolfleet.tools.policies import CachePolicy
 
 
 def call_id(*, tool_id: str, tool_version: str, parameters: dict[str, Any], tenant_id: str) -> str:

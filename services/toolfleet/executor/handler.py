@@ -9,7 +9,6 @@ from collections.abc import Awaitable, Sequence
 
 from toolfleet.auth.control import ControlVerifier, is_signed_cancel
 from toolfleet.auth.grants import GrantVerifier
-from toolfleet.auth.revocation import CachedRevocationList
 from toolfleet.bus.offsets import Partition
 from toolfleet.bus.producer import EventProducer, Outbound
 from toolfleet.bus.runtime import EventConsumer, Inbound
@@ -53,6 +52,7 @@ from toolfleet.storage.at_rest import RESULT_CACHE, TRANSFER_BLOB, AtRestCipher
 from toolfleet.storage.blobs import PostgresBlobStore
 from toolfleet.storage.cancel_flags import RedisCancelFlags
 from toolfleet.storage.invalidation import run_invalidation_listener
+from toolfleet.storage.revocation import CachedRevocationList
 from toolfleet.worker import Resources
 
 

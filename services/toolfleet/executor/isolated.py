@@ -1,7 +1,7 @@
 """Runs each attempt where its tool's spec says: the loop, a worker process, a sandbox.
 
 The limits of an isolated run are the tool's, nested in its agent's (BC-1,
-:func:`toolfleet.isolation.limits.bound_limits`): a tool asking more than the request's
+:func:`toolfleet.tools.limits.bound_limits`): a tool asking more than the request's
 ``resource_limits`` is refused before anything starts. The files and hosts a sandbox
 sees come from policy's signed grant (:func:`sandbox_grants`), never from the event
 alone. ``core__run_python`` and command tools run only in a sandbox.
@@ -30,18 +30,18 @@ from toolfleet.events.types import EventType, Source, TopicName
 from toolfleet.executor.ports import Emitter
 from toolfleet.executor.runner import RunResult, run_tool
 from toolfleet.isolation.egress import EgressGrant, EgressProxy, EgressRecord
-from toolfleet.isolation.limits import (
+from toolfleet.isolation.runtime import Grants, IsolatedCall, IsolationRuntime, RuntimeConfig
+from toolfleet.isolation.sandbox import parse_filesystem_permissions
+from toolfleet.isolation.stdio import StdioSandbox
+from toolfleet.tools.context import ToolContext
+from toolfleet.tools.limits import (
     AgentLimits,
     FleetLimits,
     Isolation,
     ManifestDefaults,
     bound_limits,
 )
-from toolfleet.isolation.runtime import Grants, IsolatedCall, IsolationRuntime, RuntimeConfig
-from toolfleet.isolation.sandbox import parse_filesystem_permissions
-from toolfleet.isolation.stdio import StdioSandbox
-from toolfleet.sdk.context import ToolContext
-from toolfleet.sdk.tool import ToolSpec
+from toolfleet.tools.spec import ToolSpec
 
 if TYPE_CHECKING:
     from toolfleet.executor.settings import ExecutorSettings

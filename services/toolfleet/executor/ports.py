@@ -7,7 +7,7 @@ from typing import Protocol
 
 from toolfleet.events.envelope import Envelope
 from toolfleet.events.types import TopicName
-from toolfleet.sdk.tool import ToolSpec
+from toolfleet.tools.spec import ToolSpec
 
 
 class Emitter(Protocol):

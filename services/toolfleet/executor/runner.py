@@ -28,8 +28,8 @@ from toolfleet.errors import (
 from toolfleet.events.envelope import field_errors
 from toolfleet.executor.leasing.fencing import StaleLease
 from toolfleet.isolation.runtime import Usage
-from toolfleet.sdk.context import ToolContext
-from toolfleet.sdk.tool import ToolSpec
+from toolfleet.tools.context import ToolContext
+from toolfleet.tools.spec import ToolSpec
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 from toolfleet.auth.grants import ExecutionGrant, GrantVerifier
-from toolfleet.auth.revocation import RevocationList
 from toolfleet.documents.cache import DocumentCache
 from toolfleet.documents.pins import MemoryPinBook, PinBook
 from toolfleet.documents.reader import CallDocuments
@@ -60,15 +59,16 @@ from toolfleet.executor.pools import PoolRouter
 from toolfleet.executor.ports import Emitter, ToolProvider
 from toolfleet.executor.result_transfer import ResultTransfer
 from toolfleet.executor.runner import RunResult
-from toolfleet.isolation.limits import AgentLimits, FleetLimits
 from toolfleet.isolation.runtime import IsolationRuntime
 from toolfleet.observability import metrics
 from toolfleet.observability.tracing import span
 from toolfleet.registry.catalog import ToolCatalog
-from toolfleet.sdk.context import ToolContext
 from toolfleet.secrets.capability import LeakDetector
 from toolfleet.secrets.store import SecretStore
 from toolfleet.storage.cancel_flags import CancelFlags
+from toolfleet.storage.revocation import RevocationList
+from toolfleet.tools.context import ToolContext
+from toolfleet.tools.limits import AgentLimits, FleetLimits
 
 __all__ = ["Emitted", "ExecutorService"]
 

@@ -18,8 +18,8 @@ from pydantic import BaseModel, Field
 
 from toolfleet.errors import SandboxFailure, ToolTimeout
 from toolfleet.events.models import Effect
-from toolfleet.sdk.context import ToolContext
-from toolfleet.sdk.tool import tool
+from toolfleet.tools.context import ToolContext
+from toolfleet.tools.spec import tool
 
 #: Set in every sandboxed worker's environment; ``core__run_python`` refuses without it.
 SANDBOX_MARKER = "TOOLFLEET_SANDBOX"

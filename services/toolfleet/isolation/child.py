@@ -55,7 +55,9 @@ def serve(
     if uid is not None and os.geteuid() == 0:
         _drop_privileges(uid, workdir)
     _no_new_privs()
-    import toolfleet.sdk  # noqa: F401  (preloaded: the part of a start a warm worker saves)
+    # Preloaded (the part of a start a warm worker saves): what ``toolfleet.sdk`` gives
+    # a tool module.
+    import toolfleet.tools.spec  # noqa: F401
 
     if preload:
         # A warm worker kept for one tool: its module imported now, as its own uid, in
@@ -219,7 +221,7 @@ async def _run_tool(job: dict[str, Any], channel: Channel) -> dict[str, Any]:
             from toolfleet.isolation.command import run_command
 
             return await run_command(job, ctx)
-        from toolfleet.sdk.tool import spec_of
+        from toolfleet.tools.spec import spec_of
 
         module_name, _, qualname = str(job["target"]).partition(":")
         target: Any = importlib.import_module(module_name)

@@ -27,8 +27,8 @@ from toolfleet.errors import (
     ToolExecutionError,
 )
 from toolfleet.events.models import Effect
-from toolfleet.sdk.context import ToolContext
-from toolfleet.sdk.tool import SPEC_ATTRIBUTE, ToolFunction, spec_of, tool
+from toolfleet.tools.context import ToolContext
+from toolfleet.tools.spec import SPEC_ATTRIBUTE, ToolFunction, spec_of, tool
 
 
 async def run_command(job: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
@@ -146,7 +146,7 @@ def command_tool(
                           redaction_allowlist=["lines"])
 
     List it in a tool module's ``TOOLS`` like any other tool. Other options are
-    :func:`~toolfleet.sdk.tool.tool`'s; ``isolation`` is always ``sandbox``.
+    :func:`~toolfleet.tools.spec.tool`'s; ``isolation`` is always ``sandbox``.
     """
     if not command or not os.path.isabs(command[0]):
         raise RegistrationError(f"{id}: command names an executable by its absolute path")

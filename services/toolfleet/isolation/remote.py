@@ -7,13 +7,13 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any, Protocol
 
-from toolfleet.sdk.context import CheckpointInput, ToolContext
 from toolfleet.secrets.store import Secret
+from toolfleet.tools.context import CheckpointInput, ToolContext
 
 if TYPE_CHECKING:
     import concurrent.futures
 
-    from toolfleet.documents.models import Document, DocumentMetadata, SearchHit
+    from toolfleet.tools.documents import Document, DocumentMetadata, SearchHit
 
 
 class Caller(Protocol):
@@ -63,12 +63,12 @@ class RemoteDocuments:
         return await asyncio.wrap_future(self._channel.call(f"documents.{method}", args))
 
     async def get(self, document_id: str) -> Document:
-        from toolfleet.documents.models import Document
+        from toolfleet.tools.documents import Document
 
         return Document.model_validate(await self._ask("get", {"document_id": document_id}))
 
     async def metadata(self, document_id: str) -> DocumentMetadata:
-        from toolfleet.documents.models import DocumentMetadata
+        from toolfleet.tools.documents import DocumentMetadata
 
         answer = await self._ask("metadata", {"document_id": document_id})
         return DocumentMetadata.model_validate(answer)
@@ -81,7 +81,7 @@ class RemoteDocuments:
 
 
 def _hits(answer: Any) -> list[SearchHit]:
-    from toolfleet.documents.models import SearchHit
+    from toolfleet.tools.documents import SearchHit
 
     return [SearchHit.model_validate(hit) for hit in answer or []]
 

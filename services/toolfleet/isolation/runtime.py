@@ -2,7 +2,7 @@
 
 :class:`IsolationRuntime` owns the warm pools, the slots (one uid each) and the egress
 proxy sessions. :meth:`IsolationRuntime.run` sends the job, answers the worker's RPC
-calls with the executor's real :class:`~toolfleet.sdk.context.ToolContext` (checkpoints,
+calls with the executor's real :class:`~toolfleet.tools.context.ToolContext` (checkpoints,
 credentials), forwards a cancel, and enforces the wall clock: at the timeout the
 process group gets SIGTERM, and SIGKILL after the grace period. A cancelled run (an
 executor cancel after its grace, a lost lease, shutdown) kills the group at once.
@@ -42,7 +42,6 @@ from toolfleet.errors import (
 from toolfleet.isolation import seccomp
 from toolfleet.isolation.bridge import PROXY_URL
 from toolfleet.isolation.egress import EgressGrant, EgressProxy
-from toolfleet.isolation.limits import Isolation, RunLimits
 from toolfleet.isolation.sandbox import (
     EGRESS_SOCKET,
     WORKDIR,
@@ -55,7 +54,8 @@ from toolfleet.isolation.sandbox import (
 )
 from toolfleet.isolation.worker import Worker, worker_command
 from toolfleet.isolation.zygote import ForkServer
-from toolfleet.sdk.context import ToolContext
+from toolfleet.tools.context import ToolContext
+from toolfleet.tools.limits import Isolation, RunLimits
 
 log = logging.getLogger(__name__)
 

@@ -37,7 +37,6 @@ from toolfleet.errors import SandboxFailure
 from toolfleet.isolation import seccomp
 from toolfleet.isolation.bridge import PROXY_URL
 from toolfleet.isolation.egress import EgressGrant, EgressProxy
-from toolfleet.isolation.limits import FleetLimits
 from toolfleet.isolation.sandbox import (
     EGRESS_SOCKET,
     SECCOMP_FD,
@@ -48,6 +47,7 @@ from toolfleet.isolation.sandbox import (
     import_paths,
     parse_filesystem_permissions,
 )
+from toolfleet.tools.limits import FleetLimits
 
 _MODULE = "toolfleet.isolation.stdio"
 

@@ -210,8 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     # What every worker would import for itself: done once here.
     import toolfleet.isolation.child
     import toolfleet.isolation.remote
-    import toolfleet.sdk
-    import toolfleet.sdk.tool  # noqa: F401
+    import toolfleet.tools.context
+    import toolfleet.tools.spec  # noqa: F401
 
     control = socket.socket(fileno=args.fd)
     wake_read, wake_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)

@@ -20,7 +20,6 @@ from collections.abc import Sequence
 from toolfleet.auth.control import ControlVerifier
 from toolfleet.auth.grants import GrantSigner
 from toolfleet.auth.outcomes import OutcomeVerifier
-from toolfleet.auth.revocation import CachedRevocationList
 from toolfleet.auth.tokens import open_verifier
 from toolfleet.bus.admin import ensure_pool_topics
 from toolfleet.bus.producer import Outbound
@@ -30,7 +29,6 @@ from toolfleet.errors import InvalidEvent
 from toolfleet.events import routing
 from toolfleet.events.envelope import Emitted, Envelope
 from toolfleet.events.types import DEFAULT_POOL, EventType, TopicName, pool_topic
-from toolfleet.isolation.limits import FleetLimits
 from toolfleet.policy.approval_expiry import expiry_outcome, run_expiry_sweeper
 from toolfleet.policy.cache import RedisPolicyCache, run_invalidation_listener
 from toolfleet.policy.claims import DEFAULT_CLAIM_TTL_S, RedisInvocationClaims
@@ -51,6 +49,8 @@ from toolfleet.registry.lookup import ToolLookup
 from toolfleet.registry.store import RegistryStore
 from toolfleet.storage.cancel_flags import RedisCancelFlags
 from toolfleet.storage.pools import RedisPoolPresence, RedisQueuedCalls
+from toolfleet.storage.revocation import CachedRevocationList
+from toolfleet.tools.limits import FleetLimits
 from toolfleet.worker import Resources
 
 log = logging.getLogger(__name__)

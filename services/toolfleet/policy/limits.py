@@ -3,21 +3,21 @@
 An agent may ask a call to run under less memory, CPU or time than the tool's manifest
 and the fleet give it, never more: a higher ask is refused before anything is authorized
 (``resource_exhausted``, not retryable, ``details`` naming the limit). The ceiling and the
-check are :mod:`toolfleet.isolation.limits`' own, so policy refuses exactly what the
+check are :mod:`toolfleet.tools.limits`' own, so policy refuses exactly what the
 executor would clamp.
 """
 
 from __future__ import annotations
 
+from toolfleet.contract.manifest import ToolManifest
 from toolfleet.events.models import ResourceLimits
-from toolfleet.isolation.limits import (
+from toolfleet.tools.limits import (
     AgentLimits,
     CallCeiling,
     FleetLimits,
     ManifestDefaults,
     refuse_raised,
 )
-from toolfleet.registry.manifest import ToolManifest
 
 
 def check_resource_limits(

@@ -29,8 +29,8 @@ from toolfleet.auth.control import ControlVerifier, control_claims
 from toolfleet.auth.grants import GrantSigner
 from toolfleet.auth.grants import parameters_hash as _grant_parameters_hash
 from toolfleet.auth.outcomes import OutcomeVerifier, screen
-from toolfleet.auth.revocation import RevocationList, ensure_not_revoked
 from toolfleet.auth.tokens import Capability, TokenVerifier
+from toolfleet.contract.manifest import SourceType
 from toolfleet.errors import (
     ErrorCode,
     InvalidEvent,
@@ -52,7 +52,6 @@ from toolfleet.events.models import (
 )
 from toolfleet.events.outcomes import failure_event, outcome_event, refused_outcome_event
 from toolfleet.events.types import TERMINAL_TYPES, EventType, Source, TopicName
-from toolfleet.isolation.limits import FleetLimits
 from toolfleet.observability.metrics import OUTCOMES_REFUSED
 from toolfleet.policy.admission import Admission, AdmitInput
 from toolfleet.policy.claims import (
@@ -76,11 +75,12 @@ from toolfleet.policy.pools import PoolLiveness
 from toolfleet.policy.ratelimit import RateLimiter, RateLimits, rate_limit_error
 from toolfleet.registry.enforcement import check_parameters
 from toolfleet.registry.lookup import ResolvedTool, ToolLookup
-from toolfleet.registry.manifest import SourceType
 from toolfleet.registry.schemas import CompiledSchemas
 from toolfleet.registry.versions import matches
 from toolfleet.storage.cancel_flags import CancelFlags
 from toolfleet.storage.pools import QueuedCalls, queued_call, queued_notification
+from toolfleet.storage.revocation import RevocationList, ensure_not_revoked
+from toolfleet.tools.limits import FleetLimits
 
 AUTHTYPE = "app_user"
 """authcontext ``authtype`` for calls authorized by a verified capability token."""

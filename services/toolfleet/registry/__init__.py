@@ -11,18 +11,18 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from toolfleet.contract.manifest import LifecycleState, ToolManifest
     from toolfleet.registry.lookup import ResolvedTool, ToolLookup
-    from toolfleet.registry.manifest import LifecycleState, ToolManifest
     from toolfleet.registry.schemas import CompiledSchemas
     from toolfleet.registry.store import RegistryStore
 
 _EXPORTS = {
     "CompiledSchemas": "toolfleet.registry.schemas",
-    "LifecycleState": "toolfleet.registry.manifest",
+    "LifecycleState": "toolfleet.contract.manifest",
     "RegistryStore": "toolfleet.registry.store",
     "ResolvedTool": "toolfleet.registry.lookup",
     "ToolLookup": "toolfleet.registry.lookup",
-    "ToolManifest": "toolfleet.registry.manifest",
+    "ToolManifest": "toolfleet.contract.manifest",
 }
 
 __all__ = [

@@ -9,7 +9,7 @@ from importlib.metadata import entry_points
 from types import ModuleType
 
 from toolfleet.errors import RegistrationError
-from toolfleet.sdk.tool import ToolFunction, ToolSpec, is_tool, spec_of
+from toolfleet.tools.spec import ToolFunction, ToolSpec, is_tool, spec_of
 
 log = logging.getLogger(__name__)
 

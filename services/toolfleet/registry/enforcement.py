@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from toolfleet.contract.manifest import ToolManifest
 from toolfleet.errors import InvalidParameters, RedactionFailed, ResultValidationFailed
-from toolfleet.registry.manifest import ToolManifest
 from toolfleet.registry.redaction import redact
 from toolfleet.registry.schemas import CompiledSchemas
 

@@ -17,8 +17,8 @@ from typing import Protocol
 
 import semver
 
+from toolfleet.contract.manifest import ToolManifest
 from toolfleet.errors import ToolNotFound
-from toolfleet.registry.manifest import ToolManifest
 from toolfleet.registry.versions import VersionInfo, resolve
 
 
@@ -155,7 +155,7 @@ class ToolLookup:
 
 def _next_date(manifests: Iterable[ToolManifest], now: datetime) -> datetime | None:
     """The first deprecation or sunset date after ``now``: until then, every version's
-    effective state (:func:`~toolfleet.registry.manifest.effective_state`) stays put.
+    effective state (:func:`~toolfleet.contract.manifest.effective_state`) stays put.
 
     ``now`` itself (nothing is reused) when a date cannot be compared with ``now``."""
     try:

@@ -13,14 +13,15 @@ import asyncpg
 import semver
 from asyncpg.pool import PoolConnectionProxy
 
-from toolfleet.errors import InvalidParameters, RegistrationError, StateConflict, ToolNotFound
-from toolfleet.registry.manifest import (
+from toolfleet.contract.manifest import (
     LIFECYCLE_ORDER,
     LifecycleState,
     ToolCategory,
     ToolManifest,
     effective_state,
 )
+from toolfleet.contract.result_rules import ResultRules
+from toolfleet.errors import InvalidParameters, RegistrationError, StateConflict, ToolNotFound
 from toolfleet.registry.search import (
     MIN_SCORE,
     Match,
@@ -29,7 +30,6 @@ from toolfleet.registry.search import (
     shared_embedder,
     tool_text,
 )
-from toolfleet.results.rules import ResultRules
 from toolfleet.storage.pg_text import escape_array, unescape_array
 
 log = logging.getLogger(__name__)

@@ -15,8 +15,8 @@ from datetime import datetime
 
 import semver
 
+from toolfleet.contract.manifest import LifecycleState, effective_state
 from toolfleet.errors import ToolRemoved, ToolVersionNotFound
-from toolfleet.registry.manifest import LifecycleState, effective_state
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

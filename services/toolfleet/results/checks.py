@@ -17,12 +17,12 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from toolfleet.contract.manifest import ToolManifest
+from toolfleet.contract.result_rules import ResultMode, ResultRules
 from toolfleet.errors import ResultTooLarge
 from toolfleet.registry.enforcement import visible_result
-from toolfleet.registry.manifest import ToolManifest
 from toolfleet.registry.schemas import CompiledSchemas
 from toolfleet.results.coercion import coerce
-from toolfleet.results.rules import ResultMode, ResultRules
 from toolfleet.results.sanitizer import CompiledSanitizer
 
 

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from datetime import date, datetime
 from typing import Any
 
+from toolfleet.contract.result_rules import key_segment
 from toolfleet.errors import ResultCoercionFailed
-from toolfleet.results.rules import key_segment
 
 _INTEGER = re.compile(r"[+-]?\d{1,30}")
 _NUMBER = re.compile(r"[+-]?(?:\d{1,30}(?:\.\d{1,30})?|\.\d{1,30})(?:[eE][+-]?\d{1,3})?")

@@ -1,6 +1,6 @@
 """Sanitization of a result's string fields, by field path (rules compiled once).
 
-Each :class:`~toolfleet.results.rules.Check` is one regular expression of named
+Each :class:`~toolfleet.contract.result_rules.Check` is one regular expression of named
 alternatives compiled at import; a group's name is the rule id a finding reports
 (``html__script`` is ``html.script``). Detection runs on the text with invisible
 characters removed and NFKC-normalized, so ``ig<U+200B>nore previous instructions`` or
@@ -22,8 +22,7 @@ import unicodedata
 from dataclasses import dataclass, field
 from typing import Any
 
-from toolfleet.errors import ResultSanitizationRejected
-from toolfleet.results.rules import (
+from toolfleet.contract.result_rules import (
     ANY_INDEX,
     ANY_KEY,
     DEFAULT_PATH,
@@ -34,6 +33,7 @@ from toolfleet.results.rules import (
     key_segment,
     parse_path,
 )
+from toolfleet.errors import ResultSanitizationRejected
 
 REDACTED = "[REDACTED]"
 KEY_MARK = "{key}"

@@ -12,8 +12,8 @@ from pydantic import BaseModel, Field
 from toolfleet.errors import Cancelled, InvalidParameters
 from toolfleet.events.models import Effect
 from toolfleet.isolation.builtin import run_python
-from toolfleet.sdk.context import ToolContext
-from toolfleet.sdk.tool import tool
+from toolfleet.tools.context import ToolContext
+from toolfleet.tools.spec import tool
 
 
 class TimeInput(BaseModel):

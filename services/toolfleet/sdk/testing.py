@@ -41,10 +41,10 @@ from toolfleet.executor import runner
 from toolfleet.registry.enforcement import check_parameters
 from toolfleet.registry.schemas import CompiledSchemas
 from toolfleet.results.checks import ResultChecker
-from toolfleet.sdk.context import CheckpointInput, CheckpointSink, DocumentReader, ToolContext
-from toolfleet.sdk.tool import ToolFunction, ToolSpec, spec_of
 from toolfleet.secrets.capability import CredentialCapability, LeakDetector, withheld_output
 from toolfleet.secrets.store import Secret
+from toolfleet.tools.context import CheckpointInput, CheckpointSink, DocumentReader, ToolContext
+from toolfleet.tools.spec import ToolFunction, ToolSpec, spec_of
 
 __all__ = ["CheckpointRecorder", "LocalRun", "context_for", "run_tool"]
 
@@ -54,7 +54,7 @@ _CHECKER = ResultChecker(_SCHEMAS)
 
 
 class CheckpointRecorder:
-    """A :class:`~toolfleet.sdk.context.CheckpointSink` that keeps checkpoints in a list."""
+    """A :class:`~toolfleet.tools.context.CheckpointSink` that keeps checkpoints in a list."""
 
     def __init__(self) -> None:
         self.saved: list[CheckpointInput] = []

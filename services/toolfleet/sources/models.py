@@ -13,10 +13,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from toolfleet.contract.manifest import SourceType, ToolManifest
+from toolfleet.contract.result_rules import ResultRules
 from toolfleet.errors import ErrorInfo
 from toolfleet.events.models import TENANT_ID_PATTERN, TOOL_ID_PATTERN
-from toolfleet.registry.manifest import SourceType, ToolManifest
-from toolfleet.results.rules import ResultRules
 
 #: Source names become part of tool ids: lower-case words joined by ``_``.
 SOURCE_NAME_PATTERN = r"^[a-z][a-z0-9_]{0,47}$"

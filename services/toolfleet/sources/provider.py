@@ -41,10 +41,7 @@ from toolfleet.events.envelope import Envelope, new_event
 from toolfleet.events.models import Effect, SourceToolAdded
 from toolfleet.events.types import EventType, Source, TopicName
 from toolfleet.isolation.egress import Resolver, SystemResolver
-from toolfleet.isolation.limits import Isolation
 from toolfleet.registry.schemas import CompiledSchemas
-from toolfleet.sdk.context import ToolContext
-from toolfleet.sdk.tool import ToolSpec
 from toolfleet.secrets.store import SecretStore
 from toolfleet.sources import http_tools, mcp_tools
 from toolfleet.sources.declared import declared_tools
@@ -60,6 +57,9 @@ from toolfleet.sources.models import (
 )
 from toolfleet.sources.pool import SessionPool, SourceCredentials
 from toolfleet.sources.store import ListingStore, RecordedTools, SourceStore
+from toolfleet.tools.context import ToolContext
+from toolfleet.tools.limits import Isolation
+from toolfleet.tools.spec import ToolSpec
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from toolfleet.results.rules import ResultMode, ResultRules, SanitizeRule
+from toolfleet.contract.result_rules import ResultMode, ResultRules, SanitizeRule
 from toolfleet.sources.models import UNVOUCHED_EFFECT, SourceDefinition, SourceTool, ToolEffect
 from toolfleet.sources.naming import MCP_PREFIX
 

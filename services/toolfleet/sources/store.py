@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
-from toolfleet.registry.manifest import LifecycleState
+from toolfleet.contract.manifest import LifecycleState
 from toolfleet.registry.store import RegistryStore
 from toolfleet.sources.listing import ListingClaim, ListingResult
 from toolfleet.sources.models import (

@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from toolfleet.api.models import InvocationView
+from toolfleet.contract.http import InvocationView
 
 #: Display order of kinds that share a timestamp.
 _ORDER = {

@@ -21,9 +21,8 @@ from uuid import UUID
 
 from redis.asyncio import Redis
 
-from toolfleet.agent.progress import view_events
-from toolfleet.agent.records import EventKind
-from toolfleet.api.models import InvocationView
+from toolfleet.contract.http import InvocationView
+from toolfleet.contract.progress import EventKind, view_events
 from toolfleet.events.models import InvocationStatus
 from toolfleet.storage.notices import FinishedNotices
 
@@ -31,7 +30,7 @@ Read = Callable[[], Awaitable[InvocationView | None]]
 """Reads the invocation's current view (``None`` until status has projected it)."""
 OnProgress = Callable[[InvocationView], Awaitable[None]]
 """Called with each view that shows a new checkpoint (the reading the SSE route shares,
-:func:`toolfleet.agent.progress.view_events`)."""
+:func:`toolfleet.contract.progress.view_events`)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

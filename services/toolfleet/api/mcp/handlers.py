@@ -40,9 +40,10 @@ from toolfleet.api.mcp.results import (
     mcp_tool,
     problem_result,
 )
-from toolfleet.api.models import InvocationView
 from toolfleet.api.problems import ProblemError
 from toolfleet.api.resources import ApiResources
+from toolfleet.contract.http import InvocationView
+from toolfleet.contract.manifest import LifecycleState, ToolManifest
 from toolfleet.errors import ErrorCode
 from toolfleet.events.models import (
     AgentContext,
@@ -51,7 +52,6 @@ from toolfleet.events.models import (
     InvokeRequested,
 )
 from toolfleet.policy.catalog import visible_page
-from toolfleet.registry.manifest import LifecycleState, ToolManifest
 
 log = logging.getLogger(__name__)
 

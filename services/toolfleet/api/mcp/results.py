@@ -16,11 +16,11 @@ from typing import Any, Final
 import mcp_types as types
 
 from toolfleet.api.credential import CloseReason
-from toolfleet.api.models import InvocationView
 from toolfleet.api.problems import ProblemError
+from toolfleet.contract.http import InvocationView
+from toolfleet.contract.manifest import ToolManifest
 from toolfleet.errors import ErrorCode
 from toolfleet.events.models import InvocationStatus
-from toolfleet.registry.manifest import ToolManifest
 
 HANDLE_SCHEMA: Final[dict[str, Any]] = {
     "type": "object",

@@ -11,7 +11,7 @@ invocation is a 404.
 
 ``GET /v1/events/invocations`` is the console's live list: a ``snapshot`` of the newest
 invocations the caller may see, then one ``invocation`` event per change, pushed by the
-projection's notifications (:mod:`toolfleet.api.console.feed`), without polling. A
+projection's notifications (:mod:`toolfleet.api.feed`), without polling. A
 ``snapshot`` again means "replace the list" (after the feed may have missed changes).
 Results are left out; ``GET /v1/invocations/{id}`` has them.
 
@@ -31,15 +31,14 @@ from uuid import UUID
 from fastapi import APIRouter, Depends
 from fastapi.responses import StreamingResponse
 
-from toolfleet.agent.progress import view_events
-from toolfleet.agent.records import EventKind
 from toolfleet.api.auth import CallerDep
-from toolfleet.api.console.feed import RESYNC, Subscription
 from toolfleet.api.credential import CredentialWatch, until_credential_ends
-from toolfleet.api.models import InvocationView
+from toolfleet.api.feed import RESYNC, Subscription
 from toolfleet.api.problems import ProblemError, problem_responses
 from toolfleet.api.queries import InvocationFilter
 from toolfleet.api.resources import ApiResources, resources
+from toolfleet.contract.http import InvocationView
+from toolfleet.contract.progress import EventKind, view_events
 
 router = APIRouter(
     prefix="/v1/invocations", tags=["invocations"], responses=problem_responses(401, 422)

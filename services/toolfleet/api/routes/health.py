@@ -7,10 +7,10 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from toolfleet.api.models import Health, Readiness
 from toolfleet.api.problems import ProblemError, problem_responses
 from toolfleet.api.readiness import check_dependencies
 from toolfleet.api.resources import ApiResources, resources
+from toolfleet.contract.http import Health, Readiness
 
 router = APIRouter(tags=["operations"])
 

@@ -17,7 +17,12 @@ from fastapi import APIRouter, Body, Depends, Header, Query, Response
 
 from toolfleet.api import invoking
 from toolfleet.api.auth import Caller, CallerDep
-from toolfleet.api.models import (
+from toolfleet.api.prefer import Preferences, parse_prefer
+from toolfleet.api.problems import ProblemError, problem_responses
+from toolfleet.api.queries import Cursor, InvalidCursor, InvocationFilter
+from toolfleet.api.resources import ApiResources, resources
+from toolfleet.api.responses import SafeJSONResponse
+from toolfleet.contract.http import (
     CancelResult,
     ControlBody,
     DecisionResult,
@@ -26,11 +31,6 @@ from toolfleet.api.models import (
     InvokeAccepted,
     PollingInfo,
 )
-from toolfleet.api.prefer import Preferences, parse_prefer
-from toolfleet.api.problems import ProblemError, problem_responses
-from toolfleet.api.queries import Cursor, InvalidCursor, InvocationFilter
-from toolfleet.api.resources import ApiResources, resources
-from toolfleet.api.responses import SafeJSONResponse
 from toolfleet.errors import ErrorCode
 from toolfleet.events.identity import CallKey, traceparent_in, valid_traceparent
 from toolfleet.events.models import TOOL_ID_PATTERN, InvocationStatus, InvokeRequested

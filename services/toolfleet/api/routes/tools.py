@@ -17,21 +17,21 @@ from fastapi import APIRouter, Depends, Path, Query
 from toolfleet.api.auth import CallerDep
 from toolfleet.api.catalog import catalog_view
 from toolfleet.api.invoking import publishing
-from toolfleet.api.models import (
+from toolfleet.api.problems import ProblemError, problem_responses
+from toolfleet.api.resources import ApiResources, resources
+from toolfleet.contract.http import (
     LifecyclePatch,
     LifecycleResult,
     ToolDetail,
     ToolPage,
     ToolSummary,
 )
-from toolfleet.api.problems import ProblemError, problem_responses
-from toolfleet.api.resources import ApiResources, resources
+from toolfleet.contract.manifest import LifecycleState
 from toolfleet.errors import ErrorCode, InvalidParameters, StateConflict, ToolNotFound
 from toolfleet.events.envelope import new_event
 from toolfleet.events.models import ToolLifecycleChanged
 from toolfleet.events.types import EventType, Source, TopicName
 from toolfleet.policy.catalog import visible_page
-from toolfleet.registry.manifest import LifecycleState
 from toolfleet.registry.search import MIN_SCORE
 from toolfleet.registry.store import LifecycleChange
 

@@ -29,6 +29,11 @@ the coordinator's LeaveGroup): this package is the only product code allowed to
 (:class:`toolfleet.bus.profile.KafkaProfile`) needs none of it: long polls held at the
 broker, the idempotent producer, LeaveGroup on stop, aiokafka's public API only.
 
+The fleet loads it as a plugin: ``pyproject.toml`` registers :class:`DevBrokerProfile`
+under the ``toolfleet.broker_profiles`` entry points, and
+:func:`toolfleet.bus.profile.open_profile` loads it when ``TOOLFLEET_BROKER_PROFILE=dev``
+(never otherwise), so workers and clients on the floors below the dev stack never import it.
+
 Figures measured on this broker (``bench/``) are the dev broker's, not a real Kafka's.
 """
 

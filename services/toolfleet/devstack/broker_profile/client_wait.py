@@ -10,8 +10,8 @@ a ring cuts that wait short. A Kafka that long-polls wakes a held fetch the mome
 record lands: its profile (``kafka``) waits at the broker only, and none of this runs.
 
 aiokafka has no public hook for it: :func:`wait_in_client` wraps the fetcher's private
-``_proc_fetch_request`` (aiokafka 0.10-0.14). This is why it lives in the dev stack,
-which is the only place allowed to touch aiokafka's private attributes
+``_proc_fetch_request`` (aiokafka 0.10-0.14). This is why it lives in the dev profile,
+the only package allowed to touch aiokafka's private attributes
 (``tests/unit/test_no_private_aiokafka.py``); with an aiokafka that changes it,
 consumers of the dev profile wait at the broker only.
 """

@@ -9,7 +9,7 @@ numbers a group's first generation 0, and aiokafka sends LeaveGroup only from a 
 one: a member of a group that never rebalanced leaves silently under any profile.)
 
 aiokafka has no option for it, so :func:`without_leave_group` replaces its coordinator's
-private ``_maybe_leave_group``: only the dev stack may touch aiokafka's private
+private ``_maybe_leave_group``: only the dev profile may touch aiokafka's private
 attributes (``tests/unit/test_no_private_aiokafka.py``). With an aiokafka that changes
 it, the consumer leaves as usual.
 """

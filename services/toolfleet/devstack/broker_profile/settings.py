@@ -28,8 +28,8 @@ class DevBrokerSettings(FleetSettings):
     idle_after_ms: int = Field(default=1000, ge=0)
     """Dev profile, with the doorbell: a consumer that fetched no records for this long
     rests, and a producer rings a topic at most every half of it. 0: rest as soon as a
-    fetch returned and ring on every send (less CPU per call, not faster: see the
-    README's benchmarks)."""
+    fetch returned and ring on every send (less CPU per call, not faster: see
+    ``bench/HISTORY.md``, fourth pass)."""
     idle_fetch_interval_ms: int = Field(default=500, ge=10)
     """Dev profile: how often a resting consumer looks for records nobody rang, and how
     long an awake one on the critical path holds a fetch no ring named records for (the

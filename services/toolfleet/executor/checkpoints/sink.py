@@ -28,9 +28,9 @@ from toolfleet.executor.checkpoints.store import Checkpoint, CheckpointStore
 from toolfleet.executor.leasing.fencing import Fence
 from toolfleet.executor.leasing.guard import Suspended
 from toolfleet.executor.ports import Emitter
-from toolfleet.sdk.context import CheckpointInput
 from toolfleet.secrets.capability import LeakDetector
 from toolfleet.storage.cancel_flags import CancelFlags
+from toolfleet.tools.context import CheckpointInput
 
 log = logging.getLogger(__name__)
 

@@ -29,8 +29,13 @@ from redis.exceptions import RedisError
 from toolfleet.errors import CheckpointFailed
 from toolfleet.events.identity import CallKey
 from toolfleet.executor.checkpoints.schedule import CheckpointType, is_durable
-from toolfleet.executor.leasing.fencing import FENCE_CHECK_LUA, Fence, StaleLease, epoch_key
-from toolfleet.storage.call_keys import call_key
+from toolfleet.executor.leasing.fencing import (
+    FENCE_CHECK_LUA,
+    Fence,
+    StaleLease,
+    checkpoint_key,
+    epoch_key,
+)
 from toolfleet.storage.lua import LuaScript
 from toolfleet.storage.redis import CoalescedCommands
 
@@ -64,10 +69,6 @@ class Checkpoint(BaseModel):
         if self.tenant_id is None:
             raise CheckpointFailed("a checkpoint needs the tenant of its call")
         return CallKey(tenant_id=self.tenant_id, invocation_id=self.invocation_id)
-
-
-def checkpoint_key(call: CallKey) -> str:
-    return call_key("checkpoint:tool", call, "latest")
 
 
 #: KEYS[1] epoch key, KEYS[2] checkpoint key; ARGV[1] epoch, ARGV[2] JSON, ARGV[3] TTL.

@@ -27,7 +27,7 @@ from enum import IntFlag, StrEnum
 from typing import Protocol
 
 from toolfleet.coalescing import Coalescer
-from toolfleet.sdk.policies import CircuitPolicy
+from toolfleet.tools.policies import CircuitPolicy
 
 log = logging.getLogger(__name__)
 

@@ -46,6 +46,11 @@ def runs_key(call: CallKey) -> str:
     return call_key("lease:tool", call, "runs")
 
 
+def checkpoint_key(call: CallKey) -> str:
+    """The call's hot checkpoint: written fenced, read with the lease as it is taken."""
+    return call_key("checkpoint:tool", call, "latest")
+
+
 @dataclass(frozen=True, slots=True)
 class Fence:
     """The epoch a worker writes under, for one call."""

@@ -36,10 +36,10 @@ from redis.asyncio import Redis
 from toolfleet.events.envelope import Envelope
 from toolfleet.events.identity import CallKey
 from toolfleet.events.types import TopicName
-from toolfleet.executor.checkpoints.store import checkpoint_key
 from toolfleet.executor.leasing.fencing import (
     FENCE_CHECK_LUA,
     Fence,
+    checkpoint_key,
     epoch_key,
     lease_key,
     runs_key,
@@ -151,7 +151,7 @@ class Seen:
     cancel_requested: bool
     """The invocation's cancel flag (:func:`toolfleet.storage.cancel_flags.cancel_key`)."""
     hot_checkpoint: bytes | None
-    """The JSON of its hot checkpoint (:func:`~toolfleet.executor.checkpoints.store.
+    """The JSON of its hot checkpoint (:func:`~toolfleet.executor.leasing.fencing.
     checkpoint_key`), or None."""
 
 

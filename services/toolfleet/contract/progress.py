@@ -8,11 +8,22 @@ tool's checkpoints only, not from the phases the projection writes on the way
 
 from __future__ import annotations
 
-from toolfleet.agent.records import EventKind
-from toolfleet.api.models import InvocationView
+from enum import StrEnum
+
+from toolfleet.contract.http import InvocationView
 from toolfleet.events.models import InvocationStatus
 
-__all__ = ["view_events"]
+__all__ = ["EventKind", "view_events"]
+
+
+class EventKind(StrEnum):
+    """What happened to a call, for UIs."""
+
+    TOOL_CALL_START = "tool_call_start"
+    PROGRESS = "progress"
+    APPROVAL_PENDING = "approval_pending"
+    """The call waits for a human; the run goes on waiting for it, nothing failed."""
+    TOOL_CALL_RESULT = "tool_call_result"
 
 
 def view_events(before: InvocationView | None, now: InvocationView) -> list[EventKind]:

@@ -17,11 +17,7 @@ from typing import Any, TypeVar, get_type_hints
 import semver
 from pydantic import BaseModel, ValidationError
 
-from toolfleet.errors import RegistrationError
-from toolfleet.events.models import TOOL_ID_PATTERN, Effect
-from toolfleet.events.types import DEFAULT_POOL, check_pool_name
-from toolfleet.isolation.limits import Isolation, ToolLimits
-from toolfleet.registry.manifest import (
+from toolfleet.contract.manifest import (
     CircuitSettings,
     ResourceDefaults,
     RetrySettings,
@@ -30,10 +26,14 @@ from toolfleet.registry.manifest import (
     ToolManifest,
     ToolPermissions,
 )
-from toolfleet.results.rules import ResultRules, SanitizeRule
-from toolfleet.sdk.context import ToolContext
-from toolfleet.sdk.policies import CachePolicy, CircuitPolicy, RetryPolicy
+from toolfleet.contract.result_rules import ResultRules, SanitizeRule
+from toolfleet.errors import RegistrationError
+from toolfleet.events.models import TOOL_ID_PATTERN, Effect
+from toolfleet.events.types import DEFAULT_POOL, check_pool_name
 from toolfleet.secrets.store import check_name
+from toolfleet.tools.context import ToolContext
+from toolfleet.tools.limits import Isolation, ToolLimits
+from toolfleet.tools.policies import CachePolicy, CircuitPolicy, RetryPolicy
 
 ToolFunction = Callable[[Any, ToolContext], Awaitable[Any]]
 F = TypeVar("F", bound=ToolFunction)
@@ -199,7 +199,7 @@ def tool(
     the tool reads it with ``ctx.credential("api_key")``. Secrets never travel in
     events, and an input model may not declare ``connection_id`` itself.
 
-    Resilience (:mod:`toolfleet.sdk.policies`): ``retry=RetryPolicy(max_attempts=3)``
+    Resilience (:mod:`toolfleet.tools.policies`): ``retry=RetryPolicy(max_attempts=3)``
     retries retryable errors with jittered backoff, resuming from the latest checkpoint;
     ``circuit_breaker=CircuitPolicy(...)`` tunes the breaker of the circuit ``circuit``
     (default: the tool id; tools calling the same upstream may share one);
@@ -213,7 +213,7 @@ def tool(
     prompt injection and invisible characters, by field path; ``max_result_bytes``
     caps the result's size.
 
-    What the registry records (:mod:`toolfleet.registry.manifest`):
+    What the registry records (:mod:`toolfleet.contract.manifest`):
     ``requires_approval=True`` parks every call until an approver decides, whatever the
     tenant's policy says; ``permissions=ToolPermissions(filesystem=[FilesystemAccess(
     path="/data/*", access="read")], network=["api.example.com"])`` declares what the tool
@@ -284,7 +284,7 @@ def tool(
         ):
             raise RegistrationError(
                 f"{id}: permissions and resource_defaults take ToolPermissions and "
-                "ResourceDefaults (from toolfleet.registry.manifest)"
+                "ResourceDefaults (from toolfleet.sdk)"
             )
         declared_permissions = permissions or ToolPermissions()
         # One list, as the manifest keeps it: either spelling makes the executor resolve it.

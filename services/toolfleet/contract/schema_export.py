@@ -13,19 +13,16 @@ references the schema files by relative path, so the directory works offline.
 
 from __future__ import annotations
 
-import ast
 import inspect
 import json
-import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import yaml
 from pydantic import BaseModel
-from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
-from pydantic_core import core_schema
 
+from toolfleet.contract.manifest import ToolManifest
 from toolfleet.events.envelope import Envelope
 from toolfleet.events.models import (
     TENANT_ID_PATTERN,
@@ -288,52 +285,10 @@ def operations() -> list[Operation]:
 # --- JSON Schema ------------------------------------------------------------------------
 
 
-_DOCS_CACHE: dict[type, dict[str, str]] = {}
-
-
-def _attribute_docs(cls: type) -> dict[str, str]:
-    """Attribute docstrings (``x: int`` followed by a string) of ``cls`` and its bases."""
-    cached = _DOCS_CACHE.get(cls)
-    if cached is not None:
-        return cached
-    docs: dict[str, str] = {}
-    for klass in reversed(cls.__mro__):
-        if not (isinstance(klass, type) and issubclass(klass, BaseModel)) or klass is BaseModel:
-            continue
-        try:
-            source = textwrap.dedent(inspect.getsource(klass))
-        except (OSError, TypeError):
-            continue
-        node = ast.parse(source).body[0]
-        if not isinstance(node, ast.ClassDef):
-            continue
-        for stmt, after in zip(node.body, node.body[1:], strict=False):
-            if (
-                isinstance(stmt, ast.AnnAssign)
-                and isinstance(stmt.target, ast.Name)
-                and isinstance(after, ast.Expr)
-                and isinstance(after.value, ast.Constant)
-                and isinstance(after.value.value, str)
-            ):
-                docs[stmt.target.id] = inspect.cleandoc(after.value.value)
-    _DOCS_CACHE[cls] = docs
-    return docs
-
-
-class _DocumentedSchema(GenerateJsonSchema):
-    """Pydantic's generator, plus field descriptions taken from attribute docstrings."""
-
-    def model_schema(self, schema: core_schema.ModelSchema) -> JsonSchemaValue:
-        json_schema = super().model_schema(schema)
-        docs = _attribute_docs(schema["cls"])
-        for name, prop in json_schema.get("properties", {}).items():
-            if name in docs and "description" not in prop:
-                prop["description"] = docs[name]
-        return json_schema
-
-
 def _model_schema(model: type[BaseModel]) -> dict[str, Any]:
-    return model.model_json_schema(schema_generator=_DocumentedSchema, mode="validation")
+    # Field descriptions are the attribute docstrings (``use_attribute_docstrings`` in the
+    # models' config).
+    return model.model_json_schema(mode="validation")
 
 
 def _schema_file(path: str, title: str, description: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -376,7 +331,6 @@ def audit_schema() -> dict[str, Any]:
 def manifest_schema() -> dict[str, Any]:
     """A tool version's manifest, as ``GET /v1/tools/{id}`` serves it."""
     # Imported here: the registry builds on the event models, not the other way round.
-    from toolfleet.registry.manifest import ToolManifest
 
     return _schema_file(
         MANIFEST_SCHEMA_PATH,
@@ -665,7 +619,7 @@ def asyncapi_document() -> dict[str, Any]:
             "version": CONTRACT_VERSION,
             "description": "Event-driven tool execution for AI agents over Kafka. Every "
             "message is a CloudEvents 1.0 event (Kafka protocol binding), keyed by tenant "
-            "id. Generated from the pydantic models by toolfleet.events.schema_export; "
+            "id. Generated from the pydantic models by toolfleet.contract.schema_export; "
             "do not edit by hand.",
             "license": {"name": "Apache-2.0"},
         },

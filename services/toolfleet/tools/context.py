@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from toolfleet.errors import DocumentAccessDenied, PermissionDenied
 
 if TYPE_CHECKING:
-    from toolfleet.documents.models import Document, DocumentMetadata, SearchHit
     from toolfleet.secrets.store import Secret
+    from toolfleet.tools.documents import Document, DocumentMetadata, SearchHit
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

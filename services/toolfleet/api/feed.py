@@ -1,4 +1,4 @@
-"""The live feed of invocation changes behind the console's list (push, not polling).
+"""The live feed of invocation changes behind the console's list and the event streams.
 
 A trigger on ``tool_invocations`` (migration 0009) sends each changed id on the
 ``tool_invocations_changed`` channel. One :class:`InvocationFeed` per API process holds
@@ -24,7 +24,7 @@ from uuid import UUID
 
 import asyncpg
 
-from toolfleet.api.models import InvocationView
+from toolfleet.contract.http import InvocationView
 from toolfleet.storage.errors import POSTGRES_UNAVAILABLE
 
 log = logging.getLogger(__name__)

@@ -8,8 +8,8 @@ from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from toolfleet.contract.manifest import LifecycleState, ToolManifest
 from toolfleet.events.models import DocumentAccess, InvocationStatus
-from toolfleet.registry.manifest import LifecycleState, ToolManifest
 
 
 class _Body(BaseModel):

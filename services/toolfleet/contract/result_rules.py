@@ -62,7 +62,7 @@ ALL_CHECKS: tuple[Check, ...] = tuple(Check)
 class SanitizeRule(BaseModel):
     """What to do with the string fields under one path."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
     action: SanitizeAction
     checks: tuple[Check, ...] = ALL_CHECKS
@@ -113,7 +113,7 @@ class ResultRules(BaseModel):
 
     # "ignore", as the manifest holding it: a validator older than the executor that
     # registered a version must still read its manifest during a rolling upgrade.
-    model_config = ConfigDict(frozen=True, extra="ignore")
+    model_config = ConfigDict(frozen=True, extra="ignore", use_attribute_docstrings=True)
 
     mode: ResultMode = ResultMode.STRICT
     sanitize: dict[str, SanitizeRule] = Field(default_factory=dict)

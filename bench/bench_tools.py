@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from toolfleet.sdk import ToolContext, tool
+from toolfleet.sdk import Sandbox, ToolContext, tool
 from toolfleet.sdk.builtin import EchoInput, EchoOutput
 
 
@@ -12,7 +12,7 @@ from toolfleet.sdk.builtin import EchoInput, EchoOutput
     effect="read_only",
     redaction_allowlist=["message", "length"],
     timeout_seconds=5,
-    isolation="process",
+    sandbox=Sandbox(isolation="process"),
 )
 async def echo_process(params: EchoInput, ctx: ToolContext) -> EchoOutput:
     """``core__echo`` in a worker process of its own (forked by the executor's server)."""

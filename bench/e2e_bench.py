@@ -4,7 +4,7 @@
     python bench/e2e_bench.py --baseline-only
 
 Fleet: N ``core__echo`` invocations spread over T tenants, published with
-``ToolfleetClient`` (watch=True) through policy -> executor -> validator (audit and
+``KafkaPublisher`` (watch=True) through policy -> executor -> validator (audit and
 status consume alongside), latency measured from publish to terminal outcome.
 
 Baseline, same run, same broker: the same N messages (same bytes, keys and headers as
@@ -77,7 +77,7 @@ BENCH_DIR = Path(__file__).resolve().parent
 RESULTS_DIR = BENCH_DIR / "results"
 WORKERS = ("policy", "executor", "validator", "audit", "status")
 CLIENT = "client"
-"""This process in CPU readings: the fleet's ``ToolfleetClient`` (publishing, watching)."""
+"""This process in CPU readings: the fleet's ``KafkaPublisher`` (publishing, watching)."""
 SERVERS = {"postgres": 5432, "redis": 6379}
 """The servers the fleet uses, by default port, in CPU readings (each server process with
 its children, found by the port it listens on): reported apart, like ``CLIENT``."""
@@ -768,9 +768,9 @@ async def measure_fleet(
     work: Path,
     workers: dict[str, int],
 ) -> RunResult:
-    from toolfleet.client import ToolfleetClient
+    from toolfleet.client.publisher import KafkaPublisher
 
-    async with ToolfleetClient(settings, watch=True) as client:
+    async with KafkaPublisher(settings, watch=True) as client:
         traced: dict[str, tuple[float, float]] | None = None
         """Invocation id -> wall clock at publish and at the outcome, of the paced calls."""
 

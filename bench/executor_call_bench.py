@@ -54,7 +54,7 @@ from toolfleet.executor.circuits.store import RedisCircuitStore
 from toolfleet.executor.concurrency import RedisAgentSlots
 from toolfleet.executor.leasing.guard import LeaseGuard
 from toolfleet.executor.leasing.leases import RedisLeases
-from toolfleet.executor.service import ExecutorService
+from toolfleet.executor.service import ExecutorConfig, ExecutorPorts, ExecutorService
 from toolfleet.registry.catalog import discover
 from toolfleet.storage.cancel_flags import RedisCancelFlags
 from toolfleet.storage.postgres import create_pool, dsn_with_database, migrate
@@ -64,7 +64,7 @@ from toolfleet.storage.revocation import CachedRevocationList, RedisRevocationLi
 KEY = b"bench-grant-key-0123456789abcdef"
 
 #: Absent from older executors (the bench also measures the code before the change).
-_HAS_TRUST = "trust_lease_reads" in ExecutorService.__dataclass_fields__
+_HAS_TRUST = "trust_lease_reads" in ExecutorConfig.__dataclass_fields__
 
 
 class _Emitter:
@@ -273,23 +273,29 @@ async def main(args: argparse.Namespace, redis_url: str) -> None:
         revocations = CachedRevocationList(RedisRevocationList(redis, max_ttl_s=3600))
         listener = asyncio.create_task(revocations.listen(redis, stop))
         service = ExecutorService(
-            catalog=discover([]),
-            checkpoints=TieredCheckpointStore(
-                hot=RedisCheckpointStore(redis, ttl_s=3600),
-                cold=PostgresCheckpointStore(pool),
+            ports=ExecutorPorts(
+                catalog=discover([]),
+                checkpoints=TieredCheckpointStore(
+                    hot=RedisCheckpointStore(redis, ttl_s=3600),
+                    cold=PostgresCheckpointStore(pool),
+                ),
+                cancels=RedisCancelFlags(redis),
+                emitter=_Emitter(),
+                grants=GrantVerifier([KEY]),
+                revocations=revocations,
+                slots=RedisAgentSlots(redis),
+                breaker=CircuitBreaker(store=RedisCircuitStore(redis), clock=time.time),
+                cache=RedisResultCache(redis, cipher=None),
+                lease_guard=LeaseGuard(
+                    leases=RedisLeases(redis, ttl_s=45), worker_id="bench-worker"
+                ),
+                # The worker's pin book (the default keeps every call's pins in memory: a twin).
+                document_pins=TieredPinBook(redis, pool, ttl_s=3600),
             ),
-            cancels=RedisCancelFlags(redis),
-            emitter=_Emitter(),
-            worker_id="bench-worker",
-            grants=GrantVerifier([KEY]),
-            revocations=revocations,
-            slots=RedisAgentSlots(redis),
-            breaker=CircuitBreaker(store=RedisCircuitStore(redis), clock=time.time),
-            cache=RedisResultCache(redis, cipher=None),
-            lease_guard=LeaseGuard(leases=RedisLeases(redis, ttl_s=45), worker_id="bench-worker"),
-            # The worker's pin book (the default keeps every call's pins in memory: a twin).
-            document_pins=TieredPinBook(redis, pool, ttl_s=3600),
-            **({"trust_lease_reads": True} if _HAS_TRUST else {}),
+            config=ExecutorConfig(
+                worker_id="bench-worker",
+                **({"trust_lease_reads": True} if _HAS_TRUST else {}),
+            ),
         )
         signer = GrantSigner(KEY)
         tenants = [f"bench_t{t:03d}" for t in range(args.tenants)]

@@ -231,6 +231,8 @@ class RedactionFailed(ToolfleetError):
 
 
 class Cancelled(ToolfleetError):
+    """The call was cancelled; a tool raises it when it sees ``ctx.cancelled``."""
+
     code = ErrorCode.CANCELLED
 
 

@@ -31,6 +31,8 @@ from toolfleet.agent import (
     BundleHeader,
     BundleWriter,
     EventKind,
+    HttpFleet,
+    KafkaFleet,
     ModelRequest,
     OpenAIChat,
     ToolRunner,
@@ -38,8 +40,7 @@ from toolfleet.agent import (
     replay,
     run_agent,
 )
-from toolfleet.agent.fleet import FleetPort
-from toolfleet.agent.fleets import HttpFleet, KafkaFleet
+from toolfleet.agent.port import FleetPort
 from toolfleet.api import ApiSettings, create_app
 from toolfleet.events.types import EventType, TopicName
 from toolfleet.settings import FleetSettings
@@ -115,7 +116,7 @@ async def _port(
     asgi = api._transport  # the app itself, as the API client's transport
     if transport == "kafka":
         async with KafkaFleet.open(
-            running.client,
+            running.settings,
             api_url="http://api.test",
             token=token,
             tenant_id=TENANT,

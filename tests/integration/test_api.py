@@ -24,7 +24,7 @@ from toolfleet.auth.grants import ensure_grant_key
 from toolfleet.auth.keys import generate_key_pair
 from toolfleet.auth.tokens import TokenIssuer
 from toolfleet.bus.connection import connection_kwargs
-from toolfleet.client import ApiError, InvocationHandle, ToolfleetHttpClient
+from toolfleet.client import ApiError, InvocationHandle, connect_http
 from toolfleet.contract.manifest import (
     CircuitSettings,
     FilesystemAccess,
@@ -414,7 +414,7 @@ async def test_the_http_client_publishes_and_reads_through_the_app(
     owner = tenant()
     token = issuer.issue(tenant_id=owner, agent_did="did:agent:test", tool_id="core__echo")
     transport = httpx.ASGITransport(app=app)
-    async with ToolfleetHttpClient("http://api.test", token=token, transport=transport) as api:
+    async with connect_http("http://api.test", token=token, transport=transport) as api:
         handle = await api.invoke(
             "core__echo", {"message": "hi"}, tenant_id=owner, agent_did="did:agent:test"
         )
@@ -425,14 +425,14 @@ async def test_the_http_client_publishes_and_reads_through_the_app(
         assert event.data["capability_token"] == token  # the bearer token is the capability
 
         finished = await insert(pool, tenant_id=owner, status="success", result={"length": 2})
-        view = await api.wait(
+        outcome = await api.wait(
             InvocationHandle(
                 invocation_id=str(finished), tenant_id=owner, event_id="", traceparent=""
             ),
             timeout=5,
         )
-        assert view.status is InvocationStatus.SUCCESS
-        assert view.result == {"length": 2}
+        assert outcome.status is InvocationStatus.SUCCESS
+        assert outcome.result == {"length": 2}
         assert await api.status(str(uuid.uuid4())) is None
 
         with pytest.raises(ApiError) as caught:

@@ -18,7 +18,7 @@ from tests.support.api import BASE_URL
 from tests.support.eventually import eventually
 from tests.support.pipeline import Fleet, fleet_settings, in_process_fleet
 from toolfleet.api import ApiSettings
-from toolfleet.client import ToolfleetHttpClient
+from toolfleet.client import connect_http
 from toolfleet.events.types import TopicName
 from toolfleet.settings import FleetSettings
 from toolfleet.status.store import PostgresProjection
@@ -185,7 +185,7 @@ async def test_slow_call_answers_202_after_the_wait(fleet: Fleet, http: httpx.As
 
 async def test_sdk_http_client_call_returns_the_outcome(fleet: Fleet, app: FastAPI) -> None:
     owner = tenant()
-    async with ToolfleetHttpClient(
+    async with connect_http(
         "http://api.test", token=fleet.token(owner, AGENT), transport=httpx.ASGITransport(app=app)
     ) as client:
         started = time.monotonic()

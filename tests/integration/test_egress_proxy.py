@@ -33,8 +33,8 @@ from toolfleet.isolation.egress import (
     EgressReason,
     EgressRecord,
     EgressSession,
-    InMemoryEgressAudit,
     IPAddress,
+    MemoryEgressAudit,
     Resolver,
     StaticResolver,
     SystemResolver,
@@ -200,8 +200,8 @@ class RecordingResolver:
 
 
 @pytest.fixture
-def audit() -> InMemoryEgressAudit:
-    return InMemoryEgressAudit()
+def audit() -> MemoryEgressAudit:
+    return MemoryEgressAudit()
 
 
 @pytest.fixture
@@ -232,7 +232,7 @@ def make_grant(*entries: str, invocation_id: str = "inv-egress") -> EgressGrant:
 
 @asynccontextmanager
 async def proxy_session(
-    audit: InMemoryEgressAudit,
+    audit: MemoryEgressAudit,
     *entries: str,
     limits: EgressLimits | None = None,
     resolver: Resolver | None = None,
@@ -244,7 +244,7 @@ async def proxy_session(
             yield session
 
 
-def refusals(audit: InMemoryEgressAudit) -> list[EgressRecord]:
+def refusals(audit: MemoryEgressAudit) -> list[EgressRecord]:
     return [r for r in audit.records if r.decision is not EgressDecision.ALLOWED]
 
 
@@ -252,7 +252,7 @@ def refusals(audit: InMemoryEgressAudit) -> list[EgressRecord]:
 
 
 async def test_a_granted_address_is_reachable_through_connect(
-    audit: InMemoryEgressAudit, echo: Upstream
+    audit: MemoryEgressAudit, echo: Upstream
 ) -> None:
     async with proxy_session(audit, f"127.0.0.1:{echo.port}") as session:
         payload = b"x" * 200_000
@@ -284,7 +284,7 @@ async def test_a_granted_address_is_reachable_through_connect(
 
 
 async def test_plain_http_is_forwarded_by_a_real_client(
-    audit: InMemoryEgressAudit, web: Upstream
+    audit: MemoryEgressAudit, web: Upstream
 ) -> None:
     async with proxy_session(audit, f"127.0.0.1:{web.port}") as session:
         assert session.proxy_url is not None
@@ -304,7 +304,7 @@ async def test_plain_http_is_forwarded_by_a_real_client(
 
 
 async def test_hop_by_hop_headers_and_proxy_credentials_never_reach_upstream(
-    audit: InMemoryEgressAudit, web: Upstream, caplog: pytest.LogCaptureFixture
+    audit: MemoryEgressAudit, web: Upstream, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG, logger="toolfleet")
     body = b"0123456789" * 1000
@@ -351,7 +351,7 @@ async def test_hop_by_hop_headers_and_proxy_credentials_never_reach_upstream(
 
 
 async def test_an_early_answer_reaches_the_client_of_an_unread_body(
-    audit: InMemoryEgressAudit,
+    audit: MemoryEgressAudit,
 ) -> None:
     async def refuse_upload(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await reader.readuntil(b"\r\n\r\n")
@@ -379,7 +379,7 @@ async def test_an_early_answer_reaches_the_client_of_an_unread_body(
 
 
 async def test_a_host_not_granted_is_refused_unresolved_and_audited(
-    audit: InMemoryEgressAudit, echo: Upstream, web: Upstream
+    audit: MemoryEgressAudit, echo: Upstream, web: Upstream
 ) -> None:
     resolver = RecordingResolver()
     async with proxy_session(audit, f"127.0.0.1:{echo.port}", resolver=resolver) as session:
@@ -415,7 +415,7 @@ async def test_a_host_not_granted_is_refused_unresolved_and_audited(
 
 
 async def test_a_granted_name_resolving_to_loopback_is_refused_unless_loopback_is_granted(
-    audit: InMemoryEgressAudit, echo: Upstream
+    audit: MemoryEgressAudit, echo: Upstream
 ) -> None:
     target = f"localhost:{echo.port}"
     async with proxy_session(audit, target) as session:
@@ -436,7 +436,7 @@ async def test_a_granted_name_resolving_to_loopback_is_refused_unless_loopback_i
 
 
 async def test_metadata_and_private_addresses_are_refused_to_wildcard_grants(
-    audit: InMemoryEgressAudit,
+    audit: MemoryEgressAudit,
 ) -> None:
     resolver = StaticResolver(
         table={
@@ -461,7 +461,7 @@ async def test_metadata_and_private_addresses_are_refused_to_wildcard_grants(
 
 
 async def test_ipv6_forms_of_loopback_are_refused_as_loopback(
-    audit: InMemoryEgressAudit, echo: Upstream
+    audit: MemoryEgressAudit, echo: Upstream
 ) -> None:
     """Issue 32: ``::127.0.0.1`` passed as public; every IPv6 form embedding loopback
     (literal or resolved) is judged as the IPv4 it carries."""
@@ -490,7 +490,7 @@ async def test_ipv6_forms_of_loopback_are_refused_as_loopback(
     assert len(audit.records) == len(forms) + 2
 
 
-async def test_wildcard_grants(audit: InMemoryEgressAudit, echo: Upstream) -> None:
+async def test_wildcard_grants(audit: MemoryEgressAudit, echo: Upstream) -> None:
     resolver = StaticResolver(
         table={
             name: ["127.0.0.1"]
@@ -519,7 +519,7 @@ async def test_wildcard_grants(audit: InMemoryEgressAudit, echo: Upstream) -> No
 
 
 async def test_malformed_requests_get_400_and_the_proxy_keeps_serving(
-    audit: InMemoryEgressAudit, echo: Upstream
+    audit: MemoryEgressAudit, echo: Upstream
 ) -> None:
     limits = EgressLimits(max_head_bytes=4096)
     bad = [
@@ -550,7 +550,7 @@ async def test_malformed_requests_get_400_and_the_proxy_keeps_serving(
     assert audit.records[-1].decision is EgressDecision.ALLOWED
 
 
-async def test_the_concurrent_tunnel_limit(audit: InMemoryEgressAudit, echo: Upstream) -> None:
+async def test_the_concurrent_tunnel_limit(audit: MemoryEgressAudit, echo: Upstream) -> None:
     limits = EgressLimits(max_tunnels=2)
     target = f"127.0.0.1:{echo.port}"
     async with proxy_session(audit, target, limits=limits) as session:
@@ -566,7 +566,7 @@ async def test_the_concurrent_tunnel_limit(audit: InMemoryEgressAudit, echo: Ups
     assert (refused.reason, refused.port) == (EgressReason.TOO_MANY_CONNECTIONS, echo.port)
 
 
-async def test_an_unreachable_granted_port_is_a_502(audit: InMemoryEgressAudit) -> None:
+async def test_an_unreachable_granted_port_is_a_502(audit: MemoryEgressAudit) -> None:
     async with echo_server() as gone:
         port = gone.port
     async with proxy_session(audit, f"127.0.0.1:{port}") as session:
@@ -577,7 +577,7 @@ async def test_an_unreachable_granted_port_is_a_502(audit: InMemoryEgressAudit) 
 
 
 async def test_a_slow_resolution_is_a_504_within_the_connect_timeout(
-    audit: InMemoryEgressAudit,
+    audit: MemoryEgressAudit,
 ) -> None:
     class HangingResolver:
         async def resolve(self, name: str) -> tuple[IPAddress, ...]:
@@ -595,7 +595,7 @@ async def test_a_slow_resolution_is_a_504_within_the_connect_timeout(
     assert (record.decision, record.reason) == (EgressDecision.FAILED, EgressReason.CONNECT_TIMEOUT)
 
 
-async def test_slow_and_surplus_clients_are_answered(audit: InMemoryEgressAudit) -> None:
+async def test_slow_and_surplus_clients_are_answered(audit: MemoryEgressAudit) -> None:
     limits = EgressLimits(head_timeout_s=0.3, max_clients=2)
     async with proxy_session(audit, "example.com", limits=limits) as session:
         idle = [await open_client(session) for _ in range(2)]
@@ -613,7 +613,7 @@ async def test_slow_and_surplus_clients_are_answered(audit: InMemoryEgressAudit)
     ]
 
 
-async def test_an_idle_tunnel_is_closed(audit: InMemoryEgressAudit, echo: Upstream) -> None:
+async def test_an_idle_tunnel_is_closed(audit: MemoryEgressAudit, echo: Upstream) -> None:
     limits = EgressLimits(idle_timeout_s=0.3)
     target = f"127.0.0.1:{echo.port}"
     async with proxy_session(audit, target, limits=limits) as session:
@@ -624,7 +624,7 @@ async def test_an_idle_tunnel_is_closed(audit: InMemoryEgressAudit, echo: Upstre
 
 
 async def test_closing_the_session_cuts_its_tunnels(
-    audit: InMemoryEgressAudit, echo: Upstream, socket_dir: Path, caplog: pytest.LogCaptureFixture
+    audit: MemoryEgressAudit, echo: Upstream, socket_dir: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     target = f"127.0.0.1:{echo.port}"
     path = socket_dir / "cut.sock"
@@ -640,7 +640,7 @@ async def test_closing_the_session_cuts_its_tunnels(
 
 
 async def test_the_unix_socket_listener(
-    audit: InMemoryEgressAudit, echo: Upstream, web: Upstream, socket_dir: Path
+    audit: MemoryEgressAudit, echo: Upstream, web: Upstream, socket_dir: Path
 ) -> None:
     path = socket_dir / "egress.sock"
     entries = (f"127.0.0.1:{echo.port}", f"127.0.0.1:{web.port}")
@@ -695,7 +695,7 @@ def fetch_via_unix(path: Path, port: int, *, tunnel: bool) -> tuple[int, dict[st
 
 
 async def test_a_stock_http_client_through_the_unix_socket(
-    audit: InMemoryEgressAudit, web: Upstream, socket_dir: Path
+    audit: MemoryEgressAudit, web: Upstream, socket_dir: Path
 ) -> None:
     path = socket_dir / "client.sock"
     async with proxy_session(audit, f"127.0.0.1:{web.port}", unix_path=path):
@@ -707,7 +707,7 @@ async def test_a_stock_http_client_through_the_unix_socket(
 
 
 async def test_one_proxy_serves_sessions_with_their_own_grants(
-    audit: InMemoryEgressAudit, echo: Upstream, web: Upstream, socket_dir: Path
+    audit: MemoryEgressAudit, echo: Upstream, web: Upstream, socket_dir: Path
 ) -> None:
     async with EgressProxy(audit=audit) as proxy:
         grant_a = make_grant(f"127.0.0.1:{echo.port}", invocation_id="inv-a")
@@ -728,7 +728,7 @@ async def test_one_proxy_serves_sessions_with_their_own_grants(
 
 
 async def test_refusal_audits_are_capped_per_session_and_counted(
-    audit: InMemoryEgressAudit,
+    audit: MemoryEgressAudit,
 ) -> None:
     limits = EgressLimits(max_audited_refusals=2, audit_allowed=False)
     async with proxy_session(audit, limits=limits) as session:
@@ -825,7 +825,7 @@ AMBIGUOUS_FRAMING = [
 
 
 async def test_malformed_heads_and_ambiguous_framing_never_reach_the_upstream(
-    audit: InMemoryEgressAudit, web: Upstream
+    audit: MemoryEgressAudit, web: Upstream
 ) -> None:
     authority = b"127.0.0.1:%d" % web.port
     heads = [raw.replace(b"URL", b"http://" + authority) for raw in MALFORMED_HEADS]
@@ -844,7 +844,7 @@ async def test_malformed_heads_and_ambiguous_framing_never_reach_the_upstream(
 
 
 async def test_each_request_body_framing_is_relayed_re_framed(
-    audit: InMemoryEgressAudit, web: Upstream
+    audit: MemoryEgressAudit, web: Upstream
 ) -> None:
     url = f"http://127.0.0.1:{web.port}/b"
     cases = [
@@ -873,7 +873,7 @@ async def test_each_request_body_framing_is_relayed_re_framed(
 
 
 async def test_a_request_hidden_in_a_body_stays_body(
-    audit: InMemoryEgressAudit, web: Upstream
+    audit: MemoryEgressAudit, web: Upstream
 ) -> None:
     """``Connection: Content-Length`` must not strip the framing from what is sent on:
     the body would become a second request to the upstream."""
@@ -891,7 +891,7 @@ async def test_a_request_hidden_in_a_body_stays_body(
 
 
 async def test_pipelined_requests_after_the_first_are_never_forwarded(
-    audit: InMemoryEgressAudit, web: Upstream
+    audit: MemoryEgressAudit, web: Upstream
 ) -> None:
     first = b"GET http://127.0.0.1:%d/first HTTP/1.1\r\nHost: x\r\n\r\n" % web.port
     second = b"GET http://127.0.0.1:%d/second HTTP/1.1\r\nHost: x\r\n\r\n" % web.port
@@ -908,7 +908,7 @@ async def test_pipelined_requests_after_the_first_are_never_forwarded(
 
 
 async def test_chunk_extensions_and_hop_by_hop_trailers_are_not_sent_on(
-    audit: InMemoryEgressAudit,
+    audit: MemoryEgressAudit,
 ) -> None:
     received: list[bytes] = []
 
@@ -932,7 +932,7 @@ async def test_chunk_extensions_and_hop_by_hop_trailers_are_not_sent_on(
     assert received == [b"5\r\nhello\r\n0\r\nX-Trailer: kept\r\n\r\n"]
 
 
-async def test_a_response_is_re_framed_for_its_client(audit: InMemoryEgressAudit) -> None:
+async def test_a_response_is_re_framed_for_its_client(audit: MemoryEgressAudit) -> None:
     """Chunk extensions, hop-by-hop fields and trailers stay with the upstream; an
     HTTP/1.1 client gets chunks and the end-to-end trailer, an HTTP/1.0 client the body
     until close; a 1xx reaches only the HTTP/1.1 client."""
@@ -964,7 +964,7 @@ async def test_a_response_is_re_framed_for_its_client(audit: InMemoryEgressAudit
     assert body == b"hello"
 
 
-async def test_a_response_that_lies_about_its_length(audit: InMemoryEgressAudit) -> None:
+async def test_a_response_that_lies_about_its_length(audit: MemoryEgressAudit) -> None:
     """Bytes past a response's length never reach the client (they could pose as a
     second response); a body cut short stays visibly short."""
     forged = b"HTTP/1.1 200 OK\r\nContent-Length: 7\r\n\r\nforged!"
@@ -987,7 +987,7 @@ async def test_a_response_that_lies_about_its_length(audit: InMemoryEgressAudit)
     assert got[3].endswith(b"\r\n\r\n5\r\nhello\r\n")  # no last chunk: the client sees the cut
 
 
-async def test_a_malformed_response_head_is_a_502(audit: InMemoryEgressAudit) -> None:
+async def test_a_malformed_response_head_is_a_502(audit: MemoryEgressAudit) -> None:
     answers = [
         b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\nhello",
         b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\nhello",
@@ -1010,7 +1010,7 @@ async def test_a_malformed_response_head_is_a_502(audit: InMemoryEgressAudit) ->
             assert "x-toolfleet-egress" not in headers
 
 
-async def test_a_refused_head_request_gets_no_body(audit: InMemoryEgressAudit) -> None:
+async def test_a_refused_head_request_gets_no_body(audit: MemoryEgressAudit) -> None:
     async with proxy_session(audit, "example.com") as session:
         answer = await exchange(session, b"HEAD http://exfil.example.net/ HTTP/1.1\r\n\r\n")
     head, body = answer.split(b"\r\n\r\n", 1)
@@ -1020,7 +1020,7 @@ async def test_a_refused_head_request_gets_no_body(audit: InMemoryEgressAudit) -
 
 
 async def test_bytes_sent_with_the_connect_head_open_the_tunnel(
-    audit: InMemoryEgressAudit, echo: Upstream
+    audit: MemoryEgressAudit, echo: Upstream
 ) -> None:
     async with proxy_session(audit, f"127.0.0.1:{echo.port}") as session:
         reader, writer = await open_client(session)
@@ -1045,7 +1045,7 @@ def _mutations(rng: random.Random, raw: bytes) -> bytes:
 
 
 async def test_mutated_requests_reach_the_upstream_only_as_clean_heads(
-    audit: InMemoryEgressAudit, web: Upstream, echo: Upstream, caplog: pytest.LogCaptureFixture
+    audit: MemoryEgressAudit, web: Upstream, echo: Upstream, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Seeded byte mutations of valid requests: whatever the proxy makes of them, the
     upstream gets one canonical head (CRLF lines, no fold, one Host, no proxy

@@ -32,7 +32,7 @@ from toolfleet.events.models import (
 from toolfleet.events.types import EventType, Source, TopicName
 from toolfleet.executor.checkpoints.store import MemoryCheckpointStore
 from toolfleet.executor.isolated import EgressEvents
-from toolfleet.executor.service import ExecutorService
+from toolfleet.executor.service import ExecutorConfig, ExecutorPorts, ExecutorService
 from toolfleet.isolation.egress import EgressProxy
 from toolfleet.isolation.runtime import IsolationRuntime, RuntimeConfig
 from toolfleet.registry.catalog import ToolCatalog
@@ -60,26 +60,30 @@ class Emitter:
 async def service() -> AsyncIterator[ExecutorService]:
     async with IsolationRuntime(config=RuntimeConfig(warm_sandboxes=2)) as runtime:
         yield ExecutorService(
-            catalog=ToolCatalog(
-                [
-                    hostile_tools.echo,
-                    hostile_tools.busy_loop,
-                    hostile_tools.memory_hog,
-                    hostile_tools.segfault,
-                    hostile_tools.fork_bomb,
-                    hostile_tools.read_file,
-                    hostile_tools.steps,
-                    hostile_tools.needy,
-                ]
+            ports=ExecutorPorts(
+                catalog=ToolCatalog(
+                    [
+                        hostile_tools.echo,
+                        hostile_tools.busy_loop,
+                        hostile_tools.memory_hog,
+                        hostile_tools.segfault,
+                        hostile_tools.fork_bomb,
+                        hostile_tools.read_file,
+                        hostile_tools.steps,
+                        hostile_tools.needy,
+                    ]
+                ),
+                checkpoints=MemoryCheckpointStore(),
+                cancels=MemoryCancelFlags(),
+                emitter=Emitter(),
+                grants=GrantVerifier([KEY]),
+                isolation=runtime,
             ),
-            checkpoints=MemoryCheckpointStore(),
-            cancels=MemoryCancelFlags(),
-            emitter=Emitter(),
-            worker_id="w-iso",
-            cancel_grace_s=2.0,
-            grants=GrantVerifier([KEY]),
-            isolation=runtime,
-            isolation_limits=FleetLimits(memory_mb=384, kill_grace_s=0.5),
+            config=ExecutorConfig(
+                worker_id="w-iso",
+                cancel_grace_s=2.0,
+                isolation_limits=FleetLimits(memory_mb=384, kill_grace_s=0.5),
+            ),
         )
 
 
@@ -207,7 +211,7 @@ async def test_checkpoints_and_cancel_cross_into_the_sandbox(service: ExecutorSe
     event = authorized("hostile__steps", {"steps": 1000, "step_seconds": 0.05}, timeout_s=30)
     running = asyncio.create_task(outcome(service, event))
     invocation_id = str(event.data_as(InvokeAuthorized).invocation_id)
-    store = service.checkpoints
+    store = service.ports.checkpoints
     for _ in range(200):
         if await store.latest(CallKey(tenant_id=TENANT, invocation_id=invocation_id)):
             break
@@ -242,14 +246,18 @@ async def test_egress_decisions_become_events_audit_can_record(tmp_path: Path) -
         IsolationRuntime(config=RuntimeConfig(warm_sandboxes=0), egress=proxy) as runtime,
     ):
         service = ExecutorService(
-            catalog=ToolCatalog([hostile_tools.connect]),
-            checkpoints=MemoryCheckpointStore(),
-            cancels=MemoryCancelFlags(),
-            emitter=emitter,
-            worker_id="w-egress",
-            grants=GrantVerifier([KEY]),
-            isolation=runtime,
-            egress_events=events,
+            ports=ExecutorPorts(
+                catalog=ToolCatalog([hostile_tools.connect]),
+                checkpoints=MemoryCheckpointStore(),
+                cancels=MemoryCancelFlags(),
+                emitter=emitter,
+                grants=GrantVerifier([KEY]),
+                isolation=runtime,
+                egress_events=events,
+            ),
+            config=ExecutorConfig(
+                worker_id="w-egress",
+            ),
         )
         grant = [f"127.0.0.1:{port}"]
         allowed = authorized(

@@ -35,7 +35,7 @@ from toolfleet.auth.tokens import TokenIssuer
 from toolfleet.bus.admin import ensure_topics
 from toolfleet.bus.connection import connection_kwargs
 from toolfleet.bus.runtime import EventConsumer
-from toolfleet.client import InvocationHandle, ToolfleetClient
+from toolfleet.client import InvocationHandle, KafkaPublisher
 from toolfleet.errors import ErrorCode
 from toolfleet.events.codec import decode
 from toolfleet.events.identity import invocation_uuid
@@ -55,7 +55,7 @@ EXAMPLES = 60
 class Running:
     settings: FleetSettings
     issuer: TokenIssuer
-    client: ToolfleetClient
+    client: KafkaPublisher
     consumers: list[EventConsumer]
     tasks: list[asyncio.Task[None]]
 
@@ -81,7 +81,7 @@ async def running(
             consumers.extend(await load_build(name)(res))
         tasks = [asyncio.create_task(c.run(stop)) for c in consumers]
         await asyncio.wait_for(asyncio.gather(*(c.assigned.wait() for c in consumers)), 60)
-        client = await stack.enter_async_context(ToolfleetClient(local))
+        client = await stack.enter_async_context(KafkaPublisher(local))
         assert local.jwt_private_key_file
         assert local.jwt_public_key_file
         issuer = TokenIssuer.from_files(

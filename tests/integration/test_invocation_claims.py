@@ -14,7 +14,7 @@ from redis.asyncio import Redis
 from toolfleet.policy.claims import (
     CallIdentity,
     ClaimVerdict,
-    InMemoryInvocationClaims,
+    MemoryInvocationClaims,
     RedisInvocationClaims,
 )
 from toolfleet.storage.redis import connect_redis
@@ -81,7 +81,7 @@ async def test_lua_script_matches_the_reference_model(
 ) -> None:
     """Differential test: the same claims in the same order give the same verdicts."""
     remote = RedisInvocationClaims(redis, prefix=f"test:{uuid.uuid4().hex}:")
-    model = InMemoryInvocationClaims()
+    model = MemoryInvocationClaims()
     ids = [str(uuid.uuid4()) for _ in range(3)]
     for which, tenant, agent, params in steps:
         claimed = identity(tenant, agent, params)

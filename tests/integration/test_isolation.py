@@ -29,7 +29,7 @@ from toolfleet.events.identity import CallKey
 from toolfleet.events.models import DocumentContext
 from toolfleet.executor.isolated import IsolatedRunner
 from toolfleet.isolation.builtin import RunPythonInput, run_python
-from toolfleet.isolation.egress import EgressDecision, EgressGrant, EgressProxy, InMemoryEgressAudit
+from toolfleet.isolation.egress import EgressDecision, EgressGrant, EgressProxy, MemoryEgressAudit
 from toolfleet.isolation.runtime import (
     Grants,
     IsolatedCall,
@@ -45,7 +45,7 @@ from toolfleet.tools.spec import spec_of
 
 pytestmark = pytest.mark.integration
 
-AUDIT = InMemoryEgressAudit()
+AUDIT = MemoryEgressAudit()
 
 
 def limits(**overrides: Any) -> RunLimits:
@@ -462,7 +462,9 @@ async def test_a_cancelled_run_kills_its_sandbox_at_once(runtime: IsolationRunti
 async def test_manifest_resource_defaults_set_the_rlimits_below_the_agents(
     runtime: IsolationRuntime, agent_mb: int | None, expected_mb: int
 ) -> None:
+    # ``Sandbox(defaults=ResourceDefaults(memory_mb_limit=200))``: the manifest's default.
     spec = spec_of(hostile_tools.rlimits)
+    assert spec.manifest().resource_defaults.memory_mb_limit == 200
     runner = IsolatedRunner(
         runtime=runtime, fleet=FleetLimits(), agent=AgentLimits(memory_mb=agent_mb), grants=Grants()
     )

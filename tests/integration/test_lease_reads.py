@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator, Awaitable
+from dataclasses import replace
 from datetime import UTC, datetime
 
 import pytest
@@ -23,7 +24,7 @@ from toolfleet.executor.checkpoints.store import (
 from toolfleet.executor.leasing.fencing import Fence
 from toolfleet.executor.leasing.guard import LeaseGuard, LeaseLost
 from toolfleet.executor.leasing.leases import Held, MemoryLeases, RedisLeases, Taken
-from toolfleet.executor.service import ExecutorService
+from toolfleet.executor.service import ExecutorConfig, ExecutorPorts, ExecutorService
 from toolfleet.registry.catalog import discover
 from toolfleet.storage.cancel_flags import MemoryCancelFlags, RedisCancelFlags
 
@@ -81,15 +82,19 @@ def new_call() -> CallKey:
 
 def service(redis: Redis, emitter: Emitter) -> ExecutorService:
     return ExecutorService(
-        catalog=discover([]),
-        checkpoints=TieredCheckpointStore(
-            hot=RedisCheckpointStore(redis), cold=MemoryCheckpointStore()
+        ports=ExecutorPorts(
+            catalog=discover([]),
+            checkpoints=TieredCheckpointStore(
+                hot=RedisCheckpointStore(redis), cold=MemoryCheckpointStore()
+            ),
+            cancels=RedisCancelFlags(redis),
+            emitter=emitter,
+            lease_guard=LeaseGuard(leases=RedisLeases(redis, ttl_s=5), worker_id="w"),
         ),
-        cancels=RedisCancelFlags(redis),
-        emitter=emitter,
-        worker_id="w",
-        lease_guard=LeaseGuard(leases=RedisLeases(redis, ttl_s=5), worker_id="w"),
-        trust_lease_reads=True,
+        config=ExecutorConfig(
+            worker_id="w",
+            trust_lease_reads=True,
+        ),
     )
 
 
@@ -158,10 +163,14 @@ async def test_a_run_resumes_from_the_hot_checkpoint_the_lease_read(redis: Redis
 
 async def test_without_trust_the_gates_ask_their_own_ports(redis: Redis) -> None:
     svc = service(redis, Emitter())
-    svc.trust_lease_reads = False
-    svc.cancels = MemoryCancelFlags()  # another store than the leases' Redis
+    svc = replace(
+        svc,
+        # another store than the leases' Redis
+        ports=replace(svc.ports, cancels=MemoryCancelFlags()),
+        config=replace(svc.config, trust_lease_reads=False),
+    )
     event = echo_call()
-    await svc.cancels.request(call_of(event))
+    await svc.ports.cancels.request(call_of(event))
     [(topic, outcome)] = await svc.on_authorized(event)
     assert topic is TopicName.RESULTS
     assert outcome.data["error"]["code"] == "cancelled"

@@ -26,7 +26,7 @@ from toolfleet.contract.manifest import LifecycleState
 from toolfleet.devstack.children import child_preexec
 from toolfleet.errors import ErrorCode
 from toolfleet.executor.runner import RunResult, run_tool
-from toolfleet.isolation.egress import EgressDecision, EgressProxy, InMemoryEgressAudit
+from toolfleet.isolation.egress import EgressDecision, EgressProxy, MemoryEgressAudit
 from toolfleet.isolation.sandbox import probe
 from toolfleet.isolation.stdio import StdioSandbox
 from toolfleet.policy.documents import allowed_by
@@ -42,7 +42,7 @@ from toolfleet.tools.context import CheckpointInput, ToolContext
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
-EGRESS = InMemoryEgressAudit()
+EGRESS = MemoryEgressAudit()
 #: The uid sandboxed servers run as when the tests run as root.
 SERVER_UID = 199_999
 

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from redis.asyncio import Redis
 
-from toolfleet.policy.ratelimit import InMemoryRateLimiter, RateLimits
+from toolfleet.policy.ratelimit import MemoryRateLimiter, RateLimits
 from toolfleet.policy.redis_stores import RedisRateLimiter
 from toolfleet.storage.lua import LuaScript
 from toolfleet.storage.redis import connect_redis
@@ -147,7 +147,7 @@ async def test_lua_script_matches_the_reference_model(
     """Differential test: the same calls at the same (fake) times decide the same."""
     now = [time.time()]
     remote = RedisRateLimiter(redis, prefix=f"test:{uuid.uuid4().hex}:", clock=lambda: now[0])
-    model = InMemoryRateLimiter(clock=lambda: now[0])
+    model = MemoryRateLimiter(clock=lambda: now[0])
     limits = RateLimits(
         tenant_per_minute=tenant[0],
         tenant_burst=tenant[1],

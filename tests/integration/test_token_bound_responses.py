@@ -34,8 +34,7 @@ from tests.support.api import bearer
 from tests.support.eventually import eventually
 from tests.support.pipeline import Fleet, fleet_settings, in_process_fleet
 from tests.support.servers import free_port
-from toolfleet.agent import ToolRunner
-from toolfleet.agent.fleets import HttpFleet
+from toolfleet.agent import HttpFleet, ToolRunner
 from toolfleet.api import ApiSettings, create_app
 from toolfleet.api.resources import ApiResources
 from toolfleet.settings import FleetSettings

@@ -17,7 +17,7 @@ from tests.support.servers import kill_quietly
 from toolfleet.auth.tokens import TokenIssuer
 from toolfleet.bus.admin import ensure_topics
 from toolfleet.bus.producer import EventProducer
-from toolfleet.client import ToolfleetClient
+from toolfleet.client.publisher import KafkaPublisher
 from toolfleet.devstack.bootstrap import bootstrap
 from toolfleet.devstack.children import child_preexec
 from toolfleet.events.models import InvocationStatus
@@ -116,7 +116,7 @@ async def process_fleet(
         producer = EventProducer(settings)
         await producer.start()
         stack.push_async_callback(producer.stop)
-        client = await stack.enter_async_context(ToolfleetClient(settings))
+        client = await stack.enter_async_context(KafkaPublisher(settings))
         stack.callback(watch.arm)
         running = Fleet(settings=settings, issuer=issuer, client=client, producer=producer)
         first = await client.call(

@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from toolfleet.sdk import ToolContext, tool
+from toolfleet.sdk import Results, ToolContext, tool
 
 LIMIT = 1_000_000
 ALLOW = ["title", "body", "count", "ok", "tags", "day", "nested"]
@@ -55,7 +55,7 @@ def _build(params: HostileIn) -> Any:
     version="1.0.0",
     effect="read_only",
     redaction_allowlist=ALLOW,
-    max_result_bytes=LIMIT,
+    results=Results(max_bytes=LIMIT),
 )
 async def report_strict(params: HostileIn, ctx: ToolContext) -> Report:
     """Strict mode, no sanitization: today's behaviour."""
@@ -67,9 +67,7 @@ async def report_strict(params: HostileIn, ctx: ToolContext) -> Report:
     version="1.0.0",
     effect="read_only",
     redaction_allowlist=ALLOW,
-    result_validation="coerce",
-    sanitize={"*": "escape"},
-    max_result_bytes=LIMIT,
+    results=Results(validation="coerce", sanitize={"*": "escape"}, max_bytes=LIMIT),
 )
 async def report_escape(params: HostileIn, ctx: ToolContext) -> Report:
     """Coerce mode; every string escaped."""
@@ -81,8 +79,7 @@ async def report_escape(params: HostileIn, ctx: ToolContext) -> Report:
     version="1.0.0",
     effect="read_only",
     redaction_allowlist=ALLOW,
-    sanitize={"*": "redact"},
-    max_result_bytes=LIMIT,
+    results=Results(sanitize={"*": "redact"}, max_bytes=LIMIT),
 )
 async def report_redact(params: HostileIn, ctx: ToolContext) -> Report:
     """Strict mode; every finding redacted."""
@@ -94,8 +91,7 @@ async def report_redact(params: HostileIn, ctx: ToolContext) -> Report:
     version="1.0.0",
     effect="read_only",
     redaction_allowlist=ALLOW,
-    sanitize={"*": "reject"},
-    max_result_bytes=LIMIT,
+    results=Results(sanitize={"*": "reject"}, max_bytes=LIMIT),
 )
 async def report_reject(params: HostileIn, ctx: ToolContext) -> Report:
     """Strict mode; any finding fails the call."""
@@ -107,14 +103,16 @@ async def report_reject(params: HostileIn, ctx: ToolContext) -> Report:
     version="1.0.0",
     effect="read_only",
     redaction_allowlist=ALLOW,
-    result_validation="coerce",
-    sanitize={
-        "$.title": "allow",
-        "$.body": "escape",
-        "$.tags[*]": {"action": "redact", "checks": ["prompt_injection", "invisible"]},
-        "*": "reject",
-    },
-    max_result_bytes=LIMIT,
+    results=Results(
+        validation="coerce",
+        sanitize={
+            "$.title": "allow",
+            "$.body": "escape",
+            "$.tags[*]": {"action": "redact", "checks": ["prompt_injection", "invisible"]},
+            "*": "reject",
+        },
+        max_bytes=LIMIT,
+    ),
 )
 async def report_mixed(params: HostileIn, ctx: ToolContext) -> Report:
     """Rules by field path: title allowed, body escaped, tags redacted, the rest rejected."""

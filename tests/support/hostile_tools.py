@@ -14,10 +14,15 @@ import time
 
 from pydantic import BaseModel, Field
 
-from toolfleet.contract.manifest import ResourceDefaults
-from toolfleet.isolation.command import command_tool
-from toolfleet.sdk import ToolContext, tool
-from toolfleet.tools.limits import ToolLimits
+from toolfleet.sdk import (
+    ResourceDefaults,
+    Sandbox,
+    ToolContext,
+    ToolLimits,
+    ToolPermissions,
+    command_tool,
+    tool,
+)
 
 #: Whether this module was imported by a call's job (its environment set) or before it,
 #: by a warm worker kept for one of its tools.
@@ -56,14 +61,16 @@ class StepsOut(BaseModel):
     secret_length: int = 0
 
 
-def _hostile(name: str, timeout: float = 5.0, **kw: object) -> object:
+def _hostile(
+    name: str, timeout: float = 5.0, sandbox: Sandbox | None = None, **kw: object
+) -> object:
     return tool(
         id=f"hostile__{name}",
         version="1.0.0",
         effect="read_only",
         redaction_allowlist=["text"],
         timeout_seconds=timeout,
-        isolation="sandbox",
+        sandbox=sandbox or Sandbox(isolation="sandbox"),
         **kw,  # type: ignore[arg-type]
     )
 
@@ -175,7 +182,7 @@ async def whoami(params: Empty, ctx: ToolContext) -> Text:
     effect="read_only",
     redaction_allowlist=["steps_completed", "resumed_from_step", "secret_length"],
     timeout_seconds=30,
-    isolation="sandbox",
+    sandbox=Sandbox(isolation="sandbox"),
 )
 async def steps(params: Steps, ctx: ToolContext) -> StepsOut:
     """Checkpoints each step, stops when cancelled (the isolated twin of long_running)."""
@@ -197,8 +204,7 @@ async def steps(params: Steps, ctx: ToolContext) -> StepsOut:
     effect="read_only",
     redaction_allowlist=["steps_completed", "resumed_from_step", "secret_length"],
     timeout_seconds=5,
-    isolation="process",
-    credentials=["api_key"],
+    sandbox=Sandbox(isolation="process", permissions=ToolPermissions(credentials=["api_key"])),
 )
 async def credential(params: Empty, ctx: ToolContext) -> StepsOut:
     """Reads a credential over the RPC; returns its length only."""
@@ -244,16 +250,20 @@ words = command_tool(
     effect="read_only",
     redaction_allowlist=["text"],
     timeout_seconds=5,
-    limits=ToolLimits(memory_mb=256),
+    sandbox=Sandbox(limits=ToolLimits(memory_mb=256)),
 )
 async def needy(params: Empty, ctx: ToolContext) -> Text:
     """Declares 256 MB: an agent with less is refused before it runs (BC-1)."""
     return Text(text="ran")
 
 
-@_hostile("rlimits", resource_defaults=ResourceDefaults(memory_mb_limit=200))
+@_hostile(
+    "rlimits",
+    sandbox=Sandbox(isolation="sandbox", defaults=ResourceDefaults(memory_mb_limit=200)),
+)
 async def rlimits(params: Empty, ctx: ToolContext) -> Text:
-    """Reports the address-space limit it runs under, in MB (its manifest default: 200)."""
+    """Reports the address-space limit it runs under, in MB (the tests give its manifest
+    a ``resource_defaults`` of 200)."""
     import resource
 
     soft, _ = resource.getrlimit(resource.RLIMIT_AS)

@@ -20,7 +20,7 @@ from toolfleet.auth.tokens import TokenIssuer
 from toolfleet.bus.admin import ensure_topics
 from toolfleet.bus.connection import connection_kwargs
 from toolfleet.bus.producer import EventProducer, Outbound
-from toolfleet.client import ToolfleetClient
+from toolfleet.client.publisher import KafkaPublisher
 from toolfleet.events.codec import ContentMode, decode
 from toolfleet.events.envelope import Envelope
 from toolfleet.events.types import TopicName, topic
@@ -43,7 +43,7 @@ DEFAULT_POLICY: dict[str, Any] = {
 class Fleet:
     settings: FleetSettings
     issuer: TokenIssuer
-    client: ToolfleetClient
+    client: KafkaPublisher
     producer: EventProducer
 
     def token(self, tenant: str, agent: str = "did:agent:test", tool: str = "*", **kw: Any) -> str:
@@ -159,7 +159,7 @@ async def in_process_fleet(
     async with contextlib.AsyncExitStack() as stack:
         watch = stack.enter_context(TeardownWatch("the in-process fleet's teardown"))
         await stack.enter_async_context(running_services(settings, services))
-        client = await stack.enter_async_context(ToolfleetClient(settings))
+        client = await stack.enter_async_context(KafkaPublisher(settings))
         producer = EventProducer(settings)
         await producer.start()
         assert settings.jwt_private_key_file

@@ -11,7 +11,16 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from toolfleet.errors import ExternalApiError, ToolExecutionError
-from toolfleet.sdk import CachePolicy, CircuitPolicy, RetryPolicy, ToolContext, tool
+from toolfleet.sdk import (
+    CachePolicy,
+    CircuitPolicy,
+    Resilience,
+    RetryPolicy,
+    Sandbox,
+    ToolContext,
+    ToolPermissions,
+    tool,
+)
 
 # These tools run in the executor's loop: they count runs in this process (RUNS), which
 # the tests read.
@@ -105,7 +114,7 @@ class Fingerprint(BaseModel):
     version="1.0.0",
     effect="read_only",
     redaction_allowlist=["fingerprint", "length"],
-    credentials=["api_key"],
+    sandbox=Sandbox(permissions=ToolPermissions(credentials=["api_key"])),
 )
 async def secret_user(params: Empty, ctx: ToolContext) -> Fingerprint:
     """Uses its credential and returns something derived from it, never the value."""
@@ -127,7 +136,7 @@ class Leak(BaseModel):
     version="1.0.0",
     effect="read_only",
     redaction_allowlist=["value"],
-    credentials=["api_key"],
+    sandbox=Sandbox(permissions=ToolPermissions(credentials=["api_key"])),
 )
 async def secret_leaker(params: LeakIn, ctx: ToolContext) -> Leak:
     """Tries to get its credential out: result, base64, error message or checkpoint."""
@@ -161,10 +170,13 @@ class FlakyOut(BaseModel):
     version="1.0.0",
     effect="read_only",
     redaction_allowlist=["attempt", "resumed_from_attempt"],
-    retry=RetryPolicy(max_attempts=3, initial_backoff_s=0.01, max_backoff_s=0.05),
-    circuit="test.flaky",
-    # Its failures are the point of the retry tests: a circuit that never opens.
-    circuit_breaker=CircuitPolicy(window_size=100, minimum_calls=100, failure_rate=1.0),
+    resilience=Resilience(
+        retry=RetryPolicy(max_attempts=3, initial_backoff_s=0.01, max_backoff_s=0.05),
+        # Its failures are the point of the retry tests: a circuit that never opens.
+        circuit=CircuitPolicy(
+            name="test.flaky", window_size=100, minimum_calls=100, failure_rate=1.0
+        ),
+    ),
 )
 async def flaky(params: FlakyIn, ctx: ToolContext) -> FlakyOut:
     """Fails its first ``fail_times`` runs of an invocation, checkpointing each."""
@@ -181,8 +193,10 @@ async def flaky(params: FlakyIn, ctx: ToolContext) -> FlakyOut:
     version="1.0.0",
     effect="read_only",
     redaction_allowlist=["value"],
-    retry=RetryPolicy(max_attempts=3, initial_backoff_s=0.01, max_backoff_s=0.05),
-    circuit="test.fatal",
+    resilience=Resilience(
+        retry=RetryPolicy(max_attempts=3, initial_backoff_s=0.01, max_backoff_s=0.05),
+        circuit=CircuitPolicy(name="test.fatal"),
+    ),
 )
 async def fatal(params: Empty, ctx: ToolContext) -> Anything:
     """Fails with an error no retry can fix."""
@@ -199,9 +213,15 @@ class BreakerIn(BaseModel):
     version="1.0.0",
     effect="read_only",
     redaction_allowlist=["value"],
-    circuit="test.breaker",
-    circuit_breaker=CircuitPolicy(
-        window_size=4, minimum_calls=3, failure_rate=0.5, open_s=2.0, half_open_calls=2
+    resilience=Resilience(
+        circuit=CircuitPolicy(
+            name="test.breaker",
+            window_size=4,
+            minimum_calls=3,
+            failure_rate=0.5,
+            open_s=2.0,
+            half_open_calls=2,
+        )
     ),
 )
 async def breaker(params: BreakerIn, ctx: ToolContext) -> Anything:
@@ -220,7 +240,7 @@ class CachedIn(BaseModel):
     version="1.0.0",
     effect="read_only",
     redaction_allowlist=["value"],
-    cache=CachePolicy(mode="ttl", ttl_s=60),
+    resilience=Resilience(cache=CachePolicy(mode="ttl", ttl_s=60)),
 )
 async def cached(params: CachedIn, ctx: ToolContext) -> Anything:
     """Counts how often it really ran for ``key``."""
@@ -310,15 +330,17 @@ async def checkpointer(params: CheckpointerIn, ctx: ToolContext) -> Checkpointer
     version="1.0.0",
     effect="read_only",
     redaction_allowlist=["value"],
-    circuit="test.windowed",
-    circuit_breaker=CircuitPolicy(
-        window="time",
-        window_s=3.0,
-        minimum_calls=2,
-        failure_rate=0.5,
-        open_s=3.0,
-        half_open_calls=2,
-        half_open_strategy="canary",
+    resilience=Resilience(
+        circuit=CircuitPolicy(
+            name="test.windowed",
+            window="time",
+            window_s=3.0,
+            minimum_calls=2,
+            failure_rate=0.5,
+            open_s=3.0,
+            half_open_calls=2,
+            half_open_strategy="canary",
+        )
     ),
 )
 async def windowed(params: BreakerIn, ctx: ToolContext) -> Anything:

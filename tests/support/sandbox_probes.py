@@ -11,7 +11,7 @@ import platform
 
 from pydantic import BaseModel
 
-from toolfleet.sdk import ToolContext, tool
+from toolfleet.sdk import Sandbox, ToolContext, tool
 
 #: name -> (x86_64, aarch64) number, from ``asm/unistd_64.h`` and ``asm-generic/unistd.h``;
 #: None where the architecture has no such call.
@@ -69,7 +69,7 @@ class Empty(BaseModel):
     effect="read_only",
     redaction_allowlist=["text"],
     timeout_seconds=10,
-    isolation="sandbox",
+    sandbox=Sandbox(isolation="sandbox"),
 )
 async def syscalls(params: Names, ctx: ToolContext) -> Text:
     """``{name: [return value, errno]}`` of each syscall made with harmless arguments."""
@@ -95,7 +95,7 @@ async def syscalls(params: Names, ctx: ToolContext) -> Text:
     effect="read_only",
     redaction_allowlist=["text"],
     timeout_seconds=10,
-    isolation="sandbox",
+    sandbox=Sandbox(isolation="sandbox"),
 )
 async def ca_bundle(params: Empty, ctx: ToolContext) -> Text:
     """How many CA certificates the default TLS context trusts (0: none could be read)."""
@@ -111,7 +111,7 @@ async def ca_bundle(params: Empty, ctx: ToolContext) -> Text:
     effect="read_only",
     redaction_allowlist=["text"],
     timeout_seconds=10,
-    isolation="sandbox",
+    sandbox=Sandbox(isolation="sandbox"),
 )
 async def address_space(params: Empty, ctx: ToolContext) -> Text:
     """The address-space limit it runs under, in MB (no manifest default of its own)."""

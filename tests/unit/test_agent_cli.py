@@ -14,7 +14,7 @@ from tests.support.agent_fixtures import EchoIn, manifest
 from toolfleet.agent import (
     BundleHeader,
     BundleWriter,
-    InMemoryFleet,
+    MemoryFleet,
     ModelRequest,
     OpenAIChat,
     ToolRunner,
@@ -26,7 +26,7 @@ pytestmark = pytest.mark.unit
 
 
 async def _record(path: Path) -> None:
-    fleet = InMemoryFleet()
+    fleet = MemoryFleet()
 
     async def echo(params: dict[str, Any]) -> dict[str, Any]:
         return {"value": params["message"]}

@@ -15,20 +15,23 @@ def test_agent_exports() -> None:
     assert sorted(toolfleet.agent.__all__) == [
         "AgentEvent",
         "AgentRun",
+        "AgentRunLimits",
         "AnthropicMessages",
         "BundleHeader",
         "BundleWriter",
         "CatalogTool",
+        "ClientFleet",
         "EventKind",
         "FleetPort",
-        "InMemoryFleet",
+        "HttpFleet",
+        "KafkaFleet",
+        "MemoryFleet",
         "ModelRequest",
         "ModelTurn",
         "OpenAIChat",
         "OpenAIResponses",
         "ProviderAdapter",
         "RunCatalog",
-        "RunLimits",
         "StreamDecoder",
         "Submission",
         "Submitted",
@@ -48,8 +51,8 @@ def test_the_runner_needs_no_provider_package_and_no_extra() -> None:
     done = run_python(
         """
         import sys
-        import toolfleet.agent, toolfleet.agent.fleets, toolfleet.cli.agent
-        from toolfleet.agent.fleets import HttpFleet
+        import toolfleet.agent, toolfleet.cli.agent
+        from toolfleet.agent import HttpFleet, KafkaFleet
         loaded = {"openai", "anthropic", "langchain_core"} & set(sys.modules)
         assert not loaded, loaded
         """,

@@ -12,9 +12,8 @@ import httpx
 import pytest
 
 from tests.support.agent_fixtures import EchoIn, manifest
-from toolfleet.agent import AgentEvent, EventKind, ToolRunner
+from toolfleet.agent import AgentEvent, EventKind, HttpFleet, ToolRunner
 from toolfleet.agent.adapters import parse_call
-from toolfleet.agent.fleets import HttpFleet
 
 pytestmark = pytest.mark.unit
 
@@ -109,8 +108,8 @@ async def test_a_call_over_http_reports_approval_progress_and_a_truncated_result
         tenant_id="t1",
         agent_did="did:agent:http",
         transport=httpx.MockTransport(api),
+        sleep=pause,
     ) as fleet:
-        fleet.sleep = pause
         runner = await ToolRunner.open(fleet, run_id="http-run")
         events: list[AgentEvent] = []
         runner.subscribe(events.append)

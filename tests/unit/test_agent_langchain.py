@@ -8,14 +8,14 @@ import pytest
 from langchain_core.messages import ToolMessage
 
 from tests.support.agent_fixtures import EchoIn, manifest
-from toolfleet.agent import InMemoryFleet, ToolRunner
+from toolfleet.agent import MemoryFleet, ToolRunner
 from toolfleet.agent.langchain import langchain_tools
 
 pytestmark = pytest.mark.unit
 
 
-async def _runner() -> tuple[InMemoryFleet, ToolRunner]:
-    fleet = InMemoryFleet()
+async def _runner() -> tuple[MemoryFleet, ToolRunner]:
+    fleet = MemoryFleet()
 
     async def echo(params: dict[str, Any]) -> dict[str, Any]:
         return {"value": params["message"]}

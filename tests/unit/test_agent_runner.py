@@ -13,14 +13,14 @@ import pytest
 from tests.support.agent_fixtures import EchoIn, WeatherIn, manifest
 from toolfleet.agent import (
     AgentEvent,
+    AgentRunLimits,
     BundleHeader,
     BundleWriter,
     EventKind,
-    InMemoryFleet,
+    MemoryFleet,
     ModelRequest,
     ModelTurn,
     OpenAIChat,
-    RunLimits,
     ToolCall,
     ToolRunner,
     read_bundle,
@@ -33,8 +33,8 @@ from toolfleet.events.models import Effect
 pytestmark = pytest.mark.unit
 
 
-def _fleet() -> InMemoryFleet:
-    fleet = InMemoryFleet()
+def _fleet() -> MemoryFleet:
+    fleet = MemoryFleet()
 
     async def echo(params: dict[str, Any]) -> dict[str, Any]:
         return {"value": params["message"]}
@@ -62,7 +62,7 @@ async def test_calls_outside_the_catalog_are_refused_without_touching_the_fleet(
     runner = await ToolRunner.open(
         fleet,
         run_id="r1",
-        limits=RunLimits(denied_effects=frozenset({Effect.EXTERNAL_SIDE_EFFECT})),
+        limits=AgentRunLimits(denied_effects=frozenset({Effect.EXTERNAL_SIDE_EFFECT})),
     )
     assert runner.catalog.names == ["acme__weather", "core__echo"]  # the read-only agent
     envelopes = await runner.run_turn(
@@ -99,7 +99,7 @@ async def test_invalid_arguments_come_back_as_correctable_errors() -> None:
 
 
 async def test_one_turn_runs_in_parallel_with_deterministic_ids() -> None:
-    fleet = InMemoryFleet()
+    fleet = MemoryFleet()
     started: list[str] = []
     both = asyncio.Event()
 
@@ -160,7 +160,7 @@ async def test_an_approval_is_pending_not_failed() -> None:
 
 async def test_guard_rails_stop_calls_past_the_limits() -> None:
     fleet = _fleet()
-    runner = await ToolRunner.open(fleet, run_id="r1", limits=RunLimits(max_tool_calls=2))
+    runner = await ToolRunner.open(fleet, run_id="r1", limits=AgentRunLimits(max_tool_calls=2))
     envelopes = await runner.run_turn(
         0, [_call("core__echo", json.dumps({"message": str(i)}), f"c{i}") for i in range(3)]
     )
@@ -169,7 +169,9 @@ async def test_guard_rails_stop_calls_past_the_limits() -> None:
     assert envelopes[2].error.code.value == "resource_exhausted"
     assert len(fleet.submissions) == 2
 
-    budget = await ToolRunner.open(_fleet(), run_id="r2", limits=RunLimits(max_result_bytes=10))
+    budget = await ToolRunner.open(
+        _fleet(), run_id="r2", limits=AgentRunLimits(max_result_bytes=10)
+    )
     (first,) = await budget.run_turn(0, [_call("core__echo", '{"message": "0123456789"}')])
     (second,) = await budget.run_turn(1, [_call("core__echo", '{"message": "x"}')])
     assert first.ok
@@ -273,7 +275,7 @@ async def test_a_crashed_loop_run_again_runs_no_tool_twice() -> None:
 
 async def test_max_iterations_stops_the_loop() -> None:
     fleet = _fleet()
-    runner = await ToolRunner.open(fleet, run_id="r", limits=RunLimits(max_iterations=2))
+    runner = await ToolRunner.open(fleet, run_id="r", limits=AgentRunLimits(max_iterations=2))
 
     async def chatty(request: ModelRequest) -> ModelTurn:
         return ModelTurn(calls=[_call("core__echo", '{"message": "again"}')])
@@ -320,7 +322,7 @@ async def test_a_streamed_response_drives_the_loop() -> None:
 
 
 async def test_a_call_without_an_outcome_in_time_is_a_timeout_result() -> None:
-    fleet = InMemoryFleet()
+    fleet = MemoryFleet()
     never = asyncio.Event()
 
     async def stuck(params: dict[str, Any]) -> dict[str, Any]:
@@ -328,7 +330,7 @@ async def test_a_call_without_an_outcome_in_time_is_a_timeout_result() -> None:
         return {"value": "late"}
 
     fleet.add_tool(manifest("core__echo", EchoIn), stuck)
-    runner = await ToolRunner.open(fleet, run_id="slow", limits=RunLimits(call_timeout_s=0.05))
+    runner = await ToolRunner.open(fleet, run_id="slow", limits=AgentRunLimits(call_timeout_s=0.05))
     (envelope,) = await runner.run_turn(0, [_call("core__echo", '{"message": "x"}')])
     assert envelope.status == "timeout"
     assert envelope.invocation_id is not None

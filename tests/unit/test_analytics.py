@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from toolfleet.analytics.detectors import AnomalyKind, DetectorSettings, Finding, finding_id
+from toolfleet.analytics.detectors import Anomaly, AnomalyKind, DetectorSettings, finding_id
 from toolfleet.analytics.engine import Analyzer, memory_tables
 from toolfleet.analytics.facts import AuditFact, fact_of
 from toolfleet.analytics.findings import anomaly_event
@@ -233,7 +233,7 @@ def test_a_tool_error_rate_jump_fires_against_the_hour_baseline() -> None:
     for i in range(20):
         engine.observe(outcome("api", "success", T0 - 1800 + i * 60))
     engine.observe(outcome("api", "error", T0 - 600, code="tool_execution_error"))
-    found: list[Finding] = []
+    found: list[Anomaly] = []
     for i in range(8):
         found += engine.observe(outcome("api", "error", T0 + i, code="external_api_error"))
     assert [f.kind for f in found] == [AnomalyKind.ERROR_RATE_JUMP]
@@ -340,7 +340,7 @@ async def test_the_service_emits_anomaly_events_and_writes_snapshots_only_when_c
 
 
 def test_an_anomaly_event_carries_an_ocsf_detection_finding() -> None:
-    finding = Finding(
+    finding = Anomaly(
         kind=AnomalyKind.ERROR_RATE_JUMP,
         tenant_id=TENANT,
         tool_id="api",

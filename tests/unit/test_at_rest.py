@@ -17,7 +17,7 @@ from toolfleet.storage.at_rest import (
     AtRestCipher,
     is_sealed,
 )
-from toolfleet.storage.blobs import InMemoryBlobStore
+from toolfleet.storage.blobs import MemoryBlobStore
 
 pytestmark = pytest.mark.unit
 
@@ -59,7 +59,7 @@ def test_rotation_seals_with_the_first_key_and_opens_with_any_listed() -> None:
 
 async def test_transfer_blobs_are_sealed_and_attachments_are_not() -> None:
     cipher = AtRestCipher([NEW_KEY], purpose=TRANSFER_BLOB)
-    store = InMemoryBlobStore(cipher=cipher)
+    store = MemoryBlobStore(cipher=cipher)
     invocation = str(uuid.uuid4())
     transfer = await store.put(
         SECRET, tenant_id=TENANT, invocation_id=invocation, purpose="transfer"
@@ -74,18 +74,18 @@ async def test_transfer_blobs_are_sealed_and_attachments_are_not() -> None:
     assert blob is not None
     assert blob.data == SECRET
     # A store without the key (or with another one) cannot read the raw result.
-    keyless = InMemoryBlobStore()
+    keyless = MemoryBlobStore()
     keyless._rows = store._rows
     assert await keyless.get(transfer, purpose="transfer", tenant_id=TENANT) is None
 
 
 async def test_a_plaintext_transfer_blob_from_before_the_upgrade_still_reads() -> None:
-    before = InMemoryBlobStore()
+    before = MemoryBlobStore()
     invocation = str(uuid.uuid4())
     blob_id = await before.put(
         SECRET, tenant_id=TENANT, invocation_id=invocation, purpose="transfer"
     )
-    after = InMemoryBlobStore(cipher=AtRestCipher([NEW_KEY], purpose=TRANSFER_BLOB))
+    after = MemoryBlobStore(cipher=AtRestCipher([NEW_KEY], purpose=TRANSFER_BLOB))
     after._rows = before._rows
     blob = await after.get(blob_id, purpose="transfer", tenant_id=TENANT)
     assert blob is not None

@@ -14,8 +14,8 @@ import pytest
 from toolfleet.client import (
     ApiError,
     ApiUnavailable,
+    HttpClient,
     InvocationHandle,
-    ToolfleetHttpClient,
     invoke_request,
 )
 from toolfleet.events.models import InvocationStatus
@@ -52,13 +52,12 @@ class FakeClock:
         self.now += seconds
 
 
-def client(
-    handler: Callable[[httpx.Request], httpx.Response], clock: FakeClock
-) -> ToolfleetHttpClient:
-    return ToolfleetHttpClient(
+def client(handler: Callable[[httpx.Request], httpx.Response], clock: FakeClock) -> HttpClient:
+    return HttpClient(
         "http://api.test/",
         token=TOKEN,
         transport=httpx.MockTransport(handler),
+        poll_interval_s=0.25,
         sleep=clock.sleep,
         clock=clock,
     )
@@ -97,7 +96,7 @@ async def test_invoke_posts_the_request_and_wait_polls_until_terminal() -> None:
         handle = await api.invoke(
             "core__echo", {"message": "hi"}, tenant_id="tenant_acme", agent_did="did:agent:a"
         )
-        outcome = await api.wait(handle, timeout=10, poll_interval_s=0.25)
+        outcome = await api.wait(handle, timeout=10)
 
     post = seen[0]
     assert (post.method, post.url.path) == ("POST", "/v1/invocations")
@@ -193,8 +192,9 @@ async def test_wait_gives_up_at_its_timeout() -> None:
     )
     async with client(handler, clock) as api:
         with pytest.raises(TimeoutError):
-            await api.wait(handle, timeout=2, poll_interval_s=0.5)
+            await api.wait(handle, timeout=2)
     assert clock.now == 2.0
+    assert clock.sleeps == [0.25] * 8
 
 
 async def test_control_calls_name_the_invocation() -> None:

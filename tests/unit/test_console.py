@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
-from toolfleet.api.console.timeline import Mark, timeline
+from toolfleet.api.console.timeline import TimelineMark, timeline
 from toolfleet.api.feed import RESYNC, InvocationFeed, Subscription
 from toolfleet.api.routes.events import follow_list, summary
 from toolfleet.contract.http import ApprovalView, InvocationView
 from toolfleet.events.models import InvocationStatus
-from toolfleet.status.projection import Checkpoint, Fact, Kind
+from toolfleet.status.projection import Fact, Kind, LatestCheckpoint
 
 pytestmark = pytest.mark.unit
 
@@ -41,12 +41,12 @@ def _view(status: InvocationStatus = InvocationStatus.RUNNING, **fields: Any) ->
 
 def test_a_resumed_call_on_another_worker_shows_attempts_resumes_and_handovers() -> None:
     marks = [
-        Mark(kind="terminal", at=_at(5000), detail={"status": "success"}),
-        Mark(kind="checkpoint", at=_at(800), detail={"progress_percent": 40.0}),
-        Mark(kind="invoked", at=_at(100), detail={"attempt": 1, "worker_id": "w1"}),
-        Mark(kind="requested", at=_at(0)),
-        Mark(kind="authorized", at=_at(30)),
-        Mark(
+        TimelineMark(kind="terminal", at=_at(5000), detail={"status": "success"}),
+        TimelineMark(kind="checkpoint", at=_at(800), detail={"progress_percent": 40.0}),
+        TimelineMark(kind="invoked", at=_at(100), detail={"attempt": 1, "worker_id": "w1"}),
+        TimelineMark(kind="requested", at=_at(0)),
+        TimelineMark(kind="authorized", at=_at(30)),
+        TimelineMark(
             kind="invoked",
             at=_at(3000),
             detail={"attempt": 2, "worker_id": "w2", "resumed_from_checkpoint_id": "c1"},
@@ -92,7 +92,9 @@ def test_without_event_marks_the_row_tells_the_coarse_story() -> None:
 
 
 def test_a_running_call_has_no_duration_yet() -> None:
-    t = timeline(_view(), [Mark(kind="requested", at=T0), Mark(kind="unknown", at=_at(5))])
+    t = timeline(
+        _view(), [TimelineMark(kind="requested", at=T0), TimelineMark(kind="unknown", at=_at(5))]
+    )
     assert t.duration_ms is None
     assert [s.kind for s in t.steps] == ["requested"]
 
@@ -108,7 +110,7 @@ def test_facts_keep_only_what_the_timeline_shows() -> None:
         parameters={"secret": "never"},
     )
     assert invoked.timeline_detail() == {"attempt": 2, "worker_id": "w"}
-    checkpoint = Checkpoint(
+    checkpoint = LatestCheckpoint(
         checkpoint_id="c",
         checkpoint_type="micro",
         progress_percent=10,

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from toolfleet.bus.topics import default_topics_file
-from toolfleet.doctor.kafka import InMemoryBroker
+from toolfleet.doctor.kafka import MemoryBroker
 from toolfleet.doctor.results import CheckStatus, Profile
 from toolfleet.doctor.topics import (
     check_replication,
@@ -29,15 +29,15 @@ SETTINGS = FleetSettings(topic_prefix="tf.", topic_partitions=4, topic_replicati
 OK, WARN, FAIL = CheckStatus.OK, CheckStatus.WARN, CheckStatus.FAIL
 
 
-async def created(settings: FleetSettings, pools: set[str] | None = None) -> InMemoryBroker:
+async def created(settings: FleetSettings, pools: set[str] | None = None) -> MemoryBroker:
     """A broker whose topics toolfleet created as configured."""
-    broker = InMemoryBroker()
+    broker = MemoryBroker()
     await broker.topics.create(fleet_specs(settings, pools or {"default"}))
     return broker
 
 
 async def statuses(
-    broker: InMemoryBroker,
+    broker: MemoryBroker,
     settings: FleetSettings = SETTINGS,
     *,
     pools: set[str] | None = None,

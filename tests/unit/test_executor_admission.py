@@ -10,7 +10,7 @@ import asyncio
 import json
 import uuid
 from collections.abc import Awaitable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -37,7 +37,7 @@ from toolfleet.executor.circuits.store import MemoryCircuitStore
 from toolfleet.executor.concurrency import MemoryAgentSlots, agent_key
 from toolfleet.executor.leasing.guard import LeaseGuard
 from toolfleet.executor.leasing.leases import MemoryLeases
-from toolfleet.executor.service import ExecutorService
+from toolfleet.executor.service import ExecutorConfig, ExecutorPorts, ExecutorService
 from toolfleet.registry.catalog import ToolCatalog
 from toolfleet.secrets.capability import CredentialCapability
 from toolfleet.secrets.env import EnvSecretStore
@@ -109,23 +109,27 @@ def rig(clock: ManualClock | None = None, **overrides: Any) -> Rig:
         clock=clock,
     )
     parts.service = ExecutorService(
-        catalog=ToolCatalog(
-            [
-                sample_tools.cached,
-                sample_tools.breaker,
-                sample_tools.windowed,
-                sample_tools.secret_user,
-            ]
+        ports=ExecutorPorts(
+            catalog=ToolCatalog(
+                [
+                    sample_tools.cached,
+                    sample_tools.breaker,
+                    sample_tools.windowed,
+                    sample_tools.secret_user,
+                ]
+            ),
+            checkpoints=parts.checkpoints,
+            cancels=parts.cancels,
+            emitter=parts.emitter,
+            secrets=EnvSecretStore(ENV),
+            slots=parts.slots,
+            breaker=CircuitBreaker(store=parts.circuits, clock=clock),
+            cache=parts.cache,
+            **overrides,
         ),
-        checkpoints=parts.checkpoints,
-        cancels=parts.cancels,
-        emitter=parts.emitter,
-        worker_id="w",
-        secrets=EnvSecretStore(ENV),
-        slots=parts.slots,
-        breaker=CircuitBreaker(store=parts.circuits, clock=clock),
-        cache=parts.cache,
-        **overrides,
+        config=ExecutorConfig(
+            worker_id="w",
+        ),
     )
     return parts
 
@@ -442,7 +446,7 @@ async def test_a_failing_emitter_still_releases_the_slot_and_revokes_credentials
     [capability] = capabilities
     with pytest.raises(PermissionDenied):
         capability.get("api_key")
-    assert parts.service.running == {}
+    assert parts.service.state.running == {}
 
 
 # -- the lease ----------------------------------------------------------------------
@@ -508,7 +512,8 @@ async def settle_until(done: Any) -> None:
 
 def leased_with(emitter: HeldAcks) -> tuple[Rig, MemoryLeases]:
     parts, leases = leased()
-    parts.service.emitter = parts.emitter = emitter
+    parts.emitter = emitter
+    parts.service = replace(parts.service, ports=replace(parts.service.ports, emitter=emitter))
     return parts, leases
 
 

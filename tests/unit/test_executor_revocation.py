@@ -14,7 +14,7 @@ from toolfleet.events.envelope import Envelope, new_event
 from toolfleet.events.identity import CallRef
 from toolfleet.events.models import AgentContext, Effect, InvokeAuthorized
 from toolfleet.events.types import EventType, Source, TopicName
-from toolfleet.executor.service import ExecutorService
+from toolfleet.executor.service import ExecutorConfig, ExecutorPorts, ExecutorService
 from toolfleet.registry.catalog import discover
 from toolfleet.storage.revocation import MemoryRevocationList
 
@@ -31,13 +31,17 @@ class Unreachable(MemoryRevocationList):
 def executor(revocations: MemoryRevocationList) -> tuple[ExecutorService, Emitter]:
     emitter = Emitter()
     svc = ExecutorService(
-        catalog=discover([]),
-        checkpoints=Checkpoints(),
-        cancels=Cancels(),
-        emitter=emitter,
-        worker_id="w",
-        grants=GrantVerifier([KEY]),
-        revocations=revocations,
+        ports=ExecutorPorts(
+            catalog=discover([]),
+            checkpoints=Checkpoints(),
+            cancels=Cancels(),
+            emitter=emitter,
+            grants=GrantVerifier([KEY]),
+            revocations=revocations,
+        ),
+        config=ExecutorConfig(
+            worker_id="w",
+        ),
     )
     return svc, emitter
 

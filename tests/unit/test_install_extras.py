@@ -115,8 +115,8 @@ def test_a_tool_is_written_and_tested_on_a_core_install() -> None:
 def test_the_http_client_works_on_a_core_install() -> None:
     done = run_python(
         """
-        from toolfleet.client import ToolfleetHttpClient, invoke_request
-        print(ToolfleetHttpClient.__name__, invoke_request.__name__)
+        from toolfleet.client import Client, connect_http, invoke_request
+        print(connect_http.__name__, Client.__name__, invoke_request.__name__)
         """,
         blocked=tuple(EXTRA_OF_MODULE),
     )

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from toolfleet.policy.claims import CallIdentity, ClaimVerdict, InMemoryInvocationClaims
+from toolfleet.policy.claims import CallIdentity, ClaimVerdict, MemoryInvocationClaims
 
 pytestmark = pytest.mark.unit
 
@@ -21,7 +21,7 @@ FIRST = CallIdentity(
 
 
 async def test_the_first_request_fixes_the_id_and_a_resend_is_the_same_call() -> None:
-    claims = InMemoryInvocationClaims()
+    claims = MemoryInvocationClaims()
     assert await claims.claim(ID, FIRST) is ClaimVerdict.NEW
     assert await claims.claim(ID, dataclasses.replace(FIRST)) is ClaimVerdict.SAME
     assert await claims.claim(ID, FIRST) is ClaimVerdict.SAME
@@ -38,7 +38,7 @@ async def test_the_first_request_fixes_the_id_and_a_resend_is_the_same_call() ->
     ],
 )
 async def test_any_other_field_is_a_conflict_that_changes_nothing(change: dict[str, str]) -> None:
-    claims = InMemoryInvocationClaims()
+    claims = MemoryInvocationClaims()
     await claims.claim(ID, FIRST)
     other = dataclasses.replace(FIRST, **change)
     assert await claims.claim(ID, other) is ClaimVerdict.CONFLICT
@@ -47,14 +47,14 @@ async def test_any_other_field_is_a_conflict_that_changes_nothing(change: dict[s
 
 
 async def test_ids_are_independent() -> None:
-    claims = InMemoryInvocationClaims()
+    claims = MemoryInvocationClaims()
     other = dataclasses.replace(FIRST, tenant_id="t_a")
     assert await claims.claim(ID, FIRST) is ClaimVerdict.NEW
     assert await claims.claim("1c2d3e4f-5a6b-4c7d-8e9f-0a1b2c3d4e5f", other) is ClaimVerdict.NEW
 
 
 async def test_text_moved_across_fields_is_another_identity() -> None:
-    claims = InMemoryInvocationClaims()
+    claims = MemoryInvocationClaims()
     first = dataclasses.replace(FIRST, agent_did='did:agent:b","core__echo')
     moved = dataclasses.replace(FIRST, agent_did="did:agent:b", tool_id='core__echo","core__echo')
     await claims.claim(ID, first)

@@ -31,7 +31,7 @@ from toolfleet.isolation.sandbox import (
     bwrap_argv,
     parse_filesystem_permissions,
 )
-from toolfleet.sdk import ToolContext, tool
+from toolfleet.sdk import Sandbox, ToolContext, tool
 from toolfleet.sdk.builtin import TOOLS
 from toolfleet.tools.limits import (
     AgentLimitExceeded,
@@ -286,10 +286,10 @@ def declare(**options: Any) -> Any:
 
 def test_tools_from_outside_toolfleet_are_sandboxed_by_default() -> None:
     assert spec_of(declare()).isolation is Isolation.SANDBOX
-    assert spec_of(declare(isolation="process")).isolation is Isolation.PROCESS
+    assert spec_of(declare(sandbox=Sandbox(isolation="process"))).isolation is Isolation.PROCESS
     assert spec_of(declare()).manifest().isolation == "sandbox"
     with pytest.raises(RegistrationError, match="isolation must be one of"):
-        declare(isolation="vm")
+        declare(sandbox=Sandbox(isolation="vm"))
 
 
 def test_built_ins_run_in_the_loop_except_run_python() -> None:

@@ -17,8 +17,16 @@ from toolfleet.contract.manifest import (
 )
 from toolfleet.errors import RegistrationError
 from toolfleet.events.models import Effect
-from toolfleet.sdk import ToolContext, tool
-from toolfleet.tools.policies import CachePolicy, CircuitPolicy, RetryPolicy
+from toolfleet.sdk import (
+    CachePolicy,
+    CircuitPolicy,
+    Resilience,
+    RetryPolicy,
+    Sandbox,
+    ToolContext,
+    ToolLimits,
+    tool,
+)
 from toolfleet.tools.spec import spec_of
 
 pytestmark = pytest.mark.unit
@@ -72,9 +80,10 @@ def test_a_tools_resilience_settings_reach_its_manifest() -> None:
         version="1.0.0",
         effect="read_only",
         redaction_allowlist=["v"],
-        retry=RetryPolicy(max_attempts=3),
-        circuit="upstream",
-        circuit_breaker=CircuitPolicy(failure_rate=0.2),
+        resilience=Resilience(
+            retry=RetryPolicy(max_attempts=3),
+            circuit=CircuitPolicy(name="upstream", failure_rate=0.2),
+        ),
     )
     async def resilient(params: _In, ctx: ToolContext) -> _Out:
         return _Out(v=1)
@@ -104,14 +113,15 @@ def test_what_a_tool_needs_and_how_it_runs_reach_its_manifest() -> None:
         version="1.0.0",
         effect="external_side_effect",
         redaction_allowlist=["v"],
-        credentials=["api_key"],
         requires_approval=True,
-        permissions=ToolPermissions(
-            filesystem=[FilesystemAccess(path="/data/*", access="write")],
-            network=["api.example.com"],
-            credentials=["signing_key"],
+        sandbox=Sandbox(
+            limits=ToolLimits(cpu_millicores=500, memory_mb=256),
+            permissions=ToolPermissions(
+                filesystem=[FilesystemAccess(path="/data/*", access="write")],
+                network=["api.example.com"],
+                credentials=["signing_key", "api_key"],
+            ),
         ),
-        resource_defaults=ResourceDefaults(cpu_millicore_limit=500, memory_mb_limit=256),
     )
     async def pay(params: _In, ctx: ToolContext) -> _Out:
         return _Out(v=1)
@@ -122,12 +132,13 @@ def test_what_a_tool_needs_and_how_it_runs_reach_its_manifest() -> None:
     assert manifest.source_type is SourceType.NATIVE
     assert manifest.permissions.filesystem == [FilesystemAccess(path="/data/*", access="write")]
     assert manifest.permissions.network == ["api.example.com"]
-    # Either spelling of a credential is one list, and the executor resolves all of it.
-    assert manifest.permissions.credentials == manifest.credentials == ["api_key", "signing_key"]
-    assert set(spec.credentials) == {"api_key", "signing_key"}
-    assert manifest.resource_defaults == ResourceDefaults(
-        cpu_millicore_limit=500, memory_mb_limit=256
-    )
+    # One list, kept twice in the manifest, and the executor resolves all of it.
+    assert manifest.permissions.credentials == sorted(manifest.credentials)
+    assert manifest.permissions.credentials == ["api_key", "signing_key"]
+    assert spec.credentials == ("signing_key", "api_key")
+    # Limits are stated once: what a call needs; the manifest's defaults stay unset.
+    assert spec.limits == ToolLimits(cpu_millicores=500, memory_mb=256)
+    assert manifest.resource_defaults == ResourceDefaults()
     dumped = manifest.model_dump(mode="json")
     assert dumped["source_type"] == "native"
     assert dumped["permissions"]["filesystem"] == [{"path": "/data/*", "access": "write"}]
@@ -153,7 +164,7 @@ def test_a_permission_credential_with_a_bad_name_is_refused() -> None:
             version="1.0.0",
             effect="read_only",
             redaction_allowlist=["v"],
-            permissions=ToolPermissions(credentials=["Not A Name"]),
+            sandbox=Sandbox(permissions=ToolPermissions(credentials=["Not A Name"])),
         )
         async def bad(params: _In, ctx: ToolContext) -> _Out:
             return _Out(v=1)
@@ -167,8 +178,8 @@ def test_a_tool_with_credentials_in_its_permissions_cannot_be_cached() -> None:
             version="1.0.0",
             effect="read_only",
             redaction_allowlist=["v"],
-            permissions=ToolPermissions(credentials=["api_key"]),
-            cache=CachePolicy(mode="ttl", ttl_s=60),
+            sandbox=Sandbox(permissions=ToolPermissions(credentials=["api_key"])),
+            resilience=Resilience(cache=CachePolicy(mode="ttl", ttl_s=60)),
         )
         async def cached(params: _In, ctx: ToolContext) -> _Out:
             return _Out(v=1)

@@ -47,7 +47,7 @@ def test_event_types_from_the_wire_are_labelled_unknown_unless_the_fleet_knows_t
     )
     hostile = [f"evil.{n}" for n in range(2000)]
     for event_type in [*hostile, EventType.SUCCEEDED.value]:
-        counted, _ = runtime._metrics_of(event_type, "ok")
+        counted, _ = runtime._core.metrics_of(event_type, "ok")
         counted.inc()
     assert _types_labelled("labels-test") == {"unknown", EventType.SUCCEEDED.value}
 

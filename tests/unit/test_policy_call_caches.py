@@ -33,7 +33,7 @@ from toolfleet.policy.idempotency import Waiter
 from toolfleet.policy.memory_stores import MemoryIdempotencyStore
 from toolfleet.policy.schemas import ManifestSchemas
 from toolfleet.policy.service import PolicyService
-from toolfleet.registry.lookup import InMemoryManifests, ToolLookup
+from toolfleet.registry.lookup import MemoryManifests, ToolLookup
 from toolfleet.registry.schemas import CompiledSchemas
 from toolfleet.storage.revocation import CachedRevocationList, MemoryRevocationList
 
@@ -139,7 +139,7 @@ async def test_a_remembered_resolution_ends_at_the_next_lifecycle_date() -> None
         deprecation_date=start + timedelta(days=1),
         sunset_date=start + timedelta(days=2),
     )
-    lookup = ToolLookup(InMemoryManifests([deprecated]), ttl_s=3600, clock=clock)
+    lookup = ToolLookup(MemoryManifests([deprecated]), ttl_s=3600, clock=clock)
 
     first = await lookup.resolve("acme__old", "^1.0")
     assert (first.manifest.version, first.warnings) == ("1.0.0", [])
@@ -159,7 +159,7 @@ async def test_a_remembered_resolution_ends_at_the_next_lifecycle_date() -> None
 
 
 async def test_a_refreshed_version_list_resolves_anew() -> None:
-    manifests = InMemoryManifests([_manifest("1.0.0")])
+    manifests = MemoryManifests([_manifest("1.0.0")])
     lookup = ToolLookup(manifests, ttl_s=0.0)  # every call reads the source
     assert (await lookup.resolve("acme__old", "^1.0")).manifest.version == "1.0.0"
     manifests.register(_manifest("1.1.0"))

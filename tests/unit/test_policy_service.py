@@ -37,9 +37,9 @@ from toolfleet.policy.memory_stores import (
     MemoryIdempotencyStore,
     StaticPolicies,
 )
-from toolfleet.policy.ratelimit import InMemoryRateLimiter
+from toolfleet.policy.ratelimit import MemoryRateLimiter
 from toolfleet.policy.service import PolicyService
-from toolfleet.registry.lookup import InMemoryManifests, ToolLookup
+from toolfleet.registry.lookup import MemoryManifests, ToolLookup
 from toolfleet.registry.schemas import CompiledSchemas
 from toolfleet.sdk import ToolContext, spec_of, tool
 from toolfleet.storage.cancel_flags import MemoryCancelFlags
@@ -102,13 +102,13 @@ class Fleet:
 
     def __post_init__(self) -> None:
         self.service = PolicyService(
-            lookup=ToolLookup(InMemoryManifests(self.manifests)),
+            lookup=ToolLookup(MemoryManifests(self.manifests)),
             verifier=TokenVerifier([PAIR.public_pem], issuer="iss", audience="aud"),
             policies=self.policies,
             schemas=CompiledSchemas(),
             approvals=self.approvals,
             cancels=self.cancels,
-            limiter=InMemoryRateLimiter(clock=self.clock),
+            limiter=MemoryRateLimiter(clock=self.clock),
             idempotency=MemoryIdempotencyStore(),
             revocations=self.revocations,
             control=ControlVerifier([CONTROL_KEY]),

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ValidationError
 from typer.testing import CliRunner
 
 from tests.support.lifecycle import T0, Lifecycle
-from toolfleet.api.console.timeline import Mark, timeline
+from toolfleet.api.console.timeline import TimelineMark, timeline
 from toolfleet.bus.admin import MemoryTopicAdmin, pool_topic_specs
 from toolfleet.bus.topics import TopicMode, load_topic_specs, sync_topics
 from toolfleet.cli.main import app
@@ -39,8 +39,8 @@ from toolfleet.settings import FleetSettings
 from toolfleet.status.projection import InvocationRow, apply, fact_of
 from toolfleet.storage.pools import (
     ExecutorPresence,
-    InMemoryPoolPresence,
-    InMemoryQueuedCalls,
+    MemoryPoolPresence,
+    MemoryQueuedCalls,
     live_counts,
     queued_call,
     queued_notification,
@@ -200,7 +200,7 @@ class Clock:
 
 async def test_an_executor_counts_while_it_announces_itself() -> None:
     clock = Clock()
-    presence = InMemoryPoolPresence(ttl_s=6, clock=clock)
+    presence = MemoryPoolPresence(ttl_s=6, clock=clock)
     await presence.announce(ExecutorPresence(worker_id="a", pools=("default", "gpu")))
     await presence.announce(ExecutorPresence(worker_id="b", pools=("default",)))
     assert live_counts(await presence.live()) == {"default": 2, "gpu": 1}
@@ -225,7 +225,7 @@ async def test_a_queued_call_is_due_at_its_deadline_and_hidden_while_claimed() -
     event, call = _event(timeout_s=30)
     queued = queued_call(event, call, pool="gpu", reason="no_live_executor")
     assert queued.deadline == event.time + timedelta(seconds=30)  # type: ignore[operator]
-    index = InMemoryQueuedCalls()
+    index = MemoryQueuedCalls()
     await index.add(queued)
     await index.add(queued.model_copy(update={"deadline": queued.deadline + timedelta(hours=1)}))
     before = queued.deadline - timedelta(seconds=1)
@@ -242,7 +242,7 @@ async def test_a_queued_call_is_due_at_its_deadline_and_hidden_while_claimed() -
 
 
 async def test_parked_calls_come_oldest_first_until_unparked() -> None:
-    index = InMemoryQueuedCalls()
+    index = MemoryQueuedCalls()
     parked = []
     for _ in range(3):
         event, call = _event()
@@ -352,9 +352,11 @@ def test_the_console_timeline_says_which_pool_a_call_waited_for() -> None:
     queued_fact = fact_of(_queued(lc, "gpu", at=1.1), now=NOW)
     assert queued_fact is not None
     marks = [
-        Mark(kind="requested", at=T0),
-        Mark(kind="authorized", at=T0 + timedelta(seconds=1), detail={"pool": "gpu"}),
-        Mark(kind="queued", at=T0 + timedelta(seconds=1), detail=queued_fact.timeline_detail()),
+        TimelineMark(kind="requested", at=T0),
+        TimelineMark(kind="authorized", at=T0 + timedelta(seconds=1), detail={"pool": "gpu"}),
+        TimelineMark(
+            kind="queued", at=T0 + timedelta(seconds=1), detail=queued_fact.timeline_detail()
+        ),
     ]
     view = InvocationView(
         invocation_id=uuid.UUID(lc.invocation_id),

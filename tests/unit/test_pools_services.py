@@ -38,14 +38,14 @@ from toolfleet.executor.pools import (
     choose_target,
     deadline_outcome,
 )
-from toolfleet.executor.service import ExecutorService
+from toolfleet.executor.service import ExecutorConfig, ExecutorPorts, ExecutorService
 from toolfleet.policy.pools import PoolLiveness
 from toolfleet.registry.catalog import ToolCatalog
 from toolfleet.storage.cancel_flags import MemoryCancelFlags
 from toolfleet.storage.pools import (
     ExecutorPresence,
-    InMemoryPoolPresence,
-    InMemoryQueuedCalls,
+    MemoryPoolPresence,
+    MemoryQueuedCalls,
     QueuedCall,
     queued_call,
 )
@@ -162,25 +162,29 @@ def test_a_call_goes_to_an_executor_of_its_pool_with_its_tool_and_partitions() -
 @dataclass
 class Rig:
     service: ExecutorService
-    presence: InMemoryPoolPresence
-    queued: InMemoryQueuedCalls
+    presence: MemoryPoolPresence
+    queued: MemoryQueuedCalls
     sender: Sent
     leases: MemoryLeases
 
 
 def rig() -> Rig:
-    presence, queued, sender = InMemoryPoolPresence(), InMemoryQueuedCalls(), Sent()
+    presence, queued, sender = MemoryPoolPresence(), MemoryQueuedCalls(), Sent()
     leases = MemoryLeases(ttl_s=30)
     service = ExecutorService(
-        catalog=ToolCatalog([sample_tools.cached]),
-        checkpoints=MemoryCheckpointStore(),
-        cancels=MemoryCancelFlags(),
-        emitter=Emitter(),
-        worker_id="here",
-        grants=GrantVerifier([GRANT_KEY]),
-        lease_guard=LeaseGuard(leases=leases, worker_id="here"),
-        pool_router=PoolRouter(
-            worker_id="here", presence=presence, queued=queued, sender=sender, topic_of=_topic
+        ports=ExecutorPorts(
+            catalog=ToolCatalog([sample_tools.cached]),
+            checkpoints=MemoryCheckpointStore(),
+            cancels=MemoryCancelFlags(),
+            emitter=Emitter(),
+            grants=GrantVerifier([GRANT_KEY]),
+            lease_guard=LeaseGuard(leases=leases, worker_id="here"),
+            pool_router=PoolRouter(
+                worker_id="here", presence=presence, queued=queued, sender=sender, topic_of=_topic
+            ),
+        ),
+        config=ExecutorConfig(
+            worker_id="here",
         ),
     )
     return Rig(service, presence, queued, sender, leases)
@@ -429,8 +433,8 @@ async def test_a_sweeper_counts_its_own_pools_as_served_before_it_announced_them
 # --- policy ---------------------------------------------------------------------------------
 
 
-async def _policy(*executors: ExecutorPresence) -> tuple[Fleet, InMemoryQueuedCalls]:
-    presence = InMemoryPoolPresence()
+async def _policy(*executors: ExecutorPresence) -> tuple[Fleet, MemoryQueuedCalls]:
+    presence = MemoryPoolPresence()
     for executor in executors:
         await presence.announce(executor)
     liveness = PoolLiveness(presence)
@@ -438,7 +442,7 @@ async def _policy(*executors: ExecutorPresence) -> tuple[Fleet, InMemoryQueuedCa
     gpu = _manifest("acme__render", Effect.READ_ONLY).model_copy(update={"pool": "gpu"})
     fleet = Fleet(manifests=[gpu])
     fleet.service.pools = liveness
-    fleet.service.queued = queued = InMemoryQueuedCalls()
+    fleet.service.queued = queued = MemoryQueuedCalls()
     return fleet, queued
 
 
@@ -464,7 +468,7 @@ async def test_policy_only_authorizes_a_call_whose_pool_has_an_executor() -> Non
 
 
 async def test_policy_does_not_guess_while_it_cannot_see_the_executors() -> None:
-    liveness = PoolLiveness(InMemoryPoolPresence())
+    liveness = PoolLiveness(MemoryPoolPresence())
     assert liveness.is_served("gpu")  # never read yet
     await liveness.refresh()
     assert not liveness.is_served("gpu")
@@ -488,7 +492,7 @@ async def test_a_queued_call_cancelled_meanwhile_ends_cancelled_at_the_next_swee
     )
     await parts.service.on_cancel(cancel)
     sweeper = _sweeper(parts, published, now=T0 + timedelta(seconds=1))
-    sweeper.cancels = parts.service.cancels
+    sweeper.cancels = parts.service.ports.cancels
     await sweeper.sweep()
     [(topic, ended)] = published
     assert (topic, ended.type) == (TopicName.RESULTS, EventType.CANCELLED)

@@ -12,7 +12,7 @@ from toolfleet.errors import ErrorCode
 from toolfleet.policy.ratelimit import (
     BucketSpec,
     BucketState,
-    InMemoryRateLimiter,
+    MemoryRateLimiter,
     RateDecision,
     RateLimits,
     acquire_all,
@@ -124,7 +124,7 @@ def test_both_buckets_or_neither(
 
 async def test_in_memory_limiter_tenant_and_tool_buckets() -> None:
     now = [0.0]
-    limiter = InMemoryRateLimiter(clock=lambda: now[0])
+    limiter = MemoryRateLimiter(clock=lambda: now[0])
     limits = RateLimits(tenant_per_minute=60, tenant_burst=3, tool_per_minute=60, tool_burst=2)
     results = [await limiter.acquire("t1", "core__echo", limits) for _ in range(3)]
     assert [r.allowed for r in results] == [True, True, False]
@@ -139,7 +139,7 @@ async def test_in_memory_limiter_tenant_and_tool_buckets() -> None:
 
 
 async def test_unlimited_always_allows() -> None:
-    limiter = InMemoryRateLimiter()
+    limiter = MemoryRateLimiter()
     assert RateLimits().unlimited
     for _ in range(1000):
         assert await limiter.acquire("t", "x", RateLimits()) == RateDecision(allowed=True)

@@ -17,7 +17,17 @@ from toolfleet.executor.circuits.breaker import (
     CircuitStatus,
     Transition,
 )
-from toolfleet.sdk import CachePolicy, CircuitPolicy, RetryPolicy, ToolContext, spec_of, tool
+from toolfleet.sdk import (
+    CachePolicy,
+    CircuitPolicy,
+    Resilience,
+    RetryPolicy,
+    Sandbox,
+    ToolContext,
+    ToolPermissions,
+    spec_of,
+    tool,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -40,7 +50,7 @@ RUNS: list[int] = []
     version="1.0.0",
     effect="read_only",
     redaction_allowlist=["attempt"],
-    retry=RetryPolicy(max_attempts=3, initial_backoff_s=0, max_backoff_s=0),
+    resilience=Resilience(retry=RetryPolicy(max_attempts=3, initial_backoff_s=0, max_backoff_s=0)),
 )
 async def retried(params: In, ctx: ToolContext) -> Out:
     RUNS.append(ctx.attempt)
@@ -170,8 +180,8 @@ def test_tools_with_credentials_cannot_be_cached() -> None:
             version="1.0.0",
             effect="read_only",
             redaction_allowlist=["attempt"],
-            credentials=["api_key"],
-            cache=CachePolicy(),
+            sandbox=Sandbox(permissions=ToolPermissions(credentials=["api_key"])),
+            resilience=Resilience(cache=CachePolicy()),
         )
         async def c(params: In, ctx: ToolContext) -> Out:
             raise NotImplementedError

@@ -31,13 +31,13 @@ from toolfleet.events.models import (
     ToolOutcome,
 )
 from toolfleet.events.types import EventType, Source
-from toolfleet.registry.lookup import InMemoryManifests, ToolLookup
+from toolfleet.registry.lookup import MemoryManifests, ToolLookup
 from toolfleet.registry.schemas import CompiledSchemas
 from toolfleet.results.coercion import coerce
 from toolfleet.results.sanitizer import CompiledSanitizer, scan
-from toolfleet.sdk import ToolContext, spec_of, tool
+from toolfleet.sdk import Results, spec_of
 from toolfleet.sdk.testing import run_tool
-from toolfleet.storage.blobs import InMemoryBlobStore
+from toolfleet.storage.blobs import MemoryBlobStore
 from toolfleet.validator.service import ValidatorService
 
 pytestmark = pytest.mark.unit
@@ -54,15 +54,15 @@ TOOLS = {
 
 
 @pytest.fixture
-def blobs() -> InMemoryBlobStore:
-    return InMemoryBlobStore()
+def blobs() -> MemoryBlobStore:
+    return MemoryBlobStore()
 
 
 @pytest.fixture
-def service(blobs: InMemoryBlobStore) -> ValidatorService:
+def service(blobs: MemoryBlobStore) -> ValidatorService:
     manifests = [spec_of(fn).manifest() for fn in TOOLS.values()]
     return ValidatorService(
-        lookup=ToolLookup(InMemoryManifests(manifests)),
+        lookup=ToolLookup(MemoryManifests(manifests)),
         schemas=CompiledSchemas(),
         blobs=blobs,
         inline_bytes=2_000_000,
@@ -218,7 +218,7 @@ async def test_a_deeply_nested_result_is_too_large_in_every_mode(
 
 @pytest.mark.parametrize("mode", [*hostile.MODES, "mixed"])
 async def test_a_result_over_the_tool_limit_is_too_large(
-    service: ValidatorService, blobs: InMemoryBlobStore, mode: str
+    service: ValidatorService, blobs: MemoryBlobStore, mode: str
 ) -> None:
     body = "a" * hostile.LIMIT + "<script>x</script>"
     raw = json.dumps({"body": body}).encode()
@@ -255,21 +255,16 @@ async def test_a_huge_string_just_under_the_limit_is_sanitized_in_linear_time(
 
 
 def test_rules_are_checked_when_the_tool_is_declared() -> None:
-    class In(hostile.BaseModel):
-        pass
-
-    async def fn(params: In, ctx: ToolContext) -> hostile.Report:
-        return hostile.Report()
-
-    for bad in (
-        {"result_validation": "lenient"},
-        {"sanitize": {"$.body": "scrub"}},
-        {"sanitize": {"$.body[": "escape"}},
-        {"sanitize": {"$.body": {"action": "escape", "checks": ["css"]}}},
-        {"max_result_bytes": 0},
+    for bad, option in (
+        ({"validation": "lenient"}, "validation"),
+        ({"sanitize": {"$.body": "scrub"}}, r"sanitize\.\$\.body"),
+        ({"sanitize": {"$.body[": "escape"}}, "sanitize"),
+        ({"sanitize": {"$.body": {"action": "escape", "checks": ["css"]}}}, "checks"),
+        ({"max_bytes": 0}, "max_bytes"),
     ):
-        with pytest.raises(RegistrationError, match="invalid result rules"):
-            tool(id="t__x", version="1.0.0", effect="read_only", redaction_allowlist=[], **bad)(fn)
+        # Refused where it is written, naming the option, before any tool is declared.
+        with pytest.raises(RegistrationError, match=f"invalid result rules: .*{option}"):
+            Results(**bad)
 
 
 def test_paths_parse_to_segments() -> None:

@@ -214,10 +214,10 @@ async def test_runtime_starts_by_priority_and_drops_queued_records_on_revoke() -
     gates["1-1"].set()
     await eventually(lambda: _now(started == ["1-1", "1-0"]))
     gates["1-0"].set()
-    await eventually(lambda: _now(not runtime._tasks))
+    await eventually(lambda: _now(not runtime._core.tasks))
     assert started == ["1-1", "1-0"]  # nothing of the revoked partition started
     assert runtime.queued == 0
-    assert runtime._tracker.committable() == {Partition("t", 1): 2}
+    assert runtime._core.tracker.committable() == {Partition("t", 1): 2}
 
 
 # --- property: a worker's backlog against a reference model ---------------------------

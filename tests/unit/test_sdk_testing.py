@@ -10,7 +10,7 @@ from pydantic import BaseModel, Field
 from toolfleet.errors import Cancelled, ErrorCode, PermissionDenied
 from toolfleet.events.models import InvocationStatus
 from toolfleet.registry.redaction import REDACTED
-from toolfleet.sdk import ToolContext, spec_of, tool
+from toolfleet.sdk import Sandbox, ToolContext, ToolPermissions, spec_of, tool
 from toolfleet.sdk.testing import CheckpointRecorder, context_for, run_tool
 
 pytestmark = pytest.mark.unit
@@ -72,7 +72,7 @@ class Said(BaseModel):
     version="1.0.0",
     effect="read_only",
     redaction_allowlist=["said"],
-    credentials=["api_key"],
+    sandbox=Sandbox(permissions=ToolPermissions(credentials=["api_key"])),
 )
 async def chatty(params: Empty, ctx: ToolContext) -> Said:
     return Said(said=f"my key is {ctx.credential('api_key').reveal()}")

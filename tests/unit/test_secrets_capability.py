@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from toolfleet.errors import PermissionDenied, RegistrationError
-from toolfleet.sdk import ToolContext, spec_of, tool
+from toolfleet.sdk import Sandbox, ToolContext, ToolPermissions, spec_of, tool
 from toolfleet.secrets.capability import (
     CredentialCapability,
     LeakDetector,
@@ -131,7 +131,7 @@ def test_tool_declares_credentials_in_its_manifest() -> None:
         version="1.0.0",
         effect="read_only",
         redaction_allowlist=["value"],
-        credentials=["api_key", "app_id"],
+        sandbox=Sandbox(permissions=ToolPermissions(credentials=["api_key", "app_id"])),
     )
     async def gh(params: Empty, ctx: ToolContext) -> Out:
         return Out(value="x")
@@ -145,14 +145,15 @@ def test_tool_declares_credentials_in_its_manifest() -> None:
     [["API_KEY"], ["api-key"], ["../x"], ["a", "a"], "api_key", [""], [42]],
 )
 def test_invalid_credential_declarations_are_refused(credentials: Any) -> None:
-    with pytest.raises(RegistrationError):
+    # A list that is not one of strings fails at ToolPermissions; a bad name at @tool.
+    with pytest.raises((RegistrationError, ValidationError)):
 
         @tool(
             id="acme__gh",
             version="1.0.0",
             effect="read_only",
             redaction_allowlist=["value"],
-            credentials=credentials,
+            sandbox=Sandbox(permissions=ToolPermissions(credentials=credentials)),
         )
         async def gh(params: Empty, ctx: ToolContext) -> Out:
             return Out(value="x")
@@ -170,7 +171,7 @@ def test_input_may_still_not_declare_connection_id() -> None:
             version="1.0.0",
             effect="read_only",
             redaction_allowlist=["value"],
-            credentials=["api_key"],
+            sandbox=Sandbox(permissions=ToolPermissions(credentials=["api_key"])),
         )
         async def gh(params: WithConnection, ctx: ToolContext) -> Out:
             return Out(value="x")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Awaitable
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -15,7 +16,7 @@ from toolfleet.events.envelope import Envelope, new_event
 from toolfleet.events.models import AgentContext, Effect, InvokeAuthorized
 from toolfleet.events.types import EventType, Source, TopicName
 from toolfleet.executor.checkpoints.store import Checkpoint
-from toolfleet.executor.service import ExecutorService
+from toolfleet.executor.service import ExecutorConfig, ExecutorPorts, ExecutorService
 from toolfleet.registry.catalog import ToolCatalog
 from toolfleet.secrets.env import EnvSecretStore
 
@@ -58,12 +59,16 @@ class Emitter:
 def service(environ: dict[str, str]) -> tuple[ExecutorService, Emitter, Checkpoints]:
     emitter, checkpoints = Emitter(), Checkpoints()
     svc = ExecutorService(
-        catalog=ToolCatalog([sample_tools.secret_user, sample_tools.secret_leaker]),
-        checkpoints=checkpoints,
-        cancels=Cancels(),
-        emitter=emitter,
-        worker_id="w",
-        secrets=EnvSecretStore(environ),
+        ports=ExecutorPorts(
+            catalog=ToolCatalog([sample_tools.secret_user, sample_tools.secret_leaker]),
+            checkpoints=checkpoints,
+            cancels=Cancels(),
+            emitter=emitter,
+            secrets=EnvSecretStore(environ),
+        ),
+        config=ExecutorConfig(
+            worker_id="w",
+        ),
     )
     return svc, emitter, checkpoints
 
@@ -119,7 +124,7 @@ async def test_missing_secret_is_permission_denied_with_a_safe_message() -> None
 
 async def test_no_store_refuses_tools_that_need_one() -> None:
     svc, _, _ = service(ENV)
-    svc.secrets = None
+    svc = replace(svc, ports=replace(svc.ports, secrets=None))
     [(_, env)] = await svc.on_authorized(authorized("test__secret_user", "conn1"))
     assert env.data["error"]["code"] == "permission_denied"
 

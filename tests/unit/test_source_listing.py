@@ -14,8 +14,8 @@ import pytest
 from tests.support.eventually import eventually
 from toolfleet.errors import ErrorCode, ExternalApiError
 from toolfleet.sources.listing import (
-    InMemoryListingQueue,
     ListingJob,
+    MemoryListingQueue,
     checked,
     retry_delay_s,
 )
@@ -64,7 +64,7 @@ class Lister:
 
 
 def job(
-    queue: InMemoryListingQueue, lister: Lister, worker: str = "executor-1", **more: Any
+    queue: MemoryListingQueue, lister: Lister, worker: str = "executor-1", **more: Any
 ) -> ListingJob:
     return ListingJob(queue=queue, lister=lister, worker=worker, poll_s=0.01, **more)
 
@@ -81,7 +81,7 @@ async def run_until(running: ListingJob, done: Callable[[], bool], *, timeout: f
 
 
 async def test_a_listing_is_ready_with_its_tools_registered() -> None:
-    queue, lister = InMemoryListingQueue(), Lister()
+    queue, lister = MemoryListingQueue(), Lister()
     source = stdio("good")
     lister.answers["good"] = lambda s: tools_of(s, "add", "sub")
     assert queue.request(source).state is ListingState.PENDING
@@ -121,7 +121,7 @@ def unreachable(source: SourceDefinition) -> list[SourceTool]:
 async def test_a_hostile_answer_fails_its_own_listing_typed_and_the_job_goes_on(
     answer: Callable[[SourceDefinition], Any], code: ErrorCode, retryable: bool
 ) -> None:
-    queue, lister = InMemoryListingQueue(), Lister()
+    queue, lister = MemoryListingQueue(), Lister()
     hostile, good = stdio("hostile", timeout_s=0.2), stdio("good")
     lister.answers |= {"hostile": answer, "good": lambda s: tools_of(s, "add")}
     queue.request(hostile)
@@ -149,7 +149,7 @@ async def test_a_hostile_answer_fails_its_own_listing_typed_and_the_job_goes_on(
 
 
 async def test_a_retryable_failure_is_tried_again_once_due() -> None:
-    queue, lister = InMemoryListingQueue(), Lister()
+    queue, lister = MemoryListingQueue(), Lister()
     source = stdio("flaky")
     lister.answers["flaky"] = unreachable
     queue.request(source)
@@ -178,7 +178,7 @@ def test_retries_back_off_to_ten_minutes() -> None:
 
 
 async def test_a_listing_requested_again_drops_the_older_answer() -> None:
-    queue, lister = InMemoryListingQueue(), Lister()
+    queue, lister = MemoryListingQueue(), Lister()
     old = stdio("moving")
     lister.answers["moving"] = lambda s: tools_of(s, "old")
     queue.request(old)
@@ -194,7 +194,7 @@ async def test_a_listing_requested_again_drops_the_older_answer() -> None:
 
 
 async def test_a_listing_requested_for_another_tenant_lists_nothing() -> None:
-    queue, lister = InMemoryListingQueue(), Lister()
+    queue, lister = MemoryListingQueue(), Lister()
     theirs = stdio("theirs", tenant_id="tenant_a")
     lister.answers["theirs"] = lambda s: tools_of(s, "secret")
     queue.request(theirs)
@@ -210,7 +210,7 @@ async def test_a_listing_requested_for_another_tenant_lists_nothing() -> None:
 
 
 async def test_a_stopping_job_hands_its_listing_back() -> None:
-    queue, lister = InMemoryListingQueue(), Lister()
+    queue, lister = MemoryListingQueue(), Lister()
     lister.answers["slow"] = slow
     queue.request(stdio("slow", timeout_s=300))
     stop = asyncio.Event()

@@ -17,7 +17,7 @@ from typing import Any
 import asyncpg.exceptions as pg
 import pytest
 
-from toolfleet.bus.runtime import _is_transient
+from toolfleet.bus.consumer.core import is_transient as _is_transient
 from toolfleet.errors import CheckpointFailed, InvalidParameters
 from toolfleet.executor.checkpoints.cold import PostgresCheckpointStore
 from toolfleet.executor.checkpoints.store import Checkpoint

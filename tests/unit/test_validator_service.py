@@ -23,10 +23,10 @@ from toolfleet.events.models import (
     ToolOutcome,
 )
 from toolfleet.events.types import EventType, Source, TopicName
-from toolfleet.registry.lookup import InMemoryManifests, ToolLookup
+from toolfleet.registry.lookup import MemoryManifests, ToolLookup
 from toolfleet.registry.redaction import REDACTED
 from toolfleet.registry.schemas import CompiledSchemas
-from toolfleet.storage.blobs import InMemoryBlobStore
+from toolfleet.storage.blobs import MemoryBlobStore
 from toolfleet.validator.service import ValidatorService
 
 pytestmark = pytest.mark.unit
@@ -68,13 +68,13 @@ def clock() -> Clock:
 
 
 @pytest.fixture
-def blobs(clock: Clock) -> InMemoryBlobStore:
-    return InMemoryBlobStore(clock=clock)
+def blobs(clock: Clock) -> MemoryBlobStore:
+    return MemoryBlobStore(clock=clock)
 
 
-def _service(blobs: InMemoryBlobStore | None, *, inline_bytes: int = 4096) -> ValidatorService:
+def _service(blobs: MemoryBlobStore | None, *, inline_bytes: int = 4096) -> ValidatorService:
     return ValidatorService(
-        lookup=ToolLookup(InMemoryManifests([LOOKUP_USER])),
+        lookup=ToolLookup(MemoryManifests([LOOKUP_USER])),
         schemas=CompiledSchemas(),
         blobs=blobs,
         inline_bytes=inline_bytes,
@@ -121,7 +121,7 @@ async def _outcome(service: ValidatorService, event: Envelope) -> tuple[Envelope
 
 
 async def test_a_valid_result_succeeds_with_the_fields_the_tool_allows(
-    blobs: InMemoryBlobStore,
+    blobs: MemoryBlobStore,
 ) -> None:
     event = _executed({"name": "Ada", "email": "ada@example.com", "rows": [{"id": 1}]})
     envelope, outcome = await _outcome(_service(blobs), event)
@@ -137,7 +137,7 @@ async def test_a_valid_result_succeeds_with_the_fields_the_tool_allows(
 
 
 async def test_a_result_off_its_schema_fails_without_quoting_the_value(
-    blobs: InMemoryBlobStore,
+    blobs: MemoryBlobStore,
 ) -> None:
     event = _executed({"name": 42, "email": "ada@example.com"})
     envelope, outcome = await _outcome(_service(blobs), event)
@@ -153,21 +153,21 @@ async def test_a_result_off_its_schema_fails_without_quoting_the_value(
     assert outcome.warnings == ["1.2.0 is deprecated"]
 
 
-async def test_a_missing_required_field_names_the_field(blobs: InMemoryBlobStore) -> None:
+async def test_a_missing_required_field_names_the_field(blobs: MemoryBlobStore) -> None:
     _, outcome = await _outcome(_service(blobs), _executed({"email": "ada@example.com"}))
     assert outcome.error is not None
     assert outcome.error.code is ErrorCode.RESULT_VALIDATION_FAILED
     assert "name" in outcome.error.details["errors"][0]["message"]
 
 
-async def test_an_unregistered_version_fails_as_not_found(blobs: InMemoryBlobStore) -> None:
+async def test_an_unregistered_version_fails_as_not_found(blobs: MemoryBlobStore) -> None:
     _, outcome = await _outcome(_service(blobs), _executed({"name": "Ada"}, version="9.0.0"))
     assert outcome.error is not None
     assert outcome.error.code is ErrorCode.TOOL_NOT_FOUND
 
 
 async def test_a_result_nested_too_deeply_fails_as_too_large(
-    blobs: InMemoryBlobStore,
+    blobs: MemoryBlobStore,
 ) -> None:
     # Only a transfer blob carries it: an event this deep does not serialize.
     invocation = uuid.uuid4()
@@ -189,7 +189,7 @@ async def test_a_result_nested_too_deeply_fails_as_too_large(
 
 
 async def test_a_large_result_becomes_a_preview_with_its_whole_as_an_attachment(
-    blobs: InMemoryBlobStore, clock: Clock
+    blobs: MemoryBlobStore, clock: Clock
 ) -> None:
     rows = [{"id": i, "note": "n" * 100} for i in range(200)]
     event = _executed({"name": "Ada", "email": "ada@example.com", "rows": rows})
@@ -225,7 +225,7 @@ async def test_a_large_result_becomes_a_preview_with_its_whole_as_an_attachment(
 
 
 async def test_without_a_blob_store_a_large_result_travels_whole(
-    blobs: InMemoryBlobStore,
+    blobs: MemoryBlobStore,
 ) -> None:
     rows = [{"id": i, "note": "n" * 100} for i in range(200)]
     _, outcome = await _outcome(
@@ -236,7 +236,7 @@ async def test_without_a_blob_store_a_large_result_travels_whole(
 
 
 async def test_a_result_sent_as_a_transfer_blob_is_read_back_and_validated(
-    blobs: InMemoryBlobStore,
+    blobs: MemoryBlobStore,
 ) -> None:
     invocation = uuid.uuid4()
     raw = encode_result({"name": "Ada", "email": "ada@example.com"})
@@ -252,7 +252,7 @@ async def test_a_result_sent_as_a_transfer_blob_is_read_back_and_validated(
 
 
 async def test_a_transfer_blob_the_store_no_longer_holds_fails_as_internal_error(
-    blobs: InMemoryBlobStore,
+    blobs: MemoryBlobStore,
 ) -> None:
     gone = str(uuid.uuid4())
     event = _executed({}, blob=ResultBlob(blob_id=gone, bytes=300_000))
@@ -265,7 +265,7 @@ async def test_a_transfer_blob_the_store_no_longer_holds_fails_as_internal_error
 
 
 async def test_a_transfer_blob_of_another_tenant_reads_as_missing(
-    blobs: InMemoryBlobStore,
+    blobs: MemoryBlobStore,
 ) -> None:
     invocation = uuid.uuid4()
     raw = encode_result({"name": "Ada"})
@@ -281,7 +281,7 @@ async def test_a_transfer_blob_of_another_tenant_reads_as_missing(
 
 
 async def test_a_transfer_blob_that_is_not_a_json_object_fails_as_internal_error(
-    blobs: InMemoryBlobStore,
+    blobs: MemoryBlobStore,
 ) -> None:
     invocation = uuid.uuid4()
     blob_id = await blobs.put(
@@ -295,7 +295,7 @@ async def test_a_transfer_blob_that_is_not_a_json_object_fails_as_internal_error
 
 
 async def test_a_blob_store_that_does_not_answer_is_waited_out_not_failed(
-    blobs: InMemoryBlobStore,
+    blobs: MemoryBlobStore,
 ) -> None:
     """An outage is no fault of the result: the error reaches the consumer runtime, which
     retries the record (connection errors are transient); no outcome is emitted until the

@@ -1,10 +1,14 @@
-"""The real fleet behind :class:`~toolfleet.agent.fleet.FleetPort`, over either transport.
+"""The real fleet behind :class:`~toolfleet.agent.port.FleetPort`, over any
+:class:`~toolfleet.client.Client`.
 
-- :class:`HttpFleet` goes through the HTTP API with :class:`ToolfleetHttpClient` (a core
-  install, no broker access): it submits, then follows the status view, whose changes
-  become progress and approval events.
-- :class:`KafkaFleet` publishes with :class:`ToolfleetClient` (the ``fleet`` extra) and
-  hears progress and approval requests on the events topic as they are published.
+:class:`ClientFleet` submits with the client's ``invoke``, hears progress and approval
+requests from its ``events`` and takes the outcome from ``wait``, so it runs the same
+over either transport; two constructors say which:
+
+- :class:`HttpFleet` over the HTTP API (:func:`~toolfleet.client.connect_http`, a core
+  install, no broker access): the events come from following the status view;
+- :class:`KafkaFleet` over the broker (:func:`~toolfleet.client.connect_kafka`, the
+  ``fleet`` extra): the events come from the events topic as they are published.
 
 Both read the run's catalog from the API (``GET /v1/tools``, then ``GET /v1/tools/{id}``
 for the manifests), which answers with exactly the tools the token and its tenant's
@@ -17,12 +21,12 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 from urllib.parse import quote
 
 import httpx
 
-from toolfleet.agent.fleet import (
+from toolfleet.agent.port import (
     FleetEvent,
     FleetEventKind,
     FleetPort,
@@ -30,11 +34,11 @@ from toolfleet.agent.fleet import (
     Submission,
     Submitted,
 )
-from toolfleet.client.handles import InvocationHandle, Progress
-from toolfleet.client.http import ApiError, ApiUnavailable, ToolfleetHttpClient
-from toolfleet.client.requests import invoke_request
+from toolfleet.client.handles import InvocationHandle
+from toolfleet.client.http import ApiError, HttpClient
+from toolfleet.client.protocol import Client
 from toolfleet.contract.manifest import ToolManifest
-from toolfleet.contract.progress import EventKind, view_events
+from toolfleet.contract.progress import EventKind, InvocationEvent
 from toolfleet.errors import (
     ErrorCode,
     ErrorInfo,
@@ -43,14 +47,12 @@ from toolfleet.errors import (
     error_from,
 )
 from toolfleet.events.identity import new_traceparent, trace_id_of
-from toolfleet.events.models import ExecutionMetadata, ToolOutcome
-from toolfleet.events.types import EventType
+from toolfleet.events.models import ToolOutcome
 
 if TYPE_CHECKING:
-    from toolfleet.client.kafka import ToolfleetClient
-    from toolfleet.contract.http import InvocationView
+    from toolfleet.settings import FleetSettings
 
-__all__ = ["ApiCatalog", "HttpFleet", "KafkaFleet"]
+__all__ = ["ApiCatalog", "ClientFleet", "HttpFleet", "KafkaFleet"]
 
 PAGE_SIZE = 200
 Sleep = Callable[[float], Awaitable[None]]
@@ -96,20 +98,81 @@ async def _api(
         yield http
 
 
-# --- HTTP ----------------------------------------------------------------------------
+_FLEET_KINDS = {
+    EventKind.APPROVAL_PENDING: FleetEventKind.APPROVAL_REQUESTED,
+    EventKind.PROGRESS: FleetEventKind.PROGRESS,
+}
 
 
 @dataclass(kw_only=True)
-class HttpFleet:
-    """The fleet through its HTTP API. Open with :meth:`open`."""
+class ClientFleet:
+    """The fleet through one :class:`~toolfleet.client.Client`, as one agent (token,
+    tenant, agent id) sees it. Open with :meth:`over` an open client, or with
+    :class:`HttpFleet` / :class:`KafkaFleet`'s ``open``, which also open the client."""
 
-    client: ToolfleetHttpClient
+    client: Client
     catalog_reader: ApiCatalog
     tenant_id: str
     agent_did: str
-    poll_interval_s: float = 0.2
-    sleep: Sleep = asyncio.sleep
     _handles: dict[str, InvocationHandle] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def over(
+        cls,
+        client: Client,
+        *,
+        api_url: str,
+        token: str,
+        tenant_id: str,
+        agent_did: str,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> AsyncIterator[Self]:
+        """``async with ClientFleet.over(client, api_url=..., token=..., ...)``: a fleet
+        over an open client (left open); the catalog comes from the API at ``api_url``."""
+        async with _api(api_url, transport) as http:
+            yield cls(
+                client=client,
+                catalog_reader=ApiCatalog(http=http, token=token),
+                tenant_id=tenant_id,
+                agent_did=agent_did,
+            )
+
+    async def catalog(self) -> list[ToolManifest]:
+        return await self.catalog_reader.manifests()
+
+    async def submit(self, submission: Submission) -> Submitted:
+        traceparent = new_traceparent()
+        try:
+            handle = await self.client.invoke(
+                submission.tool_id,
+                submission.parameters,
+                tenant_id=self.tenant_id,
+                agent_did=self.agent_did,
+                tool_version=submission.tool_version,
+                idempotency_key=submission.idempotency_key,
+                session_id=submission.session_id,
+                traceparent=traceparent,
+            )
+        except ApiError as exc:
+            raise _contract_error(exc) from None
+        self._handles[handle.invocation_id] = handle
+        return Submitted(invocation_id=handle.invocation_id, trace_id=trace_id_of(traceparent))
+
+    async def outcome(
+        self, submitted: Submitted, *, on_event: OnFleetEvent | None = None, timeout: float
+    ) -> ToolOutcome:
+        handle = self._handles.pop(submitted.invocation_id)
+        async with asyncio.timeout(timeout):
+            async for event in self.client.events(handle):
+                heard = _fleet_event(event)
+                if heard is not None and on_event is not None:
+                    on_event(heard)
+            return await self.client.wait(handle)
+
+
+class HttpFleet(ClientFleet):
+    """The fleet through its HTTP API (core install). Open with :meth:`open`."""
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -122,83 +185,78 @@ class HttpFleet:
         agent_did: str,
         transport: httpx.AsyncBaseTransport | None = None,
         poll_interval_s: float = 0.2,
-    ) -> AsyncIterator[HttpFleet]:
-        """``async with HttpFleet.open(url, token=..., tenant_id=..., agent_did=...)``."""
+        sleep: Sleep = asyncio.sleep,
+    ) -> AsyncIterator[Self]:
+        """``async with HttpFleet.open(url, token=..., tenant_id=..., agent_did=...)``;
+        ``sleep`` paces the status reads (tests inject theirs)."""
         async with contextlib.AsyncExitStack() as stack:
             client = await stack.enter_async_context(
-                ToolfleetHttpClient(base_url, token=token, transport=transport)
-            )
-            http = await stack.enter_async_context(_api(base_url, transport))
-            yield cls(
-                client=client,
-                catalog_reader=ApiCatalog(http=http, token=token),
-                tenant_id=tenant_id,
-                agent_did=agent_did,
-                poll_interval_s=poll_interval_s,
-            )
-
-    async def catalog(self) -> list[ToolManifest]:
-        return await self.catalog_reader.manifests()
-
-    async def submit(self, submission: Submission) -> Submitted:
-        traceparent = new_traceparent()
-        request = invoke_request(
-            submission.tool_id,
-            submission.parameters,
-            tenant_id=self.tenant_id,
-            agent_did=self.agent_did,
-            tool_version=submission.tool_version,
-            idempotency_key=submission.idempotency_key,
-            session_id=submission.session_id,
-        )
-        try:
-            handle = await self.client.publish(request, traceparent=traceparent)
-        except ApiError as exc:
-            raise _contract_error(exc) from None
-        self._handles[handle.invocation_id] = handle
-        return Submitted(invocation_id=handle.invocation_id, trace_id=trace_id_of(traceparent))
-
-    async def outcome(
-        self, submitted: Submitted, *, on_event: OnFleetEvent | None = None, timeout: float
-    ) -> ToolOutcome:
-        self._handles.pop(submitted.invocation_id, None)
-        before: InvocationView | None = None
-        async with asyncio.timeout(timeout):
-            while True:
-                try:
-                    view = await self.client.status(submitted.invocation_id)  # None: not yet
-                except ApiUnavailable:
-                    view = None  # a blip of the API: the call goes on, ask again
-                if view is not None:
-                    if on_event is not None:
-                        for event in _changes(before, view):
-                            on_event(event)
-                    if view.status.is_terminal:
-                        return _outcome_of(view)
-                    before = view
-                await self.sleep(self.poll_interval_s)
-
-
-def _changes(before: InvocationView | None, now: InvocationView) -> list[FleetEvent]:
-    """What a change of the status view means as fleet events."""
-    found = []
-    for kind in view_events(before, now):
-        if kind is EventKind.APPROVAL_PENDING:
-            found.append(
-                FleetEvent(
-                    kind=FleetEventKind.APPROVAL_REQUESTED, invocation_id=str(now.invocation_id)
+                HttpClient(
+                    base_url,
+                    token=token,
+                    transport=transport,
+                    poll_interval_s=poll_interval_s,
+                    sleep=sleep,
                 )
             )
-        elif kind is EventKind.PROGRESS:
-            found.append(
-                FleetEvent(
-                    kind=FleetEventKind.PROGRESS,
-                    invocation_id=str(now.invocation_id),
-                    progress_percent=now.progress_percent,
-                    current_phase=now.current_phase,
+            yield await stack.enter_async_context(
+                cls.over(
+                    client,
+                    api_url=base_url,
+                    token=token,
+                    tenant_id=tenant_id,
+                    agent_did=agent_did,
+                    transport=transport,
                 )
             )
-    return found
+
+
+class KafkaFleet(ClientFleet):
+    """The fleet through the broker (the ``fleet`` extra); the catalog still comes from
+    the API. Open with :meth:`open`."""
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def open(
+        cls,
+        settings: FleetSettings,
+        *,
+        api_url: str,
+        token: str,
+        tenant_id: str,
+        agent_did: str,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> AsyncIterator[Self]:
+        """``async with KafkaFleet.open(FleetSettings(), api_url=..., token=..., ...)``."""
+        from toolfleet.client.kafka import connect_kafka  # the fleet extra: imported on use
+
+        async with contextlib.AsyncExitStack() as stack:
+            client = await stack.enter_async_context(
+                connect_kafka(settings, tenant_id=tenant_id, token=token)
+            )
+            yield await stack.enter_async_context(
+                cls.over(
+                    client,
+                    api_url=api_url,
+                    token=token,
+                    tenant_id=tenant_id,
+                    agent_did=agent_did,
+                    transport=transport,
+                )
+            )
+
+
+def _fleet_event(event: InvocationEvent) -> FleetEvent | None:
+    """The client's event as the runner hears it (it announces starts and results itself)."""
+    kind = _FLEET_KINDS.get(event.kind)
+    if kind is None:
+        return None
+    return FleetEvent(
+        kind=kind,
+        invocation_id=event.invocation_id,
+        progress_percent=event.progress_percent,
+        current_phase=event.current_phase,
+    )
 
 
 def _contract_error(exc: ApiError) -> ToolfleetError:
@@ -214,107 +272,7 @@ def _contract_error(exc: ApiError) -> ToolfleetError:
     return error
 
 
-def _outcome_of(view: InvocationView) -> ToolOutcome:
-    return ToolOutcome(
-        invocation_id=view.invocation_id,
-        status=view.status,
-        agent_did=view.agent_did or "",
-        tenant_id=view.tenant_id,
-        tool_id=view.tool_id,
-        tool_version=view.tool_version,
-        result=view.result,
-        error=ErrorInfo.model_validate(view.error) if view.error else None,
-        warnings=view.warnings,
-        execution_metadata=ExecutionMetadata.model_validate(view.execution_metadata or {}),
-    )
-
-
-# --- Kafka ---------------------------------------------------------------------------
-
-_KINDS = {
-    EventType.INVOKED.value: FleetEventKind.INVOKED,
-    EventType.CHECKPOINT_CREATED.value: FleetEventKind.PROGRESS,
-    EventType.APPROVAL_REQUESTED.value: FleetEventKind.APPROVAL_REQUESTED,
-}
-
-
-@dataclass(kw_only=True)
-class KafkaFleet:
-    """The fleet through the broker: one agent's view (token, tenant, agent id).
-
-    The :class:`ToolfleetClient` is the process's, shared by every run; the catalog
-    still comes from the API.
-    """
-
-    client: ToolfleetClient
-    catalog_reader: ApiCatalog
-    token: str = field(repr=False)
-    tenant_id: str
-    agent_did: str
-    _handles: dict[str, InvocationHandle] = field(default_factory=dict, repr=False)
-
-    @classmethod
-    @contextlib.asynccontextmanager
-    async def open(
-        cls,
-        client: ToolfleetClient,
-        *,
-        api_url: str,
-        token: str,
-        tenant_id: str,
-        agent_did: str,
-        transport: httpx.AsyncBaseTransport | None = None,
-    ) -> AsyncIterator[KafkaFleet]:
-        """``async with KafkaFleet.open(client, api_url=..., token=..., ...)``."""
-        async with _api(api_url, transport) as http:
-            yield cls(
-                client=client,
-                catalog_reader=ApiCatalog(http=http, token=token),
-                token=token,
-                tenant_id=tenant_id,
-                agent_did=agent_did,
-            )
-
-    async def catalog(self) -> list[ToolManifest]:
-        return await self.catalog_reader.manifests()
-
-    async def submit(self, submission: Submission) -> Submitted:
-        handle = await self.client.invoke(
-            submission.tool_id,
-            submission.parameters,
-            tenant_id=self.tenant_id,
-            agent_did=self.agent_did,
-            tool_version=submission.tool_version,
-            capability_token=self.token,
-            idempotency_key=submission.idempotency_key,
-            session_id=submission.session_id,
-        )
-        self._handles[handle.invocation_id] = handle
-        return Submitted(
-            invocation_id=handle.invocation_id, trace_id=trace_id_of(handle.traceparent)
-        )
-
-    async def outcome(
-        self, submitted: Submitted, *, on_event: OnFleetEvent | None = None, timeout: float
-    ) -> ToolOutcome:
-        handle = self._handles.pop(submitted.invocation_id)
-
-        def progress(update: Progress) -> None:
-            kind = _KINDS.get(update.event_type)
-            if kind is not None and on_event is not None:
-                on_event(
-                    FleetEvent(
-                        kind=kind,
-                        invocation_id=update.invocation_id,
-                        progress_percent=update.progress_percent,
-                        current_phase=update.current_phase,
-                    )
-                )
-
-        return await self.client.wait(handle, timeout=timeout, on_progress=progress)
-
-
 if TYPE_CHECKING:
 
-    def _implements_the_port(http: HttpFleet, kafka: KafkaFleet) -> tuple[FleetPort, ...]:
-        return (http, kafka)  # mypy checks both against FleetPort
+    def _implements_the_port(fleet: ClientFleet) -> FleetPort:
+        return fleet  # mypy checks the fleet against FleetPort

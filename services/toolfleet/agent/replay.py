@@ -22,11 +22,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from toolfleet.agent.adapters import ProviderAdapter
 from toolfleet.agent.catalog import RunCatalog
-from toolfleet.agent.fleet import OnFleetEvent, Submission, Submitted
 from toolfleet.agent.loop import ModelRequest, run_agent
+from toolfleet.agent.port import OnFleetEvent, Submission, Submitted
 from toolfleet.agent.providers import adapter_named
 from toolfleet.agent.records import ModelTurn, ToolEnvelope
-from toolfleet.agent.runner import RunLimits, ToolRunner
+from toolfleet.agent.runner import AgentRunLimits, ToolRunner
 from toolfleet.contract.manifest import ToolManifest
 from toolfleet.errors import ErrorCode, ErrorInfo
 from toolfleet.events.models import (
@@ -269,7 +269,7 @@ async def replay(
         globs = list(allow_tools)
         current = [m for m in current if any(fnmatch.fnmatchcase(m.tool_id, g) for g in globs)]
     denied = frozenset(Effect(e) for e in (denied_effects or head.denied_effects))
-    limits = RunLimits(
+    limits = AgentRunLimits(
         max_iterations=head.max_iterations,
         max_tool_calls=head.max_tool_calls,
         max_runtime_ms=head.max_runtime_ms,

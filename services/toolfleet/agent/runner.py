@@ -21,7 +21,7 @@ from typing import Any
 
 from toolfleet.agent.adapters import parse_call
 from toolfleet.agent.catalog import RunCatalog
-from toolfleet.agent.fleet import FleetEvent, FleetEventKind, FleetPort, Submission
+from toolfleet.agent.port import FleetEvent, FleetEventKind, FleetPort, Submission
 from toolfleet.agent.records import (
     AgentEvent,
     EventKind,
@@ -40,7 +40,7 @@ from toolfleet.errors import (
 )
 from toolfleet.events.models import Effect, ToolOutcome
 
-__all__ = ["PIN_KEY", "Clock", "RunLimits", "ToolRunner"]
+__all__ = ["PIN_KEY", "AgentRunLimits", "Clock", "ToolRunner"]
 
 Clock = Callable[[], datetime]
 PIN_KEY = "$pinned"
@@ -53,7 +53,7 @@ def _utc_now() -> datetime:
 
 
 @dataclass(frozen=True, kw_only=True)
-class RunLimits:
+class AgentRunLimits:
     """Guard rails of one run."""
 
     max_iterations: int = 10
@@ -84,7 +84,7 @@ class ToolRunner:
     fleet: FleetPort
     catalog: RunCatalog
     run_id: str
-    limits: RunLimits = field(default_factory=RunLimits)
+    limits: AgentRunLimits = field(default_factory=AgentRunLimits)
     clock: Clock = _utc_now
     tools_by_id: dict[str, ToolEnvelope] = field(default_factory=dict)
     """Every finished call, by call id."""
@@ -104,7 +104,7 @@ class ToolRunner:
         fleet: FleetPort,
         *,
         run_id: str,
-        limits: RunLimits | None = None,
+        limits: AgentRunLimits | None = None,
         strict: bool = False,
         skip_unsafe: bool = False,
         clock: Clock = _utc_now,
@@ -115,7 +115,7 @@ class ToolRunner:
         :class:`~toolfleet.errors.ProviderSchemaError`, or with ``skip_unsafe`` is left
         out of the catalog (listed in ``catalog.refused``).
         """
-        limits = limits or RunLimits()
+        limits = limits or AgentRunLimits()
         catalog = RunCatalog.compile(
             await fleet.catalog(),
             denied_effects=limits.denied_effects,

@@ -51,7 +51,7 @@ class DetectorSettings:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Finding:
+class Anomaly:
     """One anomaly, before it becomes an event."""
 
     kind: AnomalyKind
@@ -69,7 +69,7 @@ class Finding:
         return self.agent_did or self.tool_id or self.tenant_id
 
 
-def finding_id(finding: Finding) -> str:
+def finding_id(finding: Anomaly) -> str:
     """Deterministic id: one per rule, subject and window."""
     name = "|".join([finding.kind, finding.tenant_id, finding.subject, f"{finding.window[0]:.0f}"])
     return str(uuid.uuid5(_NAMESPACE, name))
@@ -81,11 +81,11 @@ def crossed(before: float, after: float, threshold: float) -> bool:
 
 def denial_spike(
     fact: AuditFact, *, before: int, after: int, window: Window, settings: DetectorSettings
-) -> Finding | None:
+) -> Anomaly | None:
     """``fact`` took the agent's denials this minute from ``before`` to ``after``."""
     if fact.agent_did is None or not crossed(before, after, settings.denial_spike):
         return None
-    return Finding(
+    return Anomaly(
         kind=AnomalyKind.DENIAL_SPIKE,
         tenant_id=fact.tenant_id,
         agent_did=fact.agent_did,
@@ -103,7 +103,7 @@ def error_rate_jump(
     hour: WindowStats,
     window: Window,
     settings: DetectorSettings,
-) -> Finding | None:
+) -> Anomaly | None:
     """The tool's error rate this ``minute`` (``fact`` counted) against the rest of the
     ``hour`` window that contains it. The caller fires it once per window."""
     if fact.tool_id is None or not fact.is_outcome:
@@ -115,7 +115,7 @@ def error_rate_jump(
     baseline = base_errors / base_outcomes if base_outcomes else 0.0
     if rate < settings.error_rate or rate - baseline < settings.error_rate_jump:
         return None
-    return Finding(
+    return Anomaly(
         kind=AnomalyKind.ERROR_RATE_JUMP,
         tenant_id=fact.tenant_id,
         tool_id=fact.tool_id,
@@ -136,14 +136,14 @@ def novel_tools(
     first_seen: float,
     window: Window,
     settings: DetectorSettings,
-) -> Finding | None:
+) -> Anomaly | None:
     """``fact`` took the agent's never-before-called tools this minute from ``before``
     to ``after``; the agent was first seen at ``first_seen``."""
     if fact.agent_did is None or fact.at - first_seen < settings.novel_warmup_s:
         return None
     if not crossed(before, after, settings.novel_tools):
         return None
-    return Finding(
+    return Anomaly(
         kind=AnomalyKind.NOVEL_TOOLS,
         tenant_id=fact.tenant_id,
         agent_did=fact.agent_did,

@@ -27,9 +27,9 @@ from typing import Any, Final, Protocol
 from pydantic import BaseModel, ConfigDict, Field
 
 from toolfleet.analytics.detectors import (
+    Anomaly,
     AnomalyKind,
     DetectorSettings,
-    Finding,
     denial_spike,
     error_rate_jump,
     novel_tools,
@@ -117,7 +117,7 @@ class Analyzer:
         self.minute = minute
         self.hour = hour
 
-    def observe(self, fact: AuditFact) -> list[Finding]:
+    def observe(self, fact: AuditFact) -> list[Anomaly]:
         """Count ``fact`` and return the findings it triggers (usually none)."""
         if not (fact.is_request or fact.is_outcome):
             return []
@@ -131,20 +131,20 @@ class Analyzer:
         for key in keys:
             _update(self.tables.minute, self.minute, key, fact)
             _update(self.tables.hour, self.hour, key, fact)
-        findings: list[Finding] = []
+        findings: list[Anomaly] = []
         if fact.agent_did is not None:
             findings += self._agent_rules(fact)
         if fact.tool_id is not None and fact.is_outcome:
             findings += self._tool_rules(fact)
         return findings
 
-    def _agent_rules(self, fact: AuditFact) -> list[Finding]:
+    def _agent_rules(self, fact: AuditFact) -> list[Anomaly]:
         assert fact.agent_did is not None
         window = self.minute.current(fact.at)
         key = f"agent{SEP}{fact.tenant_id}{SEP}{fact.agent_did}"
         before = _subject(self.tables.subjects.get(key, window))
         after = before
-        found: list[Finding] = []
+        found: list[Anomaly] = []
         if fact.is_denial:
             after = after.model_copy(update={"denials": after.denials + 1})
             spike = denial_spike(
@@ -193,7 +193,7 @@ class Analyzer:
         self.tables.known.set(key, {"first_seen": first, "tools": tools})
         return known
 
-    def _tool_rules(self, fact: AuditFact) -> list[Finding]:
+    def _tool_rules(self, fact: AuditFact) -> list[Anomaly]:
         assert fact.tool_id is not None
         window = self.minute.current(fact.at)
         key = f"tool{SEP}{tool_key(fact.tenant_id, fact.tool_id)}"

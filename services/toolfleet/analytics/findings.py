@@ -1,10 +1,10 @@
-"""A :class:`~toolfleet.analytics.detectors.Finding` as the CloudEvent SIEMs read. Pure."""
+"""A :class:`~toolfleet.analytics.detectors.Anomaly` as the CloudEvent SIEMs read. Pure."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from toolfleet.analytics.detectors import Finding, finding_id
+from toolfleet.analytics.detectors import Anomaly, finding_id
 from toolfleet.analytics.ocsf import detection_finding
 from toolfleet.analytics.snapshot import AnomalyView
 from toolfleet.events.envelope import Envelope, new_event
@@ -12,7 +12,7 @@ from toolfleet.events.models import AnomalyDetected
 from toolfleet.events.types import EventType, Source
 
 
-def anomaly_event(finding: Finding, *, now: datetime) -> Envelope:
+def anomaly_event(finding: Anomaly, *, now: datetime) -> Envelope:
     """``ai.agent.tool.anomaly``; its id is the finding's, so a replay re-emits the same."""
     uid = finding_id(finding)
     data = AnomalyDetected(
@@ -40,7 +40,7 @@ def anomaly_event(finding: Finding, *, now: datetime) -> Envelope:
     )
 
 
-def anomaly_view(finding: Finding) -> AnomalyView:
+def anomaly_view(finding: Anomaly) -> AnomalyView:
     return AnomalyView(
         id=finding_id(finding),
         kind=finding.kind.value,

@@ -13,7 +13,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Final
 
-from toolfleet.analytics.detectors import AnomalyKind, Finding
+from toolfleet.analytics.detectors import Anomaly, AnomalyKind
 from toolfleet.audit.ocsf import OCSF_VERSION, PRODUCT, epoch_ms
 
 CATEGORY_UID: Final = 2
@@ -31,7 +31,7 @@ _TITLES: Final = {
 }
 
 
-def detection_finding(finding: Finding, *, uid: str, detected_at: datetime) -> dict[str, Any]:
+def detection_finding(finding: Anomaly, *, uid: str, detected_at: datetime) -> dict[str, Any]:
     """The OCSF Detection Finding of ``finding``, whose event id is ``uid``."""
     severity_id, severity = _SEVERITY[finding.kind]
     start_ms, end_ms = (int(edge * 1000) for edge in finding.window)

@@ -26,6 +26,7 @@ import asyncpg
 
 from toolfleet.contract.http import InvocationView
 from toolfleet.storage.errors import POSTGRES_UNAVAILABLE
+from toolfleet.storage.retrying import Backoff, UntilStopped
 
 log = logging.getLogger(__name__)
 
@@ -124,23 +125,22 @@ class InvocationFeed:
 
     async def listen(self, dsn: str, stop: asyncio.Event, *, max_backoff_s: float = 5.0) -> None:
         """Hold the ``LISTEN`` connection until ``stop``; reconnect with backoff."""
-        backoff = 0.2
-        while not stop.is_set():
-            try:
-                async with _listening(dsn, self.notice) as lost:
-                    backoff = 0.2
-                    self.resync()  # anything may have changed while nobody listened
-                    await _first(stop, lost)
-                if not stop.is_set():
-                    raise ConnectionResetError("the LISTEN connection closed")
-            except _PASSING as exc:
-                log.warning(
-                    "console feed lost its connection; reconnecting",
-                    extra={"error": type(exc).__name__, "retry_in_s": backoff},
-                )
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), timeout=backoff)
-                backoff = min(backoff * 2, max_backoff_s)
+        reconnecting: UntilStopped[None] = UntilStopped(
+            what="console feed lost its connection; reconnecting",
+            backoff=Backoff(first_s=0.2, max_s=max_backoff_s),
+            retry_on=_PASSING,
+            stop=stop,
+        )
+
+        async def session() -> None:
+            async with _listening(dsn, self.notice) as lost:
+                reconnecting.made_progress()
+                self.resync()  # anything may have changed while nobody listened
+                await _first(stop, lost)
+            if not stop.is_set():
+                raise ConnectionResetError("the LISTEN connection closed")
+
+        await reconnecting.run(session)
 
 
 @contextlib.asynccontextmanager

@@ -17,7 +17,7 @@ from toolfleet.api.queries import InvocationQueries
 from toolfleet.api.settings import ApiSettings
 from toolfleet.auth.grants import fleet_grant_keys
 from toolfleet.auth.tokens import TokenVerifier
-from toolfleet.client import ToolfleetClient
+from toolfleet.client.publisher import KafkaPublisher
 from toolfleet.errors import ToolfleetError
 from toolfleet.events.types import Source
 from toolfleet.registry.store import RegistryStore
@@ -35,7 +35,7 @@ class ApiResources:
     settings: ApiSettings
     pool: asyncpg.Pool
     redis: Redis
-    client: ToolfleetClient
+    client: KafkaPublisher
     verifier: TokenVerifier
     revocations: CachedRevocationList
     """Checked on every authenticated request; follows ``token:revocations``."""
@@ -91,9 +91,9 @@ async def open_resources(settings: ApiSettings) -> AsyncIterator[ApiResources]:
         stack.push_async_callback(pool.close)
         redis = connect_redis(settings.redis_url)
         stack.push_async_callback(redis.aclose)
-        client = ToolfleetClient(settings, source=Source.API, watch=False)
-        stack.push_async_callback(client.stop)  # also releases a half-started client
-        await client.start()
+        client = await stack.enter_async_context(
+            KafkaPublisher(settings, source=Source.API, watch=False)
+        )
         revocations = CachedRevocationList.from_settings(redis, settings)
         stop = asyncio.Event()
         listener = asyncio.create_task(revocations.listen(redis, stop))

@@ -28,8 +28,8 @@ from pydantic import TypeAdapter
 from toolfleet.audit import ocsf
 from toolfleet.events.envelope import _DERIVED_ID_NAMESPACE, Envelope, new_event
 from toolfleet.events.identity import invocation_id_of, tenant_of, trace_id_of
+from toolfleet.events.masking import mask_parameters, mask_text
 from toolfleet.events.models import AuditRecord
-from toolfleet.events.sanitize import mask_text, sanitize_parameters
 from toolfleet.events.types import TERMINAL_TYPES, EventType, Source
 
 Outcome = Literal["success", "failure", "pending", "info"]
@@ -240,7 +240,7 @@ def _parameters(event_type: str, data: Mapping[str, Any]) -> dict[str, Any] | No
     parameters = data.get("parameters")
     if not isinstance(parameters, Mapping):
         return {}
-    sanitized = sanitize_parameters(parameters)
+    sanitized = mask_parameters(parameters)
     return (
         sanitized
         if _is_json(sanitized)

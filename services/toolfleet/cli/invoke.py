@@ -32,7 +32,7 @@ from toolfleet.events.types import EventType, Source
 from toolfleet.settings import FleetSettings
 
 if TYPE_CHECKING:
-    from toolfleet.client.kafka import ToolfleetClient
+    from toolfleet.client.publisher import KafkaPublisher
 
 DEFAULT_AGENT = "did:agent:cli"
 DEFAULT_WAIT_S = 300.0
@@ -45,7 +45,7 @@ _PHASE_OF_EVENT: dict[str, str] = {
 
 
 @dataclass(frozen=True, kw_only=True)
-class InvokeOptions:
+class InvokeCommand:
     """One ``toolfleet invoke`` call, parsed."""
 
     tool_id: str
@@ -110,24 +110,20 @@ class ProgressDisplay:
 
 
 @asynccontextmanager
-async def _started(settings: FleetSettings, *, watch: bool) -> AsyncIterator[ToolfleetClient]:
-    """A started client, stopped on exit even when starting it failed half-way."""
-    from toolfleet.client.kafka import ToolfleetClient  # the fleet extra: imported on use
+async def _started(settings: FleetSettings, *, watch: bool) -> AsyncIterator[KafkaPublisher]:
+    """A started publisher, stopped on exit even when starting it failed half-way."""
+    from toolfleet.client.publisher import KafkaPublisher  # the fleet extra: imported on use
 
-    client = ToolfleetClient(settings, source=Source.CLI, watch=watch)
-    try:
-        await client.start()
+    async with KafkaPublisher(settings, source=Source.CLI, watch=watch) as client:
         yield client
-    finally:
-        await client.stop()
 
 
-async def _publish(settings: FleetSettings, options: InvokeOptions) -> InvocationHandle:
+async def _publish(settings: FleetSettings, options: InvokeCommand) -> InvocationHandle:
     async with _started(settings, watch=False) as client:
         return await _send(client, options)
 
 
-async def _send(client: ToolfleetClient, options: InvokeOptions) -> InvocationHandle:
+async def _send(client: KafkaPublisher, options: InvokeCommand) -> InvocationHandle:
     return await client.invoke(
         options.tool_id,
         options.parameters,
@@ -141,7 +137,7 @@ async def _send(client: ToolfleetClient, options: InvokeOptions) -> InvocationHa
 
 
 async def _call_and_wait(
-    settings: FleetSettings, options: InvokeOptions, *, timeout: float, show_progress: bool
+    settings: FleetSettings, options: InvokeCommand, *, timeout: float, show_progress: bool
 ) -> tuple[InvocationHandle, ToolOutcome | None]:
     async with _started(settings, watch=True) as client:
         handle = await _send(client, options)
@@ -197,7 +193,7 @@ def invoke(
 ) -> None:
     """Invoke a tool. With --wait, exit 0 only if it succeeds."""
     settings = load_settings(FleetSettings)
-    options = InvokeOptions(
+    options = InvokeCommand(
         tool_id=tool_id,
         parameters=parse_params(param or [], params_json),
         tenant_id=tenant,

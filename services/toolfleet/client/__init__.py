@@ -1,13 +1,15 @@
-"""toolfleet's producer client: publish invocations, cancel, approve, wait for outcomes.
+"""toolfleet's client: one :class:`Client` shape over the HTTP API and over the broker.
 
-Two transports, one request builder:
+    async with connect_http("http://localhost:8080", token=token) as client: ...
+    async with connect_kafka(FleetSettings(), tenant_id="t1", token=token) as client: ...
 
-- :class:`ToolfleetClient` publishes to Kafka and waits on the results topic
-  (``pip install 'toolfleet[fleet]'``); the CLI and the HTTP API publish through it.
-- :class:`ToolfleetHttpClient` goes through the HTTP API (core install: httpx only),
-  with a ``transport=`` seam for tests.
+Both give a :class:`Client` (:mod:`toolfleet.client.protocol`) with the same methods,
+signatures and results; what a transport cannot do raises :class:`NotSupportedByTransport`.
+:func:`connect_http` needs only httpx (core install); :func:`connect_kafka` the
+``fleet`` extra. :class:`~toolfleet.client.publisher.KafkaPublisher` is the fleet's own
+publisher (the API, the CLI), acting for any tenant; users open a :class:`Client`.
 
-Exports load on first use, so ``ToolfleetHttpClient`` works without aiokafka installed.
+Exports load on first use, so ``connect_http`` works without aiokafka installed.
 """
 
 from __future__ import annotations
@@ -17,27 +19,42 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from toolfleet.client.handles import InvocationHandle, Progress
-    from toolfleet.client.http import ApiError, ApiUnavailable, ToolfleetHttpClient
-    from toolfleet.client.kafka import ToolfleetClient
+    from toolfleet.client.http import ApiError, ApiUnavailable, HttpClient, connect_http
+    from toolfleet.client.kafka import KafkaClient, connect_kafka
+    from toolfleet.client.protocol import Client, NotSupportedByTransport
+    from toolfleet.client.publisher import KafkaPublisher
     from toolfleet.client.requests import invoke_request
+    from toolfleet.contract.progress import InvocationEvent
 
 _EXPORTS = {
     "ApiError": "toolfleet.client.http",
     "ApiUnavailable": "toolfleet.client.http",
-    "ToolfleetHttpClient": "toolfleet.client.http",
+    "Client": "toolfleet.client.protocol",
+    "HttpClient": "toolfleet.client.http",
+    "InvocationEvent": "toolfleet.contract.progress",
     "InvocationHandle": "toolfleet.client.handles",
+    "KafkaClient": "toolfleet.client.kafka",
+    "KafkaPublisher": "toolfleet.client.publisher",
+    "NotSupportedByTransport": "toolfleet.client.protocol",
     "Progress": "toolfleet.client.handles",
-    "ToolfleetClient": "toolfleet.client.kafka",
+    "connect_http": "toolfleet.client.http",
+    "connect_kafka": "toolfleet.client.kafka",
     "invoke_request": "toolfleet.client.requests",
 }
 
 __all__ = [
     "ApiError",
     "ApiUnavailable",
+    "Client",
+    "HttpClient",
+    "InvocationEvent",
     "InvocationHandle",
+    "KafkaClient",
+    "KafkaPublisher",
+    "NotSupportedByTransport",
     "Progress",
-    "ToolfleetClient",
-    "ToolfleetHttpClient",
+    "connect_http",
+    "connect_kafka",
     "invoke_request",
 ]
 

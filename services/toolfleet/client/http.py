@@ -1,4 +1,5 @@
-"""``ToolfleetHttpClient``: the producer side over the HTTP API (core install: httpx only).
+"""``HttpClient``: the :class:`~toolfleet.client.Client` over the HTTP API (core install:
+httpx only). Open it with :func:`connect_http`.
 
 It publishes through ``POST /v1/invocations`` and reads the status view, so a producer
 needs neither broker access nor the ``fleet`` extra. ``call`` asks the API to wait for
@@ -18,25 +19,40 @@ import asyncio
 import json
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Awaitable, Callable
 from types import TracebackType
-from typing import Any, ClassVar, Self, Unpack
+from typing import TYPE_CHECKING, Any, ClassVar, Self, Unpack
 from uuid import UUID
 
 import httpx
 
 from toolfleet.client.handles import InvocationHandle
 from toolfleet.client.requests import InvokeOptions, RequestPublisher, invoke_request
-from toolfleet.contract.http import CancelResult, DecisionResult, InvocationView, InvokeAccepted
+from toolfleet.contract.http import (
+    CancelResult,
+    DecisionResult,
+    InvocationView,
+    InvokeAccepted,
+    view_outcome,
+)
+from toolfleet.contract.progress import EventKind, InvocationEvent, view_events
 from toolfleet.errors import ToolfleetError
-from toolfleet.events.models import InvokeRequested
+from toolfleet.events.models import InvokeRequested, ToolOutcome
 
-__all__ = ["ApiError", "ApiUnavailable", "ToolfleetHttpClient"]
+if TYPE_CHECKING:
+    from toolfleet.client.protocol import Client
+
+__all__ = ["ApiError", "ApiUnavailable", "HttpClient", "connect_http"]
 
 Sleep = Callable[[float], Awaitable[None]]
 
 #: The longest wait the API grants per request (``Prefer: wait=N``, RFC 7240).
 MAX_WAIT_S = 60
+
+ENDED_KEPT = 256
+"""Terminal views remembered: an outcome is final, so ``wait`` after ``events`` reads
+nothing again."""
 
 
 class ApiError(ToolfleetError):
@@ -56,8 +72,9 @@ class ApiUnavailable(ApiError):
     retryable: ClassVar[bool] = True
 
 
-class ToolfleetHttpClient(RequestPublisher):
-    """Async client of the HTTP API: ``async with ToolfleetHttpClient(url, token=...)``.
+class HttpClient(RequestPublisher):
+    """The :class:`~toolfleet.client.Client` over the HTTP API:
+    ``async with connect_http(url, token=...) as client``.
 
     Args:
         base_url: the API's root, e.g. ``http://localhost:8080``.
@@ -65,6 +82,8 @@ class ToolfleetHttpClient(RequestPublisher):
         transport: the httpx transport (default: real HTTP); tests inject theirs.
         timeout_s: per-request timeout (a request asking the API to wait gets that
             wait on top).
+        poll_interval_s: the pause between two reads of the status view while waiting
+            or following ``events``.
         sleep: how polling waits between polls; ``clock`` measures ``wait``'s
             timeout (tests inject a fake clock's pair).
     """
@@ -76,6 +95,7 @@ class ToolfleetHttpClient(RequestPublisher):
         token: str,
         transport: httpx.AsyncBaseTransport | None = None,
         timeout_s: float = 10.0,
+        poll_interval_s: float = 0.2,
         sleep: Sleep = asyncio.sleep,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -86,8 +106,10 @@ class ToolfleetHttpClient(RequestPublisher):
             timeout=timeout_s,
         )
         self._timeout_s = timeout_s
+        self._poll_interval_s = poll_interval_s
         self._sleep = sleep
         self._clock = clock
+        self._ended: OrderedDict[str, InvocationView] = OrderedDict()
 
     async def __aenter__(self) -> Self:
         return self
@@ -183,30 +205,43 @@ class ToolfleetHttpClient(RequestPublisher):
             if exc.status == 404:
                 return None
             raise
-        return InvocationView.model_validate(body)
+        view = InvocationView.model_validate(body)
+        if view.status.is_terminal:
+            self._ended[invocation_id] = view
+            while len(self._ended) > ENDED_KEPT:
+                self._ended.popitem(last=False)
+        return view
 
-    async def wait(
-        self,
-        handle: InvocationHandle,
-        *,
-        timeout: float | None = None,
-        poll_interval_s: float = 0.5,
-    ) -> InvocationView:
-        """Poll until the invocation is terminal; its view carries the outcome.
+    async def _read(self, invocation_id: str) -> InvocationView | None:
+        """The status view while following a call: None while the projection trails, or
+        while the API has a blip (429, 503, unreachable): the call goes on, ask again."""
+        try:
+            return await self.status(invocation_id)
+        except ApiUnavailable:
+            return None
+
+    async def wait(self, handle: InvocationHandle, *, timeout: float | None = None) -> ToolOutcome:
+        """Poll the status view until the invocation is terminal; its outcome.
 
         Raises:
             TimeoutError: ``timeout`` seconds passed first.
         """
+        view = await self._terminal(handle.invocation_id, timeout, self._poll_interval_s)
+        return view_outcome(view)
+
+    async def _terminal(
+        self, invocation_id: str, timeout: float | None, poll_interval_s: float
+    ) -> InvocationView:
         deadline = None if timeout is None else self._clock() + timeout
         while True:
-            view = await self.status(handle.invocation_id)  # None: the projection trails
+            view = self._ended.get(invocation_id) or await self._read(invocation_id)
             if view is not None and view.status.is_terminal:
                 return view
             pause = poll_interval_s
             if deadline is not None:
                 remaining = deadline - self._clock()
                 if remaining <= 0:
-                    raise TimeoutError(f"invocation {handle.invocation_id} did not finish in time")
+                    raise TimeoutError(f"invocation {invocation_id} did not finish in time")
                 pause = min(pause, remaining)
             await self._sleep(pause)
 
@@ -215,33 +250,45 @@ class ToolfleetHttpClient(RequestPublisher):
         tool_id: str,
         parameters: dict[str, Any] | None = None,
         *,
-        timeout: float = 60.0,
-        **kwargs: Unpack[InvokeOptions],
-    ) -> InvocationView:
-        """Invoke and return the ended call's status view (``status``, ``result``, ...).
+        timeout: float | None = None,
+        **options: Unpack[InvokeOptions],
+    ) -> ToolOutcome:
+        """Invoke and return the outcome.
 
         One request when the call ends within ``min(timeout, 60)`` seconds (the API
         waits, ``Prefer: wait``); otherwise the invocation is polled until ``timeout``.
-        ``kwargs`` are :meth:`invoke`'s keywords (``tenant_id``, ``agent_did``, ...).
+        ``options`` are :meth:`invoke`'s keywords (``tenant_id``, ``agent_did``, ...).
 
         Raises:
             TimeoutError: no outcome within ``timeout`` seconds (the call goes on).
         """
-        deadline = self._clock() + timeout
-        wait_s = max(0, min(MAX_WAIT_S, math.floor(timeout)))
-        request = invoke_request(tool_id, parameters, **kwargs)
-        answer = await self._submit(request, traceparent=None, wait_s=wait_s)
+        deadline = None if timeout is None else self._clock() + timeout
+        wait_s = MAX_WAIT_S if timeout is None else max(0, min(MAX_WAIT_S, math.floor(timeout)))
+        request = invoke_request(tool_id, parameters, **options)
+        answer = await self._submit(request, traceparent=options.get("traceparent"), wait_s=wait_s)
         if isinstance(answer, InvocationView) and answer.status.is_terminal:
-            return answer
+            return view_outcome(answer)
         if isinstance(answer, InvocationView):
-            handle = self._handle(request, str(answer.invocation_id), None)
-            interval_s = 0.5
+            invocation_id, interval_s = str(answer.invocation_id), self._poll_interval_s
         else:
-            handle = self._handle(request, answer.invocation_id, None)
+            invocation_id = answer.invocation_id
             interval_s = answer.polling_info.poll_interval_ms / 1000
-        return await self.wait(
-            handle, timeout=max(0.0, deadline - self._clock()), poll_interval_s=interval_s
-        )
+        remaining = None if deadline is None else max(0.0, deadline - self._clock())
+        return view_outcome(await self._terminal(invocation_id, remaining, interval_s))
+
+    async def events(self, handle: InvocationHandle) -> AsyncIterator[InvocationEvent]:
+        """Follow the status view (as ``GET /v1/invocations/{id}/events`` does) until the
+        invocation is terminal."""
+        before: InvocationView | None = None
+        while True:
+            now = await self._read(handle.invocation_id)
+            if now is not None:
+                for kind in view_events(before, now):
+                    yield _event(kind, now)
+                if now.status.is_terminal:
+                    return
+                before = now
+            await self._sleep(self._poll_interval_s)
 
     async def _call(self, method: str, path: str, **kwargs: Any) -> tuple[int, Any]:
         """The answer's status and JSON body; a problem answer raises :class:`ApiError`."""
@@ -254,6 +301,41 @@ class ToolfleetHttpClient(RequestPublisher):
         if response.is_success:
             return response.status_code, response.json()
         raise _problem(response)
+
+
+def connect_http(
+    base_url: str,
+    *,
+    token: str,
+    transport: httpx.AsyncBaseTransport | None = None,
+    timeout_s: float = 10.0,
+    poll_interval_s: float = 0.2,
+) -> HttpClient:
+    """A :class:`~toolfleet.client.Client` over the HTTP API at ``base_url``; use it as
+    ``async with connect_http(url, token=token) as client``.
+
+    ``token`` is the bearer token (also the capability when a call names none);
+    ``transport`` replaces real HTTP (tests hand it an :class:`httpx.ASGITransport` or
+    :class:`httpx.MockTransport`).
+    """
+    return HttpClient(
+        base_url,
+        token=token,
+        transport=transport,
+        timeout_s=timeout_s,
+        poll_interval_s=poll_interval_s,
+    )
+
+
+def _event(kind: EventKind, view: InvocationView) -> InvocationEvent:
+    if kind is EventKind.PROGRESS:
+        return InvocationEvent(
+            kind=kind,
+            invocation_id=str(view.invocation_id),
+            progress_percent=view.progress_percent,
+            current_phase=view.current_phase,
+        )
+    return InvocationEvent(kind=kind, invocation_id=str(view.invocation_id))
 
 
 def _problem(response: httpx.Response) -> ApiError:
@@ -273,3 +355,9 @@ def _problem(response: httpx.Response) -> ApiError:
     if retry_after.isdigit():
         error.retry_after_s = float(retry_after)
     return error
+
+
+if TYPE_CHECKING:
+
+    def _implements_the_protocol(client: HttpClient) -> Client:
+        return client  # mypy checks the class against Client

@@ -1,104 +1,123 @@
-"""``ToolfleetClient``: the producer side over Kafka. Publishes invokes and control events,
-waits for outcomes (needs the ``fleet`` extra: aiokafka and the bus).
+"""``KafkaClient``: the :class:`~toolfleet.client.Client` over the broker (the ``fleet``
+extra). Open it with :func:`connect_kafka`.
 
-The CLI and the HTTP API publish through it, so there is one way to build an invoke
-CloudEvent (key, extensions, trace context). Waiting reads the results and events
-topics directly, only the partition the tenant's key maps to, positioned before
-publishing so no outcome can be missed. While nobody waits, the watcher's partitions
-are paused (it costs the broker nothing); registering a wait resumes it where it
-stopped. The broker profile (``TOOLFLEET_BROKER_PROFILE``, :mod:`toolfleet.bus.profile`)
-paces the watcher: ``kafka`` long-polls; under the dev broker's profile each acknowledged
-send rings its topic so that resting consumers of the fleet wake, and the watcher itself
-rests between outcomes and wakes when the results or events topic rings.
+It publishes through a :class:`~toolfleet.client.publisher.KafkaPublisher` and hears
+each call's events and outcome on the events and results topics. A call this client
+invoked is followed from before it is published, so ``events`` and ``wait`` miss
+nothing however late they are called; a call invoked elsewhere is followed from the
+moment ``wait`` or ``events`` asks for it.
+
+Like an HTTP token, a Kafka client acts for one tenant (``tenant_id``), and its
+``token`` is the capability of a call that names none. ``status``, ``approve`` and
+``deny`` raise :class:`~toolfleet.client.NotSupportedByTransport`: the status view is
+the API's projection, and deciding a call takes the API's checks.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
-import uuid
+from collections import OrderedDict
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, Self, Unpack
+from typing import TYPE_CHECKING, Any, Self, Unpack
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from toolfleet.client.handles import InvocationHandle, Progress
+from toolfleet.client.protocol import NotSupportedByTransport
 
-from toolfleet.auth.control import ControlSigner, control_claims
-from toolfleet.auth.outcomes import OutcomeVerifier
-from toolfleet.bus.connection import connection_kwargs
-from toolfleet.bus.producer import EventProducer, Outbound
-from toolfleet.bus.profile import BrokerProfile, FetchPacing, PacingInput, open_profile
-from toolfleet.client.handles import InvocationHandle, Progress, ProgressCallback
-from toolfleet.client.requests import InvokeOptions, RequestPublisher
-from toolfleet.errors import InvalidEvent
-from toolfleet.events.codec import decode
-from toolfleet.events.envelope import Envelope, new_event
-from toolfleet.events.identity import valid_traceparent
-from toolfleet.events.models import (
-    ApprovalDecision,
-    CancelRequested,
-    InvokeRequested,
-    ToolOutcome,
-)
-from toolfleet.events.types import TERMINAL_TYPES, EventType, Source, TopicName, topic
-from toolfleet.observability.metrics import OUTCOMES_REFUSED
-from toolfleet.observability.tracing import current_traceparent
+if TYPE_CHECKING:
+    from toolfleet.client.protocol import Client
+from toolfleet.client.publisher import KafkaPublisher
+from toolfleet.client.requests import InvokeOptions, invoke_request
+from toolfleet.contract.http import CancelResult, DecisionResult, InvocationView
+from toolfleet.contract.progress import EventKind, InvocationEvent
+from toolfleet.errors import PermissionDenied
+from toolfleet.events.models import ToolOutcome
+from toolfleet.events.types import EventType, Source
 from toolfleet.settings import FleetSettings
 
-log = logging.getLogger(__name__)
+__all__ = ["KafkaClient", "connect_kafka"]
+
+TRANSPORT = "kafka"
+
+FINISHED_KEPT = 1024
+"""Finished calls remembered (for a late ``events`` or ``cancel``), oldest forgotten first."""
+
+_KINDS = {
+    EventType.CHECKPOINT_CREATED.value: EventKind.PROGRESS,
+    EventType.APPROVAL_REQUESTED.value: EventKind.APPROVAL_PENDING,
+}
 
 
-class ToolfleetClient(RequestPublisher):
-    """Async producer client. Use as ``async with ToolfleetClient(settings) as client``."""
+@dataclass(eq=False)
+class _Followed:
+    """One call's events so far and its outcome, heard from before it was published."""
+
+    handle: InvocationHandle
+    events: list[InvocationEvent] = field(default_factory=list)
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    outcome: asyncio.Task[ToolOutcome] | None = None
+
+    def add(self, event: InvocationEvent) -> None:
+        self.events.append(event)
+        self.changed.set()
+
+    def hear(self, update: Progress) -> None:
+        kind = _KINDS.get(update.event_type)
+        if kind is EventKind.PROGRESS:
+            self.add(
+                InvocationEvent(
+                    kind=kind,
+                    invocation_id=update.invocation_id,
+                    progress_percent=update.progress_percent,
+                    current_phase=update.current_phase,
+                )
+            )
+        elif kind is not None:
+            self.add(InvocationEvent(kind=kind, invocation_id=update.invocation_id))
+
+    def ended(self, task: asyncio.Task[ToolOutcome]) -> None:
+        if not task.cancelled():
+            self.add(
+                InvocationEvent(
+                    kind=EventKind.TOOL_CALL_RESULT, invocation_id=self.handle.invocation_id
+                )
+            )
+
+
+class KafkaClient:
+    """The :class:`~toolfleet.client.Client` over the broker:
+    ``async with connect_kafka(settings, tenant_id=..., token=...) as client``.
+
+    Args:
+        publisher: the started publisher it sends through and listens with (watching).
+        tenant_id: the tenant it acts for: invokes of another tenant are refused, and
+            cancels are that tenant's.
+        token: the capability of a call that names none.
+        requested_by: who cancels, for the audit trail.
+    """
 
     def __init__(
         self,
-        settings: FleetSettings,
+        publisher: KafkaPublisher,
         *,
-        source: Source | str = Source.CLIENT,
-        watch: bool = True,
-        profile: BrokerProfile | None = None,
+        tenant_id: str,
+        token: str | None = None,
+        requested_by: str = "",
     ) -> None:
-        """``profile``: the broker profile (:mod:`toolfleet.bus.profile`); unset, the one
-        ``TOOLFLEET_BROKER_PROFILE`` names, which the client closes when it stops."""
-        self._settings = settings
-        self._source = str(source)
-        self._watch = watch
-        self._own_profile = profile is None
-        self._profile = profile if profile is not None else open_profile(settings)
-        self._producer = EventProducer(
-            settings, client_id="toolfleet-client", traffic=self._profile.announcer
-        )
-        self._waiting = asyncio.Event()
-        self._watcher: AIOKafkaConsumer | None = None
-        self._watch_task: asyncio.Task[None] | None = None
-        self._listen_tasks: list[asyncio.Task[None]] = []
-        self._listening = asyncio.Event()
-        self._pacing: FetchPacing | None = None
-        self._outcomes: dict[str, asyncio.Future[ToolOutcome]] = {}
-        self._progress: dict[str, ProgressCallback] = {}
-        self._tenants: dict[str, str] = {}
-        """The tenant each awaited invocation belongs to: a call is (tenant, invocation id),
-        so another tenant's outcome for the same id (its ``invocation_id_conflict``) is
-        never this caller's."""
-        self._partitions: list[int] = []
-        self._signer = ControlSigner.from_settings(settings)
-        # A client that waits trusts only outcomes the fleet signed: without the grant
-        # key it could not tell a forged ``succeeded`` from a real one, so it refuses to
-        # start (GrantKeyError, saying how to fix it) rather than trust every outcome.
-        self._outcomes_verifier = OutcomeVerifier.from_settings(settings) if watch else None
-
-    @property
-    def signs_control(self) -> bool:
-        """Whether control events are signed (``TOOLFLEET_GRANT_KEY_FILE`` is set).
-
-        Policy refuses unsigned approvals, denials and cancels: only a process trusted
-        with the fleet's grant key (the API, an operator's CLI) can decide calls.
-        """
-        return self._signer is not None
+        self._publisher = publisher
+        self._tenant_id = tenant_id
+        self._token = token
+        self._requested_by = requested_by
+        self._followed: OrderedDict[str, _Followed] = OrderedDict()
+        self._tasks: set[asyncio.Task[ToolOutcome]] = set()
+        self._stack = contextlib.AsyncExitStack()
 
     async def __aenter__(self) -> Self:
-        await self.start()
+        await self._stack.__aenter__()
+        await self._stack.enter_async_context(self._publisher)
+        self._stack.push_async_callback(self._stop_following)
         return self
 
     async def __aexit__(
@@ -107,219 +126,52 @@ class ToolfleetClient(RequestPublisher):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        await self.stop()
+        await self._stack.__aexit__(exc_type, exc, tb)
 
-    async def start(self) -> None:
-        log.info(self._profile.summary())
-        await self._producer.start()
-        results = topic(self._settings.topic_prefix, TopicName.RESULTS)
-        self._partitions = sorted(await self._producer.partitions_for(results))
-        if self._watch:
-            await self._start_watcher()
-
-    async def stop(self) -> None:
-        self._listening.set()
-        for task in self._listen_tasks:
+    async def _stop_following(self) -> None:
+        for task in list(self._tasks):
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        if self._watch_task is not None:
-            self._watch_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._watch_task
-        if self._pacing is not None:
-            self._pacing.close()
-        if self._watcher is not None:
-            await self._watcher.stop()
-        await self._producer.stop()
-        if self._own_profile:
-            await self._profile.aclose()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
 
-    # --- publishing -----------------------------------------------------------------
+    # --- calls ----------------------------------------------------------------------
 
-    async def publish(
-        self, request: InvokeRequested, *, traceparent: str | None = None
+    async def invoke(
+        self,
+        tool_id: str,
+        parameters: dict[str, Any] | None = None,
+        **options: Unpack[InvokeOptions],
     ) -> InvocationHandle:
-        """Publish a prepared request (the HTTP API's path)."""
-        event_id = str(uuid.uuid4())
-        invocation_id = str(request.invocation_id or event_id)
-        tenant = request.agent_context.tenant_id
-        trace = traceparent or current_traceparent()
-        envelope = new_event(
-            event_type=EventType.INVOKE_REQUESTED,
-            source=self._source,
-            data={
-                **request.model_dump(mode="json", exclude_none=False),
-                "invocation_id": invocation_id,
-            },
-            tenant_id=tenant,
-            invocation_id=invocation_id,
-            event_id=event_id,
-            traceparent=trace,
-        )
-        if self._watcher is not None:
-            # Registered before publishing: a fast tool's outcome may beat ``wait``.
-            self._outcomes[invocation_id] = asyncio.get_running_loop().create_future()
-            self._tenants[invocation_id] = tenant
-            self._waiting.set()
-        await self._producer.send(
-            Outbound(envelope=envelope, topic=self._topic(TopicName.REQUESTED))
-        )
-        return InvocationHandle(
-            invocation_id=invocation_id, tenant_id=tenant, event_id=event_id, traceparent=trace
-        )
-
-    async def cancel(
-        self,
-        invocation_id: str,
-        *,
-        tenant_id: str,
-        requested_by: str = "",
-        reason: str = "",
-        traceparent: str | None = None,
-    ) -> None:
-        """Ask for a call to be cancelled; ``traceparent``: the call's trace (else the
-        current span's)."""
-        data = CancelRequested(
-            invocation_id=uuid.UUID(invocation_id),
-            tenant_id=tenant_id,
-            requested_by=requested_by,
-            reason=reason,
-        )
-        await self._control(EventType.CANCEL_REQUESTED, data, tenant_id, invocation_id, traceparent)
-
-    async def approve(
-        self,
-        invocation_id: str,
-        *,
-        tenant_id: str,
-        approver: str = "",
-        reason: str = "",
-        parameters_hash: str | None = None,
-        traceparent: str | None = None,
-    ) -> None:
-        """Approve a call; with ``parameters_hash``, only the exact request that hash names.
-
-        ``traceparent``: the call's trace, so the approval joins it (else the current span's).
-        """
-        await self._decide(
-            EventType.APPROVAL_GRANTED,
-            invocation_id,
-            tenant_id,
-            approver,
-            reason,
-            parameters_hash,
-            traceparent,
-        )
-
-    async def deny(
-        self,
-        invocation_id: str,
-        *,
-        tenant_id: str,
-        approver: str = "",
-        reason: str = "",
-        traceparent: str | None = None,
-    ) -> None:
-        """Deny a call waiting for approval (``traceparent`` as for :meth:`approve`)."""
-        await self._decide(
-            EventType.APPROVAL_DENIED,
-            invocation_id,
-            tenant_id,
-            approver,
-            reason,
-            traceparent=traceparent,
-        )
-
-    async def _decide(
-        self,
-        decision: EventType,
-        invocation_id: str,
-        tenant_id: str,
-        approver: str,
-        reason: str,
-        parameters_hash: str | None = None,
-        traceparent: str | None = None,
-    ) -> None:
-        data = ApprovalDecision(
-            invocation_id=uuid.UUID(invocation_id),
-            tenant_id=tenant_id,
-            approver=approver,
-            reason=reason,
-            parameters_hash=parameters_hash,
-        )
-        await self._control(decision, data, tenant_id, invocation_id, traceparent)
-
-    async def _control(
-        self,
-        event_type: EventType,
-        data: CancelRequested | ApprovalDecision,
-        tenant_id: str,
-        invocation_id: str,
-        traceparent: str | None,
-    ) -> None:
-        if self._signer is not None:
-            data = data.model_copy(
-                update={"signature": self._signer.sign(control_claims(event_type, data))}
+        """Publish a call; returns once the broker has acknowledged it."""
+        if options["tenant_id"] != self._tenant_id:
+            raise PermissionDenied(
+                "agent_context.tenant_id does not match the client's tenant",
+                details={"tenant_id": options["tenant_id"]},
             )
-        envelope = new_event(
-            event_type=event_type,
-            source=self._source,
-            data=data,
-            tenant_id=tenant_id,
-            invocation_id=invocation_id,
-            traceparent=valid_traceparent(traceparent) or current_traceparent(),
+        if options.get("capability_token") is None and self._token is not None:
+            options["capability_token"] = self._token
+        request = invoke_request(tool_id, parameters, **options)
+        invocation_id = str(request.invocation_id)
+        # Followed before it is published: a fast call's events may beat the ack.
+        followed = self._follow(
+            InvocationHandle(
+                invocation_id=invocation_id, tenant_id=self._tenant_id, event_id="", traceparent=""
+            )
         )
-        await self._producer.send(Outbound(envelope=envelope, topic=self._topic(TopicName.CONTROL)))
-
-    async def emit(self, envelope: Envelope, topic: TopicName) -> None:
-        """Publish an event built elsewhere (the API's registry notices)."""
-        await self._producer.send(Outbound(envelope=envelope, topic=self._topic(topic)))
-
-    # --- waiting --------------------------------------------------------------------
-
-    def expect(self, invocation_id: str, *, tenant_id: str) -> InvocationHandle:
-        """Be ready for the outcome of an invocation published some other way.
-
-        Call it *before* publishing (an outcome that arrives first would be missed), then
-        pass the handle to :meth:`wait`.
-        """
-        if self._watcher is None:
-            raise RuntimeError("this client was started with watch=False")
-        self._outcomes.setdefault(invocation_id, asyncio.get_running_loop().create_future())
-        self._tenants[invocation_id] = tenant_id
-        self._waiting.set()
-        return InvocationHandle(
-            invocation_id=invocation_id, tenant_id=tenant_id, event_id="", traceparent=""
-        )
-
-    async def wait(
-        self,
-        handle: InvocationHandle,
-        *,
-        timeout: float | None = None,
-        on_progress: ProgressCallback | None = None,
-    ) -> ToolOutcome:
-        """Wait for the invocation's terminal outcome (exactly one is delivered)."""
-        if self._watcher is None:
-            raise RuntimeError("this client was started with watch=False")
-        future = self._outcomes.get(handle.invocation_id)
-        if future is None:
-            future = asyncio.get_running_loop().create_future()
-            self._outcomes[handle.invocation_id] = future
-        self._tenants[handle.invocation_id] = handle.tenant_id
-        if on_progress is not None:
-            self._progress[handle.invocation_id] = on_progress
-            if self._pacing is not None:
-                self._pacing.set_quiet(frozenset())  # progress events are awaited now
-        self._waiting.set()
+        self._publisher.expect(invocation_id, tenant_id=self._tenant_id, on_progress=followed.hear)
         try:
-            return await asyncio.wait_for(asyncio.shield(future), timeout)
-        finally:
-            if future.done():
-                self._outcomes.pop(handle.invocation_id, None)
-                self._tenants.pop(handle.invocation_id, None)
-            self._progress.pop(handle.invocation_id, None)
+            handle = await self._publisher.publish(request, traceparent=options.get("traceparent"))
+        except BaseException:
+            del self._followed[invocation_id]  # never published: nothing to follow
+            raise
+        followed.handle = handle
+        self._start(followed)
+        return handle
+
+    async def wait(self, handle: InvocationHandle, *, timeout: float | None = None) -> ToolOutcome:
+        """The call's terminal outcome, as the fleet signed it."""
+        followed = self._following(handle)
+        assert followed.outcome is not None
+        return await asyncio.wait_for(asyncio.shield(followed.outcome), timeout)
 
     async def call(
         self,
@@ -327,139 +179,127 @@ class ToolfleetClient(RequestPublisher):
         parameters: dict[str, Any] | None = None,
         *,
         timeout: float | None = None,
-        **kwargs: Unpack[InvokeOptions],
+        **options: Unpack[InvokeOptions],
     ) -> ToolOutcome:
-        """``invoke`` then ``wait``."""
-        handle = await self.invoke(tool_id, parameters, **kwargs)
+        """:meth:`invoke` then :meth:`wait`."""
+        handle = await self.invoke(tool_id, parameters, **options)
         return await self.wait(handle, timeout=timeout)
 
-    def _topic(self, name: TopicName) -> str:
-        return topic(self._settings.topic_prefix, name)
-
-    async def _start_watcher(self) -> None:
-        # Every partition: a caller may wait for invocations of many tenants at once.
-        parts = [
-            TopicPartition(self._topic(name), p)
-            for name in (TopicName.RESULTS, TopicName.EVENTS)
-            for p in self._partitions
-        ]
-        pacing = self._profile.pacing(
-            PacingInput(topics=frozenset(tp.topic for tp in parts), poll_timeout_ms=200)
-        )
-        consumer = AIOKafkaConsumer(
-            **connection_kwargs(self._settings),
-            group_id=None,
-            enable_auto_commit=False,
-            fetch_max_wait_ms=pacing.broker_wait_ms,
-            client_id="toolfleet-client-watch",
-        )
-        await consumer.start()
-        consumer.assign(parts)
-        await consumer.seek_to_end(*parts)
-        for tp in parts:  # resolve the lazy seek now, before anything is published
-            await consumer.position(tp)
-        self._watcher = consumer
-        pacing.after_start(consumer)
-        self._pacing = pacing
-        self._listen_tasks = [
-            asyncio.create_task(job(self._listening), name="toolfleet-client-profile")
-            for job in self._profile.background()
-        ]
-        self._watch_task = asyncio.create_task(
-            self._watch_loop(consumer, pacing), name="toolfleet-client-watch"
-        )
-
-    async def _watch_loop(self, consumer: AIOKafkaConsumer, pacing: FetchPacing) -> None:
-        never: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        progress = frozenset({self._topic(TopicName.EVENTS)})
+    async def events(self, handle: InvocationHandle) -> AsyncIterator[InvocationEvent]:
+        """The call's life from the events topic, ending after ``tool_call_result``."""
+        followed = self._following(handle)
+        seen = 0
         while True:
-            # Progress events hurry a fetch only while someone follows progress; otherwise
-            # they come with the next fetch of outcomes (and are skipped unparsed).
-            pacing.set_quiet(frozenset() if self._progress else progress)
-            if not self._outcomes and not self._progress:
-                # Nobody waits: no fetches until someone does. Paused partitions keep
-                # their position, so nothing published meanwhile is skipped.
-                consumer.pause(*consumer.assignment())
-                self._waiting.clear()
-                await self._waiting.wait()
-                consumer.resume(*consumer.assignment())
-                pacing.after_resume()
-            elif pacing.wants_rest(busy=False):
-                # Caught up: no fetches until the results or events topic rings.
-                consumer.pause(*consumer.assignment())
-                await pacing.rest(consumer, never)
-                consumer.resume(*consumer.assignment())
-                pacing.after_resume()
-            batch = await consumer.getmany(timeout_ms=pacing.poll_timeout_ms)
-            pacing.after_fetch(records=bool(batch))
-            for records in batch.values():
-                for record in records:
-                    self._route(record.key, record.value, list(record.headers))
+            while seen < len(followed.events):
+                event = followed.events[seen]
+                seen += 1
+                yield event
+                if event.kind is EventKind.TOOL_CALL_RESULT:
+                    return
+            followed.changed.clear()
+            if seen == len(followed.events):
+                await followed.changed.wait()
 
-    def _route(
-        self, key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes]]
-    ) -> None:
-        invocation = _header(headers, "ce_invocationid")
-        if (
-            invocation is not None
-            and invocation not in self._outcomes
-            and invocation not in self._progress
-        ):
-            return  # nobody here waits for it: skip without parsing the value
-        try:
-            envelope = decode(key=key, value=value, headers=headers)
-        except InvalidEvent:
-            return
-        if envelope.invocationid is None:
-            return
-        self._deliver(envelope)
-
-    def _deliver(self, envelope: Envelope) -> None:
-        invocation_id = envelope.invocationid or ""
-        if envelope.tenantid != self._tenants.get(invocation_id, envelope.tenantid):
-            return  # the same id in another tenant is another call
-        if envelope.type in TERMINAL_TYPES:
-            if not self._trusts(envelope):
-                return  # still waiting: the real outcome may yet come
-            outcome = ToolOutcome.model_validate(envelope.data)
-            future = self._outcomes.get(invocation_id)
-            if future is not None and not future.done():
-                future.set_result(outcome)
-            return
-        callback = self._progress.get(invocation_id)
-        if callback is not None:
-            progress = envelope.data.get("progress_percent")
-            callback(
-                Progress(
-                    invocation_id=invocation_id,
-                    event_type=envelope.type,
-                    progress_percent=float(progress) if progress is not None else None,
-                    current_phase=str(envelope.data.get("current_phase", "")),
-                )
+    async def cancel(self, invocation_id: str, *, reason: str = "") -> CancelResult:
+        """Publish a cancel, signed with the fleet's grant key that opening the client
+        required (policy refuses unsigned ones); a call this client saw finish is left
+        alone (``cancelled`` false, as the API answers)."""
+        followed = self._followed.get(invocation_id)
+        ended = followed.outcome if followed is not None else None
+        if ended is not None and ended.done() and not ended.cancelled() and not ended.exception():
+            return CancelResult(
+                invocation_id=invocation_id,
+                cancelled=False,
+                message=f"invocation already finished with status {ended.result().status.value}",
             )
-
-    def _trusts(self, outcome: Envelope) -> bool:
-        """Whether ``outcome`` is signed by the fleet; a refusal is counted and logged
-        (status, which reads every outcome, has it audited)."""
-        verifier = self._outcomes_verifier
-        refusal = verifier.refusal(outcome) if verifier is not None else None
-        if refusal is None:
-            return verifier is not None
-        OUTCOMES_REFUSED.labels(reader="client", refusal=refusal.kind).inc()
-        log.warning(
-            "outcome refused",
-            extra={
-                "invocation_id": outcome.invocationid,
-                "event_id": outcome.id,
-                "refusal": refusal.kind.value,
-                "reason": refusal.reason,
-            },
+        await self._publisher.cancel(
+            invocation_id,
+            tenant_id=self._tenant_id,
+            requested_by=self._requested_by,
+            reason=reason,
+            traceparent=followed.handle.traceparent if followed is not None else None,
         )
-        return False
+        return CancelResult(
+            invocation_id=invocation_id, cancelled=True, message="cancellation requested"
+        )
+
+    async def approve(
+        self, invocation_id: str, *, reason: str = "", parameters_hash: str | None = None
+    ) -> DecisionResult:
+        raise NotSupportedByTransport("approve", TRANSPORT, _DECIDE_OVER_HTTP)
+
+    async def deny(self, invocation_id: str, *, reason: str = "") -> DecisionResult:
+        raise NotSupportedByTransport("deny", TRANSPORT, _DECIDE_OVER_HTTP)
+
+    async def status(self, invocation_id: str) -> InvocationView | None:
+        raise NotSupportedByTransport(
+            "status", TRANSPORT, "the status view is the API's projection; use connect_http"
+        )
+
+    # --- following ------------------------------------------------------------------
+
+    def _follow(self, handle: InvocationHandle) -> _Followed:
+        followed = _Followed(handle=handle)
+        followed.add(
+            InvocationEvent(kind=EventKind.TOOL_CALL_START, invocation_id=handle.invocation_id)
+        )
+        self._followed[handle.invocation_id] = followed
+        while len(self._followed) > FINISHED_KEPT:
+            oldest = next(iter(self._followed.values()))
+            if oldest.outcome is None or not oldest.outcome.done():
+                break  # never forget a call still running
+            self._followed.popitem(last=False)
+        return followed
+
+    def _start(self, followed: _Followed) -> None:
+        task = asyncio.create_task(
+            self._publisher.wait(followed.handle),
+            name=f"toolfleet-client-wait-{followed.handle.invocation_id}",
+        )
+        followed.outcome = task
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(followed.ended)
+
+    def _following(self, handle: InvocationHandle) -> _Followed:
+        """The call as followed so far; one invoked elsewhere is followed from now on."""
+        followed = self._followed.get(handle.invocation_id)
+        if followed is None:
+            if handle.tenant_id != self._tenant_id:
+                raise PermissionDenied("the invocation is another tenant's")
+            followed = self._follow(handle)
+            self._publisher.expect(
+                handle.invocation_id, tenant_id=self._tenant_id, on_progress=followed.hear
+            )
+            self._start(followed)
+        return followed
 
 
-def _header(headers: list[tuple[str, bytes]], name: str) -> str | None:
-    for key, value in headers:
-        if key == name:
-            return value.decode("utf-8", "replace")
-    return None
+_DECIDE_OVER_HTTP = (
+    "deciding a call takes the API's checks (approver scope, not the requester, the "
+    "reviewed parameters); use connect_http"
+)
+
+
+def connect_kafka(
+    settings: FleetSettings,
+    *,
+    tenant_id: str,
+    token: str | None = None,
+    requested_by: str = "",
+    source: Source | str = Source.CLIENT,
+) -> KafkaClient:
+    """A :class:`~toolfleet.client.Client` over the broker ``settings`` name; use it as
+    ``async with connect_kafka(FleetSettings(), tenant_id=..., token=...) as client``.
+
+    Waiting trusts only outcomes the fleet signed, so ``settings`` must name the grant
+    key (``TOOLFLEET_GRANT_KEY_FILE``); without it opening refuses, saying so.
+    """
+    publisher = KafkaPublisher(settings, source=source, watch=True)
+    return KafkaClient(publisher, tenant_id=tenant_id, token=token, requested_by=requested_by)
+
+
+if TYPE_CHECKING:
+
+    def _implements_the_protocol(client: KafkaClient) -> Client:
+        return client  # mypy checks the class against Client

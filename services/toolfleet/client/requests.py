@@ -41,6 +41,9 @@ class InvokeOptions(TypedDict, total=False):
     """Default ``True``."""
     document_context: DocumentContext | None
     """The documents the tool may read (``ctx.documents``), optionally pinned to versions."""
+    traceparent: str | None
+    """A W3C ``traceparent``: the call joins the caller's trace (default: the current
+    span's, else a trace of its own). Not part of the request's data."""
 
 
 def invoke_request(
@@ -91,4 +94,6 @@ class RequestPublisher(ABC):
     ) -> InvocationHandle:
         """Build the request (:func:`invoke_request`) and :meth:`publish` it; returns once
         the transport has taken it (the broker's ack, or the API's ``202``)."""
-        return await self.publish(invoke_request(tool_id, parameters, **options))
+        return await self.publish(
+            invoke_request(tool_id, parameters, **options), traceparent=options.get("traceparent")
+        )

@@ -9,7 +9,8 @@ from uuid import UUID
 from pydantic import BaseModel, ConfigDict, Field
 
 from toolfleet.contract.manifest import LifecycleState, ToolManifest
-from toolfleet.events.models import DocumentAccess, InvocationStatus
+from toolfleet.errors import ErrorInfo
+from toolfleet.events.models import DocumentAccess, ExecutionMetadata, InvocationStatus, ToolOutcome
 
 
 class _Body(BaseModel):
@@ -206,3 +207,20 @@ class Readiness(_Body):
     status: Literal["ok"] = "ok"
     checks: dict[str, str]
     """``ok`` per dependency (``kafka``, ``redis``, ``postgres``)."""
+
+
+def view_outcome(view: InvocationView) -> ToolOutcome:
+    """The outcome a terminal status view carries, as the results topic delivers it, so a
+    client answers ``wait`` with one shape over every transport."""
+    return ToolOutcome(
+        invocation_id=view.invocation_id,
+        status=view.status,
+        agent_did=view.agent_did or "",
+        tenant_id=view.tenant_id,
+        tool_id=view.tool_id,
+        tool_version=view.tool_version,
+        result=view.result,
+        error=ErrorInfo.model_validate(view.error) if view.error else None,
+        warnings=view.warnings,
+        execution_metadata=ExecutionMetadata.model_validate(view.execution_metadata or {}),
+    )

@@ -1,6 +1,6 @@
 """What a change of an invocation's status view means as agent events (pure).
 
-The SSE route and :class:`~toolfleet.agent.fleets.HttpFleet` both follow the status
+The SSE route and :class:`~toolfleet.client.http.HttpClient` both follow the status
 projection; this is the one reading of it they share. Progress is reported from the
 tool's checkpoints only, not from the phases the projection writes on the way
 (``authorized``, ``awaiting_approval``).
@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from enum import StrEnum
 
+from pydantic import BaseModel, ConfigDict
+
 from toolfleet.contract.http import InvocationView
 from toolfleet.events.models import InvocationStatus
 
-__all__ = ["EventKind", "view_events"]
+__all__ = ["EventKind", "InvocationEvent", "view_events"]
 
 
 class EventKind(StrEnum):
@@ -40,3 +42,18 @@ def view_events(before: InvocationView | None, now: InvocationView) -> list[Even
     if now.status.is_terminal:
         found.append(EventKind.TOOL_CALL_RESULT)
     return found
+
+
+class InvocationEvent(BaseModel):
+    """One event of an invocation's life as a client's ``events`` yields it, the same over
+    every transport: ``tool_call_start`` first, then any ``approval_pending`` and
+    ``progress``, and ``tool_call_result`` last."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: EventKind
+    invocation_id: str
+    progress_percent: float | None = None
+    """``progress`` only: the tool's last checkpoint's percentage."""
+    current_phase: str = ""
+    """``progress`` only: the tool's last checkpoint's phase."""

@@ -1,6 +1,6 @@
 """A tool's result rules: validation mode, sanitization by field path, size limits.
 
-Declared with ``@tool(result_validation=..., sanitize=..., max_result_bytes=...)`` and
+Declared with ``@tool(results=Results(validation=..., sanitize=..., max_bytes=...))`` and
 stored in the manifest, so every validator applies the same rules to a version.
 
 Field paths are a small JSONPath subset: ``$.body``, ``$.items[*].title``,

@@ -3,7 +3,7 @@ and the port through which the topic checks see it.
 
 :class:`BrokerInspector` is the port; :class:`KafkaInspector` implements it with
 aiokafka's public clients (``AIOKafkaAdminClient`` for topics, ``AIOKafkaClient.send``
-of an ``ApiVersionRequest`` for the API versions), :class:`InMemoryBroker` is its twin.
+of an ``ApiVersionRequest`` for the API versions), :class:`MemoryBroker` is its twin.
 """
 
 from __future__ import annotations
@@ -232,7 +232,7 @@ class KafkaInspector:
 
 
 @dataclass(kw_only=True)
-class InMemoryBroker:
+class MemoryBroker:
     """Twin of :class:`KafkaInspector`: topics in a :class:`MemoryTopicAdmin`, replica
     counts (default 1) and API versions as given."""
 

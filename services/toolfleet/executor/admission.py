@@ -1,4 +1,4 @@
-"""Admission: the gates an ``invoke.authorized`` call passes before its tool starts.
+"""The run gates: an ``invoke.authorized`` call passes before its tool starts.
 
 In order: **grant** (policy signed this very call, and the capability token behind it
 is not revoked; checked before the lease), the **lease**
@@ -8,7 +8,7 @@ loaded), **cache** (a cached result answers the call), **circuit** (the tool's c
 is open), **credentials** (resolved now, at execution time), **slot** (the agent's
 concurrency bound; waits, never fails) and **resume** (the checkpoint a run
 starts from). Each gate reads one frozen :class:`RunInput`, may add what it found to
-:class:`Admitted`, and either lets the call go on (``None``) or ends it with a typed
+:class:`GatesPassed`, and either lets the call go on (``None``) or ends it with a typed
 :data:`Stop`. Whatever a gate acquires it hands to the run's ``AsyncExitStack`` at once
 (credentials revoked, slot released), so no exit path can skip a release.
 """
@@ -52,11 +52,11 @@ from toolfleet.storage.revocation import RevocationList, ensure_grant_not_revoke
 from toolfleet.tools.spec import ToolSpec
 
 __all__ = [
-    "Admission",
-    "Admitted",
     "Cached",
+    "GatesPassed",
     "HandedOver",
     "Refused",
+    "RunGates",
     "RunInput",
     "Stop",
     "check_grant",
@@ -120,7 +120,7 @@ Stop = Refused | Cached | HandedOver
 
 
 @dataclass(kw_only=True)
-class Admitted:
+class GatesPassed:
     """What the gates found, for the run: filled in as they pass."""
 
     spec: ToolSpec | None = None
@@ -138,7 +138,7 @@ class Admitted:
         return self.spec
 
 
-Gate = Callable[[RunInput, Admitted, AsyncExitStack], Awaitable[Stop | None]]
+Gate = Callable[[RunInput, GatesPassed, AsyncExitStack], Awaitable[Stop | None]]
 
 
 async def check_grant(
@@ -185,7 +185,7 @@ async def check_grant(
 
 
 @dataclass(frozen=True, kw_only=True)
-class Admission:
+class RunGates:
     """The gates after the lease, over the executor's ports (None: that gate is off)."""
 
     catalog: ToolCatalog
@@ -199,9 +199,9 @@ class Admission:
     providers: tuple[ToolProvider, ...] = ()
     """Asked in order for a tool the catalog does not hold (tool sources)."""
 
-    async def admit(self, run: RunInput, stack: AsyncExitStack) -> Admitted | Stop:
+    async def admit(self, run: RunInput, stack: AsyncExitStack) -> GatesPassed | Stop:
         """Pass every gate in order; the first :data:`Stop` ends the call."""
-        admitted = Admitted()
+        admitted = GatesPassed()
         gates: tuple[Gate, ...] = (
             self.cancel,
             self.tool,
@@ -217,7 +217,9 @@ class Admission:
                 return stop
         return admitted
 
-    async def cancel(self, run: RunInput, admitted: Admitted, stack: AsyncExitStack) -> Stop | None:
+    async def cancel(
+        self, run: RunInput, admitted: GatesPassed, stack: AsyncExitStack
+    ) -> Stop | None:
         if run.seen is not None:
             requested = run.seen.cancel_requested
         else:
@@ -235,7 +237,9 @@ class Admission:
             spec = await provider.spec(call.tool_id, call.tool_version)
         return spec
 
-    async def tool(self, run: RunInput, admitted: Admitted, stack: AsyncExitStack) -> Stop | None:
+    async def tool(
+        self, run: RunInput, admitted: GatesPassed, stack: AsyncExitStack
+    ) -> Stop | None:
         call = run.call
         admitted.spec = await self.find_tool(call)
         if admitted.spec is None:
@@ -243,7 +247,9 @@ class Admission:
             return Refused(error=error)
         return None
 
-    async def cached(self, run: RunInput, admitted: Admitted, stack: AsyncExitStack) -> Stop | None:
+    async def cached(
+        self, run: RunInput, admitted: GatesPassed, stack: AsyncExitStack
+    ) -> Stop | None:
         spec, call = admitted.tool, run.call
         if self.cache is None or spec.cache is None or spec.credentials:
             return None
@@ -259,7 +265,7 @@ class Admission:
         return None if hit is None else Cached(result=hit)
 
     async def circuit(
-        self, run: RunInput, admitted: Admitted, stack: AsyncExitStack
+        self, run: RunInput, admitted: GatesPassed, stack: AsyncExitStack
     ) -> Stop | None:
         spec = admitted.tool
         if self.breaker is None:
@@ -276,7 +282,7 @@ class Admission:
         return Refused(error=refused, attempts=0)
 
     async def credentials(
-        self, run: RunInput, admitted: Admitted, stack: AsyncExitStack
+        self, run: RunInput, admitted: GatesPassed, stack: AsyncExitStack
     ) -> Stop | None:
         """Resolve the tool's declared credentials for this call, now (execution time)."""
         spec, call = admitted.tool, run.call
@@ -305,7 +311,9 @@ class Admission:
         admitted.capability = capability
         return None
 
-    async def slot(self, run: RunInput, admitted: Admitted, stack: AsyncExitStack) -> Stop | None:
+    async def slot(
+        self, run: RunInput, admitted: GatesPassed, stack: AsyncExitStack
+    ) -> Stop | None:
         """Wait for one of the agent's slots (a cancel or a hand-over stops the wait)."""
         if self.slots is None:
             return None
@@ -330,7 +338,9 @@ class Admission:
         stack.push_async_callback(self.slots.release, key, holder)
         return None
 
-    async def resume(self, run: RunInput, admitted: Admitted, stack: AsyncExitStack) -> Stop | None:
+    async def resume(
+        self, run: RunInput, admitted: GatesPassed, stack: AsyncExitStack
+    ) -> Stop | None:
         try:
             admitted.resume = await resume_point(self.checkpoints, run, seen=run.seen)
         except ResumeFailed as exc:

@@ -1,4 +1,4 @@
-"""Result cache of tools that declare ``cache=CachePolicy(...)``.
+"""Result cache of tools that declare ``Resilience(cache=CachePolicy(...))``.
 
 An entry is keyed by the deterministic call id: SHA-256 over the resolved
 ``tool_id@version``, the canonical parameters (sorted-keys JSON) and the tenant id, so

@@ -8,8 +8,6 @@ is one Lua script on Redis' clock.
 
 from __future__ import annotations
 
-import asyncio
-import random
 import time
 from collections.abc import Awaitable, Callable
 from typing import Protocol
@@ -18,6 +16,7 @@ from redis.asyncio import Redis
 
 from toolfleet.storage.lua import LuaScript
 from toolfleet.storage.redis import CoalescedCommands
+from toolfleet.storage.retrying import Backoff, retry_until_stopped
 
 _ACQUIRE = LuaScript(
     "slots_acquire",
@@ -77,13 +76,14 @@ async def wait_for_slot(
 
     The holder is the invocation id, so a redelivered call takes its own slot back.
     """
-    backoff = 0.02
-    while not await slots.try_acquire(agent_key, holder, limit, lease_s):
-        if await give_up():
-            return False
-        await asyncio.sleep(random.uniform(0, backoff))  # noqa: S311 - jitter, not crypto
-        backoff = min(backoff * 2, max_backoff_s)
-    return True
+    taken = await retry_until_stopped(
+        lambda: slots.try_acquire(agent_key, holder, limit, lease_s),
+        what="waiting for an agent slot",
+        backoff=Backoff(first_s=0.02, max_s=max_backoff_s),
+        again=lambda took: not took,  # a taken slot is no failure: nothing is logged
+        give_up=give_up,
+    )
+    return taken is True
 
 
 class MemoryAgentSlots:

@@ -32,8 +32,9 @@ from toolfleet.executor.pool_wiring import ExecutorPools
 from toolfleet.executor.registration import register_catalog
 from toolfleet.executor.result_transfer import ResultTransfer
 from toolfleet.executor.scheduling import placement
-from toolfleet.executor.service import ExecutorService
+from toolfleet.executor.service import ExecutorConfig, ExecutorPorts, ExecutorService
 from toolfleet.executor.settings import ExecutorSettings, SecretBackend
+from toolfleet.isolation.runtime import IsolationRuntime
 from toolfleet.registry.catalog import discover
 from toolfleet.secrets.env import EnvSecretStore
 from toolfleet.secrets.file import FileSecretStore
@@ -53,6 +54,7 @@ from toolfleet.storage.blobs import PostgresBlobStore
 from toolfleet.storage.cancel_flags import RedisCancelFlags
 from toolfleet.storage.invalidation import run_invalidation_listener
 from toolfleet.storage.revocation import CachedRevocationList
+from toolfleet.tools.limits import FleetLimits
 from toolfleet.worker import Resources
 
 
@@ -120,56 +122,65 @@ async def build(res: Resources) -> list[EventConsumer]:
     )
     secrets = secret_store(settings)
     sources = source_tools(res, secrets)
+    emitter = _ProducerEmitter(res.producer, res)
+    lease_guard = LeaseGuard(
+        leases=RedisLeases(res.redis, ttl_s=settings.lease_ttl), worker_id=res.worker_id
+    )
+    pools = await ExecutorPools.start(res, settings.pool_list, catalog, lease_guard.leases)
+    egress_events: EgressEvents | None = None
+    isolation: IsolationRuntime | None = None
+    isolation_limits = FleetLimits()
+    if settings.isolation_enabled:
+        egress_events = EgressEvents(emitter=emitter)
+        isolation, isolation_limits, isolation_job = build_runtime(settings, egress_events)
+        sources.pool.launcher = stdio_sandbox(settings, isolation, isolation_limits)
+        res.background(isolation_job)
     service = ExecutorService(
-        catalog=catalog,
-        providers=(sources,),
-        checkpoints=TieredCheckpointStore(
-            hot=RedisCheckpointStore(res.redis, ttl_s=settings.checkpoint_ttl_s),
-            cold=PostgresCheckpointStore(
-                res.pool,
-                delta_min_bytes=settings.checkpoint_delta_min_bytes,
-                compress_min_bytes=settings.checkpoint_compress_min_bytes,
+        ports=ExecutorPorts(
+            catalog=catalog,
+            providers=(sources,),
+            checkpoints=TieredCheckpointStore(
+                hot=RedisCheckpointStore(res.redis, ttl_s=settings.checkpoint_ttl_s),
+                cold=PostgresCheckpointStore(
+                    res.pool,
+                    delta_min_bytes=settings.checkpoint_delta_min_bytes,
+                    compress_min_bytes=settings.checkpoint_compress_min_bytes,
+                ),
             ),
-        ),
-        cancels=RedisCancelFlags(res.redis),
-        emitter=_ProducerEmitter(res.producer, res),
-        worker_id=res.worker_id,
-        cancel_grace_s=settings.cancel_grace_s,
-        secrets=secrets,
-        grants=GrantVerifier.from_settings(settings),
-        revocations=revocations,
-        slots=RedisAgentSlots(res.redis),
-        breaker=CircuitBreaker(store=RedisCircuitStore(res.redis), clock=time.time),
-        cache=RedisResultCache(
-            res.redis, cipher=AtRestCipher.from_settings(settings, purpose=RESULT_CACHE)
-        ),
-        results=ResultTransfer(
-            blobs=PostgresBlobStore(
-                res.pool, cipher=AtRestCipher.from_settings(settings, purpose=TRANSFER_BLOB)
+            cancels=RedisCancelFlags(res.redis),
+            emitter=emitter,
+            secrets=secrets,
+            grants=GrantVerifier.from_settings(settings),
+            revocations=revocations,
+            slots=RedisAgentSlots(res.redis),
+            breaker=CircuitBreaker(store=RedisCircuitStore(res.redis), clock=time.time),
+            cache=RedisResultCache(
+                res.redis, cipher=AtRestCipher.from_settings(settings, purpose=RESULT_CACHE)
             ),
-            inline_bytes=settings.result_inline_limit,
-            max_bytes=settings.max_result_blob_bytes,
+            results=ResultTransfer(
+                blobs=PostgresBlobStore(
+                    res.pool, cipher=AtRestCipher.from_settings(settings, purpose=TRANSFER_BLOB)
+                ),
+                inline_bytes=settings.result_inline_limit,
+                max_bytes=settings.max_result_blob_bytes,
+            ),
+            documents=documents,
+            document_cache=document_cache,
+            document_pins=TieredPinBook(res.redis, res.pool, ttl_s=settings.checkpoint_ttl_s),
+            lease_guard=lease_guard,
+            isolation=isolation,
+            egress_events=egress_events,
+            pool_router=pools.router(),
         ),
-        documents=documents,
-        document_cache=document_cache,
-        document_source_name=settings.document_source_name,
-        document_pins=TieredPinBook(res.redis, res.pool, ttl_s=settings.checkpoint_ttl_s),
-        lease_guard=LeaseGuard(
-            leases=RedisLeases(res.redis, ttl_s=settings.lease_ttl), worker_id=res.worker_id
+        config=ExecutorConfig(
+            worker_id=res.worker_id,
+            cancel_grace_s=settings.cancel_grace_s,
+            document_source_name=settings.document_source_name,
+            trust_lease_reads=True,  # leases, cancel flags and hot checkpoints: res.redis
+            isolation_limits=isolation_limits,
         ),
-        trust_lease_reads=True,  # leases, cancel flags and hot checkpoints: res.redis
     )
     sources.network_permissions = lambda ctx: service.network_permissions(ctx.invocation_id)
-    assert service.lease_guard is not None
-    pools = await ExecutorPools.start(res, settings.pool_list, catalog, service.lease_guard.leases)
-    service.pool_router = pools.router()
-    if settings.isolation_enabled:
-        service.egress_events = EgressEvents(emitter=service.emitter)
-        service.isolation, service.isolation_limits, isolation_job = build_runtime(
-            settings, service.egress_events
-        )
-        sources.pool.launcher = stdio_sandbox(settings, service.isolation, service.isolation_limits)
-        res.background(isolation_job)
 
     async def suspend_at_stop(stop: asyncio.Event) -> None:
         await stop.wait()

@@ -6,7 +6,7 @@ The limits of an isolated run are the tool's, nested in its agent's (BC-1,
 sees come from policy's signed grant (:func:`sandbox_grants`), never from the event
 alone. ``core__run_python`` and command tools run only in a sandbox.
 
-An executor built without a runtime (``ExecutorService(isolation=None)``: unit tests,
+An executor built without a runtime (``ExecutorPorts(isolation=None)``: unit tests,
 embedding) runs every Python tool in its loop, and refuses those that must be
 sandboxed (``sandbox_failure``). ``toolfleet worker executor`` always has a runtime.
 """
@@ -23,11 +23,11 @@ from uuid import UUID
 from pydantic import ValidationError
 
 from toolfleet.auth.grants import ExecutionGrant
+from toolfleet.bus.emitter import Emitter
 from toolfleet.errors import InvalidParameters, SandboxFailure, ToolfleetError
 from toolfleet.events.envelope import Envelope, field_errors, new_event
 from toolfleet.events.models import EgressDecided, InvokeAuthorized
 from toolfleet.events.types import EventType, Source, TopicName
-from toolfleet.executor.ports import Emitter
 from toolfleet.executor.runner import RunResult, run_tool
 from toolfleet.isolation.egress import EgressGrant, EgressProxy, EgressRecord
 from toolfleet.isolation.runtime import Grants, IsolatedCall, IsolationRuntime, RuntimeConfig

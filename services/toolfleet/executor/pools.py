@@ -61,10 +61,10 @@ from toolfleet.storage.pools import (
 )
 
 __all__ = [
+    "Destination",
     "PartitionSender",
     "PoolRouter",
     "QueueSweeper",
-    "Target",
     "choose_target",
     "deadline_outcome",
     "handed_over",
@@ -87,7 +87,7 @@ class PartitionSender(Protocol):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Target:
+class Destination:
     """Where a call goes: an executor of its pool with its tool, one of its partitions."""
 
     worker_id: str
@@ -102,7 +102,7 @@ def choose_target(
     tool_version: str,
     invocation_id: str,
     exclude: str | None = None,
-) -> Target | None:
+) -> Destination | None:
     """A live executor serving ``pool`` that has the tool loaded and holds partitions of
     the pool's topic (None: there is none). The same call picks the same one while the
     candidates stay the same, so two executors handing it over agree."""
@@ -119,7 +119,7 @@ def choose_target(
         return None
     digest = int.from_bytes(hashlib.sha256(invocation_id.encode()).digest()[:8], "big")
     executor, partitions = usable[digest % len(usable)]
-    return Target(worker_id=executor.worker_id, partition=partitions[digest % len(partitions)])
+    return Destination(worker_id=executor.worker_id, partition=partitions[digest % len(partitions)])
 
 
 def handed_over(event: Envelope) -> Envelope:

@@ -27,7 +27,7 @@ from toolfleet.errors import (
 )
 from toolfleet.events.envelope import field_errors
 from toolfleet.executor.leasing.fencing import StaleLease
-from toolfleet.isolation.runtime import Usage
+from toolfleet.isolation.run_states import Usage
 from toolfleet.tools.context import ToolContext
 from toolfleet.tools.spec import ToolSpec
 

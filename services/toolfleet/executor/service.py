@@ -26,6 +26,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from toolfleet.auth.grants import ExecutionGrant, GrantVerifier
+from toolfleet.bus.emitter import Emitter
 from toolfleet.documents.cache import DocumentCache
 from toolfleet.documents.pins import MemoryPinBook, PinBook
 from toolfleet.documents.reader import CallDocuments
@@ -37,11 +38,11 @@ from toolfleet.events.models import CancelRequested, ExecutionMetadata, InvokeAu
 from toolfleet.events.types import TopicName
 from toolfleet.executor import outcomes
 from toolfleet.executor.admission import (
-    Admission,
-    Admitted,
     Cached,
+    GatesPassed,
     HandedOver,
     Refused,
+    RunGates,
     RunInput,
     Stop,
     check_grant,
@@ -56,7 +57,7 @@ from toolfleet.executor.concurrency import AgentSlots
 from toolfleet.executor.isolated import EgressEvents, IsolatedRunner, sandbox_grants
 from toolfleet.executor.leasing.guard import LeaseGuard, Suspended
 from toolfleet.executor.pools import PoolRouter
-from toolfleet.executor.ports import Emitter, ToolProvider
+from toolfleet.executor.ports import ToolProvider
 from toolfleet.executor.result_transfer import ResultTransfer
 from toolfleet.executor.runner import RunResult
 from toolfleet.isolation.runtime import IsolationRuntime
@@ -70,7 +71,13 @@ from toolfleet.storage.revocation import RevocationList
 from toolfleet.tools.context import ToolContext
 from toolfleet.tools.limits import AgentLimits, FleetLimits
 
-__all__ = ["Emitted", "ExecutorService"]
+__all__ = [
+    "Emitted",
+    "ExecutorConfig",
+    "ExecutorPorts",
+    "ExecutorRunState",
+    "ExecutorService",
+]
 
 log = logging.getLogger(__name__)
 
@@ -83,14 +90,14 @@ class _RunningCall:
     """Whose call it is: a cancel of another tenant's call of the same id stops nothing."""
 
 
-@dataclass(kw_only=True)
-class ExecutorService:
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ExecutorPorts:
+    """The executor's collaborators: stores, clients and the runtime, built at startup."""
+
     catalog: ToolCatalog
     checkpoints: CheckpointStore
     cancels: CancelFlags
     emitter: Emitter
-    worker_id: str
-    cancel_grace_s: float = 5.0
     secrets: SecretStore | None = None
     """Where declared credentials are resolved; None refuses every tool that needs one."""
     grants: GrantVerifier | None = None
@@ -109,53 +116,78 @@ class ExecutorService:
     """Where ``ctx.documents`` reads; None refuses every read (``document_source_unavailable``)."""
     document_cache: DocumentCache | None = None
     """Shared cache of document answers; None reads the source every time."""
-    document_source_name: str = "default"
-    """The name a request's ``document_context.source`` must match (or leave unset)."""
     document_pins: PinBook = field(default_factory=MemoryPinBook)
     """Each call's version pins, kept beside its checkpoints so a resume finds them."""
     providers: tuple[ToolProvider, ...] = ()
     """Tools beyond the catalog (MCP and HTTP tool sources), asked in order."""
     lease_guard: LeaseGuard | None = None
     """Execution leases with fencing epochs; None runs without (one executor, tests)."""
-    trust_lease_reads: bool = False
-    """Take the cancel flag and the hot checkpoint as the lease's script read them
-    (:class:`~toolfleet.executor.leasing.leases.Seen`), instead of a round trip each:
-    only when the leases, the cancel flags and the hot checkpoints share one Redis, as
-    the handler builds them."""
-    suspending: bool = False
-    """Set at shutdown: tools stop at their next checkpoint, the call is handed over."""
-    suspended_calls: set[str] = field(default_factory=set)
-    """Calls whose partition was revoked: like ``suspending``, for those calls only."""
-    running: dict[str, _RunningCall] = field(default_factory=dict)
-    network_grants: dict[str, tuple[str, ...]] = field(default_factory=dict)
-    """Each running call's granted hosts (from its grant; absent: no grant verifier)."""
     isolation: IsolationRuntime | None = None
     """Worker processes and sandboxes; None runs only ``isolation="none"`` tools."""
-    isolation_limits: FleetLimits = field(default_factory=FleetLimits)
-    """Defaults and ceilings of isolated runs."""
     egress_events: EgressEvents | None = None
     """Turns the egress proxy's records of this executor's calls into events."""
     pool_router: PoolRouter | None = None
     """Hands a call whose tool this executor lacks to an executor of its pool that has
     it (:mod:`toolfleet.executor.pools`); None: such a call fails ``tool_not_found``."""
 
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ExecutorConfig:
+    """The executor's knobs (from :class:`~toolfleet.executor.settings.ExecutorSettings`)."""
+
+    worker_id: str
+    cancel_grace_s: float = 5.0
+    """How long a cancelled tool may stop by itself before its task is cancelled."""
+    document_source_name: str = "default"
+    """The name a request's ``document_context.source`` must match (or leave unset)."""
+    trust_lease_reads: bool = False
+    """Take the cancel flag and the hot checkpoint as the lease's script read them
+    (:class:`~toolfleet.executor.leasing.leases.Seen`), instead of a round trip each:
+    only when the leases, the cancel flags and the hot checkpoints share one Redis, as
+    the handler builds them."""
+    isolation_limits: FleetLimits = field(default_factory=FleetLimits)
+    """Defaults and ceilings of isolated runs."""
+
+
+@dataclass(slots=True)
+class ExecutorRunState:
+    """What changes while the executor runs; only its :class:`ExecutorService` writes it."""
+
+    suspending: bool = False
+    """Set at shutdown: tools stop at their next checkpoint, the call is handed over."""
+    suspended_calls: set[str] = field(default_factory=set)
+    """Calls whose partition was revoked: like ``suspending``, for those calls only."""
+    running: dict[str, _RunningCall] = field(default_factory=dict)
+    """The calls running here, by invocation id (a cancel finds them)."""
+    network_grants: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """Each running call's granted hosts (from its grant; absent: no grant verifier)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ExecutorService:
+    """The executor: its ports and configuration (fixed), and its run state (its own)."""
+
+    ports: ExecutorPorts
+    config: ExecutorConfig
+    state: ExecutorRunState = field(default_factory=ExecutorRunState, compare=False)
+
     def network_permissions(self, invocation_id: str) -> tuple[str, ...] | None:
         """The hosts a running call may reach, as policy signed them (None: unchecked)."""
-        return self.network_grants.get(invocation_id)
+        return self.state.network_grants.get(invocation_id)
 
     @property
-    def admission(self) -> Admission:
+    def admission(self) -> RunGates:
         """The gates a call passes after the grant and the lease."""
-        return Admission(
-            catalog=self.catalog,
-            cancels=self.cancels,
-            checkpoints=self.checkpoints,
+        return RunGates(
+            catalog=self.ports.catalog,
+            cancels=self.ports.cancels,
+            checkpoints=self.ports.checkpoints,
             is_suspended=self.is_suspended,
-            secrets=self.secrets,
-            slots=self.slots,
-            breaker=self.breaker,
-            cache=self.cache,
-            providers=self.providers,
+            secrets=self.ports.secrets,
+            slots=self.ports.slots,
+            breaker=self.ports.breaker,
+            cache=self.ports.cache,
+            providers=self.ports.providers,
         )
 
     async def on_authorized(self, event: Envelope, *, pool: str | None = None) -> list[Emitted]:
@@ -181,11 +213,13 @@ class ExecutorService:
 
         def granted(grant: ExecutionGrant) -> None:
             verified.append(grant)
-            self.network_grants[invocation_id] = grant.network_permissions
+            self.state.network_grants[invocation_id] = grant.network_permissions
 
-        stop = await check_grant(self.grants, self.revocations, unleased, granted=granted)
+        stop = await check_grant(
+            self.ports.grants, self.ports.revocations, unleased, granted=granted
+        )
         if stop is not None:
-            self.network_grants.pop(invocation_id, None)
+            self.state.network_grants.pop(invocation_id, None)
             # A call that ended meanwhile (a queued call's deadline passed, then its grant
             # expired) keeps its one outcome: the recorded events go out again, same ids.
             ended = await self._finished(unleased)
@@ -194,29 +228,31 @@ class ExecutorService:
         unleased = replace(unleased, grant=verified[0] if verified else None)
         if (
             pool is not None
-            and self.pool_router is not None
+            and self.ports.pool_router is not None
             and await self.admission.find_tool(call) is None
         ):
-            self.network_grants.pop(invocation_id, None)
+            self.state.network_grants.pop(invocation_id, None)
             ended = await self._finished(unleased)  # ended already (its deadline passed)
             return (
-                ended if ended is not None else await self.pool_router.misrouted(event, call, pool)
+                ended
+                if ended is not None
+                else await self.ports.pool_router.misrouted(event, call, pool)
             )
         acks: list[asyncio.Future[object]] = []
         acknowledged: asyncio.Future[list[object]] | None = None
         try:
             async with AsyncExitStack() as stack:
-                if self.lease_guard is None:
+                if self.ports.lease_guard is None:
                     outcome = await self._run(unleased, stack, acks)
                 else:
                     held = await stack.enter_async_context(
-                        self.lease_guard.hold(
+                        self.ports.lease_guard.hold(
                             unleased.ref.key, stopping=lambda: self.is_suspended(invocation_id)
                         )
                     )
                     if held.replay is not None:
                         return held.replay
-                    seen = held.seen if self.trust_lease_reads else None
+                    seen = held.seen if self.config.trust_lease_reads else None
                     run = replace(unleased, fence=held.fence, seen=seen)
                     # Claimed with finish() as the lease's hold ends.
                     held.outcome = outcome = await self._run(run, stack, acks)
@@ -228,26 +264,26 @@ class ExecutorService:
         finally:
             if acknowledged is None or not acknowledged.done():
                 _retrieve_later(acknowledged, acks)
-            self.suspended_calls.discard(invocation_id)
-            self.network_grants.pop(invocation_id, None)
+            self.state.suspended_calls.discard(invocation_id)
+            self.state.network_grants.pop(invocation_id, None)
 
     async def _finished(self, run: RunInput) -> list[Emitted] | None:
         """The recorded events of the call if it finished (None: it did not, or no leases)."""
-        if self.lease_guard is None:
+        if self.ports.lease_guard is None:
             return None
-        record = await self.lease_guard.leases.finished(run.ref.key)
+        record = await self.ports.lease_guard.leases.finished(run.ref.key)
         return None if record is None else [(e.topic, e.envelope) for e in record.events]
 
     def suspend(self) -> None:
         """Shutting down: running tools stop at their next checkpoint and are handed over."""
-        self.suspending = True
+        self.state.suspending = True
 
     def suspend_calls(self, invocation_ids: set[str]) -> None:
         """These calls' partitions moved away: hand them over at their next checkpoint."""
-        self.suspended_calls |= invocation_ids
+        self.state.suspended_calls |= invocation_ids
 
     def is_suspended(self, invocation_id: str) -> bool:
-        return self.suspending or invocation_id in self.suspended_calls
+        return self.state.suspending or invocation_id in self.state.suspended_calls
 
     async def _run(
         self, run: RunInput, stack: AsyncExitStack, acks: list[asyncio.Future[object]]
@@ -258,13 +294,13 @@ class ExecutorService:
         changes) are left in ``acks``: the caller awaits them before the outcome leaves.
         """
         admitted = await self.admission.admit(run, stack)
-        if not isinstance(admitted, Admitted):
+        if not isinstance(admitted, GatesPassed):
             return self._stopped(run, admitted)
         spec, call, invocation_id = admitted.tool, run.call, run.invocation_id
         try:
             runner = IsolatedRunner(
-                runtime=self.isolation,
-                fleet=self.isolation_limits,
+                runtime=self.ports.isolation,
+                fleet=self.config.isolation_limits,
                 agent=AgentLimits(
                     memory_mb=call.resource_limits.memory_mb_limit,
                     cpu_millicores=call.resource_limits.cpu_millicore_limit,
@@ -273,33 +309,36 @@ class ExecutorService:
             )
         except ToolfleetError as exc:
             return self._stopped(run, Refused(error=exc))
-        if self.egress_events is not None and runner.grants.egress is not None:
-            self.egress_events.parents[invocation_id] = run.event
-            stack.callback(self.egress_events.parents.pop, invocation_id, None)
+        if self.ports.egress_events is not None and runner.grants.egress is not None:
+            self.ports.egress_events.parents[invocation_id] = run.event
+            stack.callback(self.ports.egress_events.parents.pop, invocation_id, None)
         resume = admitted.resume
         resumed_from = resume.checkpoint_id if resume else None
         capability = admitted.capability
         leaks = capability.detector() if capability is not None else LeakDetector(())
         started_at = datetime.now(UTC)
         # Not awaited here: the tool starts at once; every ack is awaited before the outcome.
-        invoked_ack = await self.emitter.emit(
+        invoked_ack = await self.ports.emitter.emit(
             TopicName.EVENTS,
             outcomes.invoked(
-                run, worker_id=self.worker_id, started_at=started_at, resumed_from=resumed_from
+                run,
+                worker_id=self.config.worker_id,
+                started_at=started_at,
+                resumed_from=resumed_from,
             ),
         )
         cancel_event = asyncio.Event()
         documents = CallDocuments(
             context=call.document_context,
-            source=self.documents,
-            pins=self.document_pins(run.ref.key),
-            cache=self.document_cache,
-            source_name=self.document_source_name,
+            source=self.ports.documents,
+            pins=self.ports.document_pins(run.ref.key),
+            cache=self.ports.document_cache,
+            source_name=self.config.document_source_name,
         )
         sink = CheckpointSink(
-            store=self.checkpoints,
-            emitter=self.emitter,
-            cancels=self.cancels,
+            store=self.ports.checkpoints,
+            emitter=self.ports.emitter,
+            cancels=self.ports.cancels,
             parent=run.event,
             call=call,
             cancel_event=cancel_event,
@@ -311,7 +350,7 @@ class ExecutorService:
 
         async def context_for(attempt: int) -> ToolContext:
             # A retry resumes from the latest checkpoint; it does not restart.
-            latest = resume if attempt == 1 else await resume_point(self.checkpoints, run)
+            latest = resume if attempt == 1 else await resume_point(self.ports.checkpoints, run)
             return ToolContext(
                 invocation_id=invocation_id,
                 tenant_id=run.ref.tenant_id,
@@ -330,11 +369,11 @@ class ExecutorService:
         async def after_transition(transition: Transition, attempt: int) -> None:
             changed = outcomes.circuit_changed(run, transition, attempt)
             if changed is not None:
-                sink.acks.append(await self.emitter.emit(TopicName.EVENTS, changed))
+                sink.acks.append(await self.ports.emitter.emit(TopicName.EVENTS, changed))
 
         task = asyncio.current_task()
         assert task is not None
-        self.running[invocation_id] = _RunningCall(
+        self.state.running[invocation_id] = _RunningCall(
             task=task, cancel_event=cancel_event, tenant_id=run.ref.tenant_id
         )
         attempts = 0
@@ -353,7 +392,7 @@ class ExecutorService:
                         timeout_s=call.timeout_seconds,
                         cancel_event=cancel_event,
                         context_for=context_for,
-                        breaker=self.breaker,
+                        breaker=self.ports.breaker,
                         after_transition=after_transition,
                         runner=runner,
                         circuit_read=admitted.circuit_read,
@@ -369,7 +408,7 @@ class ExecutorService:
             result = RunResult(error=Cancelled("cancelled while running").to_error_info())
         finally:
             # At once, not with the stack: a cancel from now on must not reach this task.
-            self.running.pop(invocation_id, None)
+            self.state.running.pop(invocation_id, None)
         if cancel_event.is_set() and result.error is None:
             result = RunResult(error=Cancelled("cancelled while running").to_error_info())
         usage = result.usage
@@ -396,7 +435,7 @@ class ExecutorService:
             return [outcomes.failed(run, result.error, metadata, accessed)]
         assert result.result is not None
         try:
-            inline, blob = await self.results.pack(
+            inline, blob = await self.ports.results.pack(
                 result.result,
                 encoded,
                 tenant_id=run.ref.tenant_id,
@@ -404,9 +443,14 @@ class ExecutorService:
             )
         except ResourceExhausted as exc:
             return [outcomes.failed(run, exc, metadata, accessed)]
-        if admitted.cache_id is not None and self.cache is not None and spec.cache and not blob:
+        if (
+            admitted.cache_id is not None
+            and self.ports.cache is not None
+            and spec.cache
+            and not blob
+        ):
             try:
-                await self.cache.put(admitted.cache_id, result.result, spec.cache)
+                await self.ports.cache.put(admitted.cache_id, result.result, spec.cache)
             except Exception as exc:  # the cache is an optimisation: never fail a call for it
                 log.warning("result not cached: %s", type(exc).__name__)
         checkpoint_ref = sink.refs[-1].checkpoint_id if sink.refs else None
@@ -436,23 +480,23 @@ class ExecutorService:
         """A cancel request: flag it for every executor, and stop the call if it runs here."""
         request = event.data_as(CancelRequested)
         invocation_id = str(request.invocation_id)
-        await self.cancels.request(
+        await self.ports.cancels.request(
             CallKey(tenant_id=request.tenant_id, invocation_id=invocation_id)
         )
-        running = self.running.get(invocation_id)
+        running = self.state.running.get(invocation_id)
         if running is not None and running.tenant_id == request.tenant_id:
             self.cancel_local(invocation_id)
-        if self.pool_router is not None:  # a call waiting for its pool ends at the next sweep
-            await self.pool_router.queued.due_now(
+        if self.ports.pool_router is not None:  # a call waiting for its pool ends at the next sweep
+            await self.ports.pool_router.queued.due_now(
                 CallKey(tenant_id=request.tenant_id, invocation_id=invocation_id)
             )
 
     def cancel_local(self, invocation_id: str) -> bool:
-        running = self.running.get(invocation_id)
+        running = self.state.running.get(invocation_id)
         if running is None or running.cancel_event.is_set():
             return False
         running.cancel_event.set()
-        asyncio.get_running_loop().call_later(self.cancel_grace_s, _force_cancel, running)
+        asyncio.get_running_loop().call_later(self.config.cancel_grace_s, _force_cancel, running)
         return True
 
 

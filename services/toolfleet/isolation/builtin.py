@@ -19,6 +19,8 @@ from pydantic import BaseModel, Field
 from toolfleet.errors import SandboxFailure, ToolTimeout
 from toolfleet.events.models import Effect
 from toolfleet.tools.context import ToolContext
+from toolfleet.tools.limits import Isolation
+from toolfleet.tools.options import Sandbox
 from toolfleet.tools.spec import tool
 
 #: Set in every sandboxed worker's environment; ``core__run_python`` refuses without it.
@@ -47,7 +49,7 @@ class RunPythonOutput(BaseModel):
     timeout_seconds=65,
     category="core",
     tags=["code", "sandbox"],
-    isolation="sandbox",
+    sandbox=Sandbox(isolation=Isolation.SANDBOX),
 )
 async def run_python(params: RunPythonInput, ctx: ToolContext) -> RunPythonOutput:
     """Runs Python code in a sandbox (no network, only its work dir); returns its output."""

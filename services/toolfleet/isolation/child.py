@@ -27,7 +27,14 @@ import sys
 import threading
 from typing import Any
 
-from toolfleet.isolation.protocol import read_frame, write_frame
+from toolfleet.isolation.protocol import (
+    Done,
+    JobLimits,
+    ReportedUsage,
+    RunJob,
+    read_frame,
+    write_frame,
+)
 
 _PR_SET_NO_NEW_PRIVS = 38
 
@@ -67,21 +74,31 @@ def serve(
             importlib.import_module(preload)
 
     write_frame(fd, {"kind": "ready", "cpu_s": _cpu_seconds()})
-    job = read_frame(fd)
-    if job is None or job.get("kind") != "run":
+    job = _job(read_frame(fd))
+    if job is None:
         return 0
     channel = Channel(fd)
     outcome = _run_job(job, channel)
     own, children = (
         resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
     )
-    usage = {
-        "cpu_s": own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime,
-        "maxrss_kb": max(own.ru_maxrss, children.ru_maxrss),
-    }
-    channel.send({"kind": "done", "usage": usage, **outcome})
+    usage = ReportedUsage(
+        cpu_s=own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime,
+        maxrss_kb=max(own.ru_maxrss, children.ru_maxrss),
+    )
+    channel.send(outcome.model_copy(update={"usage": usage}).frame())
     sys.stdout.flush()
     os._exit(0)  # no interpreter teardown: the tool's threads or atexit hooks do not run
+
+
+def _job(frame: dict[str, Any] | None) -> RunJob | None:
+    """The job in ``frame``; None for anything else (the worker then ends unanswered)."""
+    if frame is None or frame.get("kind") != "run":
+        return None
+    try:
+        return RunJob.model_validate(frame)
+    except ValueError:  # pydantic's ValidationError included
+        return None
 
 
 def _drop_privileges(uid: int, workdir: str | None) -> None:
@@ -104,16 +121,16 @@ def _cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def apply_limits(limits: dict[str, Any]) -> None:
+def apply_limits(limits: JobLimits) -> None:
     """``setrlimit`` soft = hard (a tool cannot raise them back), CPU counted from now."""
     mib = 1024 * 1024
-    cpu = math.ceil(_cpu_seconds()) + int(limits["cpu_seconds"])
+    cpu = math.ceil(_cpu_seconds()) + limits.cpu_seconds
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))  # SIGXCPU, then SIGKILL
     for name, value in (
-        (resource.RLIMIT_AS, int(limits["memory_mb"]) * mib),
-        (resource.RLIMIT_NPROC, int(limits["max_processes"])),
-        (resource.RLIMIT_FSIZE, int(limits["max_file_mb"]) * mib),
-        (resource.RLIMIT_NOFILE, int(limits["max_open_files"])),
+        (resource.RLIMIT_AS, limits.memory_mb * mib),
+        (resource.RLIMIT_NPROC, limits.max_processes),
+        (resource.RLIMIT_FSIZE, limits.max_file_mb * mib),
+        (resource.RLIMIT_NOFILE, limits.max_open_files),
         (resource.RLIMIT_CORE, 0),
     ):
         resource.setrlimit(name, (value, value))
@@ -175,35 +192,32 @@ def _error(info: dict[str, Any]) -> Exception:
     return error_from(ErrorInfo.model_validate(info))
 
 
-def _run_job(job: dict[str, Any], channel: Channel) -> dict[str, Any]:
+def _run_job(job: RunJob, channel: Channel) -> Done:
     from toolfleet.errors import ResourceExhausted, ToolExecutionError, ToolfleetError
 
     try:
-        apply_limits(job["limits"])
+        apply_limits(job.limits)
         os.environ.clear()
-        os.environ.update(job.get("env", {}))
-        sys.path[:] = [p for p in job.get("sys_path", sys.path) if p]
+        os.environ.update(job.env)
+        sys.path[:] = [p for p in job.sys_path if p]
         result = asyncio.run(_run_tool(job, channel))
     except ToolfleetError as exc:
-        return {"error": exc.to_error_info().model_dump(mode="json")}
+        return Done(error=exc.to_error_info())
     except MemoryError:
-        return {
-            "error": ResourceExhausted(
-                f"{job.get('tool_id')} ran out of memory ({job['limits']['memory_mb']} MB)"
-            )
-            .to_error_info()
-            .model_dump(mode="json")
-        }
+        return Done(
+            error=ResourceExhausted(
+                f"{job.tool_id} ran out of memory ({job.limits.memory_mb} MB)"
+            ).to_error_info()
+        )
     except BaseException as exc:
-        return {
-            "error": ToolExecutionError(f"{job.get('tool_id')} failed: {type(exc).__name__}")
-            .to_error_info()
-            .model_dump(mode="json")
-        }
-    return {"result": result}
+        return Done(
+            error=ToolExecutionError(f"{job.tool_id} failed: {type(exc).__name__}").to_error_info()
+        )
+    # Not validated: the tool's own dict goes out as it returned it (json.dumps judges).
+    return Done.model_construct(result=result)
 
 
-async def _run_tool(job: dict[str, Any], channel: Channel) -> dict[str, Any]:
+async def _run_tool(job: RunJob, channel: Channel) -> dict[str, Any]:
     from pydantic import BaseModel
 
     from toolfleet.isolation.remote import remote_context
@@ -212,23 +226,23 @@ async def _run_tool(job: dict[str, Any], channel: Channel) -> dict[str, Any]:
     channel.bind(asyncio.get_running_loop(), cancel_event)
     ctx = remote_context(job, channel, cancel_event)
     bridge = None
-    if job.get("egress_socket"):
+    if job.egress_socket:
         from toolfleet.isolation.bridge import start_bridge
 
-        bridge = await start_bridge(job["egress_socket"])
+        bridge = await start_bridge(job.egress_socket)
     try:
-        if job.get("command"):
+        if job.command:
             from toolfleet.isolation.command import run_command
 
             return await run_command(job, ctx)
         from toolfleet.tools.spec import spec_of
 
-        module_name, _, qualname = str(job["target"]).partition(":")
+        module_name, _, qualname = job.target.partition(":")
         target: Any = importlib.import_module(module_name)
         for part in qualname.split("."):
             target = getattr(target, part)
         spec = spec_of(target)
-        params = spec.input_model.model_validate(job["parameters"])
+        params = spec.input_model.model_validate(job.parameters)
         output = await spec.fn(params, ctx)
     finally:
         if bridge is not None:

@@ -27,20 +27,23 @@ from toolfleet.errors import (
     ToolExecutionError,
 )
 from toolfleet.events.models import Effect
+from toolfleet.isolation.protocol import RunJob
 from toolfleet.tools.context import ToolContext
+from toolfleet.tools.limits import Isolation
+from toolfleet.tools.options import Sandbox
 from toolfleet.tools.spec import SPEC_ATTRIBUTE, ToolFunction, spec_of, tool
 
 
-async def run_command(job: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
-    """Run ``job["command"]`` with the parameters on stdin; its stdout is the result."""
-    tool_id, limit = job["tool_id"], int(job["limits"]["max_output_bytes"])
+async def run_command(job: RunJob, ctx: ToolContext) -> dict[str, Any]:
+    """Run ``job.command`` with the parameters on stdin; its stdout is the result."""
+    tool_id, limit = job.tool_id, job.limits.max_output_bytes
     read_fd, write_fd = os.pipe()
     env = dict(os.environ, TOOLFLEET_CHECKPOINT_FD=str(write_fd))
     if ctx.resume_state() is not None:
         env["TOOLFLEET_RESUME_STATE"] = json.dumps(ctx.resume_state())
     try:
         process = await asyncio.create_subprocess_exec(
-            *job["command"],
+            *job.command,
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             env=env,
@@ -57,7 +60,7 @@ async def run_command(job: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     side = asyncio.create_task(_checkpoints(read_fd, ctx))
     watcher = asyncio.create_task(_cancel_on(ctx, process))
     try:
-        process.stdin.write(json.dumps(job["parameters"]).encode())
+        process.stdin.write(json.dumps(job.parameters).encode())
         with contextlib.suppress(OSError):
             await process.stdin.drain()
         process.stdin.close()
@@ -146,7 +149,7 @@ def command_tool(
                           redaction_allowlist=["lines"])
 
     List it in a tool module's ``TOOLS`` like any other tool. Other options are
-    :func:`~toolfleet.tools.spec.tool`'s; ``isolation`` is always ``sandbox``.
+    :func:`~toolfleet.tools.spec.tool`'s; ``sandbox.isolation`` is always ``sandbox``.
     """
     if not command or not os.path.isabs(command[0]):
         raise RegistrationError(f"{id}: command names an executable by its absolute path")
@@ -156,12 +159,13 @@ def command_tool(
 
     run.__annotations__ = {"params": input_model, "ctx": ToolContext, "return": output_model}
     run.__qualname__ = run.__name__ = id
+    sandbox = replace(options.pop("sandbox", None) or Sandbox(), isolation=Isolation.SANDBOX)
     declared = tool(
         id=id,
         version=version,
         effect=effect,
         redaction_allowlist=redaction_allowlist,
-        isolation="sandbox",
+        sandbox=sandbox,
         **options,
     )(run)
     setattr(declared, SPEC_ATTRIBUTE, replace(spec_of(declared), command=tuple(command)))

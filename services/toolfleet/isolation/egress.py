@@ -184,7 +184,7 @@ class EgressAudit(Protocol):
 
 
 @dataclass(kw_only=True)
-class InMemoryEgressAudit:
+class MemoryEgressAudit:
     """In-memory twin of :class:`EgressAudit`."""
 
     records: list[EgressRecord] = field(default_factory=list)

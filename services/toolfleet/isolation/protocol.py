@@ -14,6 +14,10 @@ is a 4-byte big-endian length followed by that many bytes of UTF-8 JSON (one obj
                          {"kind": "cancel"}
 
 A frame larger than :data:`MAX_FRAME_BYTES` ends the run (``resource_exhausted``).
+
+The job (:class:`RunJob`) and the worker's answer (:class:`Done`) are typed: the executor
+builds and the worker validates the one, the worker builds and the executor validates
+the other. Their JSON is the frames above, key for key.
 """
 
 from __future__ import annotations
@@ -21,7 +25,11 @@ from __future__ import annotations
 import json
 import os
 import struct
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from toolfleet.errors import ErrorInfo
 
 #: Largest frame either side accepts (a result travels in one frame).
 MAX_FRAME_BYTES = 64 * 1024 * 1024
@@ -31,6 +39,91 @@ _HEADER = struct.Struct(">I")
 
 class ProtocolError(ValueError):
     """A frame that cannot be read: too large, not JSON, or not an object."""
+
+
+class JobLimits(BaseModel):
+    """The limits the worker sets with ``setrlimit`` before the tool runs."""
+
+    model_config = ConfigDict(frozen=True)
+
+    cpu_seconds: int
+    memory_mb: int
+    max_processes: int
+    max_file_mb: int
+    max_open_files: int
+    max_output_bytes: int
+
+
+class RunJob(BaseModel):
+    """``{"kind": "run", ...}``: the one job a worker runs (executor -> worker)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    kind: Literal["run"] = "run"
+    tool_id: str
+    target: str = ""
+    """``module:qualname`` of a Python tool."""
+    command: list[str] = Field(default_factory=list)
+    """The executable and its arguments, for a command tool."""
+    parameters: dict[str, Any]
+    limits: JobLimits
+    env: dict[str, str] = Field(default_factory=dict)
+    """The tool's whole environment."""
+    sys_path: list[str]
+    """The worker's import path once the limits are set."""
+    egress_socket: str | None = None
+    """The egress proxy's socket inside the sandbox (None: no network)."""
+    tenant_id: str
+    agent_did: str
+    invocation_id: str
+    tool_version: str
+    attempt: int = 1
+    resume_state: dict[str, Any] | None = None
+    checkpointing: bool = False
+    """Whether ``ctx.checkpoint()`` saves (else it is a no-op in the worker)."""
+    credentials: bool = False
+    """Whether ``ctx.credential()`` may ask the executor."""
+    connection_id: str | None = None
+
+
+class ReportedUsage(BaseModel):
+    """What the worker measured of itself (``getrusage``) just before it answered."""
+
+    model_config = ConfigDict(frozen=True)
+
+    cpu_s: float = 0.0
+    maxrss_kb: int = 0
+
+
+class Done(BaseModel):
+    """``{"kind": "done", "usage": ..., "result" | "error": ...}`` (worker -> executor).
+
+    ``usage`` is None in a frame a worker did not finish (it answered, then died): the
+    executor reaps it and measures it itself."""
+
+    model_config = ConfigDict(frozen=True)
+
+    kind: Literal["done"] = "done"
+    usage: ReportedUsage | None = None
+    result: dict[str, Any] | None = None
+    error: ErrorInfo | None = None
+
+    @model_validator(mode="after")
+    def _one_answer(self) -> Done:
+        if (self.result is None) == (self.error is None):
+            raise ValueError("a done frame holds a result or an error")
+        return self
+
+    def frame(self) -> dict[str, Any]:
+        """The frame's JSON object: ``usage`` and ``result`` or ``error`` only when set."""
+        frame: dict[str, Any] = {"kind": self.kind}
+        if self.usage is not None:
+            frame["usage"] = self.usage.model_dump(mode="json")
+        if self.result is not None:
+            frame["result"] = self.result
+        if self.error is not None:
+            frame["error"] = self.error.model_dump(mode="json")
+        return frame
 
 
 def encode(message: dict[str, Any]) -> bytes:

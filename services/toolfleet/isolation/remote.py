@@ -13,17 +13,18 @@ from toolfleet.tools.context import CheckpointInput, ToolContext
 if TYPE_CHECKING:
     import concurrent.futures
 
+    from toolfleet.isolation.protocol import RunJob
     from toolfleet.tools.documents import Document, DocumentMetadata, SearchHit
 
 
-class Caller(Protocol):
+class RpcCaller(Protocol):
     def call(self, method: str, args: dict[str, Any]) -> concurrent.futures.Future[Any]: ...
 
 
 class RemoteCheckpoints:
     """``ctx.checkpoint()`` in a worker: the executor saves it and answers its id."""
 
-    def __init__(self, channel: Caller) -> None:
+    def __init__(self, channel: RpcCaller) -> None:
         self._channel = channel
 
     async def save(self, checkpoint: CheckpointInput) -> str:
@@ -46,7 +47,7 @@ class RemoteCredentials:
 
     The call blocks the worker's loop for one round trip (the API is synchronous)."""
 
-    def __init__(self, channel: Caller) -> None:
+    def __init__(self, channel: RpcCaller) -> None:
         self._channel = channel
 
     def get(self, name: str) -> Secret:
@@ -56,7 +57,7 @@ class RemoteCredentials:
 class RemoteDocuments:
     """``ctx.documents`` in a worker: each read is one round trip to the executor."""
 
-    def __init__(self, channel: Caller) -> None:
+    def __init__(self, channel: RpcCaller) -> None:
         self._channel = channel
 
     async def _ask(self, method: str, args: dict[str, Any]) -> Any:
@@ -86,21 +87,19 @@ def _hits(answer: Any) -> list[SearchHit]:
     return [SearchHit.model_validate(hit) for hit in answer or []]
 
 
-def remote_context(
-    job: dict[str, Any], channel: Caller, cancel_event: asyncio.Event
-) -> ToolContext:
+def remote_context(job: RunJob, channel: RpcCaller, cancel_event: asyncio.Event) -> ToolContext:
     """The context a worker hands its tool, from the job the executor sent."""
     return ToolContext(
-        tenant_id=job["tenant_id"],
-        agent_did=job["agent_did"],
-        invocation_id=job["invocation_id"],
-        tool_id=job["tool_id"],
-        tool_version=job["tool_version"],
-        attempt=int(job.get("attempt", 1)),
-        resume_state=job.get("resume_state"),
-        checkpoints=RemoteCheckpoints(channel) if job.get("checkpointing") else None,
+        tenant_id=job.tenant_id,
+        agent_did=job.agent_did,
+        invocation_id=job.invocation_id,
+        tool_id=job.tool_id,
+        tool_version=job.tool_version,
+        attempt=job.attempt,
+        resume_state=job.resume_state,
+        checkpoints=RemoteCheckpoints(channel) if job.checkpointing else None,
         cancel_event=cancel_event,
-        credentials=RemoteCredentials(channel) if job.get("credentials") else None,
-        connection_id=job.get("connection_id"),
+        credentials=RemoteCredentials(channel) if job.credentials else None,
+        connection_id=job.connection_id,
         documents=RemoteDocuments(channel),
     )

@@ -24,7 +24,6 @@ import contextlib
 import hashlib
 import logging
 import os
-import signal
 import tempfile
 from collections import OrderedDict
 from collections.abc import AsyncIterator
@@ -32,16 +31,13 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from toolfleet.errors import (
-    ErrorInfo,
-    ResourceExhausted,
-    SandboxFailure,
-    ToolfleetError,
-    ToolTimeout,
-)
+from toolfleet.errors import SandboxFailure, ToolfleetError
 from toolfleet.isolation import seccomp
 from toolfleet.isolation.bridge import PROXY_URL
+from toolfleet.isolation.drive import drive
 from toolfleet.isolation.egress import EgressGrant, EgressProxy
+from toolfleet.isolation.protocol import JobLimits, RunJob
+from toolfleet.isolation.run_states import IsolatedResult, Usage
 from toolfleet.isolation.sandbox import (
     EGRESS_SOCKET,
     WORKDIR,
@@ -137,21 +133,6 @@ class IsolatedCall:
             target=self.target,
             binds=self.grants.binds,
         )
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Usage:
-    """What a run used, from the kernel."""
-
-    cpu_millicore_seconds: int = 0
-    memory_peak_mb: int = 0
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class IsolatedResult:
-    result: dict[str, Any] | None = None
-    error: ErrorInfo | None = None
-    usage: Usage = field(default_factory=Usage)
 
 
 class IsolationRuntime:
@@ -458,211 +439,48 @@ class IsolationRuntime:
     async def _drive(
         self, call: IsolatedCall, ctx: ToolContext, worker: Worker, network: bool
     ) -> IsolatedResult:
-        limits = call.limits
-        worker.output_limit = limits.max_output_bytes
-        env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
-        if call.isolation is Isolation.SANDBOX:
-            env.update(HOME=WORKDIR, TOOLFLEET_SANDBOX="1")
-        if network:
-            env.update(HTTPS_PROXY=PROXY_URL, HTTP_PROXY=PROXY_URL)
-            env.update(https_proxy=PROXY_URL, http_proxy=PROXY_URL)
-        job = {
-            "kind": "run",
-            "tool_id": call.tool_id,
-            "target": call.target,
-            "command": list(call.command),
-            "parameters": call.parameters,
-            "limits": {
-                "cpu_seconds": limits.cpu_seconds,
-                "memory_mb": limits.memory_mb,
-                "max_processes": limits.max_processes,
-                "max_file_mb": limits.max_file_mb,
-                "max_open_files": limits.max_open_files,
-                "max_output_bytes": limits.max_output_bytes,
-            },
-            "env": env,
-            "sys_path": list(_sys_path()),
-            "egress_socket": EGRESS_SOCKET if network else None,
-            "tenant_id": ctx.tenant_id,
-            "agent_did": ctx.agent_did,
-            "invocation_id": ctx.invocation_id,
-            "tool_version": ctx.tool_version,
-            "attempt": ctx.attempt,
-            "resume_state": ctx.resume_state(),
-            "checkpointing": ctx._checkpoints is not None,
-            "credentials": call.credentials,
-            "connection_id": ctx.connection_id,
-        }
-        outcome: dict[str, Any] | None = None
-        timed_out = False
-        seen = (0.0, 0)
-        try:
-            await worker.send(job)
-            async with asyncio.timeout(limits.timeout_s) as deadline:
-                outcome = await self._serve(worker, ctx)
-        except TimeoutError:
-            timed_out = deadline.expired()
-            if not timed_out:
-                raise
-            seen = worker.snapshot()
-            worker.signal_group(signal.SIGTERM)
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(limits.kill_grace_s):
-                    await asyncio.shield(worker.exited)
-        except OSError:
-            outcome = None  # the worker closed its socket: judged by its exit below
-        except asyncio.CancelledError:
-            worker.kill()  # a cancel past its grace, a lost lease, shutdown: at once
-            raise
-        finally:
-            answered = outcome is not None and "usage" in outcome
-            if answered and not worker.output_overflow.is_set():
-                pass  # it answered and exits by itself: reaped after the call returns
-            elif outcome is None and not timed_out:
-                # It closed its socket without an answer: let it finish dying on its own.
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(limits.kill_grace_s):
-                        await asyncio.shield(worker.exited)
-            if not answered and not worker.exited.done():
-                seen = max(seen, worker.snapshot())
-            if not answered:
-                worker.kill()
-        reported = (outcome or {}).get("usage") or {}
-        if answered and outcome is not None and not worker.output_overflow.is_set():
-            usage = _usage(
-                cpu_s=float(reported.get("cpu_s", 0.0)),
-                maxrss_kb=int(reported.get("maxrss_kb", 0)),
-                baseline_cpu_s=worker.ready_cpu_s,
-            )
-            if "result" in outcome:
-                return IsolatedResult(result=outcome["result"], usage=usage)
-            return IsolatedResult(error=ErrorInfo.model_validate(outcome["error"]), usage=usage)
-        exit_ = await worker.close()
-        usage = _usage(
-            cpu_s=max(exit_.cpu_s, seen[0], float(reported.get("cpu_s", 0.0))),
-            maxrss_kb=max(exit_.maxrss_kb, seen[1], int(reported.get("maxrss_kb", 0))),
-            baseline_cpu_s=worker.ready_cpu_s,
-        )
-        if timed_out:
-            error: ToolfleetError = ToolTimeout(
-                f"{call.tool_id} did not finish within {limits.timeout_s:g}s"
-            )
-        elif worker.output_overflow.is_set():
-            error = ResourceExhausted(
-                f"{call.tool_id} wrote more than {limits.max_output_bytes} bytes of output"
-            )
-        elif outcome is not None and "result" in outcome:
-            return IsolatedResult(result=outcome["result"], usage=usage)
-        elif outcome is not None and "error" in outcome:
-            return IsolatedResult(error=ErrorInfo.model_validate(outcome["error"]), usage=usage)
-        elif exit_.signal == signal.SIGXCPU or (
-            exit_.signal == signal.SIGKILL and exit_.cpu_s >= limits.cpu_seconds
-        ):
-            error = ToolTimeout(f"{call.tool_id} used its {limits.cpu_seconds}s of CPU time")
-        else:
-            how = (
-                f"signal {signal.Signals(exit_.signal).name}"
-                if exit_.signal is not None
-                else f"status {exit_.code}"
-            )
-            error = SandboxFailure(f"{call.tool_id}'s worker ended without an answer ({how})")
-        return IsolatedResult(error=error.to_error_info(), usage=usage)
-
-    async def _serve(self, worker: Worker, ctx: ToolContext) -> dict[str, Any] | None:
-        """Answer the worker's calls until it is done; forward a cancel.
-
-        A call whose answer raises something other than a tool error (``StaleLease``,
-        ``Suspended``: the run is discarded or handed over) ends the run with it, as
-        it would in-process.
-        """
-        cancel_sent = False
-        calls: set[asyncio.Task[None]] = set()
-        receive: asyncio.Future[dict[str, Any] | None] | None = None
-        try:
-            while True:
-                if receive is None:
-                    receive = asyncio.ensure_future(worker.receive())
-                if not cancel_sent and ctx.cancelled:
-                    await worker.send({"kind": "cancel"})
-                    cancel_sent = True
-                waiting: set[asyncio.Future[Any]] = {receive, *calls}
-                await asyncio.wait(
-                    waiting,
-                    timeout=None if cancel_sent else 0.05,
-                    return_when=asyncio.FIRST_COMPLETED,
-                )
-                for task in [t for t in calls if t.done()]:
-                    calls.discard(task)
-                    task.result()
-                if not receive.done():
-                    continue
-                frame, receive = receive.result(), None
-                if frame is None or frame.get("kind") == "done":
-                    return frame
-                if frame.get("kind") == "call":
-                    calls.add(asyncio.create_task(self._answer(worker, ctx, frame)))
-        finally:
-            if receive is not None and not receive.done():
-                receive.cancel()
-            for task in calls:
-                task.cancel()
-
-    async def _answer(self, worker: Worker, ctx: ToolContext, frame: dict[str, Any]) -> None:
-        args = frame.get("args") or {}
-        reply: dict[str, Any] = {"kind": "reply", "id": frame.get("id")}
-        try:
-            match frame.get("method"):
-                case "checkpoint":
-                    reply["value"] = await ctx.checkpoint(
-                        dict(args.get("state") or {}),
-                        float(args.get("progress_percent", 0.0)),
-                        str(args.get("current_phase", "")),
-                        name=args.get("name"),
-                    )
-                case "credential":
-                    reply["value"] = ctx.credential(str(args.get("name", ""))).reveal()
-                case "documents.get":
-                    document = await ctx.documents.get(str(args.get("document_id", "")))
-                    reply["value"] = document.model_dump(mode="json")
-                case "documents.metadata":
-                    meta = await ctx.documents.metadata(str(args.get("document_id", "")))
-                    reply["value"] = meta.model_dump(mode="json")
-                case "documents.search":
-                    hits = await ctx.documents.search(
-                        str(args.get("query", "")), limit=_limit(args)
-                    )
-                    reply["value"] = [hit.model_dump(mode="json") for hit in hits]
-                case "documents.overlaps":
-                    hits = await ctx.documents.overlaps(
-                        str(args.get("document_id", "")), limit=_limit(args)
-                    )
-                    reply["value"] = [hit.model_dump(mode="json") for hit in hits]
-                case _:
-                    raise SandboxFailure("unknown call from the worker")
-        except ToolfleetError as exc:
-            reply.pop("value", None)
-            reply["error"] = exc.to_error_info().model_dump(mode="json")
-        await worker.send(reply)
+        return await drive(job=_job(call, ctx, network), limits=call.limits, ctx=ctx, worker=worker)
 
 
-def _limit(args: dict[str, Any]) -> int:
-    """A search's ``limit`` from the worker, kept to what a source is asked for anyway."""
-    try:
-        return max(1, min(int(args.get("limit", 10)), 100))
-    except (TypeError, ValueError):
-        return 10
+def _job(call: IsolatedCall, ctx: ToolContext, network: bool) -> RunJob:
+    """The job the worker runs: the call, its limits, environment and identities."""
+    limits = call.limits
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
+    if call.isolation is Isolation.SANDBOX:
+        env.update(HOME=WORKDIR, TOOLFLEET_SANDBOX="1")
+    if network:
+        env.update(HTTPS_PROXY=PROXY_URL, HTTP_PROXY=PROXY_URL)
+        env.update(https_proxy=PROXY_URL, http_proxy=PROXY_URL)
+    return RunJob(
+        tool_id=call.tool_id,
+        target=call.target,
+        command=list(call.command),
+        parameters=call.parameters,
+        limits=JobLimits(
+            cpu_seconds=limits.cpu_seconds,
+            memory_mb=limits.memory_mb,
+            max_processes=limits.max_processes,
+            max_file_mb=limits.max_file_mb,
+            max_open_files=limits.max_open_files,
+            max_output_bytes=limits.max_output_bytes,
+        ),
+        env=env,
+        sys_path=_sys_path(),
+        egress_socket=EGRESS_SOCKET if network else None,
+        tenant_id=ctx.tenant_id,
+        agent_did=ctx.agent_did,
+        invocation_id=ctx.invocation_id,
+        tool_version=ctx.tool_version,
+        attempt=ctx.attempt,
+        resume_state=ctx.resume_state(),
+        checkpointing=ctx._checkpoints is not None,
+        credentials=call.credentials,
+        connection_id=ctx.connection_id,
+    )
 
 
 def _failed(exc: ToolfleetError) -> IsolatedResult:
     return IsolatedResult(error=exc.to_error_info())
-
-
-def _usage(*, cpu_s: float, maxrss_kb: int, baseline_cpu_s: float) -> Usage:
-    """CPU since the worker was ready (a warm worker's start is not the call's), peak RSS."""
-    return Usage(
-        cpu_millicore_seconds=max(1, round(max(0.0, cpu_s - baseline_cpu_s) * 1000)),
-        memory_peak_mb=max(1, round(maxrss_kb / 1024)),
-    )
 
 
 def _module_of(call: IsolatedCall) -> str:
@@ -683,3 +501,14 @@ def _path(text: str) -> Any:
     from pathlib import Path
 
     return Path(text)
+
+
+__all__ = [
+    "Grants",
+    "IsolatedCall",
+    "IsolatedResult",
+    "IsolationRuntime",
+    "PoolKey",
+    "RuntimeConfig",
+    "Usage",
+]

@@ -34,8 +34,8 @@ from toolfleet.storage.lua import LuaScript
 __all__ = [
     "CallIdentity",
     "ClaimVerdict",
-    "InMemoryInvocationClaims",
     "InvocationClaims",
+    "MemoryInvocationClaims",
     "RedisInvocationClaims",
 ]
 
@@ -97,7 +97,7 @@ class InvocationClaims(Protocol):
 
 
 @dataclass
-class InMemoryInvocationClaims:
+class MemoryInvocationClaims:
     """The claims of one process (nothing expires: TTLs are the adapter's business)."""
 
     claimed: dict[str, str] = field(default_factory=dict)

@@ -23,7 +23,7 @@ from toolfleet.errors import RateLimitExceeded
 __all__ = [
     "BucketSpec",
     "BucketState",
-    "InMemoryRateLimiter",
+    "MemoryRateLimiter",
     "RateDecision",
     "RateLimiter",
     "RateLimits",
@@ -157,7 +157,7 @@ def acquire_all(
 
 
 @dataclass(kw_only=True)
-class InMemoryRateLimiter:
+class MemoryRateLimiter:
     """A single-process :class:`RateLimiter` over the reference model (for tests)."""
 
     clock: Callable[[], float] = time.monotonic

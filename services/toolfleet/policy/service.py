@@ -58,8 +58,8 @@ from toolfleet.policy.claims import (
     DEFAULT_CLAIM_TTL_S,
     CallIdentity,
     ClaimVerdict,
-    InMemoryInvocationClaims,
     InvocationClaims,
+    MemoryInvocationClaims,
 )
 from toolfleet.policy.documents import TenantPolicy
 from toolfleet.policy.engine import DecisionCache, PolicyDecision, PolicyQuery
@@ -156,7 +156,7 @@ class PolicyService:
     """Policy decisions per policy object (a changed policy is a new object)."""
     fleet_limits: FleetLimits = field(default_factory=FleetLimits)
     """The fleet's limits a request may only lower (``TOOLFLEET_ISOLATION_MEMORY_MB``...)."""
-    claims: InvocationClaims = field(default_factory=InMemoryInvocationClaims)
+    claims: InvocationClaims = field(default_factory=MemoryInvocationClaims)
     """Which call each invocation id names (:mod:`toolfleet.policy.claims`)."""
     claim_ttl_s: int = DEFAULT_CLAIM_TTL_S
     outcomes: OutcomeVerifier | None = None

@@ -28,7 +28,7 @@ class ManifestSource(Protocol):
         ...
 
 
-class InMemoryManifests:
+class MemoryManifests:
     """:class:`~toolfleet.registry.store.RegistryStore`'s twin as a :class:`ManifestSource`."""
 
     def __init__(self, manifests: Iterable[ToolManifest] = ()) -> None:

@@ -34,8 +34,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from toolfleet.documents.pins import MemoryDocumentPins
+from toolfleet.documents.reader import CallDocuments
+from toolfleet.documents.source import MemoryDocumentSource
 from toolfleet.errors import ErrorInfo, ToolfleetError
-from toolfleet.events.models import InvocationStatus
+from toolfleet.events.models import DocumentContext, DocumentRef, InvocationStatus
 from toolfleet.events.outcomes import status_for
 from toolfleet.executor import runner
 from toolfleet.registry.enforcement import check_parameters
@@ -43,10 +46,22 @@ from toolfleet.registry.schemas import CompiledSchemas
 from toolfleet.results.checks import ResultChecker
 from toolfleet.secrets.capability import CredentialCapability, LeakDetector, withheld_output
 from toolfleet.secrets.store import Secret
-from toolfleet.tools.context import CheckpointInput, CheckpointSink, DocumentReader, ToolContext
+from toolfleet.tools.context import CheckpointInput, CheckpointWriter, DocumentReader, ToolContext
 from toolfleet.tools.spec import ToolFunction, ToolSpec, spec_of
 
-__all__ = ["CheckpointRecorder", "LocalRun", "context_for", "run_tool"]
+# The document twins a test hands to ``context_for(documents=...)``, re-exported so a
+# tool's tests import only the SDK.
+__all__ = [
+    "CallDocuments",
+    "CheckpointRecorder",
+    "DocumentContext",
+    "DocumentRef",
+    "LocalRun",
+    "MemoryDocumentPins",
+    "MemoryDocumentSource",
+    "context_for",
+    "run_tool",
+]
 
 #: One compiled-schema cache for every local run, as one policy worker has.
 _SCHEMAS = CompiledSchemas()
@@ -54,7 +69,7 @@ _CHECKER = ResultChecker(_SCHEMAS)
 
 
 class CheckpointRecorder:
-    """A :class:`~toolfleet.tools.context.CheckpointSink` that keeps checkpoints in a list."""
+    """A :class:`~toolfleet.tools.context.CheckpointWriter` that keeps checkpoints in a list."""
 
     def __init__(self) -> None:
         self.saved: list[CheckpointInput] = []
@@ -80,7 +95,7 @@ def context_for(
     resume_state: dict[str, Any] | None = None,
     credentials: Mapping[str, str] | None = None,
     connection_id: str | None = None,
-    checkpoints: CheckpointSink | None = None,
+    checkpoints: CheckpointWriter | None = None,
     cancel_event: asyncio.Event | None = None,
     documents: DocumentReader | None = None,
 ) -> ToolContext:
@@ -95,10 +110,10 @@ def context_for(
         checkpoints: where ``ctx.checkpoint()`` goes (default: a fresh
             :class:`CheckpointRecorder`; pass your own to read what was saved).
         cancel_event: set it to make ``ctx.cancelled`` true.
-        documents: what ``ctx.documents`` reads, e.g. a
-            :class:`~toolfleet.documents.reader.CallDocuments` over a
-            :class:`~toolfleet.documents.source.MemoryDocumentSource` (default: none,
-            every read is ``document_access_denied``).
+        documents: what ``ctx.documents`` reads, e.g. a :class:`CallDocuments` over a
+            :class:`MemoryDocumentSource` with :class:`MemoryDocumentPins` (all three
+            importable from here; default: none, every read is
+            ``document_access_denied``).
     """
     spec = spec_of(tool_fn)
     capability = None

@@ -141,7 +141,7 @@ class ListingResult:
 
 class ListingQueue(Protocol):
     """Where listings are requested, claimed and answered (:class:`store.ListingStore`;
-    :class:`InMemoryListingQueue` in unit tests)."""
+    :class:`MemoryListingQueue` in unit tests)."""
 
     async def claim(self, worker: str, *, lease_margin_s: float) -> ListingClaim | None:
         """The oldest due listing, claimed by ``worker`` for its deadline plus the margin."""
@@ -308,7 +308,7 @@ class _Row:
 
 
 @dataclass(kw_only=True)
-class InMemoryListingQueue:
+class MemoryListingQueue:
     """:class:`ListingQueue` in memory, with ``request`` as the API makes one (tests)."""
 
     rows: dict[str, _Row] = field(default_factory=dict)

@@ -30,6 +30,7 @@ import asyncpg
 import httpx
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from toolfleet.bus.emitter import Emitter
 from toolfleet.errors import (
     Cancelled,
     InvalidParameters,
@@ -37,7 +38,7 @@ from toolfleet.errors import (
     ResultValidationFailed,
     ToolNotFound,
 )
-from toolfleet.events.envelope import Envelope, new_event
+from toolfleet.events.envelope import new_event
 from toolfleet.events.models import Effect, SourceToolAdded
 from toolfleet.events.types import EventType, Source, TopicName
 from toolfleet.isolation.egress import Resolver, SystemResolver
@@ -77,18 +78,12 @@ class SourceOutput(BaseModel):
     model_config = ConfigDict(extra="allow")
 
 
-class ToolLookup(Protocol):
+class SourceToolLookup(Protocol):
     """Where a source tool and its source are found (:class:`SourceStore`)."""
 
     async def tool(
         self, tool_id: str, version: str
     ) -> tuple[SourceTool, SourceDefinition] | None: ...
-
-
-class Emitter(Protocol):
-    """Publishes an event; the returned awaitable is the broker's ack (the executor's)."""
-
-    async def emit(self, topic: TopicName, envelope: Envelope) -> Awaitable[object]: ...
 
 
 class SourceAudit(Protocol):
@@ -114,7 +109,7 @@ class LoggedSourceAudit:
 class SourceToolProvider:
     """:class:`toolfleet.executor.ports.ToolProvider` of every source tool."""
 
-    lookup: ToolLookup
+    lookup: SourceToolLookup
     pool: SessionPool = field(default_factory=SessionPool)
     resolver: Resolver = field(default_factory=SystemResolver)
     """Resolves an HTTP tool's host once per call (the address checked is the one used)."""

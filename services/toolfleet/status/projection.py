@@ -54,6 +54,7 @@ from typing import Any, Final, TypeVar
 from toolfleet.errors import ErrorCode, InvalidEvent
 from toolfleet.events.envelope import Envelope
 from toolfleet.events.identity import invocation_id_of, invocation_uuid, tenant_of, trace_id_of
+from toolfleet.events.masking import mask_parameters
 from toolfleet.events.models import (
     ApprovalDecision,
     ApprovalRequested,
@@ -67,7 +68,6 @@ from toolfleet.events.models import (
     ToolInvoked,
     ToolOutcome,
 )
-from toolfleet.events.sanitize import sanitize_parameters
 from toolfleet.events.types import DEFAULT_POOL, TERMINAL_TYPES, EventType
 from toolfleet.storage.pg_text import jsonable
 
@@ -145,7 +145,7 @@ _PHASE_OF_KIND: Final = {
 
 
 @dataclass(frozen=True, kw_only=True)
-class Checkpoint:
+class LatestCheckpoint:
     """``latest_checkpoint`` of a row."""
 
     checkpoint_id: str
@@ -173,7 +173,7 @@ class Checkpoint:
         }
 
     @classmethod
-    def from_json(cls, value: dict[str, Any]) -> Checkpoint:
+    def from_json(cls, value: dict[str, Any]) -> LatestCheckpoint:
         return cls(
             checkpoint_id=str(value["checkpoint_id"]),
             checkpoint_type=str(value.get("checkpoint_type", "micro")),
@@ -205,7 +205,7 @@ class InvocationRow:
     result: dict[str, Any] | None = None
     error: dict[str, Any] | None = None
     warnings: tuple[str, ...] = ()
-    latest_checkpoint: Checkpoint | None = None
+    latest_checkpoint: LatestCheckpoint | None = None
     execution_metadata: dict[str, Any] | None = None
     documents_accessed: tuple[dict[str, Any], ...] = ()
     """The terminal outcome's ``documents_accessed``."""
@@ -247,7 +247,7 @@ class Fact:
     documents_accessed: tuple[dict[str, Any], ...] = ()
     started_at: datetime | None = None
     completed_at: datetime | None = None
-    checkpoint: Checkpoint | None = None
+    checkpoint: LatestCheckpoint | None = None
     attempt: int | None = None
     """``invoked``: which execution attempt started."""
     worker_id: str | None = None
@@ -370,7 +370,7 @@ def _requested(event: Envelope, base: dict[str, Any]) -> Fact | None:
         requested_version=req.tool_version,
         priority=str(opts.priority),
         idempotency_key=opts.idempotency_key,
-        parameters=sanitize_parameters(req.parameters),
+        parameters=mask_parameters(req.parameters),
     )
 
 
@@ -402,7 +402,7 @@ def _authorized(event: Envelope, base: dict[str, Any]) -> Fact:
         tool_version=auth.tool_version,
         priority=str(opts.priority),
         idempotency_key=opts.idempotency_key,
-        parameters=sanitize_parameters(auth.parameters),
+        parameters=mask_parameters(auth.parameters),
         warnings=tuple(auth.warnings),
         pool=None if auth.pool == DEFAULT_POOL else auth.pool,
     )
@@ -452,7 +452,7 @@ def _invoked(event: Envelope, base: dict[str, Any]) -> Fact:
 def _checkpoint(event: Envelope, base: dict[str, Any]) -> Fact:
     cp = event.data_as(CheckpointCreated)
     checkpoint = _new(
-        Checkpoint,
+        LatestCheckpoint,
         {
             "checkpoint_id": cp.checkpoint_id,
             "checkpoint_type": cp.checkpoint_type,

@@ -31,7 +31,7 @@ import asyncpg
 
 from toolfleet.coalescing import Coalescer
 from toolfleet.events.models import InvocationStatus
-from toolfleet.status.projection import Checkpoint, InvocationRow
+from toolfleet.status.projection import InvocationRow, LatestCheckpoint
 from toolfleet.status.service import ProjectInput
 from toolfleet.storage.errors import POSTGRES_UNAVAILABLE
 
@@ -302,7 +302,7 @@ def _row_of(record: asyncpg.Record) -> InvocationRow:
         result=record["result"],
         error=record["error"],
         warnings=tuple(record["warnings"] or ()),
-        latest_checkpoint=Checkpoint.from_json(checkpoint) if checkpoint else None,
+        latest_checkpoint=LatestCheckpoint.from_json(checkpoint) if checkpoint else None,
         execution_metadata=record["execution_metadata"],
         documents_accessed=tuple(record["documents_accessed"] or ()),
         idempotency_key=record["idempotency_key"],

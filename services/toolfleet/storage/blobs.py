@@ -15,7 +15,7 @@ Every read names the tenant: a blob of another tenant reads as missing. Expired 
 deleted a few hundred at a time by later writes, so the table needs no janitor process.
 
 Services depend on the :class:`ResultBlobs` port; :class:`PostgresBlobStore` implements
-it, and :class:`InMemoryBlobStore` is its twin for unit tests.
+it, and :class:`MemoryBlobStore` is its twin for unit tests.
 """
 
 from __future__ import annotations
@@ -190,7 +190,7 @@ class _Row:
     expires_at: float | None
 
 
-class InMemoryBlobStore:
+class MemoryBlobStore:
     """:class:`PostgresBlobStore`'s twin: same reads, same idempotent writes, expiry on an
     injected clock (seconds)."""
 

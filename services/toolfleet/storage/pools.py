@@ -55,8 +55,8 @@ __all__ = [
     "HEARTBEAT_INTERVAL_S",
     "PRESENCE_TTL_S",
     "ExecutorPresence",
-    "InMemoryPoolPresence",
-    "InMemoryQueuedCalls",
+    "MemoryPoolPresence",
+    "MemoryQueuedCalls",
     "PoolPresence",
     "QueuedCall",
     "QueuedCalls",
@@ -106,7 +106,7 @@ class ExecutorPresence(BaseModel):
 
 
 class PoolPresence(Protocol):
-    """Executors' announcements (:class:`RedisPoolPresence`, :class:`InMemoryPoolPresence`)."""
+    """Executors' announcements (:class:`RedisPoolPresence`, :class:`MemoryPoolPresence`)."""
 
     async def announce(self, presence: ExecutorPresence) -> None: ...
     async def withdraw(self, worker_id: str) -> None: ...
@@ -162,7 +162,7 @@ class RedisPoolPresence:
         return live
 
 
-class InMemoryPoolPresence:
+class MemoryPoolPresence:
     """In-process :class:`PoolPresence` for tests: announcements expire on ``clock``."""
 
     def __init__(
@@ -335,7 +335,7 @@ def queued_notification(queued: QueuedCall, *, source: Source) -> Emitted:
 
 
 class QueuedCalls(Protocol):
-    """The waiting calls (:class:`RedisQueuedCalls`, :class:`InMemoryQueuedCalls`)."""
+    """The waiting calls (:class:`RedisQueuedCalls`, :class:`MemoryQueuedCalls`)."""
 
     async def add(self, queued: QueuedCall) -> None:
         """Index ``queued`` (a second add keeps the first deadline; a parked one is parked)."""
@@ -454,7 +454,7 @@ def _records(raw: list[bytes | str]) -> list[QueuedCall]:
     return found
 
 
-class InMemoryQueuedCalls:
+class MemoryQueuedCalls:
     """In-process :class:`QueuedCalls` for tests: the Redis rules over dicts."""
 
     def __init__(self) -> None:

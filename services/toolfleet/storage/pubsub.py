@@ -18,6 +18,8 @@ from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
 from redis.exceptions import RedisError
 
+from toolfleet.storage.retrying import Backoff, UntilStopped
+
 __all__ = ["SUBSCRIBE_TIMEOUT_S", "listen_with_reconnect"]
 
 log = logging.getLogger(__name__)
@@ -51,44 +53,45 @@ async def listen_with_reconnect(
             every half second): the ones it names anew are subscribed to.
         after_channel_subscribe: called with each of those once the server confirmed it.
     """
-    backoff = 0.1
+    reconnecting: UntilStopped[None] = UntilStopped(
+        what="subscription lost; reconnecting",
+        backoff=Backoff(first_s=0.1, max_s=max_backoff_s),
+        retry_on=(RedisError, OSError),
+        stop=stop,
+        after_failure=lambda _exc: after_connection_lost() if after_connection_lost else None,
+        log_extra={"channel": channel},
+    )
+
+    async def session() -> None:
+        """One subscription, held until ``stop``; raises when it is lost."""
+        pubsub = redis.pubsub()
+        try:
+            await pubsub.subscribe(channel)
+            await _confirmed(pubsub)
+            if after_subscribe is not None:
+                after_subscribe()
+            reconnecting.made_progress()
+            asked: set[str] = set()
+            while not stop.is_set():
+                if more_channels is not None:
+                    new = [c for c in more_channels() if c not in asked and c != channel]
+                    if new:
+                        asked.update(new)
+                        await pubsub.subscribe(*new)
+                message = await pubsub.get_message(timeout=_POLL_S)
+                if message is None:
+                    continue
+                kind = message.get("type")
+                if kind == "message":
+                    await on_message(_text(message["data"]))
+                elif kind == "subscribe" and after_channel_subscribe is not None:
+                    after_channel_subscribe(_text(message["channel"]))
+        finally:
+            with contextlib.suppress(RedisError, OSError):
+                await pubsub.aclose()  # type: ignore[no-untyped-call]  # untyped in redis-py
+
     try:
-        while not stop.is_set():
-            pubsub = redis.pubsub()
-            try:
-                await pubsub.subscribe(channel)
-                await _confirmed(pubsub)
-                if after_subscribe is not None:
-                    after_subscribe()
-                backoff = 0.1
-                asked: set[str] = set()
-                while not stop.is_set():
-                    if more_channels is not None:
-                        new = [c for c in more_channels() if c not in asked and c != channel]
-                        if new:
-                            asked.update(new)
-                            await pubsub.subscribe(*new)
-                    message = await pubsub.get_message(timeout=_POLL_S)
-                    if message is None:
-                        continue
-                    kind = message.get("type")
-                    if kind == "message":
-                        await on_message(_text(message["data"]))
-                    elif kind == "subscribe" and after_channel_subscribe is not None:
-                        after_channel_subscribe(_text(message["channel"]))
-            except (RedisError, OSError) as exc:
-                if after_connection_lost is not None:
-                    after_connection_lost()
-                log.warning(
-                    "subscription lost; reconnecting",
-                    extra={"channel": channel, "error": type(exc).__name__, "retry_in_s": backoff},
-                )
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), timeout=backoff)
-                backoff = min(backoff * 2, max_backoff_s)
-            finally:
-                with contextlib.suppress(RedisError, OSError):
-                    await pubsub.aclose()  # type: ignore[no-untyped-call]  # untyped in redis-py
+        await reconnecting.run(session)
     finally:
         if after_connection_lost is not None:
             after_connection_lost()

@@ -4,8 +4,9 @@
   it attaches;
 - :mod:`~toolfleet.tools.context`: the :class:`~toolfleet.tools.context.ToolContext` a
   running tool gets, and the ports behind it;
-- :mod:`~toolfleet.tools.policies`, :mod:`~toolfleet.tools.limits`: the resilience and
-  the limits a tool declares;
+- :mod:`~toolfleet.tools.options`: ``@tool``'s option groups (``Results``,
+  ``Resilience``, ``Sandbox``), built from :mod:`~toolfleet.tools.policies` (the
+  resilience) and :mod:`~toolfleet.tools.limits` (the limits) a tool declares;
 - :mod:`~toolfleet.tools.documents`: the documents a tool reads.
 
 No I/O and nothing of the fleet: the isolation runtime, the sources, the executor and

@@ -25,7 +25,7 @@ class CheckpointInput:
     """Set for a named checkpoint: always kept durably, with its history."""
 
 
-class CheckpointSink(Protocol):
+class CheckpointWriter(Protocol):
     """Where checkpoints go (the executor writes Redis and emits an event)."""
 
     async def save(self, checkpoint: CheckpointInput) -> str: ...
@@ -90,7 +90,7 @@ class ToolContext:
         tool_version: str,
         attempt: int = 1,
         resume_state: dict[str, Any] | None = None,
-        checkpoints: CheckpointSink | None = None,
+        checkpoints: CheckpointWriter | None = None,
         cancel_event: asyncio.Event | None = None,
         credentials: CredentialSource | None = None,
         connection_id: str | None = None,
@@ -152,7 +152,8 @@ class ToolContext:
     def credential(self, name: str) -> Secret:
         """The credential ``name`` of this call's connection, as a masked :class:`Secret`.
 
-        Only names the tool declared in ``@tool(credentials=[...])`` resolve, and only
+        Only names the tool declared (``@tool(sandbox=Sandbox(permissions=ToolPermissions(
+        credentials=[...])))``) resolve, and only
         while the call runs. Use ``.reveal()`` at the one place that needs the value
         (an HTTP header, a client constructor); never log it, put it in a checkpoint or
         return it: the executor fails a call whose output contains it

@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass
 from enum import StrEnum
 
-from toolfleet.errors import ResourceExhausted
+from toolfleet.errors import RegistrationError, ResourceExhausted
 
 
 class Isolation(StrEnum):
@@ -51,13 +51,24 @@ class LimitRaised(ResourceExhausted):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ToolLimits:
-    """What a tool declares it needs (``@tool(limits=...)``); None: the agent's or default."""
+    """What a tool declares it needs (``@tool(sandbox=Sandbox(limits=...))``); None: the
+    agent's or the fleet's default."""
 
     memory_mb: int | None = None
+    """Address space (``RLIMIT_AS``); a call whose agent has less is refused."""
     cpu_millicores: int | None = None
+    """CPU share, enforced as CPU time: ``millicores / 1000 x timeout`` seconds."""
     max_processes: int | None = None
     max_file_mb: int | None = None
     max_open_files: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in self.__slots__:
+            value = getattr(self, name)
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or value < 1
+            ):
+                raise RegistrationError(f"ToolLimits.{name} is a positive integer, not {value!r}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -5,6 +5,7 @@ Plain frozen values: the executor reads them, nothing here does I/O.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
@@ -40,6 +41,10 @@ class CircuitPolicy:
     max_time_window_calls: ClassVar[int] = 1000
     """The most calls a time window keeps (the newest), to keep the shared state small."""
 
+    name: str = ""
+    """The circuit's name (empty: the tool id). Tools calling the same upstream may share
+    one (``"api.github.com"``): letters, digits and ``._:-``."""
+
     window: Literal["count", "time"] = "count"
     """``count``: the rates are over the latest ``window_size`` calls; ``time``: over the
     calls of the last ``window_s`` seconds (at most ``max_time_window_calls`` of them)."""
@@ -65,6 +70,10 @@ class CircuitPolicy:
     ``half_open_calls`` successes in a row close. Either way any failure re-opens."""
 
     def __post_init__(self) -> None:
+        if self.name and not re.fullmatch(r"[A-Za-z0-9._:-]{1,200}", self.name):
+            raise RegistrationError(
+                f"CircuitPolicy.name {self.name!r}: letters, digits and '._:-', at most 200"
+            )
         if self.window not in ("count", "time"):
             raise RegistrationError("CircuitPolicy.window is 'count' or 'time'")
         if self.half_open_strategy not in ("all_or_nothing", "canary"):

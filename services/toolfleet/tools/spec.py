@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar, get_type_hints
 
 import semver
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from toolfleet.contract.manifest import (
     CircuitSettings,
@@ -26,13 +26,14 @@ from toolfleet.contract.manifest import (
     ToolManifest,
     ToolPermissions,
 )
-from toolfleet.contract.result_rules import ResultRules, SanitizeRule
+from toolfleet.contract.result_rules import ResultRules
 from toolfleet.errors import RegistrationError
 from toolfleet.events.models import TOOL_ID_PATTERN, Effect
 from toolfleet.events.types import DEFAULT_POOL, check_pool_name
 from toolfleet.secrets.store import check_name
 from toolfleet.tools.context import ToolContext
 from toolfleet.tools.limits import Isolation, ToolLimits
+from toolfleet.tools.options import Resilience, Results, Sandbox
 from toolfleet.tools.policies import CachePolicy, CircuitPolicy, RetryPolicy
 
 ToolFunction = Callable[[Any, ToolContext], Awaitable[Any]]
@@ -52,7 +53,12 @@ _RESERVED_INPUT_FIELDS = frozenset({"connection_id", "capability_token"})
 
 @dataclass(frozen=True, kw_only=True)
 class ToolSpec:
-    """A tool as the executor runs it and the registry records it (``spec_of(fn)``)."""
+    """A tool as the executor runs it and the registry records it (``spec_of(fn)``).
+
+    ``@tool`` builds it from its arguments and option groups; tool sources build it
+    from a registered source's tool. Read-only for tool authors: :meth:`manifest` is what
+    the registry stores.
+    """
 
     tool_id: str
     version: str
@@ -67,33 +73,41 @@ class ToolSpec:
     category: str = "general"
     tags: tuple[str, ...] = ()
     credentials: tuple[str, ...] = ()
-    """Named credentials the tool reads with ``ctx.credential(name)``."""
+    """Named credentials the tool reads with ``ctx.credential(name)`` (``@tool``: its
+    ``Sandbox.permissions.credentials``)."""
     input_schema: dict[str, Any] = field(default_factory=dict)
     output_schema: dict[str, Any] = field(default_factory=dict)
     retry: RetryPolicy = field(default_factory=RetryPolicy)
-    """Retries of retryable errors (default: none)."""
+    """Retries of retryable errors (default: none; ``Resilience.retry``)."""
     circuit: str = ""
-    """Name of the circuit breaker the tool's calls go through (default: the tool id)."""
+    """Name of the circuit breaker the tool's calls go through (default: the tool id;
+    ``Resilience.circuit.name``)."""
     circuit_breaker: CircuitPolicy = field(default_factory=CircuitPolicy)
-    """Thresholds of that circuit breaker."""
+    """Thresholds of that circuit breaker (``Resilience.circuit``)."""
     cache: CachePolicy | None = None
-    """Result cache (default: none)."""
+    """Result cache (default: none; ``Resilience.cache``)."""
     result_rules: ResultRules = field(default_factory=ResultRules)
-    """Result validation mode, sanitization and limits the validator applies."""
+    """Result validation mode, sanitization and limits the validator applies
+    (``Results``)."""
     requires_approval: bool = False
     """Every call waits for an approver, whatever the tenant's policy says."""
     permissions: ToolPermissions = field(default_factory=ToolPermissions)
-    """What the tool reaches outside its process: files, hosts, credentials."""
+    """What the tool reaches outside its process: files, hosts, credentials
+    (``Sandbox.permissions``)."""
     resource_defaults: ResourceDefaults = field(default_factory=ResourceDefaults)
-    """CPU and memory limits a call runs under unless its request asks for less."""
+    """The manifest's ``resource_defaults``: CPU and memory a call runs under unless its
+    request asks for less. ``@tool`` leaves it empty: a tool states its limits once,
+    in ``Sandbox.limits`` (:attr:`limits`)."""
     source_type: SourceType = SourceType.NATIVE
     """Where the code lives: ``@tool`` functions run in the executor's process."""
     isolation: Isolation = Isolation.SANDBOX
-    """Where it runs: ``none`` (the executor's loop), ``process`` or ``sandbox``."""
+    """Where it runs: ``none`` (the executor's loop), ``process`` or ``sandbox``
+    (``Sandbox.isolation``)."""
     limits: ToolLimits = field(default_factory=ToolLimits)
-    """What it needs (memory, CPU, processes, files), within its agent's limits."""
+    """What it needs (memory, CPU, processes, files), within its agent's limits
+    (``Sandbox.limits``)."""
     command: tuple[str, ...] = ()
-    """A command tool's executable and arguments (:func:`toolfleet.isolation.command_tool`)."""
+    """A command tool's executable and arguments (:func:`toolfleet.sdk.command_tool`)."""
     pool: str = DEFAULT_POOL
     """The executor pool that runs it (executors started with ``--pool <pool>``)."""
 
@@ -158,24 +172,18 @@ def tool(
     description: str | None = None,
     category: str = "general",
     tags: list[str] | tuple[str, ...] = (),
-    credentials: list[str] | tuple[str, ...] = (),
-    retry: RetryPolicy | None = None,
-    circuit: str | None = None,
-    circuit_breaker: CircuitPolicy | None = None,
-    cache: CachePolicy | None = None,
-    result_validation: str = "strict",
-    sanitize: dict[str, str | SanitizeRule | dict[str, Any]] | None = None,
-    max_result_bytes: int | None = None,
     requires_approval: bool = False,
-    permissions: ToolPermissions | None = None,
-    resource_defaults: ResourceDefaults | None = None,
-    isolation: Isolation | str | None = None,
-    limits: ToolLimits | None = None,
     pool: str | None = None,
+    results: Results | None = None,
+    resilience: Resilience | None = None,
+    sandbox: Sandbox | None = None,
 ) -> Callable[[F], F]:
     """Declare a tool; the decorated function is returned unchanged, still callable.
 
     Example::
+
+        from pydantic import BaseModel
+        from toolfleet.sdk import ToolContext, tool
 
         class EchoIn(BaseModel):
             message: str
@@ -192,46 +200,37 @@ def tool(
     Input and output JSON Schemas are generated from the pydantic models. The
     redaction allowlist names the result fields clients may see (dotted paths);
     every other field is redacted. It is required: a tool without one is refused.
-
-    ``credentials`` names the secrets the tool needs (``["api_key"]``: lower-case words
-    joined by ``_``). A call must then name a ``connection_id``; the executor resolves
-    each credential for the caller's tenant and that connection when the call runs, and
-    the tool reads it with ``ctx.credential("api_key")``. Secrets never travel in
-    events, and an input model may not declare ``connection_id`` itself.
-
-    Resilience (:mod:`toolfleet.tools.policies`): ``retry=RetryPolicy(max_attempts=3)``
-    retries retryable errors with jittered backoff, resuming from the latest checkpoint;
-    ``circuit_breaker=CircuitPolicy(...)`` tunes the breaker of the circuit ``circuit``
-    (default: the tool id; tools calling the same upstream may share one);
-    ``cache=CachePolicy(mode="ttl", ttl_s=60)`` reuses successful results of identical
-    calls. A tool that declares credentials cannot be cached.
-
-    Results (:mod:`toolfleet.results`): ``result_validation="coerce"`` lets the
-    validator apply safe coercions (numeric strings, ``"true"``/``"false"``, one value
-    for a list, ISO dates checked) and report each in ``warnings``; ``sanitize=
-    {"$.body": "escape", "*": "reject"}`` checks string fields for HTML, SQL, shell and
-    prompt injection and invisible characters, by field path; ``max_result_bytes``
-    caps the result's size.
-
-    What the registry records (:mod:`toolfleet.contract.manifest`):
     ``requires_approval=True`` parks every call until an approver decides, whatever the
-    tenant's policy says; ``permissions=ToolPermissions(filesystem=[FilesystemAccess(
-    path="/data/*", access="read")], network=["api.example.com"])`` declares what the tool
-    reaches (its ``credentials`` join the ``credentials`` above);
-    ``resource_defaults=ResourceDefaults(memory_mb_limit=256)`` sets the limits a call
-    runs under unless its request asks for less.
-    Isolation (:mod:`toolfleet.isolation`): ``isolation="sandbox"`` (the default for
-    tools from outside toolfleet) runs each call in a bubblewrap sandbox with kernel
-    limits, only the token's files and hosts; ``"process"`` in a worker process (a
-    blocking or crashing tool cannot stall the executor); ``"none"`` in the executor's
-    event loop (toolfleet's own awaiting built-ins); a module's ``TOOLFLEET_ISOLATION =
-    "process"`` sets the default of its tools. ``limits=ToolLimits(memory_mb=256)``
-    declares what the tool needs; a call whose agent has less is refused.
+    tenant's policy says. ``pool="gpu"`` puts the tool in the executor pool ``gpu``
+    (lower-case letters, digits, ``-``, ``_``): only executors started with ``--pool gpu``
+    run it; a module's ``TOOLFLEET_POOL = "gpu"`` sets the default of its tools.
 
-    Pools: ``pool="gpu"`` puts the tool in the executor pool ``gpu`` (lower-case letters,
-    digits, ``-``, ``_``): policy publishes its calls on ``invoke.authorized.gpu``, which
-    only executors started with ``toolfleet worker executor --pool gpu`` read; a module's
-    ``TOOLFLEET_POOL = "gpu"`` sets the default of its tools. Undeclared: ``default``.
+    Everything else comes in three groups (:mod:`toolfleet.tools.options`), each concept
+    in one place::
+
+        @tool(id="acme__repos", version="1.0.0", effect="read_only",
+              redaction_allowlist=["count"],
+              results=Results(validation="coerce", sanitize={"*": "escape"},
+                              max_bytes=100_000),
+              resilience=Resilience(retry=RetryPolicy(max_attempts=3),
+                                    circuit=CircuitPolicy(name="api.github.com")),
+              sandbox=Sandbox(isolation="process", limits=ToolLimits(memory_mb=256),
+                              permissions=ToolPermissions(network=["api.github.com"],
+                                                          credentials=["api_key"])))
+
+    - :class:`Results`: the validator's mode, sanitization by field path and size limit
+      (the manifest's ``result_rules``);
+    - :class:`Resilience`: retries of retryable errors, the circuit breaker (named by
+      ``circuit.name``, default the tool id) and a result cache;
+    - :class:`Sandbox`: the isolation (``none``, ``process``, ``sandbox``; default: the
+      module's ``TOOLFLEET_ISOLATION``, else ``none`` for toolfleet's own tools and
+      ``sandbox`` for others), what a call needs (``ToolLimits``; a call whose agent has
+      less is refused) and what the tool reaches (``ToolPermissions``: files, hosts and
+      the credentials it reads with ``ctx.credential(name)``; a call must then name a
+      ``connection_id``, and an input model may not declare it).
+
+    Raises:
+        RegistrationError: when the declaration is refused, naming why.
     """
 
     def decorate(fn: F) -> F:
@@ -257,17 +256,17 @@ def tool(
                 f"{id}: category {category!r} is not one of {sorted(ToolCategory)}; "
                 "use tags for free-form grouping"
             )
-        try:
-            result_rules = ResultRules.model_validate(
-                {
-                    "mode": result_validation,
-                    "sanitize": sanitize or {},
-                    "max_bytes": max_result_bytes,
-                }
-            )
-        except ValidationError as exc:
-            problems = "; ".join(e["msg"] for e in exc.errors())
-            raise RegistrationError(f"{id}: invalid result rules: {problems}") from None
+        for name, value, kind in (
+            ("results", results, Results),
+            ("resilience", resilience, Resilience),
+            ("sandbox", sandbox, Sandbox),
+        ):
+            if value is not None and not isinstance(value, kind):
+                raise RegistrationError(
+                    f"{id}: {name}= takes a {kind.__name__} (from toolfleet.sdk), "
+                    f"not {type(value).__name__}"
+                )
+        rules, guards, runs = results or Results(), resilience or Resilience(), sandbox or Sandbox()
         input_model, output_model = _models_of(id, fn)
         input_schema = input_model.model_json_schema()
         output_schema = output_model.model_json_schema()
@@ -278,22 +277,10 @@ def tool(
                 "credentials reach tools through capabilities"
             )
         _check_allowlist(id, list(redaction_allowlist), output_schema)
+        credentials = tuple(runs.permissions.credentials)
         _check_credentials(id, credentials)
-        if not isinstance(permissions, ToolPermissions | None) or not isinstance(
-            resource_defaults, ResourceDefaults | None
-        ):
-            raise RegistrationError(
-                f"{id}: permissions and resource_defaults take ToolPermissions and "
-                "ResourceDefaults (from toolfleet.sdk)"
-            )
-        declared_permissions = permissions or ToolPermissions()
-        # One list, as the manifest keeps it: either spelling makes the executor resolve it.
-        needed = tuple(dict.fromkeys([*credentials, *declared_permissions.credentials]))
-        _check_credentials(id, declared_permissions.credentials)
-        if cache is not None and needed:
+        if guards.cache is not None and credentials:
             raise RegistrationError(f"{id}: a tool that uses credentials cannot be cached")
-        if circuit is not None and not re.fullmatch(r"[A-Za-z0-9._:-]{1,200}", circuit):
-            raise RegistrationError(f"{id}: circuit names are letters, digits and '._:-'")
         spec = ToolSpec(
             tool_id=id,
             version=version,
@@ -306,17 +293,17 @@ def tool(
             description=description if description is not None else inspect.getdoc(fn) or "",
             category=category,
             tags=tuple(tags),
-            credentials=needed,
-            permissions=declared_permissions.model_copy(update={"credentials": sorted(needed)}),
+            credentials=credentials,
+            permissions=runs.permissions.model_copy(update={"credentials": sorted(credentials)}),
             requires_approval=requires_approval,
-            resource_defaults=resource_defaults or ResourceDefaults(),
-            retry=retry or RetryPolicy(),
-            circuit=circuit or "",
-            circuit_breaker=circuit_breaker or CircuitPolicy(),
-            cache=cache,
-            result_rules=result_rules,
-            isolation=_isolation_of(fn, isolation),
-            limits=limits or ToolLimits(),
+            retry=guards.retry,
+            circuit=guards.circuit.name,
+            circuit_breaker=guards.circuit,
+            cache=guards.cache,
+            result_rules=rules.rules(),
+            isolation=_isolation_of(fn, runs.isolation),
+            limits=runs.limits,
+            resource_defaults=runs.defaults,
             pool=_pool_of(id, fn, pool),
             input_schema={
                 "$schema": "https://json-schema.org/draft/2020-12/schema",

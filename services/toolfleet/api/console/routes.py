@@ -24,7 +24,7 @@ from redis.exceptions import RedisError
 import toolfleet
 from toolfleet.api import invoking
 from toolfleet.api.auth import CallerDep
-from toolfleet.api.console.timeline import Mark, Timeline, timeline
+from toolfleet.api.console.timeline import Timeline, TimelineMark, timeline
 from toolfleet.api.problems import ProblemError, problem_responses
 from toolfleet.api.resources import ApiResources, resources
 from toolfleet.api.responses import SafeJSONResponse
@@ -135,7 +135,7 @@ async def invocation_timeline(
     view = await invoking.visible(res, caller, invocation_id)
     rows = await res.pool.fetch(_MARKS, invocation_id, view.tenant_id)
     marks = [
-        Mark(
+        TimelineMark(
             kind=r["event_kind"],
             at=r["occurred_at"],
             source=r["source"],

@@ -50,7 +50,7 @@ _LABELS = {
 
 
 @dataclass(frozen=True, kw_only=True)
-class Mark:
+class TimelineMark:
     """What one projected event said (a ``projected_events`` row with a kind)."""
 
     kind: str
@@ -94,31 +94,31 @@ class Timeline(_Body):
     steps: list[TimelineStep]
 
 
-def _from_row(view: InvocationView, marks: list[Mark]) -> list[Mark]:
+def _from_row(view: InvocationView, marks: list[TimelineMark]) -> list[TimelineMark]:
     """Marks the row implies that no projected event recorded any more."""
     have = {m.kind for m in marks}
     meta = view.execution_metadata or {}
-    implied: list[Mark] = []
+    implied: list[TimelineMark] = []
     if "requested" not in have:
-        implied.append(Mark(kind="requested", at=view.created_at))
+        implied.append(TimelineMark(kind="requested", at=view.created_at))
     if "invoked" not in have and view.started_at is not None:
         detail: dict[str, Any] = {"attempt": meta.get("attempts", 1)}
         if meta.get("resumed_from_checkpoint_id"):
             detail["resumed_from_checkpoint_id"] = meta["resumed_from_checkpoint_id"]
-        implied.append(Mark(kind="invoked", at=view.started_at, detail=detail))
+        implied.append(TimelineMark(kind="invoked", at=view.started_at, detail=detail))
     if "checkpoint" not in have:
         for ref in meta.get("checkpoints_created") or []:
             at = _parse(ref.get("timestamp"))
             if at is not None:
                 detail = {"checkpoint_id": ref.get("checkpoint_id")}
                 detail["checkpoint_type"] = ref.get("checkpoint_type")
-                implied.append(Mark(kind="checkpoint", at=at, detail=detail))
+                implied.append(TimelineMark(kind="checkpoint", at=at, detail=detail))
     if "terminal" not in have and view.status.is_terminal:
         detail = {"status": view.status.value}
         if view.error:
             detail["error_code"] = view.error.get("code")
         implied.append(
-            Mark(kind="terminal", at=view.completed_at or view.updated_at, detail=detail)
+            TimelineMark(kind="terminal", at=view.completed_at or view.updated_at, detail=detail)
         )
     return implied
 
@@ -132,7 +132,7 @@ def _parse(value: object) -> datetime | None:
         return None
 
 
-def _label(mark: Mark, attempt_workers: list[str | None]) -> str:
+def _label(mark: TimelineMark, attempt_workers: list[str | None]) -> str:
     d = mark.detail
     label = _LABELS.get(mark.kind, mark.kind)
     if mark.kind == "invoked":
@@ -158,7 +158,7 @@ def _ms(later: datetime, earlier: datetime) -> int:
     return max(0, round((later - earlier).total_seconds() * 1000))
 
 
-def timeline(view: InvocationView, marks: list[Mark]) -> Timeline:
+def timeline(view: InvocationView, marks: list[TimelineMark]) -> Timeline:
     """The ordered steps of ``view``'s life, with durations and counts."""
     known = [m for m in marks if m.kind in _ORDER]
     every = sorted([*known, *_from_row(view, known)], key=lambda m: (m.at, _ORDER[m.kind]))

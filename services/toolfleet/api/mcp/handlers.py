@@ -52,6 +52,7 @@ from toolfleet.events.models import (
     InvokeRequested,
 )
 from toolfleet.policy.catalog import visible_page
+from toolfleet.storage.retrying import Backoff, retry_until_stopped
 
 log = logging.getLogger(__name__)
 
@@ -222,24 +223,26 @@ async def on_cancelled(ctx: Context, params: types.CancelledNotificationParams) 
 
 async def _cancel(seen: McpRequest, invocation_id: UUID) -> None:
     """The API's signed cancel; a failure is logged (the client has gone already)."""
-    for delay_s in (*_UNSEEN_RETRIES_S, None):
-        try:
-            await invoking.cancel(seen.res, seen.caller, invocation_id, reason=_CANCEL_REASON)
-            return
-        except ProblemError as exc:
-            if exc.status == 404 and delay_s is not None:
-                # Status projects a call milliseconds after its publish: a client that
-                # cancels at once may be faster than that.
-                await asyncio.sleep(delay_s)
-                continue
-            failure = f"{exc.status} {exc.code}"
-        except _STORE_ERRORS as exc:
-            failure = type(exc).__name__
-        log.warning(
-            "MCP cancel not applied",
-            extra={"invocation_id": str(invocation_id), "error": failure},
+    try:
+        await retry_until_stopped(
+            lambda: invoking.cancel(seen.res, seen.caller, invocation_id, reason=_CANCEL_REASON),
+            what="MCP cancel: invocation not projected yet; retrying",
+            backoff=Backoff.listed(_UNSEEN_RETRIES_S),
+            # Status projects a call milliseconds after its publish: a client that cancels
+            # at once may be faster than that. Any other answer is final.
+            retry_on=lambda exc: isinstance(exc, ProblemError) and exc.status == 404,
+            tries=len(_UNSEEN_RETRIES_S) + 1,
+            log_extra={"invocation_id": str(invocation_id)},
         )
         return
+    except ProblemError as exc:
+        failure = f"{exc.status} {exc.code}"
+    except _STORE_ERRORS as exc:
+        failure = type(exc).__name__
+    log.warning(
+        "MCP cancel not applied",
+        extra={"invocation_id": str(invocation_id), "error": failure},
+    )
 
 
 def _idempotency_key(params: types.CallToolRequestParams) -> str | None:

@@ -1,7 +1,7 @@
 """``/v1/invocations``: submit, read, list, cancel and resolve approvals.
 
 Reads come from the status projection; writes are events published through
-:class:`~toolfleet.client.ToolfleetClient`, so the API holds no state of its own.
+:class:`~toolfleet.client.KafkaPublisher`, so the API holds no state of its own.
 Another tenant's invocation is answered exactly like an unknown one (404). Routes that
 answer with projected data use :class:`SafeJSONResponse`: parameters and results may
 hold lone surrogates, which FastAPI's direct pydantic serialization refuses.

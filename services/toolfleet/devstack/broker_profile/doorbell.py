@@ -6,7 +6,7 @@ half a millisecond of CPU whether it finds records or not, so a fleet of consume
 polling every ``fetch_max_wait_ms`` (5 ms) keeps it busy for nothing and makes every hop
 queue for CPU. So, with ``TOOLFLEET_FETCH_DOORBELL`` on (the dev profile's default):
 
-- every producer of the fleet (workers and ``ToolfleetClient``) **rings** a topic once
+- every producer of the fleet (workers and ``KafkaPublisher``) **rings** a topic once
   the broker has acknowledged a send to it: one Redis ``PUBLISH`` of the topic name on
   the fleet's channel, the rings of sends acknowledged together in one pipeline, at most
   once per topic every ``TOOLFLEET_IDLE_AFTER_MS / 2`` (every send when that is 0);

@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 
 from redis.exceptions import RedisError
 
+from toolfleet.bus.emitter import Emitter
 from toolfleet.errors import CheckpointFailed, RedactionFailed
 from toolfleet.events.envelope import Envelope, derived_event_id, new_event
 from toolfleet.events.identity import CallKey
@@ -27,7 +28,6 @@ from toolfleet.executor.checkpoints.schedule import CheckpointSchedule
 from toolfleet.executor.checkpoints.store import Checkpoint, CheckpointStore
 from toolfleet.executor.leasing.fencing import Fence
 from toolfleet.executor.leasing.guard import Suspended
-from toolfleet.executor.ports import Emitter
 from toolfleet.secrets.capability import LeakDetector
 from toolfleet.storage.cancel_flags import CancelFlags
 from toolfleet.tools.context import CheckpointInput

@@ -14,10 +14,7 @@ the store applies it only while that epoch is the newest, else raises
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import random
-import time
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Any, Protocol
@@ -38,6 +35,7 @@ from toolfleet.executor.leasing.fencing import (
 )
 from toolfleet.storage.lua import LuaScript
 from toolfleet.storage.redis import CoalescedCommands
+from toolfleet.storage.retrying import Backoff, retry_until_stopped
 
 log = logging.getLogger(__name__)
 
@@ -182,16 +180,18 @@ class TieredCheckpointStore:
                 lambda: self._cold.save(checkpoint, fence=fence), self._named_patience_s
             )
             return "named"
-        for delay in (*self._cold_retry_delays_s, None):
-            try:
-                await self._cold.save(checkpoint, fence=fence)
-                return checkpoint.checkpoint_type
-            except CheckpointFailed:
-                if delay is None:
-                    log.warning("durable checkpoint not stored; kept hot only")
-                    return "micro"
-                await asyncio.sleep(random.uniform(delay / 2, delay))  # noqa: S311 - jitter
-        raise AssertionError("unreachable")  # pragma: no cover
+        try:
+            await retry_until_stopped(
+                lambda: self._cold.save(checkpoint, fence=fence),
+                what="durable checkpoint not stored; retrying",
+                backoff=Backoff.listed(self._cold_retry_delays_s),
+                retry_on=(CheckpointFailed,),
+                tries=len(self._cold_retry_delays_s) + 1,
+            )
+        except CheckpointFailed:
+            log.warning("durable checkpoint not stored; kept hot only")
+            return "micro"
+        return checkpoint.checkpoint_type
 
     async def latest(self, call: CallKey) -> Checkpoint | None:
         """The hot checkpoint, or the newest durable one when Redis lost it."""
@@ -220,19 +220,13 @@ async def _patiently(write: Callable[[], Awaitable[None]], patience_s: float) ->
     """``write``, tried again with jittered backoff while it fails with
     ``CheckpointFailed``; the last try is ``patience_s`` after the first (then that
     error is raised)."""
-    deadline = time.monotonic() + patience_s
-    ceiling = 0.05
-    while True:
-        try:
-            await write()
-            return
-        except CheckpointFailed:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise
-            pause = random.uniform(ceiling / 2, ceiling)  # noqa: S311 - jitter
-            await asyncio.sleep(min(pause, remaining))  # the last try is at the deadline
-            ceiling = min(ceiling * 2, 1.0)
+    await retry_until_stopped(
+        write,
+        what="checkpoint not stored; retrying",
+        backoff=Backoff(first_s=0.05, max_s=1.0),
+        retry_on=(CheckpointFailed,),
+        patience_s=patience_s,
+    )
 
 
 class MemoryCheckpointStore:

@@ -11,16 +11,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from toolfleet.events.sanitize import (
+from toolfleet.events.masking import (
     MAX_DEPTH,
     MAX_ITEMS,
     MAX_STRING,
     REDACTED,
     TRUNCATED,
     is_secret_key,
+    mask_parameters,
     mask_text,
-    sanitize_parameters,
-    sanitize_value,
+    mask_value,
 )
 
 pytestmark = pytest.mark.unit
@@ -119,7 +119,7 @@ def _plant(data: st.DataObject, secret: str) -> dict[str, Any]:
 @settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
 def test_planted_secret_never_survives(data: st.DataObject, secret: str) -> None:
     params = _plant(data, secret)
-    out = json.dumps(sanitize_parameters(params))
+    out = json.dumps(mask_parameters(params))
     assert secret not in out
     assert json.dumps(secret)[1:-1] not in out  # nor in its JSON-escaped form
 
@@ -127,13 +127,13 @@ def test_planted_secret_never_survives(data: st.DataObject, secret: str) -> None
 @given(data=st.data(), secret=planted_secrets)
 def test_planted_secret_in_a_key_never_survives(data: st.DataObject, secret: str) -> None:
     params = {f"{data.draw(safe_text)} {secret}": data.draw(safe_trees)}
-    out = json.dumps(sanitize_parameters(params))
+    out = json.dumps(mask_parameters(params))
     assert secret not in out
 
 
 @given(tree=st.dictionaries(safe_keys, safe_trees, max_size=6))
 def test_harmless_values_survive_unchanged(tree: dict[str, Any]) -> None:
-    assert sanitize_parameters(tree) == tree
+    assert mask_parameters(tree) == tree
 
 
 @given(
@@ -165,7 +165,7 @@ def test_harmless_values_survive_unchanged(tree: dict[str, Any]) -> None:
 def test_values_under_secret_keys_are_redacted(data: st.DataObject, key: str, value: Any) -> None:
     params = _plant(data, "marker")
     params["outer"] = {key: value}
-    out = sanitize_parameters(params)
+    out = mask_parameters(params)
     assert out["outer"] == {key: REDACTED}
 
 
@@ -177,14 +177,14 @@ def test_values_under_secret_keys_are_redacted(data: st.DataObject, key: str, va
     )
 )
 def test_output_is_always_json(tree: Any) -> None:
-    json.dumps(sanitize_value(tree))
+    json.dumps(mask_value(tree))
 
 
 # --- examples ------------------------------------------------------------------------
 
 
 def test_capability_token_is_dropped_not_redacted() -> None:
-    out = sanitize_parameters({"capability_token": "eyJx.y.z", "q": "ok"})
+    out = mask_parameters({"capability_token": "eyJx.y.z", "q": "ok"})
     assert out == {"q": "ok"}
 
 
@@ -234,7 +234,7 @@ def test_harmless_text_is_kept(text: str) -> None:
 
 
 def test_integer_card_number_is_masked() -> None:
-    assert sanitize_parameters({"n": 4111111111111111}) == {"n": "[REDACTED:card]"}
+    assert mask_parameters({"n": 4111111111111111}) == {"n": "[REDACTED:card]"}
 
 
 @pytest.mark.parametrize(
@@ -255,7 +255,7 @@ def test_secret_keys(key: str, secret: bool) -> None:
 
 
 def test_colliding_masked_keys_keep_both_values() -> None:
-    out = sanitize_parameters({"a@x.io": 1, "b@y.io": 2})
+    out = mask_parameters({"a@x.io": 1, "b@y.io": 2})
     assert sorted(out.values()) == [1, 2]
 
 
@@ -263,11 +263,11 @@ def test_caps() -> None:
     deep: Any = "leaf"
     for _ in range(MAX_DEPTH + 5):
         deep = {"k": deep}
-    assert TRUNCATED in json.dumps(sanitize_parameters(deep))
-    wide = sanitize_parameters({"items": list(range(MAX_ITEMS + 10))})
+    assert TRUNCATED in json.dumps(mask_parameters(deep))
+    wide = mask_parameters({"items": list(range(MAX_ITEMS + 10))})
     assert wide["items"][-1] == TRUNCATED
     assert len(wide["items"]) == MAX_ITEMS + 1
-    long = sanitize_parameters({"s": "g" * (MAX_STRING + 10)})
+    long = mask_parameters({"s": "g" * (MAX_STRING + 10)})
     assert long["s"].endswith(TRUNCATED)
     assert len(long["s"]) == MAX_STRING + len(TRUNCATED)
 
@@ -275,7 +275,7 @@ def test_caps() -> None:
 def test_secret_at_the_cut_of_a_long_string_is_masked_first() -> None:
     secret = "AKIAIOSFODNN7EXAMPLE"
     text = "g" * (MAX_STRING - 10) + " " + secret
-    out = sanitize_parameters({"s": text})["s"]
+    out = mask_parameters({"s": text})["s"]
     assert "AKIAIOSF" not in out
 
 
@@ -288,8 +288,8 @@ def test_keys_sanitize_the_same_the_second_time() -> None:
         "city": "Paris",
         "k" * 80: "long keys are not remembered",
     }
-    first = sanitize_parameters(parameters)
-    assert sanitize_parameters(parameters) == first
+    first = mask_parameters(parameters)
+    assert mask_parameters(parameters) == first
     assert first["api_key"] == "[REDACTED]"
     assert "capability_token" not in first
     assert "user@example.com" not in first
@@ -297,10 +297,10 @@ def test_keys_sanitize_the_same_the_second_time() -> None:
 
 
 def test_remembered_key_verdicts_stay_bounded() -> None:
-    from toolfleet.events import sanitize
+    from toolfleet.events import masking
 
-    for i in range(sanitize._KEY_VERDICTS_MAX + 100):
-        sanitize_parameters({f"field_{i}": 1, "password": "p", "x" * 100 + str(i): 2})
-    assert len(sanitize._KEY_VERDICTS) <= sanitize._KEY_VERDICTS_MAX
-    assert not any(len(key) > 64 for key in sanitize._KEY_VERDICTS)
-    assert sanitize_parameters({"password": "p"}) == {"password": "[REDACTED]"}
+    for i in range(masking._KEY_VERDICTS_MAX + 100):
+        mask_parameters({f"field_{i}": 1, "password": "p", "x" * 100 + str(i): 2})
+    assert len(masking._KEY_VERDICTS) <= masking._KEY_VERDICTS_MAX
+    assert not any(len(key) > 64 for key in masking._KEY_VERDICTS)
+    assert mask_parameters({"password": "p"}) == {"password": "[REDACTED]"}

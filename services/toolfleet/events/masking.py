@@ -135,7 +135,7 @@ class _Rule:
     Most text (a timestamp, a tool id, a sentence) holds no ``@``, no ``eyJ``, no
     ``-----BEGIN`` and is shorter than a hex secret, so most rules are skipped by a
     substring or length test instead of a regex scan. Each condition must hold for every
-    possible match: ``tests/unit/test_sanitize_guards.py`` holds them to the unguarded
+    possible match: ``tests/unit/test_masking_guards.py`` holds them to the unguarded
     rules.
     """
 
@@ -400,13 +400,13 @@ def _unique(existing: Mapping[str, Any], key: str) -> str:
     return f"{key}#{n}"
 
 
-def sanitize_parameters(parameters: Mapping[str, Any] | None) -> dict[str, Any]:
+def mask_parameters(parameters: Mapping[str, Any] | None) -> dict[str, Any]:
     """A copy of ``parameters`` that is safe to log, audit and store (see module doc)."""
     if not parameters:
         return {}
     return _mapping(parameters, 0, _Budget(MAX_NODES))
 
 
-def sanitize_value(value: Any) -> Any:
-    """Like :func:`sanitize_parameters` for any JSON-like value."""
+def mask_value(value: Any) -> Any:
+    """Like :func:`mask_parameters` for any JSON-like value."""
     return _value(value, 0, _Budget(MAX_NODES))

@@ -16,29 +16,29 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.unit.test_events_sanitize import planted_secrets
-from toolfleet.events import sanitize
-from toolfleet.events.sanitize import is_secret_key, mask_text
+from tests.unit.test_events_masking import planted_secrets
+from toolfleet.events import masking
+from toolfleet.events.masking import is_secret_key, mask_text
 
 pytestmark = pytest.mark.unit
 
 
 def every_rule(text: str) -> str:
     """The definition: each rule's substitution, in order, unguarded."""
-    for rule in sanitize._RULES:
+    for rule in masking._RULES:
         text = rule.apply(text)
     return text
 
 
 def is_secret_key_reference(key: str) -> bool:
     """``is_secret_key`` as first written (before its set lookups)."""
-    words = sanitize.key_words(key)
-    if any(w in sanitize._SECRET_WORDS for w in words):
+    words = masking.key_words(key)
+    if any(w in masking._SECRET_WORDS for w in words):
         return True
-    if any(pair in sanitize._SECRET_PHRASES for pair in itertools.pairwise(words)):
+    if any(pair in masking._SECRET_PHRASES for pair in itertools.pairwise(words)):
         return True
     joined = "".join(words)
-    return any("".join(p) == joined for p in sanitize._SECRET_PHRASES) or joined in {
+    return any("".join(p) == joined for p in masking._SECRET_PHRASES) or joined in {
         "accesstoken",
         "refreshtoken",
         "idtoken",

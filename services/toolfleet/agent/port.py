@@ -2,9 +2,9 @@
 
 The runner submits invokes (each with its call id as idempotency key), awaits their
 outcomes while hearing progress and approval requests, and reads the policy-filtered
-catalog. :class:`InMemoryFleet` plays the fleet for unit tests (tools are plain async
-functions, idempotency keys and approvals behave as the fleet's do); the adapter over
-the real client is :mod:`toolfleet.agent.client_fleet`.
+catalog. :class:`MemoryFleet` plays the fleet for unit tests (tools are plain async
+functions, idempotency keys and approvals behave as the fleet's do); the real fleet,
+over either transport, is in :mod:`toolfleet.agent.fleets`.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ __all__ = [
     "FleetEvent",
     "FleetEventKind",
     "FleetPort",
-    "InMemoryFleet",
+    "MemoryFleet",
     "OnFleetEvent",
     "Submission",
     "Submitted",
@@ -106,7 +106,7 @@ class _Pending:
             listener(event)
 
 
-class InMemoryFleet:
+class MemoryFleet:
     """The fleet in a dict: tools run in-process, idempotency keys and approvals as real.
 
     ``runs`` counts each tool's real executions: a duplicate key runs nothing.
@@ -235,5 +235,5 @@ class InMemoryFleet:
 
 if TYPE_CHECKING:
 
-    def _implements_the_port(fleet: InMemoryFleet) -> FleetPort:
+    def _implements_the_port(fleet: MemoryFleet) -> FleetPort:
         return fleet  # mypy checks the twin against the port

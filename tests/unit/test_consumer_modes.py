@@ -1,0 +1,107 @@
+"""The consumer's modes, offline: how one fetch reaches a handler, and what is committable."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, cast
+
+import pytest
+from aiokafka import ConsumerRecord
+
+from tests.support.eventually import eventually
+from toolfleet.bus.offsets import Partition
+from toolfleet.bus.producer import EventProducer, Outbound
+from toolfleet.bus.runtime import ByBatch, ConsumerSpec, EventConsumer, Handler, Inbound
+from toolfleet.bus.scheduler import Placement
+from toolfleet.events.codec import encode
+from toolfleet.events.envelope import new_event
+from toolfleet.events.types import EventType, Source
+from toolfleet.settings import FleetSettings
+
+pytestmark = pytest.mark.unit
+
+
+class _NoOutput:
+    async def send_all(self, outputs: Sequence[Outbound]) -> None:
+        assert not outputs
+
+
+def _record(partition: int, offset: int) -> ConsumerRecord[bytes, bytes]:
+    wire = encode(
+        new_event(
+            event_type=EventType.INVOKE_AUTHORIZED,
+            source=Source.POLICY,
+            data={},
+            tenant_id="t",
+            invocation_id=f"{partition}-{offset}",
+        )
+    )
+    return ConsumerRecord(
+        topic="t",
+        partition=partition,
+        offset=offset,
+        timestamp=0,
+        timestamp_type=0,
+        key=wire.key,
+        value=wire.value,
+        checksum=None,
+        serialized_key_size=0,
+        serialized_value_size=len(wire.value),
+        headers=wire.headers,
+    )
+
+
+def _consumer(handler: Handler | ByBatch, **spec: Any) -> EventConsumer:
+    return EventConsumer(
+        ConsumerSpec(service="test", source="/toolfleet/test", group_id="g", topics=["t"], **spec),
+        handler,
+        settings=FleetSettings(),
+        producer=cast(EventProducer, _NoOutput()),
+        processed=None,
+        dlq_topic="dlq",
+    )
+
+
+FETCH = {"p0": [_record(0, 0), _record(0, 1)], "p1": [_record(1, 0)]}
+NO_ASSIGNMENT: Any = type("FakeConsumer", (), {"assignment": lambda self: set()})()
+
+
+async def _now(value: bool) -> bool:
+    return value
+
+
+async def test_a_per_record_handler_gets_each_record_of_a_fetch_on_its_own() -> None:
+    calls: list[str] = []
+
+    async def handler(event: Inbound) -> Sequence[Outbound]:
+        calls.append(event.envelope.invocationid or "")
+        return []
+
+    runtime = _consumer(handler)
+    runtime._dispatch_batch(NO_ASSIGNMENT, FETCH)  # type: ignore[arg-type]
+    await eventually(lambda: _now(len(calls) == 3))
+    assert sorted(calls) == ["0-0", "0-1", "1-0"]
+    await eventually(lambda: _now(not runtime._core.tasks))
+    assert runtime._core.tracker.committable() == {Partition("t", 0): 2, Partition("t", 1): 1}
+
+
+async def test_a_batch_handler_gets_the_whole_fetch_in_one_call() -> None:
+    calls: list[list[str]] = []
+
+    async def handle(events: Sequence[Inbound]) -> Sequence[Outbound]:
+        calls.append([e.envelope.invocationid or "" for e in events])
+        return []
+
+    runtime = _consumer(ByBatch(handle))
+    runtime._dispatch_batch(NO_ASSIGNMENT, FETCH)  # type: ignore[arg-type]
+    await eventually(lambda: _now(not runtime._core.tasks))
+    assert calls == [["0-0", "0-1", "1-0"]]
+    assert runtime._core.tracker.committable() == {Partition("t", 0): 2, Partition("t", 1): 1}
+
+
+async def test_a_batch_handler_cannot_schedule() -> None:
+    async def handle(events: Sequence[Inbound]) -> Sequence[Outbound]:
+        return []
+
+    with pytest.raises(ValueError, match="one by one"):
+        _consumer(ByBatch(handle), schedule=lambda env: Placement(0, ""))

@@ -76,6 +76,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/policy_push_bench.py
 	$(BIN)/python bench/revocation_push_bench.py
 	$(BIN)/python bench/isolation_bench.py
+	$(BIN)/python bench/search_bench.py
 
 schemas: $(STAMP)
 	$(BIN)/python -m toolfleet.cli.schemas schemas

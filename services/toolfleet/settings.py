@@ -129,7 +129,8 @@ class FleetSettings(BaseSettings):
 
     # --- Tools -------------------------------------------------------------------------
     tool_modules: str = ""
-    """Comma-separated modules imported for their ``@tool`` definitions."""
+    """Comma-separated modules imported for their ``@tool`` definitions, found as
+    ``python -m`` finds them (the working directory first)."""
     isolation_memory_mb: int = Field(default=512, ge=16)
     """Address space of an isolated run whose manifest sets none (``RLIMIT_AS``), and the
     most a request's ``resource_limits.memory_mb_limit`` may ask then (policy refuses

@@ -50,9 +50,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(330)]
 RecordProperty = Callable[[str, object], None]
 
 #: Invocations of the executor chaos tests (hard kill, clean bounce).
-INVOCATIONS = 300
+INVOCATIONS = 240
 #: Executors bounced (killed or terminated, then restarted) per run, and how often.
-BOUNCES = 20
+BOUNCES = 14
 BOUNCE_INTERVAL_S = 4.5
 #: Invocations of the server-restart tests, and how long the server stays down.
 RESTART_INVOCATIONS = 150
@@ -62,9 +62,9 @@ SESSION_TIMEOUT_MS = 3000
 #: After the last outcome, how long a late duplicate still has to show up.
 SETTLE_S = 2 * SESSION_TIMEOUT_MS / 1000
 
-#: Room for one run (about 150 s) and a slow machine.
+#: Room for one run (about 120 s) and a slow machine.
 EXECUTOR_CHAOS_TIMEOUT_S = 400
-EXECUTOR_CHAOS = Workload(invocations=INVOCATIONS, publish_window_s=55.0)
+EXECUTOR_CHAOS = Workload(invocations=INVOCATIONS, publish_window_s=44.0)
 RESTART_CHAOS = Workload(invocations=RESTART_INVOCATIONS, publish_window_s=24.0)
 
 

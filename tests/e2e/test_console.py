@@ -195,7 +195,14 @@ async def test_an_approver_follows_calls_live_approves_one_and_reads_a_timeline(
     card = f'#approvals article[data-invocation="{parked}"]'
     await page.wait_for_selector(card, timeout=30_000)
     assert "ship the release" in await page.inner_text(f"{card} pre.parameters")
-    await page.click(f"{card} button.approve")
+    assert len(await page.inner_text(f"{card} .hash code")) >= 32
+    # The approver gives a reason, sent with the decision.
+    await page.fill(f"{card} textarea.reason", "release window is open")
+    async with page.expect_request(lambda r: r.url.endswith(f"{parked}/approve")) as sent:
+        await page.click(f"{card} button.approve")
+    decision = (await sent.value).post_data_json
+    assert decision is not None
+    assert decision["reason"] == "release window is open"
     await page.wait_for_selector(_row(parked, "success"), timeout=60_000)
     await page.wait_for_selector(card, state="detached", timeout=10_000)
 
@@ -224,9 +231,124 @@ async def test_an_approver_follows_calls_live_approves_one_and_reads_a_timeline(
     assert not [u for u in requests if "token" in u.lower() or agent_token in u]
     assert problems == [], problems
     # Until the analytics worker serves this tenant, its charts show the empty state.
-    assert [u for u in failed if "/v1/analytics/" not in u and "favicon" not in u] == []
+    # Nothing else fails to load: the favicon included (the page links its own).
+    assert [u for u in failed if "/v1/analytics/" not in u] == []
     if any("/v1/analytics/" in u for u in failed):
         assert "No analytics" in await page.inner_text("#analytics")
+
+
+async def test_the_list_filters_by_url_links_each_call_and_shows_its_columns(
+    fleet: tuple[Fleet, ProcessFleet], api_url: str, browser: Browser
+) -> None:
+    running, _ = fleet
+    agent_token = running.token(TENANT, AGENT)
+    context = {"agent_did": AGENT, "tenant_id": TENANT}
+    echoed = await _invoke(
+        api_url,
+        agent_token,
+        {"tool_id": "core__echo", "agent_context": context, "parameters": {"message": "hi"}},
+    )
+    slow = await _invoke(
+        api_url,
+        agent_token,
+        {
+            "tool_id": "core__long_running",
+            "agent_context": context,
+            "parameters": {"steps": 1, "step_seconds": 0.1},
+        },
+    )
+    page = await browser.new_page(viewport={"width": 1280, "height": 1000})
+    failed: list[str] = []
+    page.on("response", lambda r: failed.append(r.url) if r.status >= 400 else None)
+    await _sign_in(page, api_url, running.token(TENANT, "did:user:viewer"))
+    await page.wait_for_selector(_row(echoed, "success"), timeout=60_000)
+    await page.wait_for_selector(_row(slow, "success"), timeout=60_000)
+    cells = await page.eval_on_selector_all(
+        f"{_row(echoed)} td", "cells => cells.map(c => c.textContent)"
+    )
+    short_id, tool, agent, status, took, error, created = cells
+    assert short_id == echoed[:8]
+    assert tool.startswith("core__echo")
+    assert (agent, status, error) == (AGENT, "success", "")
+    assert took.endswith((" ms", " s"))
+    assert "/" in created or "." in created or "-" in created, created  # a date, not a time
+
+    # The filter form turns the view into a link; the list then holds only matching calls.
+    await page.select_option("#f-status", "success")
+    await page.fill("#f-tool", "core__long_running")
+    await page.click("#filters button[type=submit]")
+    await page.wait_for_url("**/console?status=success&tool_id=core__long_running")
+    await page.wait_for_selector(_row(slow, "success"), timeout=30_000)
+    tools = await page.eval_on_selector_all(
+        "#invocations tbody tr td:nth-child(2)", "cells => cells.map(c => c.textContent)"
+    )
+    assert tools
+    assert all(t.startswith("core__long_running") for t in tools), tools
+    assert await page.query_selector(_row(echoed)) is None
+    assert await page.input_value("#f-tool") == "core__long_running"
+
+    # Search by id narrows the list to the call and opens its timeline.
+    await page.goto(f"{api_url}/console?invocation_id={slow}")
+    await page.wait_for_selector("#timeline svg.timeline-chart", timeout=10_000)
+    assert len(await page.query_selector_all("#invocations tbody tr")) == 1
+    assert slow in await page.inner_text("#timeline-title")
+
+    # The id links to the call's page: parameters, result, trace id, timeline.
+    await page.click(f"{_row(slow)} td.id a")
+    await page.wait_for_url(f"**/console/invocations/{slow}")
+    await page.wait_for_selector("#timeline svg.timeline-chart", timeout=10_000)
+    assert '"steps": 1' in await page.inner_text("#call-parameters")
+    assert await page.inner_text("#call-result") != "(no result)"
+    assert len(await page.inner_text("#call-trace")) == 32
+    assert "duration" in await page.inner_text("#timeline .facts")
+    assert "attempts 1" in await page.inner_text("#timeline .facts")
+    assert await page.is_hidden("#call-error")
+    # Another tenant's call reads like a missing one.
+    other = await _invoke(
+        api_url,
+        running.token("t_console_other", AGENT),
+        {
+            "tool_id": "core__echo",
+            "agent_context": {"agent_did": AGENT, "tenant_id": "t_console_other"},
+            "parameters": {"message": "not yours"},
+        },
+    )
+    for hidden in (other, "00000000-0000-0000-0000-000000000000"):
+        await page.goto(f"{api_url}/console/invocations/{hidden}")
+        await page.wait_for_selector("#call-missing:not([hidden])")
+        assert await page.inner_text("#call-missing") == "No such invocation."
+        assert "not yours" not in await page.content()
+    failed = [u for u in failed if "/v1/console/invocations/" not in u]
+    # An id the caller cannot see lists nothing.
+    await page.goto(f"{api_url}/console?invocation_id=00000000-0000-0000-0000-000000000000")
+    await page.wait_for_selector("#invocations-empty:not([hidden])")
+    assert [u for u in failed if "/v1/analytics/" not in u] == []
+
+
+ATTACK = '<img src=x onerror="window.__pwned=1"><script>window.__pwned=2</script>'
+
+
+async def test_the_call_page_shows_hostile_values_as_text(
+    fleet: tuple[Fleet, ProcessFleet], api_url: str, browser: Browser
+) -> None:
+    running, _ = fleet
+    called = await _invoke(
+        api_url,
+        running.token(TENANT, AGENT),
+        {
+            "tool_id": "core__echo",
+            "agent_context": {"agent_did": AGENT, "tenant_id": TENANT},
+            "parameters": {"message": ATTACK},
+        },
+    )
+    page = await browser.new_page(viewport={"width": 1280, "height": 1000})
+    await _sign_in(page, api_url, running.token(TENANT, "did:user:viewer"))
+    await page.wait_for_selector(_row(called, "success"), timeout=60_000)
+    await page.goto(f"{api_url}/console/invocations/{called}")
+    await page.wait_for_selector("#timeline svg.timeline-chart", timeout=10_000)
+    assert json.dumps(ATTACK) in await page.inner_text("#call-parameters")
+    assert await page.query_selector("main img, main script") is None
+    assert await page.evaluate("window.__pwned") is None
 
 
 SNAPSHOT = {

@@ -81,7 +81,7 @@ async def test_one_invocation_is_one_exported_trace_across_the_services(
         assert by_service >= SERVICES, (by_service, logs)
         names = {s.name for s in spans}
         assert f"process {EventType.INVOKE_REQUESTED}" in names
-        assert any(n.startswith("execute ") for n in names), names
+        assert any(n.startswith("execute_tool ") for n in names), names
         assert any(n.startswith("send ") for n in names), names
         # Policy, the first service to read the request, records the trace's one root;
         # every other span's parent is a span of the trace: no hole in the tree.

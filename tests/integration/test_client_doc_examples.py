@@ -1,4 +1,5 @@
-"""The Python examples of ``docs/publishing.md`` and ``docs/agent-runner.md``, run
+"""The Python examples of ``docs/publishing.md``, ``docs/agent-runner.md`` and
+``docs/mcp.md``, run
 exactly as printed against a real fleet: every service in process, the API served by
 uvicorn on a real port. The pages say what the reader has: the API's URL in
 ``TOOLFLEET_API_URL``, a token in ``TOKEN`` and the fleet's ``TOOLFLEET_*`` settings in
@@ -26,6 +27,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 PUBLISHING = ROOT / "docs" / "publishing.md"
 AGENT_RUNNER = ROOT / "docs" / "agent-runner.md"
+MCP = ROOT / "docs" / "mcp.md"
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +73,7 @@ def reader_environment(
     monkeypatch.setenv("TOKEN", token)
 
 
-@pytest.mark.parametrize("page", [PUBLISHING, AGENT_RUNNER], ids=lambda p: p.name)
+@pytest.mark.parametrize("page", [PUBLISHING, AGENT_RUNNER, MCP], ids=lambda p: p.name)
 def test_every_python_example_runs_or_says_why_not(page: Path) -> None:
     found = examples(page)
     assert found, f"{page.name} has no python example"
@@ -110,3 +112,16 @@ async def test_agent_runner_examples_run_as_printed(
     assert run.text == "Said hi; it is late."
     assert [run.tools_by_id[c].status for c in run.tool_order] == ["success", "success"]
     assert (tmp_path / "run.jsonl").read_text().count("\n") >= 2
+
+
+async def test_mcp_example_runs_as_printed(
+    fleet: Fleet,
+    api_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    reader_environment(monkeypatch, fleet, api_url, fleet.token("t1", "did:agent:x", "core__echo"))
+    scope = await run_page(MCP)
+    assert [t.name for t in scope["tools"]] == ["core__echo"]  # the token's catalog only
+    assert scope["result"].structured_content == {"message": "hi", "length": 2}
+    assert capsys.readouterr().out.startswith("['core__echo'] {")

@@ -134,14 +134,26 @@ async def test_circuits_list_the_shared_breaker_states(
     app: FastAPI, http: httpx.AsyncClient, issuer: TokenIssuer
 ) -> None:
     name = f"tool_{uuid.uuid4().hex[:6]}"
+    tenant = f"t_circ_{uuid.uuid4().hex[:6]}"
+    await _res(app).pool.execute(
+        "INSERT INTO tool_invocations (invocation_id, tenant_id, tool_id, status, status_rank, "
+        "created_at) VALUES ($1, $2, $3, 'error', 3, $4)",
+        uuid.uuid4(),
+        tenant,
+        name,
+        datetime.now(UTC),
+    )
     await _res(app).redis.set(
         f"circuit:state:{name}",
         json.dumps({"status": "open", "since": 1_700_000_000.0, "window": []}),
     )
     try:
-        answer = await http.get("/v1/circuits", headers=_bearer(issuer, "t_console"))
+        answer = await http.get("/v1/circuits", headers=_bearer(issuer, tenant))
+        # A tenant that never called the tool does not see its circuit.
+        elsewhere = await http.get("/v1/circuits", headers=_bearer(issuer, "t_console"))
     finally:
         await _res(app).redis.delete(f"circuit:state:{name}")
+    assert name not in [c["circuit_name"] for c in elsewhere.json()]
     circuit = next(c for c in answer.json() if c["circuit_name"] == name)
     assert circuit["state"] == "open"
     assert circuit["since"].startswith("2023-11-14")

@@ -24,6 +24,9 @@ from toolfleet.registry.store import RegistryStore
 pytestmark = pytest.mark.integration
 
 TOOL = "dates__report"
+SUNSET_NOW = "dates__sunset_now"
+SUNSET_BOTH = "dates__sunset_both"
+REMOVED = "dates__removed"
 
 
 @pytest.fixture(scope="module")
@@ -31,10 +34,17 @@ async def app(api_settings: ApiSettings) -> AsyncIterator[FastAPI]:
     async with running_app(api_settings) as application:
         res: ApiResources = application.state.resources
         store = RegistryStore(res.pool)
-        for version in ("1.0.0", "1.1.0", "2.0.0"):
+        for tool_id, version in [
+            (TOOL, "1.0.0"),
+            (TOOL, "1.1.0"),
+            (TOOL, "2.0.0"),
+            (SUNSET_NOW, "1.0.0"),
+            (SUNSET_BOTH, "1.0.0"),
+            (REMOVED, "1.0.0"),
+        ]:
             await store.register(
                 ToolManifest(
-                    tool_id=TOOL,
+                    tool_id=tool_id,
                     version=version,
                     effect=Effect.READ_ONLY,
                     input_schema={"type": "object"},
@@ -157,3 +167,51 @@ async def test_dates_without_a_timezone_or_on_a_removal_are_refused(
     assert response.headers["content-type"].startswith("application/problem+json")
     assert response.json()["code"] == "invalid_parameters"
     assert detail in response.json()["detail"]
+
+
+async def test_sunsetting_an_active_version_deprecates_and_sunsets_it_now(
+    api: httpx.AsyncClient,
+) -> None:
+    # What `toolfleet tools sunset X@1.0.0` sends: no dates, so both default to now.
+    response = await api.patch(
+        f"/v1/tools/{SUNSET_NOW}/versions/1.0.0", json={"lifecycle_state": "sunset"}
+    )
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert (body["previous_state"], body["lifecycle_state"]) == ("active", "sunset")
+    assert body["deprecation_date"] == body["sunset_date"]
+    tool = (await api.get(f"/v1/tools/{SUNSET_NOW}")).json()
+    assert tool["versions"][0]["lifecycle_state"] == "sunset"
+
+
+async def test_a_sunset_may_share_its_instant_with_the_deprecation_a_deprecation_may_not(
+    api: httpx.AsyncClient,
+) -> None:
+    at = _day(3).isoformat()
+    same = {"deprecation_date": at, "sunset_date": at}
+    refused = await api.patch(
+        f"/v1/tools/{SUNSET_BOTH}/versions/1.0.0", json={"lifecycle_state": "deprecated", **same}
+    )
+    assert refused.status_code == 422
+    assert "sunset_date must come after deprecation_date" in refused.json()["detail"]
+    accepted = await api.patch(
+        f"/v1/tools/{SUNSET_BOTH}/versions/1.0.0", json={"lifecycle_state": "sunset", **same}
+    )
+    assert accepted.status_code == 200, accepted.text
+    assert accepted.json()["sunset_date"] == accepted.json()["deprecation_date"]
+
+
+async def test_a_tool_whose_only_version_is_removed_is_gone_like_in_the_lists(
+    api: httpx.AsyncClient,
+) -> None:
+    assert (await api.get(f"/v1/tools/{REMOVED}")).status_code == 200
+    removed = await api.patch(
+        f"/v1/tools/{REMOVED}/versions/1.0.0", json={"lifecycle_state": "removed"}
+    )
+    assert removed.status_code == 200, removed.text
+    listed = (await api.get("/v1/tools", params={"page_size": 200})).json()["items"]
+    assert REMOVED not in {t["tool_id"] for t in listed}
+    response = await api.get(f"/v1/tools/{REMOVED}")
+    assert response.status_code == 404
+    assert response.headers["content-type"].startswith("application/problem+json")
+    assert response.json()["code"] == "tool_not_found"

@@ -1,14 +1,18 @@
-"""Semantic tool search through ``GET /v1/tools?q=``, held to a fixed evaluation set.
+"""Hybrid tool search through ``GET /v1/tools?q=``, held to fixed evaluation sets.
 
-``tests/data/tool_search_eval.yaml`` holds 45 tools, 45 plain-language queries and 12
-nonsense ones; a query counts as found when a tool it wants ranks in the top three
-(recall@3). The result is printed (``-s``) and recorded as the test property
-``recall_at_3``. The same searches run once more through the pgvector query, against a
-stand-in for the extension (this machine has no pgvector package).
+``tests/data/tool_search_eval.yaml`` holds 45 tools (with their manifest ``keywords``),
+45 plain-language queries and 12 nonsense ones; a query counts as found when a tool it
+wants ranks in the top three (recall@3). ``tests/data/tool_search_queries.json`` is the
+held-out set (92 queries written before the ranking was tuned): through the API it must
+reach recall@3 ≥ 0.95 and recall@1 ≥ 0.8, as in ``tests/unit/test_search_ranking.py``.
+Results are printed (``-s``) and recorded as test properties. The same searches run once
+more through the pgvector query, against a stand-in for the extension (this machine has
+no pgvector package).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -27,12 +31,14 @@ from toolfleet.contract.manifest import ToolManifest
 from toolfleet.events.models import Effect
 from toolfleet.policy.documents import TenantPolicy
 from toolfleet.policy.postgres_policies import PolicyStore
-from toolfleet.registry.search import CONFIDENT_SCORE, MIN_SCORE
+from toolfleet.registry.search import FALLBACK_MATCHES, MIN_SCORE
 from toolfleet.registry.store import RegistryStore
 
 pytestmark = pytest.mark.integration
 
-EVAL = yaml.safe_load((Path(__file__).parents[1] / "data" / "tool_search_eval.yaml").read_text())
+DATA = Path(__file__).parents[1] / "data"
+EVAL = yaml.safe_load((DATA / "tool_search_eval.yaml").read_text())
+HELD_OUT = json.loads((DATA / "tool_search_queries.json").read_text())
 RECALL_FLOOR = 0.8
 
 
@@ -65,6 +71,7 @@ def _manifest(spec: dict[str, Any]) -> ToolManifest:
         description=spec["description"],
         category=spec["category"],
         tags=spec["tags"],
+        keywords=spec.get("keywords", []),
         input_schema={"type": "object"},
         output_schema={"type": "object"},
         redaction_allowlist=[],
@@ -97,20 +104,40 @@ async def test_recall_at_3_on_the_evaluation_set(
     assert recall >= RECALL_FLOOR, misses
 
 
-async def test_a_query_nothing_answers_finds_nothing_or_only_weak_matches(
+async def test_the_held_out_set_meets_the_goals_through_the_api(
+    http: httpx.AsyncClient,
+    headers: dict[str, str],
+    record_property: Callable[[str, object], None],
+) -> None:
+    queries = [q for q in HELD_OUT["queries"] if q["want"] != "eval__sentiment"]  # denied
+    top1 = top3 = 0
+    for query in queries:
+        top = await _top(http, headers, query["q"])
+        top1 += top[:1] == [query["want"]]
+        top3 += query["want"] in top
+    recall_1, recall_3 = top1 / len(queries), top3 / len(queries)
+    record_property("held_out_recall_at_1", round(recall_1, 3))
+    record_property("held_out_recall_at_3", round(recall_3, 3))
+    print(f"\nheld-out recall@1 = {recall_1:.3f}, recall@3 = {recall_3:.3f}")
+    assert recall_3 >= 0.95
+    assert recall_1 >= 0.8
+
+
+async def test_a_query_nothing_answers_gets_the_best_few_marked_weak(
     http: httpx.AsyncClient, headers: dict[str, str]
 ) -> None:
     assert len(EVAL["nonsense"]) >= 5
-    empty = 0
+    only_weak = 0
     for q in EVAL["nonsense"]:
         response = await http.get("/v1/tools", params={"q": q}, headers=headers)
         body = response.json()
         assert body["total"] == len(body["items"]), q
-        for item in body["items"]:
-            assert item["low_relevance"], (q, item["tool_id"], item["score"])
-            assert MIN_SCORE <= item["score"] < CONFIDENT_SCORE
-        empty += not body["items"]
-    assert empty >= 3
+        assert body["items"], q  # never a silent empty list
+        weak = all(item["low_relevance"] for item in body["items"])
+        if body["total"] == FALLBACK_MATCHES and weak:
+            assert all(item["score"] < MIN_SCORE for item in body["items"]), q
+        only_weak += weak
+    assert only_weak >= len(EVAL["nonsense"]) - 2
 
 
 async def test_results_carry_their_score_best_first(
@@ -215,7 +242,8 @@ async def test_the_pgvector_query_ranks_as_the_in_process_ranking_does(app: Fast
         await conn.execute(STANDIN_SQL)
     in_process, pgvector = RegistryStore(pool), _StandInPgvector(pool)
     for q in [query["q"] for query in EVAL["queries"][:15]] + EVAL["nonsense"][:5]:
-        for filters in ({}, {"category": "finance"}, {"tag": "filesystem"}):
+        filter_sets: list[dict[str, Any]] = [{}, {"category": "finance"}, {"tag": "filesystem"}]
+        for filters in filter_sets:
             want, want_total = await in_process.list_tools(q=q, limit=5, **filters)
             got, got_total = await pgvector.list_tools(q=q, limit=5, **filters)
             assert got_total == want_total, (q, filters)
@@ -232,3 +260,28 @@ async def test_pgvector_is_detected_where_the_migration_could_create_it(app: Fas
     )
     schema = await RegistryStore(pool).detect_pgvector()
     assert (schema is not None) == bool(installable)
+
+
+async def test_re_registering_a_version_with_new_keywords_makes_search_find_it(
+    app: FastAPI,
+) -> None:
+    pool: asyncpg.Pool = app.state.resources.pool
+    store = RegistryStore(pool)
+    # Outside ``eval__``: the search tenant never sees it, so the other tests' counts hold.
+    spec = {
+        "id": "kwprobe__one_thing",
+        "category": "general",
+        "tags": [],
+        "description": "Does one thing.",
+    }
+    q = "zorbulate the quux"
+    await store.register(_manifest(spec))
+    before, _ = await store.list_tools(q=q, limit=3)
+    assert all(t["tool_id"] != "kwprobe__one_thing" or t["low_relevance"] for t in before), before
+    assert not await store.register(_manifest({**spec, "keywords": ["zorbulate", "quux"]}))
+    after, _ = await store.list_tools(q=q, limit=3)
+    assert after[0]["tool_id"] == "kwprobe__one_thing"
+    assert not after[0]["low_relevance"]
+    (manifest,) = await store.versions("kwprobe__one_thing")
+    assert manifest.keywords == ["zorbulate", "quux"]
+    assert manifest.schema_hash == _manifest(spec).schema_hash

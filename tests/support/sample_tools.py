@@ -12,10 +12,10 @@ from pydantic import BaseModel
 
 from toolfleet.errors import ExternalApiError, ToolExecutionError
 from toolfleet.sdk import (
-    CachePolicy,
-    CircuitPolicy,
+    Breaker,
+    Cache,
     Resilience,
-    RetryPolicy,
+    Retry,
     Sandbox,
     ToolContext,
     ToolPermissions,
@@ -171,11 +171,9 @@ class FlakyOut(BaseModel):
     effect="read_only",
     redaction_allowlist=["attempt", "resumed_from_attempt"],
     resilience=Resilience(
-        retry=RetryPolicy(max_attempts=3, initial_backoff_s=0.01, max_backoff_s=0.05),
+        retry=Retry(max_attempts=3, initial_backoff_s=0.01, max_backoff_s=0.05),
         # Its failures are the point of the retry tests: a circuit that never opens.
-        circuit=CircuitPolicy(
-            name="test.flaky", window_size=100, minimum_calls=100, failure_rate=1.0
-        ),
+        circuit=Breaker(name="test.flaky", window_size=100, minimum_calls=100, failure_rate=1.0),
     ),
 )
 async def flaky(params: FlakyIn, ctx: ToolContext) -> FlakyOut:
@@ -194,8 +192,8 @@ async def flaky(params: FlakyIn, ctx: ToolContext) -> FlakyOut:
     effect="read_only",
     redaction_allowlist=["value"],
     resilience=Resilience(
-        retry=RetryPolicy(max_attempts=3, initial_backoff_s=0.01, max_backoff_s=0.05),
-        circuit=CircuitPolicy(name="test.fatal"),
+        retry=Retry(max_attempts=3, initial_backoff_s=0.01, max_backoff_s=0.05),
+        circuit=Breaker(name="test.fatal"),
     ),
 )
 async def fatal(params: Empty, ctx: ToolContext) -> Anything:
@@ -214,7 +212,7 @@ class BreakerIn(BaseModel):
     effect="read_only",
     redaction_allowlist=["value"],
     resilience=Resilience(
-        circuit=CircuitPolicy(
+        circuit=Breaker(
             name="test.breaker",
             window_size=4,
             minimum_calls=3,
@@ -240,7 +238,7 @@ class CachedIn(BaseModel):
     version="1.0.0",
     effect="read_only",
     redaction_allowlist=["value"],
-    resilience=Resilience(cache=CachePolicy(mode="ttl", ttl_s=60)),
+    resilience=Resilience(cache=Cache(mode="ttl", ttl_s=60)),
 )
 async def cached(params: CachedIn, ctx: ToolContext) -> Anything:
     """Counts how often it really ran for ``key``."""
@@ -331,7 +329,7 @@ async def checkpointer(params: CheckpointerIn, ctx: ToolContext) -> Checkpointer
     effect="read_only",
     redaction_allowlist=["value"],
     resilience=Resilience(
-        circuit=CircuitPolicy(
+        circuit=Breaker(
             name="test.windowed",
             window="time",
             window_s=3.0,

@@ -18,6 +18,7 @@ from openai.types.responses import ResponseStreamEvent
 from pydantic import TypeAdapter
 
 from tests.support.agent_golden import ADAPTERS, GOLDEN, expected
+from toolfleet.agent.schema import ANTHROPIC_STRICT_KEYWORDS, OPENAI_STRICT_KEYWORDS
 
 pytestmark = pytest.mark.unit
 
@@ -55,3 +56,46 @@ def test_recorded_stream_assembles_to_the_calls(provider: str) -> None:
         {"message": "bonjour"},
     ]
     assert all(c.decode_error is None for c in turn.calls)
+
+
+def _keywords(node: Any, path: str = "#") -> list[tuple[str, str]]:
+    """Every (pointer, keyword) of a schema node and its sub-schemas."""
+    if not isinstance(node, dict):
+        return []
+    found = [(path, k) for k in node]
+    for name, sub in (node.get("properties") or {}).items():
+        found += _keywords(sub, f"{path}/properties/{name}")
+    found += _keywords(node.get("items"), f"{path}/items")
+    found += _keywords(node.get("additionalProperties"), f"{path}/additionalProperties")
+    for i, sub in enumerate(node.get("anyOf") or []):
+        found += _keywords(sub, f"{path}/anyOf/{i}")
+    return found
+
+
+STRICT_DOCUMENTED = {
+    "openai_chat": OPENAI_STRICT_KEYWORDS,
+    "openai_responses": OPENAI_STRICT_KEYWORDS,
+    "anthropic": ANTHROPIC_STRICT_KEYWORDS,
+}
+
+
+def _strict_schemas(provider: str) -> list[Any]:
+    tools = json.loads((GOLDEN / f"{provider}.tools.strict.json").read_text(encoding="utf-8"))
+    if provider == "openai_chat":
+        return [t["function"]["parameters"] for t in tools]
+    if provider == "anthropic":
+        return [t["input_schema"] for t in tools]
+    return [t["parameters"] for t in tools]
+
+
+@pytest.mark.parametrize("provider", sorted(STRICT_DOCUMENTED))
+def test_strict_schemas_use_only_the_providers_documented_keywords(provider: str) -> None:
+    schemas = _strict_schemas(provider)
+    assert schemas
+    refused = [
+        (path, keyword)
+        for schema in schemas
+        for path, keyword in _keywords(schema)
+        if keyword not in STRICT_DOCUMENTED[provider]
+    ]
+    assert refused == []

@@ -34,12 +34,15 @@ from openai.types.responses import (
     FunctionToolParam,
     ResponseFunctionCallArgumentsDeltaEvent,
     ResponseFunctionToolCall,
+    ResponseInputItemParam,
     ResponseOutputItemAddedEvent,
+    ResponseReasoningItem,
 )
 from openai.types.responses.response_input_param import FunctionCallOutput
 from pydantic import TypeAdapter
 
 from tests.support.agent_fixtures import catalog
+from toolfleet.agent.adapters import parse_call
 from toolfleet.agent.providers import AnthropicMessages, OpenAIChat, OpenAIResponses
 from toolfleet.agent.records import ToolEnvelope
 from toolfleet.errors import ErrorCode, ErrorInfo
@@ -270,6 +273,32 @@ def test_responses_output_decodes_and_results_are_function_call_outputs() -> Non
     assert outputs[1]["output"].startswith("ERROR: ")
 
 
+def test_responses_keeps_reasoning_items_in_the_history() -> None:
+    # Reasoning models need their reasoning items passed back with the calls they led to.
+    reasoning = ResponseReasoningItem(
+        id="rs_1",
+        type="reasoning",
+        summary=[{"type": "summary_text", "text": "look up the weather first"}],
+        encrypted_content="gAAAA-opaque",
+    ).model_dump()
+    output = [reasoning, _function_call("fc_1", "call_a", "acme__weather", ARGS_A)]
+    turn = OpenAIResponses().decode({"output": output})
+    assert [item["type"] for item in turn.assistant_messages] == ["reasoning", "function_call"]
+    kept = turn.assistant_messages[0]
+    assert kept["id"] == "rs_1"
+    assert kept["encrypted_content"] == "gAAAA-opaque"
+    for item in turn.assistant_messages:
+        TypeAdapter(ResponseInputItemParam).validate_python(item)
+
+    decoder = OpenAIResponses().stream()
+    decoder.feed({"type": "response.output_item.done", "output_index": 0, "item": reasoning})
+    decoder.feed({"type": "response.output_item.done", "output_index": 1, "item": output[1]})
+    assert [i["type"] for i in decoder.finish().assistant_messages] == [
+        "reasoning",
+        "function_call",
+    ]
+
+
 def test_responses_stream_assembles_arguments_by_output_index() -> None:
     def added(index: int, item_id: str, call_id: str, name: str) -> dict[str, Any]:
         return ResponseOutputItemAddedEvent.model_validate(
@@ -467,3 +496,17 @@ def test_decoders_never_crash_on_whatever_a_provider_sends(
     for turn in (decoder.finish(), *(adapter.decode(e) for e in events)):
         for call in turn.calls:
             assert (call.arguments is None) == (call.decode_error is not None)
+
+
+@pytest.mark.parametrize(
+    ("raw", "reason"),
+    [
+        ('{"city": "Lyo', "Unterminated string starting at character 9"),
+        ('{"city": "Ly\tn"}', "Invalid control character at character 12"),
+        ('{"city" "Lyon"}', "Expecting ':' delimiter at character 8"),
+    ],
+)
+def test_invalid_json_feedback_says_where_once(raw: str, reason: str) -> None:
+    call = parse_call("call_x", "acme__weather", raw)
+    assert call.decode_error == f"the arguments are not valid JSON ({reason})"
+    assert " at at " not in call.decode_error

@@ -27,7 +27,7 @@ from toolfleet.agent import (
     replay,
     run_agent,
 )
-from toolfleet.agent.adapters import parse_call
+from toolfleet.agent.adapters import parse_call, result_text
 from toolfleet.events.models import Effect
 
 pytestmark = pytest.mark.unit
@@ -168,6 +168,14 @@ async def test_guard_rails_stop_calls_past_the_limits() -> None:
     assert envelopes[2].error is not None
     assert envelopes[2].error.code.value == "resource_exhausted"
     assert len(fleet.submissions) == 2
+    # No retry within this run can pass its limit: the model must not be told otherwise.
+    assert not envelopes[2].error.retryable
+    assert envelopes[2].error.details == {"limit": "max_tool_calls"}
+    text, is_error = result_text(envelopes[2])
+    assert is_error
+    assert "(retryable)" not in text
+    assert "max_tool_calls" in text
+    assert "not retryable" in text
 
     budget = await ToolRunner.open(
         _fleet(), run_id="r2", limits=AgentRunLimits(max_result_bytes=10)
@@ -178,6 +186,8 @@ async def test_guard_rails_stop_calls_past_the_limits() -> None:
     assert first.result_bytes > 10
     assert second.error is not None
     assert "result budget" in second.error.message
+    assert "max_result_bytes" in second.error.message
+    assert not second.error.retryable
 
 
 async def test_pinned_handles_pass_results_by_reference() -> None:
@@ -271,6 +281,13 @@ async def test_a_crashed_loop_run_again_runs_no_tool_twice() -> None:
     run = await run_agent(model, runner=again, adapter=OpenAIChat(), messages=[])
     assert run.stopped == "done"
     assert dict(fleet.runs) == ran == {"core__echo": 2}
+    # The user can tell which calls were answered from the crashed run, not run again.
+    first_run = {e.call_id for e in runner.tools_by_id.values() if e.invocation_id}
+    marked = {e.call_id: e.deduplicated for e in again.tools_by_id.values()}
+    assert marked
+    assert all(marked[cid] for cid in first_run)
+    assert not any(e.deduplicated for e in runner.tools_by_id.values())
+    assert not any(e.cached for e in again.tools_by_id.values())
 
 
 async def test_max_iterations_stops_the_loop() -> None:

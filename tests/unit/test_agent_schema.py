@@ -113,3 +113,32 @@ def test_unsafe_tools_can_be_left_out_of_the_run_instead() -> None:
     ]
     with pytest.raises(ProviderSchemaError, match="longer than 64"):
         RunCatalog.compile([long_name])
+
+
+def test_strict_schemas_keep_only_keywords_both_strict_modes_document() -> None:
+    schema = {
+        "type": "object",
+        "title": "NoteIn",
+        "properties": {
+            "body": {"type": "string", "title": "Body", "maxLength": 10_000_000},
+            "when": {"type": "string", "format": "date-time", "default": "now"},
+            "site": {"type": "string", "format": "uri", "examples": ["https://x"]},
+            "tags": {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1},
+            "count": {"type": "integer", "minimum": 0, "maximum": 9, "default": 1},
+        },
+        "required": ["body"],
+    }
+    strict = provider_safe("t__note", schema, strict=True)
+    props = strict["properties"]
+    assert props["body"] == {"type": "string"}
+    assert props["when"] == {"type": ["string", "null"], "format": "date-time"}
+    assert props["site"] == {"type": ["string", "null"]}
+    assert props["tags"] == {"type": ["array", "null"], "items": {"type": "string"}, "minItems": 1}
+    assert props["count"] == {"type": ["integer", "null"]}
+    assert "title" not in strict
+    # The properties keep their names (a property may be called "title" or "default").
+    named = provider_safe("t__n", _object(title={"type": "string"}), strict=True)
+    assert list(named["properties"]) == ["title"]
+    # Outside strict mode nothing is dropped.
+    loose = provider_safe("t__note", schema)
+    assert loose["properties"]["body"]["maxLength"] == 10_000_000

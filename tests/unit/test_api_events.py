@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from toolfleet.api.routes.events import follow
+from toolfleet.api.routes.events import APPEAR_WAIT_S, POLL_S, first_view, follow
 from toolfleet.contract.http import InvocationView
 
 pytestmark = pytest.mark.unit
@@ -78,3 +78,31 @@ async def test_a_finished_call_is_one_start_and_its_result() -> None:
     events = await _events([_view("error", error={"code": "timeout", "message": "slow"})])
     assert [kind for kind, _ in events] == ["tool_call_start", "tool_call_result"]
     assert events[1][1]["error"]["code"] == "timeout"
+
+
+async def _first(reads: list[InvocationView | None]) -> tuple[InvocationView | None, int]:
+    answers = iter(reads)
+    pauses: list[float] = []
+
+    async def read() -> InvocationView | None:
+        return next(answers, None)
+
+    async def pause(seconds: float) -> None:
+        pauses.append(seconds)
+
+    return await first_view(read, pause=pause), len(pauses)
+
+
+async def test_a_call_not_yet_in_the_projection_is_awaited_not_a_404() -> None:
+    # Right after the 202 the status row may be missing for a few reads.
+    view, pauses = await _first([None, None, _view("pending")])
+    assert view is not None
+    assert view.invocation_id == ID
+    assert pauses == 2
+
+
+async def test_a_missing_and_a_foreign_id_wait_the_same_then_404() -> None:
+    # Another tenant's call reads as None exactly like a missing one: same wait, same end.
+    missing, waited = await _first([])
+    assert missing is None
+    assert waited == round(APPEAR_WAIT_S / POLL_S)

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from toolfleet.executor.cache import RedisResultCache, cache_key
-from toolfleet.sdk import CachePolicy
+from toolfleet.sdk import Cache
 from toolfleet.storage.at_rest import (
     MAGIC,
     RESULT_CACHE,
@@ -113,7 +113,7 @@ def _cache(redis: FakeRedis, keys: list[bytes] | None) -> RedisResultCache:
 
 async def test_cache_entries_are_sealed_and_plaintext_ones_are_misses() -> None:
     redis = FakeRedis()
-    policy = CachePolicy(mode="ttl", ttl_s=60)
+    policy = Cache(mode="ttl", ttl_s=60)
     result = {"ssn": "078-05-1120"}
     await _cache(redis, [NEW_KEY]).put("call-1", result, policy)
     raw = redis.values[cache_key("call-1")]

@@ -20,11 +20,11 @@ from toolfleet.executor.circuits.breaker import (
     admit,
     record,
 )
-from toolfleet.tools.policies import CircuitPolicy
+from toolfleet.tools.resilience import Breaker
 
 pytestmark = pytest.mark.unit
 
-POLICY = CircuitPolicy(
+POLICY = Breaker(
     window_size=4, minimum_calls=3, failure_rate=0.5, slow_call_s=1, open_s=10, half_open_calls=2
 )
 OK = CallOutcome(verdict=Verdict.SUCCESS, duration_s=0.1)
@@ -172,8 +172,8 @@ async def test_breaker_retries_a_lost_swap_and_publishes_transitions() -> None:
     assert (peek.allowed, peek.retry_after_s) == (False, 10)
 
 
-TIMED = CircuitPolicy(window="time", window_s=60, minimum_calls=3, failure_rate=0.5, slow_call_s=1)
-CANARY = CircuitPolicy(open_s=10, slow_call_s=1, half_open_calls=3, half_open_strategy="canary")
+TIMED = Breaker(window="time", window_s=60, minimum_calls=3, failure_rate=0.5, slow_call_s=1)
+CANARY = Breaker(open_s=10, slow_call_s=1, half_open_calls=3, half_open_strategy="canary")
 
 
 @given(st.lists(st.tuples(outcomes, st.floats(0, 30)), max_size=40))
@@ -319,19 +319,19 @@ def test_canary_invariants_hold_for_any_sequence(calls: list[CallOutcome]) -> No
 @pytest.mark.parametrize(
     "make",
     [
-        lambda: CircuitPolicy(window="time", window_s=0),
-        lambda: CircuitPolicy(window="time", minimum_calls=1001),
-        lambda: CircuitPolicy(window="sliding"),  # type: ignore[arg-type]
-        lambda: CircuitPolicy(half_open_strategy="one_by_one"),  # type: ignore[arg-type]
+        lambda: Breaker(window="time", window_s=0),
+        lambda: Breaker(window="time", minimum_calls=1001),
+        lambda: Breaker(window="sliding"),  # type: ignore[arg-type]
+        lambda: Breaker(half_open_strategy="one_by_one"),  # type: ignore[arg-type]
     ],
 )
-def test_invalid_window_and_strategy_are_refused(make: Callable[[], CircuitPolicy]) -> None:
+def test_invalid_window_and_strategy_are_refused(make: Callable[[], Breaker]) -> None:
     with pytest.raises(RegistrationError):
         make()
 
 
 def test_a_time_window_may_need_more_calls_than_window_size() -> None:
-    assert CircuitPolicy(window="time", minimum_calls=50).minimum_calls == 50
+    assert Breaker(window="time", minimum_calls=50).minimum_calls == 50
 
 
 class SharedStore(MemoryStore):

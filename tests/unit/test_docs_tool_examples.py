@@ -11,7 +11,7 @@ import pytest
 
 from tests.support.doc_examples import ROOT, examples, run_page
 from toolfleet.contract.manifest import FilesystemAccess, ResourceDefaults
-from toolfleet.sdk import CachePolicy, Isolation, ToolLimits, spec_of
+from toolfleet.sdk import Cache, Isolation, ToolLimits, spec_of
 
 pytestmark = pytest.mark.unit
 
@@ -60,7 +60,7 @@ async def test_writing_tools_declares_what_the_page_says() -> None:
     manifest = repo.manifest()
     assert manifest.retry_policy.max_attempts == 3
     assert manifest.circuit.name == "api.github.com"
-    assert repo.cache == CachePolicy(mode="ttl", ttl_s=60)
+    assert repo.cache == Cache(mode="ttl", ttl_s=60)
 
     repos = spec_of(ns["repos"]).manifest()
     assert repos.credentials == repos.permissions.credentials == ["api_key"]

@@ -16,9 +16,9 @@ SURFACES: dict[str, tuple[ModuleType, list[str]]] = {
     "sdk": (
         toolfleet.sdk,
         [
-            "CachePolicy",
+            "Breaker",
+            "Cache",
             "Cancelled",
-            "CircuitPolicy",
             "Document",
             "DocumentMetadata",
             "Effect",
@@ -27,7 +27,7 @@ SURFACES: dict[str, tuple[ModuleType, list[str]]] = {
             "Resilience",
             "ResourceDefaults",
             "Results",
-            "RetryPolicy",
+            "Retry",
             "Sandbox",
             "SanitizeRule",
             "SearchHit",

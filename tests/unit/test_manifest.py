@@ -18,10 +18,10 @@ from toolfleet.contract.manifest import (
 from toolfleet.errors import RegistrationError
 from toolfleet.events.models import Effect
 from toolfleet.sdk import (
-    CachePolicy,
-    CircuitPolicy,
+    Breaker,
+    Cache,
     Resilience,
-    RetryPolicy,
+    Retry,
     Sandbox,
     ToolContext,
     ToolLimits,
@@ -81,8 +81,8 @@ def test_a_tools_resilience_settings_reach_its_manifest() -> None:
         effect="read_only",
         redaction_allowlist=["v"],
         resilience=Resilience(
-            retry=RetryPolicy(max_attempts=3),
-            circuit=CircuitPolicy(name="upstream", failure_rate=0.2),
+            retry=Retry(max_attempts=3),
+            circuit=Breaker(name="upstream", failure_rate=0.2),
         ),
     )
     async def resilient(params: _In, ctx: ToolContext) -> _Out:
@@ -179,7 +179,7 @@ def test_a_tool_with_credentials_in_its_permissions_cannot_be_cached() -> None:
             effect="read_only",
             redaction_allowlist=["v"],
             sandbox=Sandbox(permissions=ToolPermissions(credentials=["api_key"])),
-            resilience=Resilience(cache=CachePolicy(mode="ttl", ttl_s=60)),
+            resilience=Resilience(cache=Cache(mode="ttl", ttl_s=60)),
         )
         async def cached(params: _In, ctx: ToolContext) -> _Out:
             return _Out(v=1)

@@ -18,10 +18,10 @@ from toolfleet.executor.circuits.breaker import (
     Transition,
 )
 from toolfleet.sdk import (
-    CachePolicy,
-    CircuitPolicy,
+    Breaker,
+    Cache,
     Resilience,
-    RetryPolicy,
+    Retry,
     Sandbox,
     ToolContext,
     ToolPermissions,
@@ -50,7 +50,7 @@ RUNS: list[int] = []
     version="1.0.0",
     effect="read_only",
     redaction_allowlist=["attempt"],
-    resilience=Resilience(retry=RetryPolicy(max_attempts=3, initial_backoff_s=0, max_backoff_s=0)),
+    resilience=Resilience(retry=Retry(max_attempts=3, initial_backoff_s=0, max_backoff_s=0)),
 )
 async def retried(params: In, ctx: ToolContext) -> Out:
     RUNS.append(ctx.attempt)
@@ -181,7 +181,7 @@ def test_tools_with_credentials_cannot_be_cached() -> None:
             effect="read_only",
             redaction_allowlist=["attempt"],
             sandbox=Sandbox(permissions=ToolPermissions(credentials=["api_key"])),
-            resilience=Resilience(cache=CachePolicy()),
+            resilience=Resilience(cache=Cache()),
         )
         async def c(params: In, ctx: ToolContext) -> Out:
             raise NotImplementedError
@@ -190,12 +190,12 @@ def test_tools_with_credentials_cannot_be_cached() -> None:
 @pytest.mark.parametrize(
     "make",
     [
-        lambda: RetryPolicy(max_attempts=0),
-        lambda: RetryPolicy(initial_backoff_s=2, max_backoff_s=1),
-        lambda: CircuitPolicy(minimum_calls=30, window_size=20),
-        lambda: CircuitPolicy(failure_rate=0),
-        lambda: CircuitPolicy(open_s=0),
-        lambda: CachePolicy(mode="ttl", ttl_s=0),
+        lambda: Retry(max_attempts=0),
+        lambda: Retry(initial_backoff_s=2, max_backoff_s=1),
+        lambda: Breaker(minimum_calls=30, window_size=20),
+        lambda: Breaker(failure_rate=0),
+        lambda: Breaker(open_s=0),
+        lambda: Cache(mode="ttl", ttl_s=0),
     ],
 )
 def test_bad_policies_are_refused(make: Any) -> None:
@@ -206,8 +206,8 @@ def test_bad_policies_are_refused(make: Any) -> None:
 def test_defaults() -> None:
     assert spec_of(retried).circuit_name == "unit__retry"
     assert spec_of(retried).cache is None
-    policy = CircuitPolicy()
+    policy = Breaker()
     assert (policy.window_size, policy.minimum_calls, policy.failure_rate) == (20, 5, 0.5)
     assert (policy.slow_call_s, policy.slow_call_rate, policy.open_s) == (10, 1.0, 30)
     assert policy.half_open_calls == 3
-    assert RetryPolicy().max_attempts == 1
+    assert Retry().max_attempts == 1

@@ -10,13 +10,13 @@ from pydantic import BaseModel
 from toolfleet.contract.manifest import ResourceDefaults
 from toolfleet.errors import RegistrationError
 from toolfleet.sdk import (
-    CachePolicy,
-    CircuitPolicy,
+    Breaker,
+    Cache,
     FilesystemAccess,
     Isolation,
     Resilience,
     Results,
-    RetryPolicy,
+    Retry,
     Sandbox,
     SanitizeRule,
     ToolContext,
@@ -54,9 +54,9 @@ def test_every_group_reaches_the_manifest_as_before() -> None:
             max_bytes=4096,
         ),
         resilience=Resilience(
-            retry=RetryPolicy(max_attempts=3),
-            circuit=CircuitPolicy(name="api.example.com", failure_rate=0.25),
-            cache=CachePolicy(mode="forever"),
+            retry=Retry(max_attempts=3),
+            circuit=Breaker(name="api.example.com", failure_rate=0.25),
+            cache=Cache(mode="forever"),
         ),
         sandbox=Sandbox(
             isolation="process",
@@ -76,7 +76,7 @@ def test_every_group_reaches_the_manifest_as_before() -> None:
     assert manifest.retry_policy.max_attempts == 3
     assert (manifest.circuit.name, manifest.circuit.failure_rate) == ("api.example.com", 0.25)
     assert spec.circuit_name == "api.example.com"
-    assert spec.cache == CachePolicy(mode="forever")
+    assert spec.cache == Cache(mode="forever")
     assert manifest.isolation == "process"
     assert spec.isolation is Isolation.PROCESS
     assert spec.limits == ToolLimits(memory_mb=256)
@@ -111,9 +111,9 @@ def test_credentials_are_declared_once_in_the_permissions() -> None:
         (lambda: Results(validation="lenient"), "invalid result rules: validation"),
         (lambda: Results(max_bytes=0), "invalid result rules: max_bytes"),
         (lambda: Results(sanitize="escape"), "maps field paths"),
-        (lambda: Resilience(retry={"max_attempts": 3}), "Resilience.retry takes a RetryPolicy"),
-        (lambda: Resilience(cache="ttl"), "Resilience.cache takes a CachePolicy or None"),
-        (lambda: CircuitPolicy(name="has space"), "CircuitPolicy.name"),
+        (lambda: Resilience(retry={"max_attempts": 3}), "Resilience.retry takes a Retry"),
+        (lambda: Resilience(cache="ttl"), "Resilience.cache takes a Cache or None"),
+        (lambda: Breaker(name="has space"), "Breaker.name"),
         (lambda: Sandbox(isolation="vm"), "Sandbox.isolation must be one of"),
         (lambda: Sandbox(limits={"memory_mb": 1}), "Sandbox.limits takes a ToolLimits"),
         (lambda: Sandbox(permissions={}), "Sandbox.permissions takes a ToolPermissions"),
@@ -145,6 +145,6 @@ def test_the_old_flat_keywords_are_gone(old: str) -> None:
 def test_a_tool_with_credentials_cannot_have_a_cache() -> None:
     with pytest.raises(RegistrationError, match="cannot be cached"):
         declare(
-            resilience=Resilience(cache=CachePolicy()),
+            resilience=Resilience(cache=Cache()),
             sandbox=Sandbox(permissions=ToolPermissions(credentials=["api_key"])),
         )

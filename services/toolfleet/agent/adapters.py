@@ -79,7 +79,9 @@ def parse_call(provider_call_id: str, tool: str, raw: str | Mapping[str, Any]) -
     try:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
-        error = f"the arguments are not valid JSON ({exc.msg} at character {exc.pos})"
+        # Some messages end in "at" ("Unterminated string starting at"): say it once.
+        reason = exc.msg.removesuffix(" at")
+        error = f"the arguments are not valid JSON ({reason} at character {exc.pos})"
         return _bad(provider_call_id, tool, raw, error)
     if not isinstance(value, dict):
         return _bad(provider_call_id, tool, raw, "the arguments must be a JSON object")
@@ -130,4 +132,8 @@ def result_text(envelope: ToolEnvelope) -> tuple[str, bool]:
         text += ". Call the tool again with corrected arguments."
     elif error.retryable:
         text += " (retryable)"
+    else:
+        limit = error.details.get("limit")
+        if error.code.value == "resource_exhausted" and isinstance(limit, str):
+            text += f" (the run's {limit} limit: not retryable in this run)"
     return text, True

@@ -34,6 +34,7 @@ from toolfleet.agent.port import (
     Submission,
     Submitted,
 )
+from toolfleet.agent.traces import current_traceparent
 from toolfleet.client.handles import InvocationHandle
 from toolfleet.client.http import ApiError, HttpClient
 from toolfleet.client.protocol import Client
@@ -46,7 +47,7 @@ from toolfleet.errors import (
     ToolfleetError,
     error_from,
 )
-from toolfleet.events.identity import new_traceparent, trace_id_of
+from toolfleet.events.identity import trace_id_of
 from toolfleet.events.models import ToolOutcome
 
 if TYPE_CHECKING:
@@ -142,7 +143,8 @@ class ClientFleet:
         return await self.catalog_reader.manifests()
 
     async def submit(self, submission: Submission) -> Submitted:
-        traceparent = new_traceparent()
+        # Inside run_agent's turn span: the call joins the agent's trace (else a new one).
+        traceparent = current_traceparent()
         try:
             handle = await self.client.invoke(
                 submission.tool_id,

@@ -6,6 +6,12 @@ with the adapter, runs its tool calls through the runner, appends the model's me
 and the results to the conversation, and stops when the model asks for no tool or
 ``max_iterations`` is reached. With a ``recorder`` (a replay bundle's
 :class:`~toolfleet.agent.replay.BundleWriter`) every turn is written as it ends.
+
+When OpenTelemetry records (the application installed a tracer provider), the run is an
+``invoke_agent`` span (the GenAI conventions' agent operation) with one ``turn {n}``
+span per model turn under it; the calls of a turn are submitted inside its span, so the
+fleet's spans of each call (``execute_tool {tool}`` among them) join the same trace.
+Without a provider the spans cost nothing.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from typing import Any, Protocol
 from toolfleet.agent.adapters import ProviderAdapter
 from toolfleet.agent.records import ModelTurn, ToolEnvelope
 from toolfleet.agent.runner import ToolRunner
+from toolfleet.agent.traces import run_span
 
 __all__ = ["AgentRun", "ModelFn", "ModelRequest", "ModelResponse", "TurnRecorder", "run_agent"]
 
@@ -88,21 +95,32 @@ async def run_agent(
     history = list(messages)
     tools = adapter.encode_tools(runner.catalog)
     run = AgentRun(messages=history)
-    for turn in range(runner.limits.max_iterations):
-        response = await model_fn(ModelRequest(turn=turn, messages=list(history), tools=tools))
-        decoded = await decode_response(adapter, response)
-        run.turns.append(decoded)
-        history.extend(decoded.assistant_messages)
-        if not decoded.calls:
-            if recorder is not None:
-                recorder.turn(turn, decoded, [])
-            break
-        envelopes = await runner.run_turn(turn, decoded.calls)
-        if recorder is not None:
-            recorder.turn(turn, decoded, envelopes)
-        history.extend(adapter.result_messages(envelopes))
-    else:
-        run.stopped = "max_iterations"
+    agent: dict[str, str | int] = {
+        "gen_ai.operation.name": "invoke_agent",
+        "gen_ai.conversation.id": runner.run_id,
+        "toolfleet.agent.provider": adapter.name,
+    }
+    with run_span("invoke_agent", attributes=agent) as agent_span:
+        for turn in range(runner.limits.max_iterations):
+            with run_span(f"turn {turn}", attributes={"toolfleet.agent.turn": turn}) as turn_span:
+                response = await model_fn(
+                    ModelRequest(turn=turn, messages=list(history), tools=tools)
+                )
+                decoded = await decode_response(adapter, response)
+                run.turns.append(decoded)
+                history.extend(decoded.assistant_messages)
+                turn_span.set_attribute("toolfleet.agent.tool_calls", len(decoded.calls))
+                if not decoded.calls:
+                    if recorder is not None:
+                        recorder.turn(turn, decoded, [])
+                    break
+                envelopes = await runner.run_turn(turn, decoded.calls)
+                if recorder is not None:
+                    recorder.turn(turn, decoded, envelopes)
+                history.extend(adapter.result_messages(envelopes))
+        else:
+            run.stopped = "max_iterations"
+        agent_span.set_attribute("toolfleet.agent.stopped", run.stopped)
     run.tools_by_id = dict(runner.tools_by_id)
     run.tool_order = list(runner.tool_order)
     return run

@@ -146,7 +146,11 @@ class OpenAIChatStream:
 
 
 class OpenAIResponses:
-    """``POST /v1/responses``: function tools, ``function_call`` items, ``function_call_output``."""
+    """``POST /v1/responses``: function tools, ``function_call`` items, ``function_call_output``.
+
+    The next turn's history keeps the response's ``reasoning``, ``function_call`` and
+    ``message`` items in order (with a reasoning item's ``encrypted_content`` when the
+    request asked for it), as reasoning models need them passed back."""
 
     name = "openai-responses"
 
@@ -183,6 +187,10 @@ class OpenAIResponses:
         return items
 
 
+_RESPONSES_HISTORY = frozenset({"reasoning", "function_call", "message"})
+"""Output items appended to the history (in the model's order) for the next turn."""
+
+
 def _responses_turn(items: list[dict[str, Any]]) -> ModelTurn:
     calls, text = [], []
     for item in items:
@@ -199,7 +207,8 @@ def _responses_turn(items: list[dict[str, Any]]) -> ModelTurn:
                 part = _as_dict(part)
                 if part.get("type") == "output_text":
                     text.append(str(part.get("text", "")))
-    history = [_clean(i) for i in items if _text(i.get("type")) in {"function_call", "message"}]
+    # Reasoning items go back too: reasoning models need them with the calls they led to.
+    history = [_clean(i) for i in items if _text(i.get("type")) in _RESPONSES_HISTORY]
     return ModelTurn(calls=calls, assistant_messages=history, text="".join(text))
 
 

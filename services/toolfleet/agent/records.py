@@ -89,6 +89,10 @@ class ToolEnvelope(_Record):
     started_at: datetime
     ended_at: datetime
     cached: bool = False
+    """The tool answered from its result cache (the fleet's ``execution_metadata``)."""
+    deduplicated: bool = False
+    """Answered from an earlier run's call with the same id (a re-run after a crash):
+    the tool did not run again; times and ``runtime_ms`` are the first execution's."""
     truncated: bool = False
     attachments: list[str] = Field(default_factory=list)
     """URLs of attachments (the whole result of a truncated one)."""

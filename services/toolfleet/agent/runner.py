@@ -6,9 +6,13 @@ the calls it already made instead of running them twice. Calls the runner can an
 itself never reach the fleet: a tool outside the run's catalog is ``permission_denied``,
 arguments that are not JSON or fail the input schema are ``invalid_parameters`` (the
 model reads why and may correct the call on its next turn), and a call past a guard
-rail (``max_tool_calls``, the runtime or result-bytes budget) is ``resource_exhausted``.
+rail (``max_tool_calls``, the runtime or result-bytes budget) is ``resource_exhausted``,
+not retryable (no retry within the run can pass its limit), naming the limit in its
+message and in ``details["limit"]``.
 The rest run in parallel; a call waiting for a human is announced as
-``approval_pending`` and simply awaited.
+``approval_pending`` and simply awaited. A call whose outcome is an earlier run's (its
+idempotency key found the first execution, which started before this run submitted it)
+has ``deduplicated`` set on its envelope: it did not run again.
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ from toolfleet.errors import (
 )
 from toolfleet.events.models import Effect, ToolOutcome
 
-__all__ = ["PIN_KEY", "AgentRunLimits", "Clock", "ToolRunner"]
+__all__ = ["PIN_KEY", "AgentRunLimits", "Clock", "RunLimitReached", "ToolRunner"]
 
 Clock = Callable[[], datetime]
 PIN_KEY = "$pinned"
@@ -52,6 +56,17 @@ def _utc_now() -> datetime:
     return datetime.now(UTC)
 
 
+class RunLimitReached(ResourceExhausted):
+    """A call past one of the run's guard rails: ``resource_exhausted``, but unlike the
+    fleet's (a rate or a quota that frees up), retrying within this run cannot pass it."""
+
+    retryable = False
+
+
+def _limit_reached(limit: str, message: str) -> RunLimitReached:
+    return RunLimitReached(message, details={"limit": limit})
+
+
 @dataclass(frozen=True, kw_only=True)
 class AgentRunLimits:
     """Guard rails of one run."""
@@ -59,7 +74,8 @@ class AgentRunLimits:
     max_iterations: int = 10
     """Model turns before the loop stops (``run_agent``)."""
     max_tool_calls: int = 64
-    """Calls of the whole run; later ones are refused with ``resource_exhausted``."""
+    """Calls of the whole run; later ones are refused with ``resource_exhausted``
+    (not retryable)."""
     max_runtime_ms: int | None = None
     """Tool runtime of the whole run (sum of the outcomes' ``duration_ms``)."""
     max_result_bytes: int | None = None
@@ -202,20 +218,23 @@ class ToolRunner:
         if call.decode_error is not None:
             return InvalidParameters(call.decode_error)
         if over_limit:
-            return ResourceExhausted(
-                f"this run reached max_tool_calls ({self.limits.max_tool_calls})"
+            return _limit_reached(
+                "max_tool_calls",
+                f"this run reached max_tool_calls ({self.limits.max_tool_calls})",
             )
         budget = self.limits
         if budget.max_runtime_ms is not None and self._usage.runtime_ms >= budget.max_runtime_ms:
-            return ResourceExhausted(
-                f"this run spent its runtime budget ({budget.max_runtime_ms} ms)"
+            return _limit_reached(
+                "max_runtime_ms",
+                f"this run spent its runtime budget (max_runtime_ms {budget.max_runtime_ms})",
             )
         if (
             budget.max_result_bytes is not None
             and self._usage.result_bytes >= budget.max_result_bytes
         ):
-            return ResourceExhausted(
-                f"this run spent its result budget ({budget.max_result_bytes} bytes)"
+            return _limit_reached(
+                "max_result_bytes",
+                f"this run spent its result budget (max_result_bytes {budget.max_result_bytes})",
             )
         return None
 
@@ -390,6 +409,7 @@ class ToolRunner:
             started_at=meta.started_at or started,
             ended_at=meta.completed_at or self.clock(),
             cached=meta.cached,
+            deduplicated=meta.started_at is not None and meta.started_at < started,
             truncated=meta.truncated,
             attachments=[a.url for a in meta.attachments],
             invocation_id=str(outcome.invocation_id),

@@ -14,7 +14,11 @@ catalog passes each schema through :func:`provider_safe` once:
   tool and the JSON pointer of the construct;
 - with ``strict=True``, every object gets ``additionalProperties: false`` and lists all
   its properties in ``required`` (an optional one becomes nullable), as OpenAI's strict
-  mode demands.
+  mode demands, and keeps only the keywords every provider's strict mode documents
+  (:data:`STRICT_KEYWORDS`): annotations (``title``, ``default``, ``examples``) and
+  constraints a strict mode may refuse (``maxLength``, ``minimum``, ...) are left out
+  of what the model is shown. Nothing is lost: the runner still checks every call's
+  arguments against the tool's full registry schema.
 """
 
 from __future__ import annotations
@@ -24,12 +28,43 @@ from typing import Any
 
 from toolfleet.errors import ProviderSchemaError
 
-__all__ = ["REFUSED_KEYWORDS", "provider_safe"]
+__all__ = [
+    "ANTHROPIC_STRICT_KEYWORDS",
+    "OPENAI_STRICT_KEYWORDS",
+    "REFUSED_KEYWORDS",
+    "STRICT_KEYWORDS",
+    "provider_safe",
+]
 
 REFUSED_KEYWORDS = ("oneOf", "not", "if", "then", "else", "patternProperties", "dependentSchemas")
 """Keywords no rewrite can express in the strict subset: a schema using one is refused."""
 
 _DROPPED = ("$defs", "definitions", "$schema", "$id")
+
+OPENAI_STRICT_KEYWORDS = frozenset(
+    {
+        *("type", "properties", "required", "additionalProperties", "items", "enum"),
+        *("const", "anyOf", "description", "$ref", "$defs", "pattern", "format"),
+        *("multipleOf", "maximum", "exclusiveMaximum", "minimum", "exclusiveMinimum"),
+        *("minItems", "maxItems"),
+    }
+)
+"""The keywords OpenAI's strict mode (Structured Outputs) documents as supported."""
+ANTHROPIC_STRICT_KEYWORDS = frozenset(
+    {
+        *("type", "properties", "required", "additionalProperties", "items", "enum"),
+        *("const", "anyOf", "allOf", "description", "$ref", "$defs", "default"),
+        *("format", "minItems"),
+    }
+)
+"""The keywords Anthropic's strict tool use documents as supported (``minItems`` only
+0 or 1; no numeric or string-length constraints)."""
+STRICT_KEYWORDS = OPENAI_STRICT_KEYWORDS & ANTHROPIC_STRICT_KEYWORDS
+"""What a strict schema keeps: the keywords both providers' strict modes support."""
+STRICT_FORMATS = frozenset(
+    {"date-time", "time", "date", "duration", "email", "hostname", "ipv4", "ipv6", "uuid"}
+)
+"""String ``format`` values both strict modes document."""
 
 
 def provider_safe(tool_id: str, schema: dict[str, Any], *, strict: bool = False) -> dict[str, Any]:
@@ -55,7 +90,8 @@ class _Rewrite:
         if not isinstance(schema, dict):
             raise self.fail(path, "a schema must be an object")
         fields: dict[str, Any] = dict(schema)
-        return self._node(fields, path, seen)
+        rewritten = self._node(fields, path, seen)
+        return _strict_keywords(rewritten) if self.strict else rewritten
 
     def _node(self, schema: dict[str, Any], path: str, seen: tuple[str, ...]) -> dict[str, Any]:
         schema = {k: v for k, v in schema.items() if k not in _DROPPED}
@@ -151,6 +187,16 @@ def _nullable(schema: dict[str, Any], error: ProviderSchemaError) -> dict[str, A
     else:
         raise error
     return schema
+
+
+def _strict_keywords(schema: dict[str, Any]) -> dict[str, Any]:
+    """``schema`` (one node) with only the keywords both strict modes document."""
+    kept = {k: v for k, v in schema.items() if k in STRICT_KEYWORDS}
+    if kept.get("format") not in STRICT_FORMATS:
+        kept.pop("format", None)
+    if kept.get("minItems") not in (0, 1):
+        kept.pop("minItems", None)
+    return kept
 
 
 def _escape(name: str) -> str:

@@ -69,6 +69,13 @@ class InvocationFilter:
     """Only this tenant's invocations; ``None`` means all tenants (admins)."""
     status: InvocationStatus | None = None
     tool_id: str | None = None
+    agent_did: str | None = None
+    created_from: datetime | None = None
+    """Only calls created at or after this instant."""
+    created_to: datetime | None = None
+    """Only calls created before this instant."""
+    invocation_id: UUID | None = None
+    """Only the call(s) with this id (the console's search by id)."""
     limit: int = 50
     after: Cursor | None = None
 
@@ -125,6 +132,14 @@ class InvocationQueries:
             where.append(f"status = {arg(query.status.value)}")
         if query.tool_id is not None:
             where.append(f"tool_id = {arg(query.tool_id)}")
+        if query.agent_did is not None:
+            where.append(f"agent_did = {arg(query.agent_did)}")
+        if query.created_from is not None:
+            where.append(f"created_at >= {arg(query.created_from)}")
+        if query.created_to is not None:
+            where.append(f"created_at < {arg(query.created_to)}")
+        if query.invocation_id is not None:
+            where.append(f"invocation_id = {arg(query.invocation_id)}")
         if query.after is not None:
             where.append(
                 f"(created_at, invocation_id) < ({arg(query.after.created_at)}, "

@@ -100,11 +100,17 @@ def _print(report: ReplayReport, run_id: str, json_: bool) -> None:
             }
         )
         return
+    # Piped (not a terminal), a line stays one line, so the documented one can be grepped.
+    soft_wrap = not console.is_terminal
     console.print(
-        f"run {run_id}: {report.turns} turns, {report.calls} calls replayed", markup=False
+        f"run {run_id}: {report.turns} turns, {report.calls} calls replayed",
+        markup=False,
+        soft_wrap=soft_wrap,
     )
     if report.reproduced:
-        console.print("reproduced: every call has the recorded id, version and outcome")
+        console.print(
+            "reproduced: every call has the recorded id, version and outcome", soft_wrap=soft_wrap
+        )
         return
     for divergence in report.divergences:
-        console.print(f"diverges at {divergence}", markup=False)
+        console.print(f"diverges at {divergence}", markup=False, soft_wrap=soft_wrap)

@@ -176,6 +176,11 @@ def worker(
     settings = load_settings(FleetSettings)
     try:
         require_keys(name, settings)  # one line saying how to fix it, not a traceback
+        if WorkerName.EXECUTOR in services:
+            # Before connecting: a tool module that cannot be imported is one line.
+            from toolfleet.registry.catalog import import_tool_modules
+
+            import_tool_modules(settings.tool_module_list)
     except ToolfleetError as exc:
         raise CliError(exc.message) from None
     with reaching_fleet(settings):

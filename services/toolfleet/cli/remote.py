@@ -1,7 +1,8 @@
 """Commands that go through the HTTP API: ``status``, ``cancel``, ``approve``, ``deny``.
 
 They authenticate with ``--token`` (or ``TOOLFLEET_TOKEN``), else with a short-lived admin
-token minted from the configured private key.
+token minted from the configured private key; then they say so on stderr (every tenant,
+admin scope), so nobody acts as admin without knowing it.
 """
 
 from __future__ import annotations
@@ -11,9 +12,9 @@ from typing import Annotated, Any
 import httpx
 import typer
 
-from toolfleet.cli.config import admin_token, load_settings
+from toolfleet.cli.config import ADMIN_TOKEN_TTL_S, CLI_SUBJECT, admin_token, load_settings
 from toolfleet.cli.errors import CliError
-from toolfleet.cli.output import console, print_invocation, print_json
+from toolfleet.cli.output import console, err_console, print_invocation, print_json
 from toolfleet.settings import FleetSettings
 
 TokenOption = Annotated[
@@ -22,7 +23,8 @@ TokenOption = Annotated[
         "--token",
         envvar="TOOLFLEET_TOKEN",
         show_envvar=True,
-        help="Bearer token for the API (default: an admin token minted from the private key).",
+        help="Bearer token for the API (default: an admin token minted from the private "
+        "key, announced on stderr).",
     ),
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print the API's JSON answer alone.")]
@@ -31,13 +33,24 @@ ReasonOption = Annotated[str, typer.Option("--reason", help="Recorded in the aud
 
 HTTP_TIMEOUT_S = 10.0
 
+ACTING_AS_ADMIN = (
+    f"acting as admin ({CLI_SUBJECT}, every tenant): no --token or TOOLFLEET_TOKEN, so a "
+    f"{ADMIN_TOKEN_TTL_S // 60}-minute admin token was minted from "
+    "TOOLFLEET_JWT_PRIVATE_KEY_FILE"
+)
+"""Said on stderr whenever a command falls back to the admin identity."""
+
 
 class ApiSession:
     """A small synchronous client of the status API with friendly errors."""
 
     def __init__(self, settings: FleetSettings, token: str | None) -> None:
         self._base = settings.api_url.rstrip("/")
-        self._token = token or admin_token(settings)
+        if token:
+            self._token = token
+        else:
+            self._token = admin_token(settings)
+            err_console.print(ACTING_AS_ADMIN, markup=False, soft_wrap=True, style="dim")
 
     def call(self, method: str, path: str, **kwargs: Any) -> Any:
         """Send one request; a problem answer becomes a :class:`CliError`."""

@@ -1,8 +1,8 @@
 """``toolfleet tools``: browse and search the registry, and move versions along their lifecycle.
 
 Every command goes through the HTTP API (``--token`` or ``TOOLFLEET_TOKEN``, else an
-admin token minted from the configured private key); lifecycle changes need the admin
-scope and are audited with the token's subject.
+admin token minted from the configured private key, which the command announces on
+stderr); lifecycle changes need the admin scope and are audited with the token's subject.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from datetime import UTC, date, datetime
 from typing import Annotated, Any
 
 import typer
+from rich import box
 from rich.table import Column, Table
 from rich.text import Text
 
@@ -99,18 +100,55 @@ def search(
     _print_tools(items, ranked=True)
 
 
+#: Below this many columns the table drops its category column, puts the description
+#: under the tool id and breaks each version's lifecycle into short lines, so nothing
+#: is cut at a normal 80-column terminal.
+WIDE_TABLE = 120
+
+
 def _print_tools(items: list[dict[str, Any]], *, ranked: bool = False) -> None:
+    if console.width < WIDE_TABLE:
+        _print_narrow(items, ranked=ranked)
+        return
     columns: list[Column | str] = [Column("tool", no_wrap=True), "versions", "effect"]
     ranks: list[Column | str] = [Column("#", justify="right"), Column("score", justify="right")]
     table = Table(*(ranks if ranked else []), *columns, "category", "description")
     for rank, tool in enumerate(items, start=1):
-        versions = Text("\n".join(_lifecycle(v) for v in tool["versions"]))
-        effect = tool["versions"][0]["effect"] if tool["versions"] else ""
-        if tool.get("requires_approval"):
-            effect += " (approval)"
-        row = [tool["tool_id"], versions, effect, Text(tool["category"]), Text(tool["description"])]
+        versions = Text("\n".join(", ".join(_lifecycle(v)) for v in tool["versions"]))
+        row = [tool["tool_id"], versions, _effect(tool), Text(tool["category"])]
+        row.append(Text(tool["description"]))
         table.add_row(*([str(rank), _score(tool)] if ranked else []), *row)
     console.print(table)
+
+
+def _print_narrow(items: list[dict[str, Any]], *, ranked: bool) -> None:
+    """The same facts for a narrow terminal: no box; the tool's effect and description
+    under its id; one lifecycle fact per line (the version and state first, the rest
+    indented below it)."""
+    lifecycles = ["\n".join("\n  ".join(_lifecycle(v)) for v in tool["versions"]) for tool in items]
+    # The lifecycle lines keep their width; the tool column takes what is left and wraps.
+    widest = max((len(line) for text in lifecycles for line in text.splitlines()), default=0)
+    ranks = [Column("#", justify="right"), Column("score", justify="right")]
+    table = Table(
+        *(ranks if ranked else []),
+        Column("tool", ratio=1, overflow="fold"),
+        Column("versions", width=max(widest, len("versions")), overflow="fold"),
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+    )
+    for rank, (tool, lifecycle) in enumerate(zip(items, lifecycles, strict=True), start=1):
+        name = Text(tool["tool_id"], style="bold")
+        if _effect(tool):
+            name.append(f"\n{_effect(tool)}", style="italic")
+        if tool["description"]:
+            name.append(f"\n{tool['description']}", style="dim")
+        table.add_row(*([str(rank), _score(tool)] if ranked else []), name, Text(lifecycle))
+    console.print(table)
+
+
+def _effect(tool: dict[str, Any]) -> str:
+    effect = str(tool["versions"][0]["effect"]) if tool["versions"] else ""
+    return f"{effect} (approval)" if tool.get("requires_approval") else effect
 
 
 def _score(tool: dict[str, Any]) -> str:
@@ -119,9 +157,10 @@ def _score(tool: dict[str, Any]) -> str:
     return f"{text} (weak)" if tool.get("low_relevance") else text
 
 
-def _lifecycle(version: dict[str, Any]) -> str:
-    """One version's line: ``1.0.0 deprecated since 2026-11-02, sunset 2027-01-31, use
-    2.0.0`` (an announced deprecation shows on an active version as ``from``)."""
+def _lifecycle(version: dict[str, Any]) -> list[str]:
+    """One version's facts, joined for a line: ``1.0.0 deprecated since 2026-11-02``,
+    ``sunset on 2027-01-31``, ``use 2.0.0`` (an announced deprecation shows on an active
+    version as ``deprecated from``)."""
     state = str(version["lifecycle_state"])
     parts = [f"{version['version']} {state}"]
     deprecation = _day(version.get("deprecation_date"))
@@ -137,7 +176,7 @@ def _lifecycle(version: dict[str, Any]) -> str:
             parts.append(f"sunset on {sunset}")
     if version.get("deprecated_in_favor_of"):
         parts.append(f"use {version['deprecated_in_favor_of']}")
-    return ", ".join(parts)
+    return parts
 
 
 def _day(when: object) -> str | None:

@@ -142,9 +142,12 @@ class ToolSummary(_Body):
     versions: list[VersionSummary]
     """Newest first; removed versions are left out."""
     score: float | None = None
-    """With ``q``: cosine similarity of the tool to the query (1: same meaning)."""
+    """With ``q``: relevance of the tool to the query, a blend of meaning (embeddings) and
+    words (BM25 over name, description, tags, parameters and keywords); 1 is a perfect
+    match."""
     low_relevance: bool = False
-    """With ``q``: the score is low (under 0.25), a weak match at best."""
+    """With ``q``: the score is low (under 0.2), a weak match at best. When no tool is a
+    confident match, the best few come back, every one marked so."""
 
 
 class ToolPage(_Body):

@@ -133,6 +133,10 @@ class ToolManifest(BaseModel):
     description: str = ""
     category: ToolCategory = ToolCategory.GENERAL
     tags: list[str] = Field(default_factory=list)
+    keywords: list[str] = Field(default_factory=list)
+    """Words people search for this tool by that its name and description do not say
+    (synonyms, slang: ``["sms", "text", "ping"]``); tool search ranks by them. Not part
+    of the version's contract: re-registering the version with others replaces them."""
     source_type: SourceType = SourceType.NATIVE
     input_schema: dict[str, Any]
     output_schema: dict[str, Any]

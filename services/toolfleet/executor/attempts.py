@@ -1,6 +1,6 @@
 """One invocation's attempts: the retry loop and the circuit breaker around each run.
 
-Retries follow the tool's :class:`~toolfleet.tools.policies.RetryPolicy` through tenacity:
+Retries follow the tool's :class:`~toolfleet.tools.resilience.Retry` through tenacity:
 only errors whose class is retryable (:func:`toolfleet.errors.is_retryable`) are
 retried, after an exponential backoff with full jitter (``wait_random_exponential``).
 Every attempt builds a fresh context from the latest checkpoint, so a retry resumes

@@ -1,4 +1,4 @@
-"""Result cache of tools that declare ``Resilience(cache=CachePolicy(...))``.
+"""Result cache of tools that declare ``Resilience(cache=Cache(...))``.
 
 An entry is keyed by the deterministic call id: SHA-256 over the resolved
 ``tool_id@version``, the canonical parameters (sorted-keys JSON) and the tenant id, so
@@ -23,7 +23,7 @@ from typing import Any, Protocol
 from redis.asyncio import Redis
 
 from toolfleet.storage.at_rest import AtRestCipher
-from toolfleet.tools.policies import CachePolicy
+from toolfleet.tools.resilience import Cache
 
 
 def call_id(*, tool_id: str, tool_version: str, parameters: dict[str, Any], tenant_id: str) -> str:
@@ -44,7 +44,7 @@ def cache_key(call: str) -> str:
 
 class ResultCache(Protocol):
     async def get(self, call_id: str) -> dict[str, Any] | None: ...
-    async def put(self, call_id: str, result: dict[str, Any], policy: CachePolicy) -> None: ...
+    async def put(self, call_id: str, result: dict[str, Any], policy: Cache) -> None: ...
 
 
 class RedisResultCache:
@@ -68,7 +68,7 @@ class RedisResultCache:
             return None
         return value if isinstance(value, dict) else None
 
-    async def put(self, call_id: str, result: dict[str, Any], policy: CachePolicy) -> None:
+    async def put(self, call_id: str, result: dict[str, Any], policy: Cache) -> None:
         key = cache_key(call_id)
         raw = json.dumps(result, separators=(",", ":"), ensure_ascii=False).encode()
         if self._cipher is not None:
@@ -94,6 +94,6 @@ class MemoryResultCache:
             return None
         return dict(result)
 
-    async def put(self, call_id: str, result: dict[str, Any], policy: CachePolicy) -> None:
+    async def put(self, call_id: str, result: dict[str, Any], policy: Cache) -> None:
         expires_at = self._clock() + policy.ttl_s if policy.mode == "ttl" else None
         self.entries[call_id] = (dict(result), expires_at)

@@ -62,7 +62,12 @@ from toolfleet.executor.result_transfer import ResultTransfer
 from toolfleet.executor.runner import RunResult
 from toolfleet.isolation.runtime import IsolationRuntime
 from toolfleet.observability import metrics
-from toolfleet.observability.tracing import span
+from toolfleet.observability.tracing import (
+    mark_failed,
+    span,
+    tool_span_attributes,
+    tool_span_name,
+)
 from toolfleet.registry.catalog import ToolCatalog
 from toolfleet.secrets.capability import LeakDetector
 from toolfleet.secrets.store import SecretStore
@@ -379,12 +384,13 @@ class ExecutorService:
         attempts = 0
         try:
             with span(
-                f"execute {call.tool_id}",
-                attributes={
-                    "toolfleet.tool.id": call.tool_id,
-                    "toolfleet.tool.version": call.tool_version,
-                },
-            ):
+                tool_span_name(call.tool_id),
+                attributes=tool_span_attributes(
+                    call.tool_id,
+                    call.tool_version,
+                    idempotency_key=call.execution_options.idempotency_key,
+                ),
+            ) as run_span:
                 done = await run_attempts(
                     AttemptsInput(
                         spec=spec,
@@ -399,6 +405,8 @@ class ExecutorService:
                     )
                 )
                 result, attempts = done.result, done.attempts
+                if result.error is not None:
+                    mark_failed(run_span, result.error.code.value)
         except Suspended:
             raise asyncio.CancelledError from None  # handed over at shutdown; resumes there
         except asyncio.CancelledError:
@@ -430,6 +438,9 @@ class ExecutorService:
         status = "success" if result.error is None else str(result.error.code)
         metrics.TOOL_EXECUTIONS.labels(call.tool_id, status).inc()
         metrics.TOOL_SECONDS.labels(call.tool_id).observe(metadata.duration_ms / 1000)
+        metrics.GENAI_TOOL_SECONDS.labels(
+            "execute_tool", call.tool_id, "" if result.error is None else status
+        ).observe(metadata.duration_ms / 1000)
         accessed = documents.accessed
         if result.error is not None:
             return [outcomes.failed(run, result.error, metadata, accessed)]

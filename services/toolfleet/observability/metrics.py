@@ -57,6 +57,29 @@ TOOL_SECONDS = Histogram(
     ["tool_id"],
     buckets=(0.001, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300),
 )
+GENAI_TOOL_SECONDS = Histogram(
+    "gen_ai_client_operation_duration_seconds",
+    "OpenTelemetry GenAI gen_ai.client.operation.duration of tool runs (execute_tool).",
+    ["gen_ai_operation_name", "gen_ai_tool_name", "error_type"],
+    buckets=(
+        0.01,
+        0.02,
+        0.04,
+        0.08,
+        0.16,
+        0.32,
+        0.64,
+        1.28,
+        2.56,
+        5.12,
+        10.24,
+        20.48,
+        40.96,
+        81.92,
+    ),
+)
+"""The GenAI conventions' duration metric (its bucket boundaries), beside
+``toolfleet_tool_execution_seconds``; ``error_type`` is empty on success."""
 LEASE_EVENTS = Counter(
     "toolfleet_execution_lease_events_total",
     "Execution leases taken over from a lapsed owner, lost to a newer epoch, or found "

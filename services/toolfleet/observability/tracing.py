@@ -202,3 +202,37 @@ def trace_root(
         _root_ids.reset(ids)
     with trace.use_span(root, end_on_exit=True):
         yield root
+
+
+RUNNER_CALL_PREFIX = "tfc_"
+"""Idempotency keys the agent runner sets: its call ids (``toolfleet.agent``)."""
+
+
+def tool_span_attributes(
+    tool_id: str, tool_version: str, *, idempotency_key: str | None
+) -> dict[str, str | int]:
+    """The run span's attributes: OpenTelemetry's GenAI conventions for tool execution
+    (``execute_tool``), beside toolfleet's own. ``gen_ai.tool.call.id`` is the agent
+    runner's call id when the call came from it. No parameter or result values."""
+    attributes: dict[str, str | int] = {
+        "gen_ai.operation.name": "execute_tool",
+        "gen_ai.tool.name": tool_id,
+        "gen_ai.tool.type": "function",
+        "toolfleet.tool.id": tool_id,
+        "toolfleet.tool.version": tool_version,
+    }
+    if idempotency_key and idempotency_key.startswith(RUNNER_CALL_PREFIX):
+        attributes["gen_ai.tool.call.id"] = idempotency_key
+    return attributes
+
+
+def tool_span_name(tool_id: str) -> str:
+    """``execute_tool {tool}``, the GenAI conventions' span name for a tool's run."""
+    return f"execute_tool {tool_id}"
+
+
+def mark_failed(current: Span, error_type: str) -> None:
+    """Set ``error.type`` (the contract's error code) and an error status on ``current``."""
+    if current.is_recording():
+        current.set_attribute("error.type", error_type)
+        current.set_status(trace.Status(trace.StatusCode.ERROR))

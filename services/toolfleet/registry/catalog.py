@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
+import sys
 from collections.abc import Iterable, Iterator
 from importlib.metadata import entry_points
 from types import ModuleType
@@ -69,9 +71,49 @@ def discover(tool_modules: Iterable[str] = ()) -> ToolCatalog:
             catalog.add(loaded)
         else:
             raise RegistrationError(f"entry point {ep.name!r} is neither a module nor a tool")
-    modules.extend(importlib.import_module(name) for name in tool_modules)
+    modules.extend(import_tool_modules(tool_modules))
     for module in modules:
         for spec in specs_in(module):
             catalog.add(spec)
     log.info("tools discovered", extra={"tools": [f"{s.tool_id}@{s.version}" for s in catalog]})
     return catalog
+
+
+def import_tool_modules(names: Iterable[str]) -> list[ModuleType]:
+    """Import the ``TOOLFLEET_TOOL_MODULES`` modules, found as ``python -m`` finds them:
+    the working directory first, then the installed packages.
+
+    Raises:
+        RegistrationError: a module is not found (the message names it and the path
+            searched) or fails to import (it names the module and the reason).
+    """
+    wanted = list(names)
+    if wanted:
+        _working_directory_on_path()
+    modules: list[ModuleType] = []
+    for name in wanted:
+        try:
+            modules.append(importlib.import_module(name))
+        except ModuleNotFoundError as exc:
+            if exc.name is not None and (name == exc.name or name.startswith(f"{exc.name}.")):
+                searched = os.pathsep.join(entry or os.getcwd() for entry in sys.path)
+                raise RegistrationError(
+                    f"tool module {name!r} (TOOLFLEET_TOOL_MODULES) not found; searched {searched}"
+                ) from None
+            raise RegistrationError(
+                f"tool module {name!r} (TOOLFLEET_TOOL_MODULES) could not be imported: {exc}"
+            ) from exc
+        except ImportError as exc:
+            raise RegistrationError(
+                f"tool module {name!r} (TOOLFLEET_TOOL_MODULES) could not be imported: {exc}"
+            ) from exc
+    return modules
+
+
+def _working_directory_on_path() -> None:
+    """Put the working directory first on ``sys.path``, as ``python -m`` does; a console
+    script such as ``toolfleet`` starts with its own folder there instead."""
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
+        importlib.invalidate_caches()

@@ -1,35 +1,55 @@
-"""Semantic tool search: embeddings of what a tool does, ranked by cosine similarity.
+"""Tool search: lexical (BM25) and semantic (embeddings) ranking, blended into one score.
 
 Pure logic plus one adapter. :class:`TextEmbedder` is the port; :class:`WordLlamaEmbedder`
 implements it with ``wordllama``, whose wheel carries its weights and tokenizer, so
 nothing is downloaded at run time (the files are opened from the installed package,
 never through wordllama's loader, which looks for the tokenizer in the wrong folder and
-then goes to the network). The store keeps one vector per tool in Postgres and ranks
-with pgvector when the server has it, else with :func:`rank` here.
+then goes to the network). The store keeps one vector per tool in Postgres and computes
+cosine similarities with pgvector when the server has it, else with :func:`cosine` here.
 
-Scores are cosine similarities. ``wordllama``'s similarities of unrelated texts stay low
-but not near zero, so two thresholds, calibrated on ``tests/data/tool_search_eval.yaml``:
-a tool under :data:`MIN_SCORE` is not a match at all, and one under
-:data:`CONFIDENT_SCORE` is returned marked as a weak match. There, every wanted tool in
-a top three scores ≥ 0.19 but two (0.07, 0.08: lost, recall@3 0.93 → 0.89), and no tool
-scores 0.25 or more for any of twelve nonsense queries (highest 0.24; four of them
-return nothing).
+Embeddings alone miss short and slangy queries ("text my driver" is not near "send a
+short text message to a mobile phone number" for a 256-dimension word model), and
+words alone miss paraphrases. :func:`hybrid_rank` blends both: BM25 over a tool's name
+split into words, its description, category, tags, parameter names and descriptions,
+and the ``keywords`` its manifest lists (synonyms and slang the author expects, also
+embedded), with the name and keywords counted :data:`_HEAVY` times. The BM25 score is
+squashed into ``[0, 1)`` so the blend is a score with a fixed meaning whatever the
+catalog. On the held-out set the words pay off through the keywords: without them the
+blend ranks no better than the embeddings do.
+
+Two thresholds, calibrated on ``tests/data/tool_search_queries.json`` (held out, written
+before tuning; numbers in ``docs/registry.md``): a tool under :data:`MIN_SCORE` is not a
+match, and one under :data:`CONFIDENT_SCORE` is a weak one. A query nothing clears the
+floor for still gets its best :data:`FALLBACK_MATCHES`, all marked weak: "no confident
+match" is an answer the caller can show, where an empty list reads as "no such tool".
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 import re
 import threading
-from collections.abc import Iterable, Sequence
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib.resources import files
 from typing import Any, Protocol
 
 MIN_SCORE = 0.15
-"""Tools scoring under this do not match the query and are left out."""
-CONFIDENT_SCORE = 0.25
+"""Tools scoring under this do not match the query and are left out (but see
+:data:`FALLBACK_MATCHES`)."""
+CONFIDENT_SCORE = 0.2
 """Tools scoring under this are returned marked ``low_relevance``."""
+FALLBACK_MATCHES = 3
+"""When no tool reaches the floor, this many best tools are returned, all marked weak."""
+LEXICAL_WEIGHT = 0.4
+"""Share of the lexical score in the blend (the rest is cosine similarity)."""
+_LEXICAL_HALF = 8.0
+"""BM25 score that the squash maps to 0.5 (one rare word of a tool's name scores ~5)."""
+_HEAVY = 3
+"""How many times a tool's name words and keywords count against its description's."""
+_K1, _B = 1.2, 0.75
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,11 +58,26 @@ class Match:
 
     tool_id: str
     score: float
-    """Cosine similarity of the tool's text to the query (1: same meaning)."""
+    """Blend of cosine similarity and lexical match, in ``[-1, 1]`` (1: same meaning)."""
 
     @property
     def low_relevance(self) -> bool:
         return self.score < CONFIDENT_SCORE
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ToolDocument:
+    """What search reads of a tool: its words, and its embedding."""
+
+    tool_id: str
+    description: str = ""
+    category: str = ""
+    tags: tuple[str, ...] = ()
+    keywords: tuple[str, ...] = ()
+    """The manifest's ``keywords``: synonyms and slang a user may search for."""
+    parameters: tuple[tuple[str, str], ...] = ()
+    """Input parameter names and descriptions of the newest version."""
+    embedding: Sequence[float] | None = None
 
 
 class TextEmbedder(Protocol):
@@ -102,12 +137,43 @@ def shared_embedder() -> WordLlamaEmbedder:
         return _shared
 
 
-def tool_text(tool_id: str, description: str, category: str, tags: Iterable[str] = ()) -> str:
-    """What is embedded for a tool: its name in words, description, category and tags."""
+def tool_text(
+    tool_id: str,
+    description: str,
+    category: str,
+    tags: Iterable[str] = (),
+    keywords: Iterable[str] = (),
+) -> str:
+    """What is embedded for a tool: its name in words, description, category, tags and
+    keywords."""
     namespace, _, name = tool_id.partition("__")
     words = re.sub(r"[_\-]+", " ", name).strip()
-    parts = [words, description.strip(), f"category {category}", " ".join(tags), namespace]
+    parts = [
+        words,
+        description.strip(),
+        f"category {category}",
+        " ".join(tags),
+        namespace,
+        ", ".join(keywords),
+    ]
     return ". ".join(p for p in parts if p)
+
+
+def embedding_tag(model_name: str, text: str) -> str:
+    """Stored beside a tool's vector: the model and a digest of the text it embedded, so
+    a vector is recomputed when either changes (a new manifest's keywords included)."""
+    return f"{model_name}#{hashlib.sha256(text.encode()).hexdigest()[:16]}"
+
+
+def parameters_of(input_schema: Mapping[str, Any] | None) -> tuple[tuple[str, str], ...]:
+    """Top-level parameter names and descriptions of an input JSON Schema."""
+    properties = (input_schema or {}).get("properties")
+    if not isinstance(properties, Mapping):
+        return ()
+    return tuple(
+        (str(name), str(spec.get("description", "")) if isinstance(spec, Mapping) else "")
+        for name, spec in properties.items()
+    )
 
 
 def cosine(a: Sequence[float], b: Sequence[float]) -> float:
@@ -116,13 +182,152 @@ def cosine(a: Sequence[float], b: Sequence[float]) -> float:
     return dot / norms if norms else 0.0
 
 
-def rank(
-    query: Sequence[float],
-    candidates: Iterable[tuple[str, Sequence[float]]],
+# Words that say nothing about which tool is wanted; kept short so that "send" or "list"
+# still count.
+_STOPWORDS = frozenset(
+    {
+        "an",
+        "and",
+        "are",
+        "as",
+        "at",
+        "be",
+        "by",
+        "can",
+        "could",
+        "do",
+        "does",
+        "doing",
+        "for",
+        "from",
+        "get",
+        "give",
+        "go",
+        "gonna",
+        "how",
+        "hows",
+        "im",
+        "if",
+        "in",
+        "into",
+        "is",
+        "it",
+        "its",
+        "me",
+        "my",
+        "of",
+        "on",
+        "or",
+        "our",
+        "please",
+        "some",
+        "that",
+        "the",
+        "their",
+        "them",
+        "there",
+        "these",
+        "this",
+        "those",
+        "to",
+        "us",
+        "want",
+        "we",
+        "what",
+        "whats",
+        "which",
+        "who",
+        "will",
+        "with",
+        "would",
+        "you",
+        "your",
+    }
+)
+_WORD = re.compile(r"[a-z0-9]+")  # after apostrophes are dropped: "what's" is "whats"
+
+
+def _stem(word: str) -> str:
+    """A light suffix stripper: enough for "files"/"file", "meetings"/"meeting"."""
+    if len(word) > 4 and word.endswith("ies"):
+        return word[:-3] + "y"
+    if len(word) > 5 and word.endswith("ing"):
+        return word[:-3]
+    if len(word) > 4 and word.endswith("ed"):
+        return word[:-2]
+    if len(word) > 3 and word.endswith("s") and not word.endswith("ss"):
+        return word[:-1]
+    return word
+
+
+def terms(text: str) -> list[str]:
+    """Lexical terms of ``text``: lower-cased words, split on ``_``, stemmed, no stopwords."""
+    words = _WORD.findall(text.lower().replace("'", "").replace("_", " "))
+    return [_stem(w) for w in words if len(w) > 1 and w not in _STOPWORDS]
+
+
+def _document_terms(doc: ToolDocument) -> list[str]:
+    _, _, name = doc.tool_id.partition("__")
+    heavy = terms(name) + terms(" ".join(doc.keywords))
+    light = terms(doc.description) + terms(doc.category) + terms(" ".join(doc.tags))
+    for param, about in doc.parameters:
+        light += terms(param) + terms(about)
+    return heavy * _HEAVY + light
+
+
+def bm25_scores(query: str, docs: Sequence[ToolDocument]) -> list[float]:
+    """Okapi BM25 of ``query`` against each of ``docs``, the corpus being ``docs``."""
+    wanted = set(terms(query))
+    if not docs or not wanted:
+        return [0.0] * len(docs)
+    bags = [Counter(_document_terms(d)) for d in docs]
+    average = sum(sum(b.values()) for b in bags) / len(bags) or 1.0
+    n = len(bags)
+    idf = {}
+    for t in wanted:
+        df = sum(1 for b in bags if t in b)
+        idf[t] = math.log(1 + (n - df + 0.5) / (df + 0.5))
+    scores = []
+    for bag in bags:
+        length = sum(bag.values())
+        score = 0.0
+        for t in wanted:
+            tf = bag.get(t, 0)
+            if tf:
+                score += idf[t] * tf * (_K1 + 1) / (tf + _K1 * (1 - _B + _B * length / average))
+        scores.append(score)
+    return scores
+
+
+def blend(similarity: float, lexical: float) -> float:
+    """One score from a cosine similarity and a BM25 score (squashed into ``[0, 1)``)."""
+    squashed = lexical / (lexical + _LEXICAL_HALF)
+    return (1 - LEXICAL_WEIGHT) * similarity + LEXICAL_WEIGHT * squashed
+
+
+def hybrid_rank(
+    query: str,
+    query_vector: Sequence[float],
+    docs: Sequence[ToolDocument],
     *,
+    similarities: Mapping[str, float] | None = None,
     min_score: float = MIN_SCORE,
 ) -> list[Match]:
-    """Candidates scoring at least ``min_score``, most similar to ``query`` first (ties by
-    id, for stable pages)."""
-    scored = [Match(key, cosine(query, vector)) for key, vector in candidates]
-    return sorted((m for m in scored if m.score >= min_score), key=lambda m: (-m.score, m.tool_id))
+    """``docs`` scoring at least ``min_score``, best first (ties by id, for stable pages);
+    if none does, the best :data:`FALLBACK_MATCHES`, every one under
+    :data:`CONFIDENT_SCORE` (marked weak).
+
+    ``similarities`` (tool id to cosine similarity, from pgvector) stands in for the
+    documents' own embeddings; a tool with neither is ranked by its words alone.
+    """
+    lexical = bm25_scores(query, docs)
+    scored = []
+    for doc, lex in zip(docs, lexical, strict=True):
+        if similarities is not None:
+            similarity = similarities.get(doc.tool_id, 0.0)
+        else:
+            similarity = cosine(query_vector, doc.embedding) if doc.embedding else 0.0
+        scored.append(Match(doc.tool_id, blend(similarity, lex)))
+    scored.sort(key=lambda m: (-m.score, m.tool_id))
+    kept = [m for m in scored if m.score >= min_score]
+    return kept or scored[:FALLBACK_MATCHES]

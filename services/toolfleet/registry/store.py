@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -26,10 +26,14 @@ from toolfleet.registry.search import (
     MIN_SCORE,
     Match,
     TextEmbedder,
-    rank,
+    ToolDocument,
+    embedding_tag,
+    hybrid_rank,
+    parameters_of,
     shared_embedder,
     tool_text,
 )
+from toolfleet.registry.versions import sunset_follows
 from toolfleet.storage.pg_text import escape_array, unescape_array
 
 log = logging.getLogger(__name__)
@@ -97,7 +101,7 @@ class RegistryStore:
         executor does it at start); with different schemas it is refused. No embedding
         is computed here (executors register and must not load the model): a definition
         whose words changed loses its vector, and search embeds it on first use
-        (:meth:`_backfill_embeddings`).
+        (:meth:`_documents`).
         """
         v = semver.Version.parse(manifest.version)
         async with self._pool.acquire() as conn, conn.transaction():
@@ -138,6 +142,7 @@ class RegistryStore:
                         "different schema; publish a new version instead"
                     )
                 await _restate_pool(conn, manifest)
+                await _restate_keywords(conn, manifest)
                 return False
             await conn.execute(
                 """INSERT INTO tool_versions (tool_id, version, major, minor, patch, prerelease,
@@ -206,7 +211,9 @@ class RegistryStore:
                 sunset_date = min(sunset_date, now) if sunset_date is not None else now
                 if change.deprecation_date is None:
                     deprecation_date = min(deprecation_date, sunset_date)
-            if sunset_date is not None and sunset_date <= deprecation_date:
+            if sunset_date is not None and not sunset_follows(
+                deprecation_date, sunset_date, state=change.state
+            ):
                 raise InvalidParameters(
                     f"sunset_date ({sunset_date.isoformat()}) must come after deprecation_date "
                     f"({deprecation_date.isoformat()})",
@@ -355,44 +362,69 @@ class RegistryStore:
     async def _ranked(
         self, q: str, clause: str, args: list[object], *, min_score: float
     ) -> list[Match]:
-        """Every tool matching ``clause`` and scoring ``min_score``, most similar first."""
-        await self._backfill_embeddings()
+        """The tools matching ``clause`` as :func:`~toolfleet.registry.search.hybrid_rank`
+        ranks them: scoring ``min_score`` or, if none does, the best few marked weak."""
+        docs = await self._documents(clause, args)
         (query,) = await self._embed([q])
+        similarities: dict[str, float] | None = None
         schema = await self.detect_pgvector()
         if schema is not None:
             rows = await self._pool.fetch(
                 pgvector_ranking(clause, arg_count=len(args), schema=schema),
                 *args,
                 query,
-                min_score,
+                -2.0,  # every tool: the floor applies to the blended score
             )
-            return [Match(r["tool_id"], float(r["score"])) for r in rows]
+            similarities = {r["tool_id"]: float(r["score"]) for r in rows}
+        return hybrid_rank(q, query, docs, similarities=similarities, min_score=min_score)
+
+    async def _documents(self, clause: str, args: list[object]) -> list[ToolDocument]:
+        """What search reads of each tool matching ``clause`` (keywords and parameters
+        from its newest listed version). Tools whose text changed since their vector was
+        computed (or that have none: registered before search, or with another model)
+        are embedded again first."""
         rows = await self._pool.fetch(
-            f"SELECT d.tool_id, d.embedding FROM tool_definitions d WHERE {clause}"  # noqa: S608
-            " AND d.embedding IS NOT NULL",
+            f"""SELECT d.tool_id, d.description, d.category, d.tags, d.embedding,
+                       d.embedding_model, v.manifest -> 'keywords' AS keywords,
+                       v.input_schema -> 'properties' AS properties
+                FROM tool_definitions d LEFT JOIN LATERAL (
+                    SELECT v.manifest, v.input_schema FROM tool_versions v
+                    WHERE v.tool_id = d.tool_id AND {_VISIBLE}
+                    ORDER BY v.major DESC, v.minor DESC, v.patch DESC LIMIT 1) v ON true
+                WHERE {clause} ORDER BY d.tool_id""",  # noqa: S608 - placeholders only
             *args,
         )
-        return rank(query, ((r["tool_id"], r["embedding"]) for r in rows), min_score=min_score)
-
-    async def _backfill_embeddings(self) -> None:
-        """Embed tools registered before search existed, or with another model."""
-        model = self.embedder.model_name
-        rows = await self._pool.fetch(
-            """SELECT tool_id, description, category, tags FROM tool_definitions
-               WHERE embedding IS NULL OR embedding_model IS DISTINCT FROM $1""",
-            model,
-        )
-        if not rows:
-            return
-        texts = [
-            tool_text(r["tool_id"], r["description"], r["category"], _tags(r["tags"])) for r in rows
+        docs = [
+            ToolDocument(
+                tool_id=r["tool_id"],
+                description=r["description"] or "",
+                category=r["category"] or "",
+                tags=tuple(_tags(r["tags"])),
+                keywords=tuple(str(k) for k in r["keywords"] or ()),
+                parameters=parameters_of({"properties": r["properties"] or {}}),
+                embedding=r["embedding"],
+            )
+            for r in rows
         ]
-        vectors = await self._embed(texts)
+        model = self.embedder.model_name
+        texts = [tool_text(d.tool_id, d.description, d.category, d.tags, d.keywords) for d in docs]
+        tags = [embedding_tag(model, text) for text in texts]
+        stale = [
+            i
+            for i, (r, tag) in enumerate(zip(rows, tags, strict=True))
+            if r["embedding"] is None or r["embedding_model"] != tag
+        ]
+        if not stale:
+            return docs
+        vectors = await self._embed([texts[i] for i in stale])
         await self._pool.executemany(
             "UPDATE tool_definitions SET embedding = $2, embedding_model = $3 WHERE tool_id = $1",
-            [(r["tool_id"], v, model) for r, v in zip(rows, vectors, strict=True)],
+            [(docs[i].tool_id, v, tags[i]) for i, v in zip(stale, vectors, strict=True)],
         )
-        log.info("tool embeddings backfilled", extra={"tools": len(rows)})
+        log.info("tool embeddings computed", extra={"tools": len(stale)})
+        for i, vector in zip(stale, vectors, strict=True):
+            docs[i] = replace(docs[i], embedding=vector)
+        return docs
 
     async def detect_pgvector(self) -> str | None:
         """The schema of the ``vector`` extension in this database, or None without it.
@@ -433,20 +465,20 @@ class RegistryStore:
         return [by_id[t] for t in tool_ids if t in by_id]
 
     async def tool(self, tool_id: str) -> dict[str, Any] | None:
-        """One tool with every version's manifest but the removed ones, newest first."""
+        """One tool with every version's manifest but the removed ones, newest first;
+        ``None`` when no version is left, as the lists leave such a tool out."""
         found = await self._summaries([tool_id])
         if not found:
             return None
-        summary = found[0]
         now = self._clock()
-        return {
-            **summary,
-            "versions": [
-                m.model_copy(update={"lifecycle_state": m.state_at(now)}).model_dump(mode="json")
-                for m in await self.versions(tool_id)
-                if m.lifecycle_state is not LifecycleState.REMOVED
-            ],
-        }
+        versions = [
+            m.model_copy(update={"lifecycle_state": m.state_at(now)}).model_dump(mode="json")
+            for m in await self.versions(tool_id)
+            if m.lifecycle_state is not LifecycleState.REMOVED
+        ]
+        if not versions:
+            return None
+        return {**found[0], "versions": versions}
 
 
 def pgvector_ranking(clause: str, *, arg_count: int, schema: str) -> str:
@@ -537,6 +569,19 @@ async def _restate_pool(conn: PoolConnectionProxy, manifest: ToolManifest) -> No
             "tool moved to another pool",
             extra={"tool": f"{manifest.tool_id}@{manifest.version}", "pool": manifest.pool},
         )
+
+
+async def _restate_keywords(conn: PoolConnectionProxy, manifest: ToolManifest) -> None:
+    """A re-registered version takes the search keywords it is registered with now (they
+    are not part of its contract); search embeds the tool again when they changed."""
+    await conn.execute(
+        """UPDATE tool_versions SET manifest = manifest || $3::jsonb
+           WHERE tool_id = $1 AND version = $2
+             AND manifest -> 'keywords' IS DISTINCT FROM $3::jsonb -> 'keywords'""",
+        manifest.tool_id,
+        manifest.version,
+        {"keywords": manifest.keywords},
+    )
 
 
 def _tags(column: list[str | None] | None) -> list[str]:

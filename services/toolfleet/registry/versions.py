@@ -36,6 +36,18 @@ class VersionInfo:
         )
 
 
+def sunset_follows(deprecation: datetime, sunset: datetime, *, state: LifecycleState) -> bool:
+    """Whether ``sunset`` may follow ``deprecation`` for a move to ``state``.
+
+    A deprecation announces a sunset still to come, so it must be strictly later. A
+    sunset may fall on the deprecation instant: sunsetting an active version deprecates
+    and sunsets it at once (both dates "now").
+    """
+    if state is LifecycleState.SUNSET:
+        return sunset >= deprecation
+    return sunset > deprecation
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Resolution:
     version: str

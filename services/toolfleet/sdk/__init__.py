@@ -2,7 +2,7 @@
 
 Everything a tool module needs is importable from here::
 
-    from toolfleet.sdk import Resilience, RetryPolicy, ToolContext, tool
+    from toolfleet.sdk import Resilience, Retry, ToolContext, tool
 
 A core install (``pip install toolfleet``) is enough: importing the SDK pulls in no
 broker, database or web-server client. Publishing invocations is the producer's side,
@@ -24,13 +24,13 @@ from toolfleet.tools.context import ToolContext
 from toolfleet.tools.documents import Document, DocumentMetadata, SearchHit
 from toolfleet.tools.limits import Isolation, ToolLimits
 from toolfleet.tools.options import Resilience, Results, Sandbox
-from toolfleet.tools.policies import CachePolicy, CircuitPolicy, RetryPolicy
+from toolfleet.tools.resilience import Breaker, Cache, Retry
 from toolfleet.tools.spec import ToolSpec, spec_of, tool
 
 __all__ = [
-    "CachePolicy",
+    "Breaker",
+    "Cache",
     "Cancelled",
-    "CircuitPolicy",
     "Document",
     "DocumentMetadata",
     "Effect",
@@ -39,7 +39,7 @@ __all__ = [
     "Resilience",
     "ResourceDefaults",
     "Results",
-    "RetryPolicy",
+    "Retry",
     "Sandbox",
     "SanitizeRule",
     "SearchHit",

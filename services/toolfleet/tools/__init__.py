@@ -5,7 +5,7 @@
 - :mod:`~toolfleet.tools.context`: the :class:`~toolfleet.tools.context.ToolContext` a
   running tool gets, and the ports behind it;
 - :mod:`~toolfleet.tools.options`: ``@tool``'s option groups (``Results``,
-  ``Resilience``, ``Sandbox``), built from :mod:`~toolfleet.tools.policies` (the
+  ``Resilience``, ``Sandbox``), built from :mod:`~toolfleet.tools.resilience` (the
   resilience) and :mod:`~toolfleet.tools.limits` (the limits) a tool declares;
 - :mod:`~toolfleet.tools.documents`: the documents a tool reads.
 

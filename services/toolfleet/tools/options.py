@@ -24,7 +24,7 @@ from toolfleet.contract.manifest import ResourceDefaults, ToolPermissions
 from toolfleet.contract.result_rules import ResultRules, SanitizeRule
 from toolfleet.errors import RegistrationError
 from toolfleet.tools.limits import Isolation, ToolLimits
-from toolfleet.tools.policies import CachePolicy, CircuitPolicy, RetryPolicy
+from toolfleet.tools.resilience import Breaker, Cache, Retry
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -82,18 +82,18 @@ def _option(loc: tuple[int | str, ...]) -> str:
 class Resilience:
     """How the executor protects the tool and its upstream (all optional)."""
 
-    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    retry: Retry = field(default_factory=Retry)
     """Retries of retryable errors (default: none)."""
-    circuit: CircuitPolicy = field(default_factory=CircuitPolicy)
+    circuit: Breaker = field(default_factory=Breaker)
     """The circuit breaker the calls go through; ``circuit.name`` empty: the tool id."""
-    cache: CachePolicy | None = None
+    cache: Cache | None = None
     """Result cache (default: none). A tool that reads credentials cannot have one."""
 
     def __post_init__(self) -> None:
         for name, value, kind in (
-            ("retry", self.retry, RetryPolicy),
-            ("circuit", self.circuit, CircuitPolicy),
-            ("cache", self.cache, CachePolicy | None),
+            ("retry", self.retry, Retry),
+            ("circuit", self.circuit, Breaker),
+            ("cache", self.cache, Cache | None),
         ):
             if not isinstance(value, kind):
                 raise RegistrationError(

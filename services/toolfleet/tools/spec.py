@@ -34,7 +34,7 @@ from toolfleet.secrets.store import check_name
 from toolfleet.tools.context import ToolContext
 from toolfleet.tools.limits import Isolation, ToolLimits
 from toolfleet.tools.options import Resilience, Results, Sandbox
-from toolfleet.tools.policies import CachePolicy, CircuitPolicy, RetryPolicy
+from toolfleet.tools.resilience import Breaker, Cache, Retry
 
 ToolFunction = Callable[[Any, ToolContext], Awaitable[Any]]
 F = TypeVar("F", bound=ToolFunction)
@@ -72,19 +72,21 @@ class ToolSpec:
     description: str = ""
     category: str = "general"
     tags: tuple[str, ...] = ()
+    keywords: tuple[str, ...] = ()
+    """Search words beyond the name and description (the manifest's ``keywords``)."""
     credentials: tuple[str, ...] = ()
     """Named credentials the tool reads with ``ctx.credential(name)`` (``@tool``: its
     ``Sandbox.permissions.credentials``)."""
     input_schema: dict[str, Any] = field(default_factory=dict)
     output_schema: dict[str, Any] = field(default_factory=dict)
-    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    retry: Retry = field(default_factory=Retry)
     """Retries of retryable errors (default: none; ``Resilience.retry``)."""
     circuit: str = ""
     """Name of the circuit breaker the tool's calls go through (default: the tool id;
     ``Resilience.circuit.name``)."""
-    circuit_breaker: CircuitPolicy = field(default_factory=CircuitPolicy)
+    circuit_breaker: Breaker = field(default_factory=Breaker)
     """Thresholds of that circuit breaker (``Resilience.circuit``)."""
-    cache: CachePolicy | None = None
+    cache: Cache | None = None
     """Result cache (default: none; ``Resilience.cache``)."""
     result_rules: ResultRules = field(default_factory=ResultRules)
     """Result validation mode, sanitization and limits the validator applies
@@ -132,6 +134,7 @@ class ToolSpec:
             description=self.description,
             category=self.category,
             tags=list(self.tags),
+            keywords=list(self.keywords),
             source_type=self.source_type,
             input_schema=self.input_schema,
             output_schema=self.output_schema,
@@ -172,6 +175,7 @@ def tool(
     description: str | None = None,
     category: str = "general",
     tags: list[str] | tuple[str, ...] = (),
+    keywords: list[str] | tuple[str, ...] = (),
     requires_approval: bool = False,
     pool: str | None = None,
     results: Results | None = None,
@@ -212,8 +216,8 @@ def tool(
               redaction_allowlist=["count"],
               results=Results(validation="coerce", sanitize={"*": "escape"},
                               max_bytes=100_000),
-              resilience=Resilience(retry=RetryPolicy(max_attempts=3),
-                                    circuit=CircuitPolicy(name="api.github.com")),
+              resilience=Resilience(retry=Retry(max_attempts=3),
+                                    circuit=Breaker(name="api.github.com")),
               sandbox=Sandbox(isolation="process", limits=ToolLimits(memory_mb=256),
                               permissions=ToolPermissions(network=["api.github.com"],
                                                           credentials=["api_key"])))
@@ -293,6 +297,7 @@ def tool(
             description=description if description is not None else inspect.getdoc(fn) or "",
             category=category,
             tags=tuple(tags),
+            keywords=tuple(keywords),
             credentials=credentials,
             permissions=runs.permissions.model_copy(update={"credentials": sorted(credentials)}),
             requires_approval=requires_approval,

@@ -13,10 +13,10 @@ import json
 from datetime import UTC, datetime
 from importlib import resources as package_files
 from string import Template
-from typing import Annotated, Final
+from typing import Annotated, Any, Final
 from uuid import UUID
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Query
 from fastapi.responses import HTMLResponse, Response
 from pydantic import BaseModel, ConfigDict
 from redis.exceptions import RedisError
@@ -26,9 +26,12 @@ from toolfleet.api import invoking
 from toolfleet.api.auth import CallerDep
 from toolfleet.api.console.timeline import Timeline, TimelineMark, timeline
 from toolfleet.api.problems import ProblemError, problem_responses
+from toolfleet.api.queries import Cursor, InvalidCursor, InvocationFilter
 from toolfleet.api.resources import ApiResources, resources
 from toolfleet.api.responses import SafeJSONResponse
+from toolfleet.contract.http import InvocationPage, InvocationView
 from toolfleet.errors import ErrorCode
+from toolfleet.events.models import TOOL_ID_PATTERN, InvocationStatus
 
 ResourcesDep = Annotated[ApiResources, Depends(resources)]
 
@@ -51,6 +54,12 @@ _STATIC: Final = {
 CIRCUIT_PREFIX: Final = "circuit:state:"
 """Redis keys of the circuit breakers' shared state (contract section 5)."""
 MAX_CIRCUITS: Final = 500
+MAX_PAGE_SIZE: Final = 200
+_FAVICON: Final = (
+    '<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 16 16">'
+    '<rect width="16" height="16" rx="3" fill="#1f6feb"/>'
+    '<path d="M4 4h8v2H9v6H7V6H4z" fill="#fff"/></svg>'
+)
 
 page_router = APIRouter(prefix="/console", include_in_schema=False)
 router = APIRouter(prefix="/v1", tags=["console"], responses=problem_responses(401))
@@ -69,6 +78,16 @@ async def console_page() -> HTMLResponse:
     return HTMLResponse(html, headers={**_HEADERS, "Cache-Control": "no-store"})
 
 
+@page_router.get("/invocations/{invocation_id}", response_class=HTMLResponse)
+async def call_page(invocation_id: UUID) -> HTMLResponse:
+    """One call's page. Like the console it holds no data: the script reads the call
+    with the signed-in token (another tenant's id reads as a missing one)."""
+    html = Template(_package_text("templates", "invocation.html")).substitute(
+        version=toolfleet.__version__, invocation_id=str(invocation_id)
+    )
+    return HTMLResponse(html, headers={**_HEADERS, "Cache-Control": "no-store"})
+
+
 @page_router.get("/static/{name}")
 async def console_static(name: str) -> Response:
     """The console's script and stylesheet."""
@@ -79,6 +98,16 @@ async def console_static(name: str) -> Response:
         _package_text("static", name),
         media_type=media_type,
         headers={**_HEADERS, "Cache-Control": "public, max-age=300"},
+    )
+
+
+@page_router.get("/favicon.svg")
+async def console_favicon() -> Response:
+    """The console's icon (the page links it, so browsers ask for no ``/favicon.ico``)."""
+    return Response(
+        _FAVICON,
+        media_type="image/svg+xml",
+        headers={**_HEADERS, "Cache-Control": "public, max-age=86400"},
     )
 
 
@@ -117,6 +146,85 @@ async def me(caller: CallerDep) -> Me:
     )
 
 
+@router.get(
+    "/console/invocations",
+    response_model=InvocationPage,
+    response_class=SafeJSONResponse,
+    responses=problem_responses(422),
+)
+async def console_invocations(
+    caller: CallerDep,
+    res: ResourcesDep,
+    status: InvocationStatus | None = None,
+    tool_id: Annotated[str | None, Query(pattern=TOOL_ID_PATTERN, max_length=256)] = None,
+    agent: Annotated[str | None, Query(min_length=1, max_length=512)] = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    invocation_id: UUID | None = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE_SIZE)] = 50,
+    cursor: Annotated[str | None, Query(max_length=512)] = None,
+) -> InvocationPage:
+    """The console's list: the caller's tenant's calls, newest first, filtered by status,
+    tool, agent, creation time (``since`` inclusive, ``until`` exclusive) and id, paged
+    by keyset (``cursor`` from the previous page's ``next_cursor``)."""
+    try:
+        after = Cursor.decode(cursor) if cursor else None
+    except InvalidCursor as exc:
+        raise ProblemError(422, str(exc), code=ErrorCode.INVALID_PARAMETERS) from None
+    for instant in (since, until):
+        if instant is not None and instant.tzinfo is None:
+            raise ProblemError(
+                422, "since and until need a UTC offset", code=ErrorCode.INVALID_PARAMETERS
+            )
+    return await res.invocations.page(
+        InvocationFilter(
+            tenant_id=caller.tenant_scope,
+            status=status,
+            tool_id=tool_id,
+            agent_did=agent,
+            created_from=since,
+            created_to=until,
+            invocation_id=invocation_id,
+            limit=limit,
+            after=after,
+        )
+    )
+
+
+class ConsoleCall(_Body):
+    """``GET /v1/console/invocations/{id}``: the call, with its masked parameters."""
+
+    invocation: InvocationView
+    parameters: dict[str, Any] | None
+    """The parameters as the status projection stores them: secrets masked."""
+    parameters_hash: str | None
+
+
+_PARAMETERS = """SELECT parameters, parameters_hash FROM tool_invocations
+                 WHERE tenant_id = $1 AND invocation_id = $2"""
+
+
+@router.get(
+    "/console/invocations/{invocation_id}",
+    response_model=ConsoleCall,
+    response_class=SafeJSONResponse,
+    responses=problem_responses(404),
+)
+async def console_call(invocation_id: UUID, caller: CallerDep, res: ResourcesDep) -> ConsoleCall:
+    """One call for its console page (same visibility as the status route: another
+    tenant's id is the same 404 as a missing one)."""
+    view = await invoking.visible(res, caller, invocation_id)
+    row = await res.pool.fetchrow(_PARAMETERS, view.tenant_id, invocation_id)
+    raw = None if row is None else row["parameters"]
+    if isinstance(raw, str):
+        raw = json.loads(raw)
+    return ConsoleCall(
+        invocation=view,
+        parameters=raw if isinstance(raw, dict) else None,
+        parameters_hash=None if row is None else row["parameters_hash"],
+    )
+
+
 _MARKS = """SELECT source, event_kind, occurred_at, detail FROM projected_events
             WHERE invocation_id = $1 AND tenant_id = $2 AND event_kind IS NOT NULL"""
 
@@ -147,13 +255,26 @@ async def invocation_timeline(
     return timeline(view, marks)
 
 
+_TENANT_CIRCUITS = """SELECT DISTINCT tool_id AS name FROM tool_invocations WHERE tenant_id = $1
+    UNION SELECT DISTINCT error->'details'->>'circuit' FROM tool_invocations
+    WHERE tenant_id = $1 AND error->'details'->>'circuit' IS NOT NULL"""
+"""A circuit is named after its tool, or shared under a name refusals carry."""
+
+
 @router.get("/circuits", response_model=list[Circuit], responses=problem_responses(503))
 async def circuits(caller: CallerDep, res: ResourcesDep) -> list[Circuit]:
-    """Every circuit breaker with a shared state, and that state (by name)."""
+    """The circuit breakers with a shared state, and that state (by name): for a tenant,
+    only the circuits of tools it has called; for an admin, every one."""
+    scope: set[str] | None = None
+    if caller.tenant_scope is not None:
+        rows = await res.pool.fetch(_TENANT_CIRCUITS, caller.tenant_scope)
+        scope = {str(r["name"]) for r in rows if r["name"]}
     found: list[Circuit] = []
     try:
         async for key in res.redis.scan_iter(match=f"{CIRCUIT_PREFIX}*", count=200):
             name = (key.decode() if isinstance(key, bytes) else str(key))[len(CIRCUIT_PREFIX) :]
+            if scope is not None and name not in scope:
+                continue
             raw = await res.redis.get(key)
             found.append(_circuit(name, raw))
             if len(found) >= MAX_CIRCUITS:

@@ -148,8 +148,11 @@ def _label(mark: TimelineMark, attempt_workers: list[str | None]) -> str:
     if mark.kind in {"authorized", "queued"} and d.get("pool"):
         return f"{label} (pool {d['pool']})"
     if mark.kind == "terminal":
-        status = d.get("status", "")
-        code = f": {d['error_code']}" if d.get("error_code") else ""
+        status = str(d.get("status", ""))
+        if status == "permission_denied":
+            # A refusal is not a run that failed: say so, once.
+            return "denied"
+        code = f": {d['error_code']}" if d.get("error_code") and d["error_code"] != status else ""
         return f"{label} {status}{code}".rstrip()
     return label
 
@@ -182,9 +185,14 @@ def timeline(view: InvocationView, marks: list[TimelineMark]) -> Timeline:
         previous = mark.at
     invoked = [m for m in every if m.kind == "invoked"]
     meta_attempts = (view.execution_metadata or {}).get("attempts")
-    attempts = max(
-        [len(invoked), *(int(m.detail.get("attempt") or 1) for m in invoked)]
-        + ([int(meta_attempts)] if isinstance(meta_attempts, int) else [])
+    # A call that never reached an executor (denied, cancelled while queued) made no attempt.
+    attempts = (
+        max(
+            [len(invoked), *(int(m.detail.get("attempt") or 1) for m in invoked)]
+            + ([int(meta_attempts)] if isinstance(meta_attempts, int) else [])
+        )
+        if invoked
+        else 0
     )
     known_workers = [w for w in workers if w]
     handovers = sum(1 for a, b in itertools.pairwise(known_workers) if a != b)

@@ -7,7 +7,11 @@ projection and speaks the agent runner's event names: ``tool_call_start`` (first
 the current status), ``approval_pending``, ``progress`` (each new checkpoint of the
 tool, with its progress and phase) and ``tool_call_result`` (the outcome), after
 which it ends. Same visibility as ``GET /v1/invocations/{id}``: another tenant's
-invocation is a 404.
+invocation is a 404. An invocation just accepted (``202``) may not be in the status
+projection yet, so an id the caller cannot see is awaited for up to
+:data:`APPEAR_WAIT_S` before the 404: a caller following its own call right after
+submitting it gets the stream, never a 404, and the wait is the same for a missing id
+and for another tenant's, so the two answers stay indistinguishable.
 
 ``GET /v1/events/invocations`` is the console's live list: a ``snapshot`` of the newest
 invocations the caller may see, then one ``invocation`` event per change, pushed by the
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Annotated, Any
 from uuid import UUID
@@ -51,6 +56,8 @@ POLL_S = 0.2
 """How often the projection is read while the invocation runs."""
 KEEPALIVE_S = 15.0
 """A comment line at least this often, so proxies keep the connection open."""
+APPEAR_WAIT_S = 5.0
+"""How long an invocation not (yet) in the projection is awaited before the 404."""
 
 
 def frames(
@@ -112,6 +119,23 @@ async def follow(
         before, now = now, await read()
 
 
+async def first_view(
+    read: Callable[[], Awaitable[InvocationView | None]],
+    *,
+    wait_s: float = APPEAR_WAIT_S,
+    pause: Callable[[float], Awaitable[None]] = asyncio.sleep,
+) -> InvocationView | None:
+    """The invocation's first view, read every :data:`POLL_S` for up to ``wait_s`` while
+    the projection has no row for it (``None``: still none, a 404)."""
+    pauses = math.ceil(wait_s / POLL_S)
+    view = await read()
+    while view is None and pauses > 0:
+        await pause(POLL_S)
+        pauses -= 1
+        view = await read()
+    return view
+
+
 @router.get(
     "/{invocation_id}/events",
     response_class=StreamingResponse,
@@ -125,13 +149,15 @@ async def invocation_events(
 ) -> StreamingResponse:
     """Follow one invocation: ``tool_call_start``, ``approval_pending``, ``progress``,
     then ``tool_call_result`` with the outcome, as Server-Sent Events. If the token is
-    revoked or expires first, the last event is ``stream_closed`` with its ``reason``."""
+    revoked or expires first, the last event is ``stream_closed`` with its ``reason``.
+    A call accepted a moment ago is awaited (up to 5 s) until the status projection
+    has it, so following one's own call right after submitting it never answers 404."""
     scope = caller.tenant_scope
 
     async def read() -> InvocationView | None:
         return await res.invocations.get(invocation_id, tenant_id=scope)
 
-    first = await read()
+    first = await first_view(read)
     if first is None:
         raise ProblemError(404, "no such invocation", code="not_found")
     watch = CredentialWatch(revocations=res.revocations)

@@ -2,7 +2,8 @@
 
 An admin sees every tool; any other caller only the tools its tenant's policy (with its
 agent's narrowing) allows, and a disallowed tool answers 404 like an unknown one.
-``q`` ranks by meaning (embeddings, see :mod:`toolfleet.registry.search`). Only an admin
+``q`` ranks by words and meaning (BM25 over names, descriptions, tags, parameters and
+keywords, blended with embeddings; see :mod:`toolfleet.registry.search`). Only an admin
 moves a version along its lifecycle; each move is announced as
 ``ai.agent.tool.lifecycle.changed``, which audit records with the operator.
 """
@@ -34,6 +35,7 @@ from toolfleet.events.types import EventType, Source, TopicName
 from toolfleet.policy.catalog import visible_page
 from toolfleet.registry.search import MIN_SCORE
 from toolfleet.registry.store import LifecycleChange
+from toolfleet.registry.versions import sunset_follows
 
 router = APIRouter(prefix="/v1/tools", tags=["tools"], responses=problem_responses(401, 422))
 
@@ -184,8 +186,9 @@ async def change_lifecycle(
 
 
 def _check_dates(patch: LifecyclePatch) -> None:
-    """Dates are timezone-aware, the sunset comes after the deprecation, and a removal
-    has none (the store checks the dates against those already set)."""
+    """Dates are timezone-aware, the sunset comes after the deprecation (a sunset may
+    share its instant), and a removal has none (the store checks the dates against
+    those already set)."""
     dates = {"deprecation_date": patch.deprecation_date, "sunset_date": patch.sunset_date}
     given = {name: when for name, when in dates.items() if when is not None}
     if given and patch.lifecycle_state is LifecycleState.REMOVED:
@@ -205,7 +208,9 @@ def _check_dates(patch: LifecyclePatch) -> None:
     if (
         patch.deprecation_date is not None
         and patch.sunset_date is not None
-        and patch.sunset_date <= patch.deprecation_date
+        and not sunset_follows(
+            patch.deprecation_date, patch.sunset_date, state=patch.lifecycle_state
+        )
     ):
         raise ProblemError(
             422,

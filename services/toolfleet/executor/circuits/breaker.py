@@ -27,7 +27,7 @@ from enum import IntFlag, StrEnum
 from typing import Protocol
 
 from toolfleet.coalescing import Coalescer
-from toolfleet.tools.policies import CircuitPolicy
+from toolfleet.tools.resilience import Breaker
 
 log = logging.getLogger(__name__)
 
@@ -154,7 +154,7 @@ class Step:
     read of its own."""
 
 
-def admit(name: str, state: CircuitState, policy: CircuitPolicy, now: float) -> Step:
+def admit(name: str, state: CircuitState, policy: Breaker, now: float) -> Step:
     """May a call go through now? Half-open hands out its trial permits here."""
     match state.status:
         case CircuitStatus.CLOSED:
@@ -182,7 +182,7 @@ def admit(name: str, state: CircuitState, policy: CircuitPolicy, now: float) -> 
 
 
 def record(
-    name: str, state: CircuitState, policy: CircuitPolicy, now: float, outcome: CallOutcome
+    name: str, state: CircuitState, policy: Breaker, now: float, outcome: CallOutcome
 ) -> Step:
     """Count a finished call; may open or close the circuit."""
     mark = Mark(0)
@@ -225,7 +225,7 @@ def record(
 
 
 def _recent(
-    state: CircuitState, policy: CircuitPolicy, now: float
+    state: CircuitState, policy: Breaker, now: float
 ) -> tuple[tuple[int, ...], tuple[float, ...]]:
     """The calls of a time window still inside it at ``now``, and their times."""
     if len(state.times) != len(state.window):
@@ -235,7 +235,7 @@ def _recent(
     return tuple(m for m, _ in kept), tuple(t for _, t in kept)
 
 
-def _trip_reason(window: tuple[int, ...], policy: CircuitPolicy) -> str:
+def _trip_reason(window: tuple[int, ...], policy: Breaker) -> str:
     if len(window) < policy.minimum_calls:
         return ""
     failed, slow_mark = int(Mark.FAILED), int(Mark.SLOW)  # int arithmetic: no enum per call
@@ -253,7 +253,7 @@ def _trip_reason(window: tuple[int, ...], policy: CircuitPolicy) -> str:
     return ""
 
 
-def _open(name: str, now: float, policy: CircuitPolicy, reason: str) -> Step:
+def _open(name: str, now: float, policy: Breaker, reason: str) -> Step:
     return Step(
         state=CircuitState(status=CircuitStatus.OPEN, since=now),
         transition=Transition(
@@ -285,7 +285,7 @@ class CircuitStore(Protocol):
 class _Report:
     """A finished call waiting to be recorded."""
 
-    policy: CircuitPolicy
+    policy: Breaker
     outcome: CallOutcome
 
 
@@ -305,14 +305,12 @@ class CircuitBreaker:
     compare-and-swap tries it instead of reading first (another executor's write since
     makes the swap fail, and the state is read then)."""
 
-    async def before_call(
-        self, name: str, policy: CircuitPolicy, *, read: str | None = None
-    ) -> Step:
+    async def before_call(self, name: str, policy: Breaker, *, read: str | None = None) -> Step:
         """May the call go through? ``read``: the state as this call's :meth:`peek` read
         it a moment ago (:attr:`Step.read`), taken instead of reading it again."""
         return await self._step(name, lambda s, now: admit(name, s, policy, now), read=read)
 
-    async def after_call(self, name: str, policy: CircuitPolicy, outcome: CallOutcome) -> Step:
+    async def after_call(self, name: str, policy: Breaker, outcome: CallOutcome) -> Step:
         """Record a finished call; returns the step it caused (its transition, if any).
 
         Every finished call changes the window, so each would be a compare-and-swap on
@@ -359,7 +357,7 @@ class CircuitBreaker:
         log.warning("circuit state kept changing; calls not recorded", extra={"circuit": name})
         return [Step(state=CircuitState()) for _ in batch]
 
-    async def peek(self, name: str, policy: CircuitPolicy) -> Step:
+    async def peek(self, name: str, policy: Breaker) -> Step:
         """What :meth:`before_call` would say for an open circuit, changing nothing."""
         raw = await self.store.load(name)
         self._written[name] = raw

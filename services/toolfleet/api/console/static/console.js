@@ -6,9 +6,10 @@
 
 (() => {
   const TOKEN_KEY = "toolfleet.console.token";
-  const MAX_ROWS = 200;
+  const PAGE_SIZE = 50;
+  const FILTERS = ["status", "tool_id", "agent", "since", "until", "invocation_id"];
   const $ = (selector) => document.querySelector(selector);
-  const state = { me: null, rows: new Map(), pending: new Map(), selected: null, stop: null };
+  const state = { me: null, rows: new Map(), pending: new Map(), selected: null, stop: null, cursor: null, filters: {} };
 
   // --- small DOM helpers --------------------------------------------------------------
   function el(tag, props, ...children) {
@@ -34,6 +35,7 @@
   }
   const show = (node, visible) => { node.hidden = !visible; };
   const when = (iso) => (iso ? new Date(iso).toLocaleTimeString() : "");
+  const stamp = (iso) => (iso ? new Date(iso).toLocaleString() : "");
   const ms = (n) => (n >= 1000 ? `${(n / 1000).toFixed(2)} s` : `${n} ms`);
   const sleep = (t) => new Promise((resolve) => setTimeout(resolve, t));
   function debounce(fn, wait) {
@@ -82,7 +84,12 @@
     show($("#sign-out"), true);
     show($("#sign-in"), false);
     show($("#console"), true);
-    follow();
+    if (document.body.dataset.page === "invocation") {
+      loadCall(document.body.dataset.invocation);
+      return;
+    }
+    readFilters();
+    loadList(false).then(follow);
     loadApprovals();
     loadCircuits();
     searchTools("");
@@ -97,6 +104,7 @@
     state.rows.clear();
     state.pending.clear();
     state.selected = null;
+    state.cursor = null;
     show($("#console"), false);
     show($("#who"), false);
     show($("#sign-out"), false);
@@ -173,13 +181,13 @@
       return;
     }
     if (event === "snapshot") {
-      state.rows.clear();
-      for (const item of payload.items) state.rows.set(item.invocation_id, item);
+      // The newest calls: merged into the list (which may hold older pages), filtered.
+      for (const item of payload.items) if (matches(item)) state.rows.set(item.invocation_id, item);
       renderRows();
       for (const item of payload.items) trackApproval(item);
     } else if (event === "invocation") {
       const before = state.rows.get(payload.invocation_id);
-      state.rows.set(payload.invocation_id, payload);
+      if (before || matches(payload)) state.rows.set(payload.invocation_id, payload);
       renderRows();
       trackApproval(payload);
       if (payload.invocation_id === state.selected) refreshTimeline();
@@ -191,10 +199,75 @@
     }
   }
 
+  // --- the list: filters from the URL (a view is a link), pages by keyset cursor -------
+  function readFilters() {
+    const query = new URLSearchParams(window.location.search);
+    state.filters = {};
+    for (const name of FILTERS) {
+      const value = (query.get(name) || "").trim();
+      if (value) state.filters[name] = value;
+    }
+    const form = $("#filters");
+    for (const name of FILTERS) {
+      const input = form.elements[name];
+      const value = state.filters[name] || "";
+      input.value = input.type === "datetime-local" && value ? localInput(value) : value;
+    }
+  }
+
+  // datetime-local inputs hold local wall time without an offset; the API wants an instant.
+  function localInput(iso) {
+    const d = new Date(iso);
+    if (Number.isNaN(d.getTime())) return "";
+    const pad = (n) => String(n).padStart(2, "0");
+    return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())}T${pad(d.getHours())}:${pad(d.getMinutes())}`;
+  }
+  function instant(value) {
+    const d = new Date(value);
+    return Number.isNaN(d.getTime()) ? "" : d.toISOString();
+  }
+
+  function matches(item) {
+    const f = state.filters;
+    if (f.status && item.status !== f.status) return false;
+    if (f.tool_id && item.tool_id !== f.tool_id) return false;
+    if (f.agent && item.agent_did !== f.agent) return false;
+    if (f.invocation_id && item.invocation_id !== f.invocation_id.toLowerCase()) return false;
+    if (f.since && new Date(item.created_at) < new Date(f.since)) return false;
+    if (f.until && new Date(item.created_at) >= new Date(f.until)) return false;
+    return true;
+  }
+
+  async function loadList(more) {
+    const query = new URLSearchParams({ ...state.filters, limit: String(PAGE_SIZE) });
+    if (more && state.cursor) query.set("cursor", state.cursor);
+    const response = await api(`/v1/console/invocations?${query}`);
+    const note = $("#invocations-error");
+    if (!response.ok) {
+      note.textContent = await problem(response);
+      show(note, true);
+      return;
+    }
+    show(note, false);
+    const page = await response.json();
+    if (!more) state.rows.clear();
+    for (const item of page.items) state.rows.set(item.invocation_id, item);
+    state.cursor = page.next_cursor;
+    show($("#more"), Boolean(state.cursor));
+    renderRows();
+    if (!more && state.filters.invocation_id && page.items.length === 1) select(page.items[0].invocation_id);
+  }
+
+  function duration(item) {
+    if (item.status === "pending_approval") return "waiting";
+    if (!item.completed_at) return item.status === "running" ? "running" : "";
+    const start = new Date(item.started_at || item.created_at);
+    return ms(Math.max(0, new Date(item.completed_at) - start));
+  }
+
   function renderRows() {
     const items = [...state.rows.values()]
-      .sort((a, b) => (a.created_at < b.created_at ? 1 : -1))
-      .slice(0, MAX_ROWS);
+      .sort((a, b) => (a.created_at < b.created_at ? 1 : -1));
     const body = $("#invocations tbody");
     body.replaceChildren(...items.map((item) => el(
       "tr",
@@ -205,12 +278,16 @@
         onclick: () => select(item.invocation_id),
         onkeydown: (e) => { if (e.key === "Enter") select(item.invocation_id); },
       },
-      el("td", {}, when(item.created_at)),
-      el("td", {}, item.tenant_id),
+      el("td", { class: "id" }, el("a", {
+        href: `/console/invocations/${encodeURIComponent(item.invocation_id)}`,
+        title: item.invocation_id,
+      }, String(item.invocation_id).slice(0, 8))),
       el("td", {}, item.tool_id, item.tool_version ? el("span", { class: "muted" }, ` @${item.tool_version}`) : null),
+      el("td", { title: item.agent_did || "" }, item.agent_did || ""),
       el("td", {}, el("span", { class: `status s-${item.status}` }, item.status)),
-      el("td", {}, el("progress", { max: "100", value: String(item.progress_percent || 0) })),
-      el("td", {}, item.current_phase || ""),
+      el("td", {}, duration(item)),
+      el("td", {}, item.error && item.error.code ? item.error.code : ""),
+      el("td", {}, stamp(item.created_at)),
     )));
     show($("#invocations-empty"), items.length === 0);
   }
@@ -236,13 +313,22 @@
     return named ? [el("li", {}, `pool ${named.detail.pool}`)] : [];
   }
 
+  // What the call's time means in its state: a pending call waits, a running one runs.
+  function timeFact(t) {
+    const since = t.steps.length ? stamp(t.steps[0].at) : "";
+    if (t.status === "pending_approval") return `waiting for approval since ${since}`;
+    if (t.status === "queued") return `queued since ${since}`;
+    if (t.duration_ms === null) return "running";
+    return `duration ${ms(t.duration_ms)}`;
+  }
+
   function renderTimeline(t) {
     $("#timeline-title").textContent = `${t.tool_id} · ${t.invocation_id}`;
     const facts = el(
       "ul", { class: "facts" },
       el("li", {}, "status ", el("span", { class: `status s-${t.status}` }, t.status)),
-      el("li", {}, `duration ${t.duration_ms === null ? "running" : ms(t.duration_ms)}`),
-      el("li", {}, `attempts ${t.attempts}`),
+      el("li", {}, timeFact(t)),
+      el("li", {}, t.attempts ? `attempts ${t.attempts}` : "not run"),
       el("li", {}, `resumes ${t.resumes}`),
       el("li", {}, `worker hand-overs ${t.handovers}`),
       ...poolFacts(t.steps),
@@ -286,6 +372,45 @@
     $("#timeline").replaceChildren(facts, chart, list);
   }
 
+  // --- one call's page (/console/invocations/{id}) -----------------------------------
+  async function loadCall(id) {
+    const response = await api(`/v1/console/invocations/${encodeURIComponent(id)}`);
+    if (!response.ok) {
+      // Another tenant's call and a missing one read the same.
+      show($("#call-missing"), true);
+      $("#call-missing").textContent = response.status === 404 ? "No such invocation." : await problem(response);
+      $("#timeline").replaceChildren(el("p", { class: "empty" }, "No timeline."));
+      return;
+    }
+    const call = await response.json();
+    const item = call.invocation;
+    $("#call-facts").replaceChildren(
+      el("li", {}, "tool ", el("strong", {}, item.tool_id), item.tool_version ? ` @${item.tool_version}` : ""),
+      el("li", {}, `agent ${item.agent_did || "unknown"}`),
+      el("li", {}, `tenant ${item.tenant_id}`),
+      el("li", {}, `created ${stamp(item.created_at)}`),
+      el("li", {}, "trace ", el("code", { id: "call-trace" }, item.trace_id || "none")),
+      item.warnings.length ? el("li", {}, `warnings: ${item.warnings.join("; ")}`) : null,
+    );
+    const error = item.error || null;
+    show($("#call-error"), Boolean(error));
+    if (error) {
+      $("#call-error-code").textContent = error.code || "";
+      $("#call-error-message").textContent = error.message || "";
+    }
+    $("#call-parameters").textContent = call.parameters ? JSON.stringify(call.parameters, null, 2) : "(not recorded)";
+    $("#call-hash").textContent = call.parameters_hash || "none";
+    $("#call-result").textContent = item.result ? JSON.stringify(item.result, null, 2).slice(0, 20000) : "(no result)";
+    const attachments = ((item.result || {}).attachments || []).filter((a) => a && typeof a === "object");
+    $("#call-attachments").replaceChildren(...attachments.map((a) => {
+      const url = typeof a.url === "string" && /^(https?:\/\/|\/(?!\/))/.test(a.url) ? a.url : null;
+      const name = a.name || a.filename || a.url || "attachment";
+      return el("li", {}, url ? el("a", { href: url, rel: "noopener noreferrer" }, String(name)) : String(name));
+    }));
+    state.selected = id;
+    refreshTimeline();
+  }
+
   // --- approvals ----------------------------------------------------------------------
   async function loadApprovals() {
     const response = await api("/v1/invocations?status=pending_approval&limit=100");
@@ -303,8 +428,10 @@
     const cards = [...state.pending.values()].map((item) => {
       const approval = item.approval || {};
       const note = el("p", { class: "note", role: "status" });
+      const reason = el("textarea", { class: "reason", rows: "2", maxlength: "1024", placeholder: "reason (optional)", "aria-label": "reason" });
       const decide = async (verb) => {
         const body = approval.parameters_hash ? { parameters_hash: approval.parameters_hash } : {};
+        if (reason.value.trim()) body.reason = reason.value.trim();
         const response = await api(`/v1/invocations/${encodeURIComponent(item.invocation_id)}/${verb}`, {
           method: "POST",
           headers: { "Content-Type": "application/json" },
@@ -313,15 +440,19 @@
         note.textContent = response.ok ? (await response.json()).message : await problem(response);
       };
       const actions = state.me && state.me.may_decide
-        ? el("div", { class: "actions" },
-            el("button", { type: "button", class: "approve", onclick: () => decide("approve") }, "Approve"),
-            el("button", { type: "button", class: "deny", onclick: () => decide("deny") }, "Deny"))
+        ? el("div", {},
+            reason,
+            el("div", { class: "actions" },
+              el("button", { type: "button", class: "approve", onclick: () => decide("approve") }, "Approve"),
+              el("button", { type: "button", class: "deny", onclick: () => decide("deny") }, "Deny")))
         : el("p", { class: "muted" }, "An approver or admin token can decide this call.");
       return el(
         "article", { class: "approval", data: { invocation: item.invocation_id } },
         el("h3", {}, approval.tool_id || item.tool_id, el("span", { class: "muted" }, ` @${approval.tool_version || item.tool_version || "?"}`)),
         el("p", { class: "muted" }, `${item.tenant_id} · requested by ${item.agent_did || "unknown"} · ${when(item.created_at)}`),
-        el("pre", { class: "parameters" }, JSON.stringify(approval.parameters ?? {}, null, 2)),
+        el("pre", { class: "parameters wrap" }, JSON.stringify(approval.parameters ?? {}, null, 2)),
+        el("p", { class: "muted hash" }, "parameters_hash ", el("code", {}, approval.parameters_hash || "none")),
+        el("p", {}, el("a", { href: `/console/invocations/${encodeURIComponent(item.invocation_id)}` }, "open the call")),
         actions,
         note,
       );
@@ -457,6 +588,25 @@
       if (candidate) signIn(candidate);
     });
     $("#sign-out").addEventListener("click", () => signOut(""));
+    if (document.body.dataset.page === "invocation") {
+      if (token()) signIn(token());
+      return;
+    }
+    $("#more").addEventListener("click", () => loadList(true));
+    $("#filters").addEventListener("submit", (event) => {
+      // The view becomes the page's URL: empty filters are left out, times become instants.
+      event.preventDefault();
+      const form = event.target;
+      const query = new URLSearchParams();
+      for (const name of FILTERS) {
+        const input = form.elements[name];
+        const value = input.value.trim();
+        if (!value) continue;
+        query.set(name, input.type === "datetime-local" ? instant(value) : value);
+      }
+      const text = query.toString();
+      window.location.assign(text ? `/console?${text}` : "/console");
+    });
     const search = debounce(() => searchTools($("#tool-q").value.trim()), 250);
     $("#tool-q").addEventListener("input", search);
     $("#tool-search").addEventListener("submit", (event) => { event.preventDefault(); search(); });

@@ -13,7 +13,7 @@ from toolfleet.errors import RegistrationError
 
 
 @dataclass(frozen=True, kw_only=True)
-class RetryPolicy:
+class Retry:
     """Retry a call whose error is retryable, with exponential backoff and full jitter.
 
     Attempt ``n`` (from 1) waits a random time in ``[0, min(max_backoff_s,
@@ -29,13 +29,13 @@ class RetryPolicy:
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
-            raise RegistrationError("RetryPolicy.max_attempts must be at least 1")
+            raise RegistrationError("Retry.max_attempts must be at least 1")
         if self.initial_backoff_s < 0 or self.max_backoff_s < self.initial_backoff_s:
-            raise RegistrationError("RetryPolicy needs 0 <= initial_backoff_s <= max_backoff_s")
+            raise RegistrationError("Retry needs 0 <= initial_backoff_s <= max_backoff_s")
 
 
 @dataclass(frozen=True, kw_only=True)
-class CircuitPolicy:
+class Breaker:
     """A circuit breaker (closed, open, half-open) shared by every executor."""
 
     max_time_window_calls: ClassVar[int] = 1000
@@ -72,33 +72,31 @@ class CircuitPolicy:
     def __post_init__(self) -> None:
         if self.name and not re.fullmatch(r"[A-Za-z0-9._:-]{1,200}", self.name):
             raise RegistrationError(
-                f"CircuitPolicy.name {self.name!r}: letters, digits and '._:-', at most 200"
+                f"Breaker.name {self.name!r}: letters, digits and '._:-', at most 200"
             )
         if self.window not in ("count", "time"):
-            raise RegistrationError("CircuitPolicy.window is 'count' or 'time'")
+            raise RegistrationError("Breaker.window is 'count' or 'time'")
         if self.half_open_strategy not in ("all_or_nothing", "canary"):
-            raise RegistrationError(
-                "CircuitPolicy.half_open_strategy is 'all_or_nothing' or 'canary'"
-            )
+            raise RegistrationError("Breaker.half_open_strategy is 'all_or_nothing' or 'canary'")
         if self.window == "count" and not 1 <= self.minimum_calls <= self.window_size:
-            raise RegistrationError("CircuitPolicy needs 1 <= minimum_calls <= window_size")
+            raise RegistrationError("Breaker needs 1 <= minimum_calls <= window_size")
         if self.window == "time" and not (
             self.window_s > 0 and 1 <= self.minimum_calls <= self.max_time_window_calls
         ):
             raise RegistrationError(
-                "CircuitPolicy with a time window needs window_s > 0 and"
+                "Breaker with a time window needs window_s > 0 and"
                 f" 1 <= minimum_calls <= {self.max_time_window_calls}"
             )
         if not (0 < self.failure_rate <= 1 and 0 < self.slow_call_rate <= 1):
-            raise RegistrationError("CircuitPolicy rates are in (0, 1]")
+            raise RegistrationError("Breaker rates are in (0, 1]")
         if self.slow_call_s <= 0 or self.open_s <= 0 or self.half_open_calls < 1:
             raise RegistrationError(
-                "CircuitPolicy needs slow_call_s > 0, open_s > 0, half_open_calls >= 1"
+                "Breaker needs slow_call_s > 0, open_s > 0, half_open_calls >= 1"
             )
 
 
 @dataclass(frozen=True, kw_only=True)
-class CachePolicy:
+class Cache:
     """Reuse a successful result of the same call (tool version, parameters, tenant)."""
 
     mode: Literal["ttl", "forever"] = "ttl"
@@ -108,6 +106,6 @@ class CachePolicy:
 
     def __post_init__(self) -> None:
         if self.mode not in ("ttl", "forever"):
-            raise RegistrationError("CachePolicy.mode is 'ttl' or 'forever'")
+            raise RegistrationError("Cache.mode is 'ttl' or 'forever'")
         if self.mode == "ttl" and self.ttl_s < 1:
-            raise RegistrationError("CachePolicy.ttl_s must be at least 1")
+            raise RegistrationError("Cache.ttl_s must be at least 1")

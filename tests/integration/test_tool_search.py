@@ -49,6 +49,20 @@ async def app(api_settings: ApiSettings) -> AsyncIterator[FastAPI]:
         store = RegistryStore(res.pool)
         for spec in EVAL["tools"]:
             await store.register(_manifest(spec))
+        # Another tenant's tool that every nonsense query finds: the caller's answer must
+        # still be its own best few (search ranks only what the caller may see).
+        nonsense = " ".join(EVAL["nonsense"])
+        await store.register(
+            _manifest(
+                {
+                    "id": "other__nonsense",
+                    "description": nonsense,
+                    "category": "general",
+                    "tags": [],
+                    "keywords": nonsense.split(),
+                }
+            )
+        )
         await PolicyStore(res.pool).put(
             "search_tenant",
             TenantPolicy(allow_tools=["eval__*"], deny_tools=["eval__sentiment"]),

@@ -320,12 +320,15 @@ class RegistryStore:
         min_score: float = MIN_SCORE,
         limit: int = 50,
         offset: int = 0,
+        shows: Callable[[str], bool] | None = None,
     ) -> tuple[list[dict[str, Any]], int]:
         """Tool summaries matching the filters, and the total count.
 
         Without ``q`` by tool id; with it, the tools scoring at least ``min_score``, most
         similar in meaning first, each with its ``score`` and ``low_relevance``. Removed
-        versions, and tools with nothing else, are left out.
+        versions, and tools with nothing else, are left out. ``shows``: with ``q``, rank
+        only the tools the caller may see, so the best few of a query nothing answers
+        are the caller's own and other tenants' tools never weigh on its ranking.
         """
         where: list[str] = [_LISTED]
         args: list[object] = []
@@ -337,7 +340,7 @@ class RegistryStore:
             where.append(f"${len(args)} = ANY(d.tags)")
         clause = " AND ".join(where)
         if q:
-            matches = await self._ranked(q, clause, args, min_score=min_score)
+            matches = await self._ranked(q, clause, args, min_score=min_score, shows=shows)
             page = {m.tool_id: m for m in matches[offset : offset + limit]}
             summaries = await self._summaries(list(page))
             return [
@@ -360,11 +363,20 @@ class RegistryStore:
         return await self._summaries([r["tool_id"] for r in ids]), int(total)
 
     async def _ranked(
-        self, q: str, clause: str, args: list[object], *, min_score: float
+        self,
+        q: str,
+        clause: str,
+        args: list[object],
+        *,
+        min_score: float,
+        shows: Callable[[str], bool] | None = None,
     ) -> list[Match]:
-        """The tools matching ``clause`` as :func:`~toolfleet.registry.search.hybrid_rank`
-        ranks them: scoring ``min_score`` or, if none does, the best few marked weak."""
+        """The tools matching ``clause`` (and ``shows``) as
+        :func:`~toolfleet.registry.search.hybrid_rank` ranks them: scoring ``min_score``
+        or, if none does, the best few marked weak."""
         docs = await self._documents(clause, args)
+        if shows is not None:
+            docs = [d for d in docs if shows(d.tool_id)]
         (query,) = await self._embed([q])
         similarities: dict[str, float] | None = None
         schema = await self.detect_pgvector()

@@ -67,6 +67,8 @@ async def list_tools(
     ``q`` the ones that match, most relevant first, each with its ``score`` (weak
     matches marked ``low_relevance``). Removed versions are left out."""
 
+    view = await catalog_view(res, caller)
+
     async def fetch(limit: int, offset: int) -> tuple[list[dict[str, Any]], int]:
         return await res.registry.list_tools(
             category=category,
@@ -75,11 +77,10 @@ async def list_tools(
             min_score=min_score,
             limit=limit,
             offset=offset,
+            shows=view.shows,
         )
 
-    rows, total = await visible_page(
-        await catalog_view(res, caller), fetch, offset=(page - 1) * page_size, limit=page_size
-    )
+    rows, total = await visible_page(view, fetch, offset=(page - 1) * page_size, limit=page_size)
     return ToolPage(
         items=[ToolSummary.model_validate(r) for r in rows],
         page=page,

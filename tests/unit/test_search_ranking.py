@@ -1,14 +1,15 @@
-"""Hybrid tool search held to its query set, and the pieces it is made of.
+"""Hybrid tool search held to two query sets, and the pieces it is made of.
 
-The set was written before tuning, but the keywords and weights were tuned on it: the
-recall asserted here is in-sample.
-
-``tests/data/tool_search_queries.json`` was written before the ranking was tuned: 92
-plain-language queries (paraphrases, slang, short asks) over the 45 tools of
-``tool_search_eval.yaml``, and 15 queries no tool answers. Ranking runs here as the
-registry runs it (:func:`hybrid_rank` over the real wordllama vectors and each tool's
-words), without a database; ``tests/integration/test_tool_search.py`` runs the same set
-through ``GET /v1/tools?q=``. The model is deterministic, so are the numbers.
+``tests/data/tool_search_queries.json`` (the tuning set: 92 queries and 15 no tool
+answers) was written before the ranking was tuned, then the weights, thresholds and the
+catalog's keywords were tuned on it: its recall is in-sample.
+``tests/data/tool_search_heldout.json`` (140 queries over all 45 tools, 15 no tool
+answers) was written afterwards by someone who saw only the catalog's ids, categories,
+tags and descriptions, and nothing was tuned on it: the goals (recall@3 >= 0.95,
+recall@1 >= 0.8) are held to it. Ranking runs here as the registry runs it
+(:func:`hybrid_rank` over the real wordllama vectors and each tool's words), without a
+database; ``tests/integration/test_tool_search.py`` runs the tuning set through
+``GET /v1/tools?q=``. The model is deterministic, so are the numbers.
 """
 
 from __future__ import annotations
@@ -40,7 +41,12 @@ from toolfleet.registry.search import (
 pytestmark = pytest.mark.unit
 
 DATA = Path(__file__).parents[1] / "data"
-HELD_OUT: dict[str, Any] = json.loads((DATA / "tool_search_queries.json").read_text())
+TUNING: dict[str, Any] = json.loads((DATA / "tool_search_queries.json").read_text())
+HELD_OUT: dict[str, Any] = json.loads((DATA / "tool_search_heldout.json").read_text())
+SETS = {
+    "tuning": (TUNING["queries"], TUNING["misses"]),
+    "held-out": (HELD_OUT["queries"], HELD_OUT["unanswerable"]),
+}
 CATALOG: list[dict[str, Any]] = yaml.safe_load((DATA / "tool_search_eval.yaml").read_text())[
     "tools"
 ]
@@ -75,18 +81,23 @@ def _search(q: str, docs: tuple[ToolDocument, ...]) -> list[tuple[str, float, bo
     return [(m.tool_id, m.score, m.low_relevance) for m in hybrid_rank(q, vector, docs)]
 
 
-def test_the_held_out_set_is_what_its_header_says() -> None:
-    queries = HELD_OUT["queries"]
+@pytest.mark.parametrize("name", SETS)
+def test_each_query_set_is_what_its_header_says(name: str) -> None:
+    queries, unanswerable = SETS[name]
     assert len(queries) >= 60
     assert len({q["q"] for q in queries}) == len(queries)
     assert {q["want"] for q in queries} <= {t["id"] for t in CATALOG}
-    assert len(HELD_OUT["misses"]) >= 10
+    assert len(unanswerable) >= 10
 
 
-def test_recall_on_the_held_out_set_meets_the_goals(
-    record_property: Callable[[str, object], None],
-) -> None:
-    queries = HELD_OUT["queries"]
+def test_the_held_out_set_was_written_after_the_tuning_set_and_covers_the_catalog() -> None:
+    assert HELD_OUT["written_at"] > TUNING["written_at"]
+    assert {q["want"] for q in HELD_OUT["queries"]} == {t["id"] for t in CATALOG}
+
+
+@pytest.mark.parametrize("name", SETS)
+def test_recall_meets_the_goals(name: str, record_property: Callable[[str, object], None]) -> None:
+    queries, _ = SETS[name]
     top1 = top3 = 0
     misses = []
     for query in queries:
@@ -98,26 +109,44 @@ def test_recall_on_the_held_out_set_meets_the_goals(
     recall_1, recall_3 = top1 / len(queries), top3 / len(queries)
     record_property("recall_at_1", round(recall_1, 3))
     record_property("recall_at_3", round(recall_3, 3))
-    print(f"\nquery-set recall@1 {recall_1:.3f} recall@3 {recall_3:.3f}; misses: {misses}")
+    print(f"\n{name} set: recall@1 {recall_1:.3f} recall@3 {recall_3:.3f}; misses: {misses}")
     assert recall_3 >= RECALL_AT_3_GOAL, misses
     assert recall_1 >= RECALL_AT_1_GOAL
 
 
-def test_the_weak_flag_tells_a_hit_from_a_miss() -> None:
+# Share of wrong first answers and unanswerable queries flagged weak, at least: in-sample
+# 0.78 (thresholds chosen on the tuning set: the rule flagging most of its misses with at
+# most 5% of its hits), out of sample 0.40 (before the ambiguity rule: 0.65 and 0.27).
+_MISSES_FLAGGED = {"tuning": 0.75, "held-out": 0.35}
+
+
+@pytest.mark.parametrize("name", SETS)
+def test_the_weak_flag_tells_a_hit_from_a_miss(name: str) -> None:
     """A right first answer is rarely flagged; a wrong one, or one for a query no tool
-    answers, mostly is (the issue's search flagged 12 of 26 hits)."""
+    answers, is far more often (the issue's search flagged 12 of 26 hits)."""
+    queries, unanswerable = SETS[name]
     hits = hits_weak = misses = misses_weak = 0
-    for query in HELD_OUT["queries"]:
+    for query in queries:
         tool_id, _, weak = _search(query["q"], _documents())[0]
         if tool_id == query["want"]:
             hits, hits_weak = hits + 1, hits_weak + weak
         else:
             misses, misses_weak = misses + 1, misses_weak + weak
-    for q in HELD_OUT["misses"]:
+    for q in unanswerable:
         misses, misses_weak = misses + 1, misses_weak + _search(q, _documents())[0][2]
-    print(f"\nweak: {hits_weak}/{hits} hits, {misses_weak}/{misses} misses")
+    print(f"\n{name} weak: {hits_weak}/{hits} hits, {misses_weak}/{misses} misses")
     assert hits_weak / hits <= 0.05
-    assert misses_weak / misses >= 0.6
+    assert misses_weak / misses >= _MISSES_FLAGGED[name]
+
+
+def test_a_middling_answer_barely_ahead_of_another_is_weak() -> None:
+    docs = [ToolDocument(tool_id=t, description="x") for t in ("a", "b", "c")]
+    close = hybrid_rank("q", [1.0], docs, similarities={"a": 0.6, "b": 0.57, "c": 0.0})
+    assert [(m.tool_id, m.low_relevance) for m in close[:2]] == [("a", True), ("b", True)]
+    clear = hybrid_rank("q", [1.0], docs, similarities={"a": 0.6, "b": 0.4, "c": 0.0})
+    assert [(m.tool_id, m.low_relevance) for m in clear[:2]] == [("a", False), ("b", False)]
+    high = hybrid_rank("q", [1.0], docs, similarities={"a": 0.95, "b": 0.93, "c": 0.0})
+    assert not high[0].low_relevance  # a high score is an answer, however close the next
 
 
 def test_a_query_nothing_answers_gets_the_best_few_all_marked_weak() -> None:

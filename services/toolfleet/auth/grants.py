@@ -45,7 +45,6 @@ from pathlib import Path
 from typing import Any
 
 from toolfleet.auth import jws
-from toolfleet.auth.keys import write_atomically
 from toolfleet.errors import PermissionDenied, ToolfleetError
 from toolfleet.events.identity import CallRef
 from toolfleet.events.types import DEFAULT_POOL
@@ -170,6 +169,10 @@ def new_grant_key() -> str:
 
 def ensure_grant_key(path: Path) -> bool:
     """Create the grant key file (mode 600) unless it exists; ``True`` when created."""
+    # Imported here: toolfleet.auth.keys loads cryptography (~7 MB), which signing and
+    # checking grants (HMAC) never use; only creating or rotating the key file does.
+    from toolfleet.auth.keys import write_atomically
+
     if path.exists():
         return False
     write_atomically(path, (new_grant_key() + "\n").encode(), mode=0o600)
@@ -178,6 +181,8 @@ def ensure_grant_key(path: Path) -> bool:
 
 def rotate_grant_key(path: Path, *, keep: int = 2) -> None:
     """Put a new signing key first, keep up to ``keep`` keys (old grants still verify)."""
+    from toolfleet.auth.keys import write_atomically  # see ensure_grant_key
+
     old = load_grant_keys(path) if path.exists() else []
     keys = [new_grant_key().encode(), *old][: max(1, keep)]
     write_atomically(path, b"\n".join(keys) + b"\n", mode=0o600)

@@ -17,15 +17,17 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
-import httpx
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 from toolfleet.auth.jwks import MAX_JWKS_BYTES, JwksError, parse_jwks
 from toolfleet.auth.keys import load_pem_public_keys
 from toolfleet.errors import ToolfleetError
+
+if TYPE_CHECKING:
+    import httpx
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +101,10 @@ class UrlJwksSource:
         return f"JWKS URL {urlunsplit((parts.scheme, netloc, parts.path, '', ''))}"
 
     async def fetch(self) -> dict[str, rsa.RSAPublicKey]:
+        # Imported here: httpx is ~20 MB that a fleet verifying tokens from a key file
+        # (and every executor, which reads no JWKS) never needs.
+        import httpx
+
         try:
             async with (
                 httpx.AsyncClient(

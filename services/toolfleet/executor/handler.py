@@ -6,6 +6,7 @@ import asyncio
 import time
 from collections import defaultdict
 from collections.abc import Awaitable, Sequence
+from typing import TYPE_CHECKING
 
 from toolfleet.auth.control import ControlVerifier, is_signed_cancel
 from toolfleet.auth.grants import GrantVerifier
@@ -14,7 +15,6 @@ from toolfleet.bus.producer import EventProducer, Outbound
 from toolfleet.bus.runtime import EventConsumer, Inbound
 from toolfleet.documents.cache import CHANNEL as DOCUMENT_UPDATES
 from toolfleet.documents.cache import DocumentCache, RedisCacheStore
-from toolfleet.documents.mcp_source import McpDocumentSource
 from toolfleet.documents.pins import TieredPinBook
 from toolfleet.events import routing
 from toolfleet.events.envelope import Envelope
@@ -39,7 +39,6 @@ from toolfleet.registry.catalog import discover
 from toolfleet.secrets.env import EnvSecretStore
 from toolfleet.secrets.file import FileSecretStore
 from toolfleet.secrets.store import SecretStore
-from toolfleet.secrets.vault import VaultConfig, VaultSecretStore
 from toolfleet.sources.pool import SessionPool
 from toolfleet.sources.provider import (
     EventSourceAudit,
@@ -56,6 +55,9 @@ from toolfleet.storage.invalidation import run_invalidation_listener
 from toolfleet.storage.revocation import CachedRevocationList
 from toolfleet.tools.limits import FleetLimits
 from toolfleet.worker import Resources
+
+if TYPE_CHECKING:
+    from toolfleet.documents.mcp_source import McpDocumentSource
 
 
 class _ProducerEmitter:
@@ -75,6 +77,9 @@ def secret_store(settings: ExecutorSettings) -> SecretStore:
         assert settings.secret_dir is not None
         return FileSecretStore(settings.secret_dir)
     if settings.secret_backend is SecretBackend.VAULT:
+        # Imported here: hvac (and requests under it) is ~20 MB a worker without Vault never needs.
+        from toolfleet.secrets.vault import VaultConfig, VaultSecretStore
+
         assert settings.vault_addr is not None
         assert settings.vault_token_file is not None
         return VaultSecretStore(
@@ -110,11 +115,15 @@ async def build(res: Resources) -> list[EventConsumer]:
     catalog = discover(settings.tool_module_list)
     await register_catalog(res.pool, catalog)
     revocations = CachedRevocationList.from_settings(res.redis, settings)
-    documents = (
-        McpDocumentSource(settings.document_source, timeout_s=settings.document_timeout_s)
-        if settings.document_source
-        else None
-    )
+    documents: McpDocumentSource | None = None
+    if settings.document_source:
+        # Imported here: the MCP SDK (starlette, uvicorn, httpx2 under it) is tens of MB an
+        # executor without a document source never needs.
+        from toolfleet.documents.mcp_source import McpDocumentSource
+
+        documents = McpDocumentSource(
+            settings.document_source, timeout_s=settings.document_timeout_s
+        )
     document_cache = DocumentCache(
         RedisCacheStore(res.redis),
         source=settings.document_source_name,

@@ -30,17 +30,8 @@ import time
 from collections.abc import Callable, Coroutine
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-import httpx2
-from mcp import Client
-from mcp.client import Transport
-from mcp.client.stdio import StdioServerParameters
-from mcp.client.streamable_http import streamable_http_client
-from mcp.client.subscriptions import ListenNotSupportedError
-from mcp.shared.dispatcher import ProgressFnT
-from mcp.shared.exceptions import MCPError
-from mcp.types import CallToolResult, Tool, ToolListChangedNotification
 from pydantic import ValidationError
 
 from toolfleet.errors import (
@@ -51,7 +42,19 @@ from toolfleet.errors import (
 )
 from toolfleet.isolation.stdio import StdioServer
 from toolfleet.sources.models import LISTING_LIMITS, ListingLimits, SourceDefinition, SourceKind
-from toolfleet.sources.stdio_client import TOO_LARGE_CODE, StdioConnection
+
+if TYPE_CHECKING:
+    # The MCP SDK (with starlette, uvicorn and httpx2 under it) is imported where a session
+    # opens, not with this module: an executor whose tenants declare no MCP source, and
+    # every worker that only builds a SessionPool, never pays its tens of MB.
+    import httpx2
+    from mcp import Client
+    from mcp.client import Transport
+    from mcp.client.stdio import StdioServerParameters
+    from mcp.shared.dispatcher import ProgressFnT
+    from mcp.types import CallToolResult, Tool
+
+    from toolfleet.sources.stdio_client import StdioConnection
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +83,9 @@ def server_of(
     ``credential_env``; an HTTP server's session sends ``credential_headers`` (through
     ``http_client``). Nothing else of the executor's environment reaches either.
     """
+    from mcp.client.stdio import StdioServerParameters
+    from mcp.client.streamable_http import streamable_http_client
+
     values = credentials or {}
     if source.kind is SourceKind.MCP_HTTP:
         if http_client is None:
@@ -152,6 +158,10 @@ class ServerSession:
                 f"the MCP server {self.source.name} answered {name} with a malformed result"
             ) from None
         except Exception as exc:
+            from mcp.shared.exceptions import MCPError
+
+            from toolfleet.sources.stdio_client import TOO_LARGE_CODE
+
             stdio = self._stdio
             self._discard(client)
             too_large = stdio.overflow if stdio is not None else None
@@ -284,6 +294,8 @@ class ServerSession:
 
     async def _on_message(self, message: object) -> None:
         """Handshake-era servers send ``notifications/tools/list_changed``."""
+        from mcp.types import ToolListChangedNotification
+
         if isinstance(message, ToolListChangedNotification):
             self._tools_changed()
 
@@ -296,6 +308,8 @@ class ServerSession:
 
     async def _listen(self, client: Client) -> None:
         """2026-07-28 servers announce list changes on a ``subscriptions/listen`` stream."""
+        from mcp.client.subscriptions import ListenNotSupportedError
+
         try:
             async with client.listen(tools_list_changed=True) as changes:
                 async for _ in changes:
@@ -356,6 +370,12 @@ class ServerSession:
 
     async def _client_of(self, stack: AsyncExitStack) -> Client:
         """An unopened client of the server, its credentials resolved now."""
+        import httpx2
+        from mcp import Client
+        from mcp.client.stdio import StdioServerParameters
+
+        from toolfleet.sources.stdio_client import StdioConnection
+
         source = self.source
         names = {*source.credential_env.values(), *source.credential_headers.values()}
         values = await self.credentials(source) if names and self.credentials else {}

@@ -27,7 +27,6 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 import asyncpg
-import httpx
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from toolfleet.bus.emitter import Emitter
@@ -44,7 +43,6 @@ from toolfleet.events.types import EventType, Source, TopicName
 from toolfleet.isolation.egress import Resolver, SystemResolver
 from toolfleet.registry.schemas import CompiledSchemas
 from toolfleet.secrets.store import SecretStore
-from toolfleet.sources import http_tools, mcp_tools
 from toolfleet.sources.declared import declared_tools
 from toolfleet.sources.listing import ListingJob, bounded_listing
 from toolfleet.sources.models import (
@@ -203,6 +201,9 @@ class SourceToolProvider:
             raise ResultValidationFailed(
                 f"{tool.tool_id}: the MCP server answered with a malformed result"
             ) from None
+        # Imported with the call: the MCP SDK is loaded only by an executor that runs one.
+        from toolfleet.sources import mcp_tools
+
         return mcp_tools.result_of(tool, answer)
 
     async def _run_http(
@@ -217,6 +218,11 @@ class SourceToolProvider:
         )
         if operation is None:
             raise ToolNotFound(f"the source {source.name} no longer has {tool.remote_name}")
+        # Imported with the call: httpx is loaded only by an executor that runs HTTP tools.
+        import httpx
+
+        from toolfleet.sources import http_tools
+
         if source.credential_headers and ctx.connection_id != source.connection_id:
             raise PermissionDenied(
                 f"the source {source.name} takes its credentials from connection "
@@ -269,6 +275,8 @@ class SourceCatalog:
         failed a listing (or ran out of time) is let go of: the next call opens another."""
         if source.kind is SourceKind.HTTP:
             return declared_tools(source)
+        from toolfleet.sources import mcp_tools  # with the MCP SDK, once a listing needs it
+
         try:
             answer = await self.pool.session(source).list_tools(self.limits)
             return [mcp_tools.source_tool(source, tool) for tool in answer]

@@ -1,0 +1,134 @@
+"""A worker loads only what its service uses: each service's process, started fresh,
+imports exactly what ``toolfleet worker NAME`` imports (:mod:`toolfleet.worker` and the
+build of NAME, through :func:`~toolfleet.worker.load_build`), and none of the heavy
+packages it never needs is among its modules.
+
+Every package left out here is tens of MB of resident memory per worker process (issue
+36: a worker stays within 80 MB). The code paths that do need one import it there: an MCP
+tool source or document source (the MCP SDK, with starlette, uvicorn and httpx2 under
+it), Vault secrets (hvac, requests), a JWKS URL or an HTTP tool source (httpx), creating
+or rotating key files (cryptography's primitives, for the services that sign with HMAC
+only). Those paths are checked here too: each one still finds what it imports.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from toolfleet.worker import AUXILIARY, SERVICES
+
+pytestmark = pytest.mark.unit
+
+NEVER_IN_A_WORKER = ("fastapi", "faust", "wordllama", "numpy", "uvicorn", "starlette")
+"""The API's web stack and the analytics and search stacks: no pipeline worker runs them."""
+MCP_SDK = ("mcp", "mcp_types", "httpx2", "sse_starlette", "anyio")
+"""Loaded when an MCP session opens (a tool source, the document source), not before."""
+ON_DEMAND = ("hvac", "requests", "httpx")
+"""Vault secrets; a JWKS URL or an HTTP tool source: loaded by the path that uses them."""
+KEY_FILES = ("cryptography.hazmat.primitives", "toolfleet.auth.keys", "jwt")
+"""RSA keys and JWTs: policy checks tokens, the executor and validator seal results; the
+observers sign nothing with them (grants and outcomes are HMAC)."""
+
+ABSENT: dict[str, tuple[str, ...]] = {
+    "policy": (*NEVER_IN_A_WORKER, *MCP_SDK, *ON_DEMAND),
+    "executor": (*NEVER_IN_A_WORKER, *MCP_SDK, *ON_DEMAND),
+    "validator": (*NEVER_IN_A_WORKER, *MCP_SDK, *ON_DEMAND, "jwt"),
+    "audit": (*NEVER_IN_A_WORKER, *MCP_SDK, *ON_DEMAND, *KEY_FILES),
+    "status": (*NEVER_IN_A_WORKER, *MCP_SDK, *ON_DEMAND, *KEY_FILES),
+    "audit+status": (*NEVER_IN_A_WORKER, *MCP_SDK, *ON_DEMAND, *KEY_FILES),
+    "maintenance": (*NEVER_IN_A_WORKER, *MCP_SDK, *ON_DEMAND),
+}
+
+
+def run_fresh(code: str) -> object:
+    """What ``code`` (run in a new interpreter) prints as JSON on its last line."""
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def loaded_by_worker(service: str, packages: tuple[str, ...]) -> list[str]:
+    """Those of ``packages`` in ``sys.modules`` once a worker of ``service`` is loaded."""
+    return run_fresh(  # type: ignore[return-value]
+        f"""
+        import json, sys
+        from toolfleet.worker import load_build
+        load_build({service!r})
+        print(json.dumps([p for p in {list(packages)!r} if p in sys.modules]))
+        """
+    )
+
+
+def test_every_worker_is_covered() -> None:
+    assert set(ABSENT) >= {*SERVICES, *AUXILIARY, "audit+status"}
+
+
+@pytest.mark.parametrize("service", sorted(ABSENT))
+def test_a_worker_loads_no_package_its_service_does_not_use(service: str) -> None:
+    assert loaded_by_worker(service, ABSENT[service]) == []
+
+
+def test_the_paths_that_need_a_heavy_package_still_load_it() -> None:
+    """Once a worker is loaded, each lazy path finds what it imports (no ImportError, no
+    NameError at the first MCP session, Vault read, JWKS fetch or key file)."""
+    found = run_fresh(
+        """
+        import json, sys
+        from pathlib import Path
+        from tempfile import mkdtemp
+
+        from toolfleet.worker import load_build
+
+        load_build("executor")
+        load_build("policy")
+
+        from toolfleet.auth.grants import ensure_grant_key, load_grant_keys, rotate_grant_key
+        from toolfleet.auth.keyring import UrlJwksSource
+        from toolfleet.executor.handler import secret_store
+        from toolfleet.executor.settings import ExecutorSettings
+        from toolfleet.sources.models import SourceDefinition, SourceKind
+        from toolfleet.sources.pool import server_of
+
+        out = {}
+        home = Path(mkdtemp())
+        (home / "token").write_text("t")
+        vault = secret_store(ExecutorSettings(
+            secret_backend="vault", vault_addr="http://127.0.0.1:1", vault_token_file=home / "token"
+        ))
+        out["vault"] = [type(vault).__name__, "hvac" in sys.modules]
+        key = home / "grant.key"
+        created = ensure_grant_key(key)
+        rotate_grant_key(key)
+        out["grant_keys"] = [created, len(load_grant_keys(key))]
+        stdio = SourceDefinition(
+            tenant_id="t", name="s", kind=SourceKind.MCP_STDIO, target="server --flag"
+        )
+        out["stdio"] = type(server_of(stdio)).__name__
+        out["mcp"] = "mcp" in sys.modules
+        import asyncio
+        from toolfleet.auth.keyring import KeySourceError
+        try:  # nothing listens on port 1: httpx is imported, then refused
+            asyncio.run(UrlJwksSource(url="http://127.0.0.1:1/jwks.json", timeout_s=2).fetch())
+        except KeySourceError as exc:
+            out["jwks"] = str(exc)
+        print(json.dumps(out))
+        """
+    )
+    assert found == {
+        "vault": ["VaultSecretStore", True],
+        "grant_keys": [True, 2],
+        "stdio": "StdioServerParameters",
+        "mcp": True,
+        "jwks": "cannot fetch JWKS URL http://127.0.0.1:1/jwks.json (ConnectError)",
+    }

@@ -24,6 +24,7 @@ import pytest
 
 from tests.support.eventually import eventually
 from toolfleet.devstack.children import child_preexec
+from toolfleet.worker import DEFAULT_LAYOUT, process_name
 
 pytestmark = [
     pytest.mark.e2e,
@@ -42,8 +43,12 @@ DEV_ENV_KEYS = {
     "TOOLFLEET_POLICY_FILE",
     "TOOLFLEET_TOPIC_PREFIX",
 }
-SERVICES = ("policy", "executor", "validator", "audit", "status", "maintenance", "api") + (
-    ("analytics",) if importlib.util.find_spec("faust") is not None else ()
+#: The dev stack's processes: the default layout (audit and status in one, ``observers``),
+#: maintenance, the API, and analytics where its extra is installed.
+SERVICES = (
+    tuple(map(process_name, DEFAULT_LAYOUT))
+    + ("maintenance", "api")
+    + (("analytics",) if importlib.util.find_spec("faust") is not None else ())
 )
 #: Lines a healthy start and stop may print (about 35 with embedded servers and analytics).
 MOST_LINES = 40
@@ -182,18 +187,20 @@ async def test_dev_runs_a_fleet_that_dev_env_joins_and_ctrl_c_stops(
         assert outcome["status"] == "success"
         assert outcome["result"]["timezone"]
 
-        # 3. Every service is its own process, titled as the contract says.
+        # 3. Every process of the layout runs, titled as the contract says: audit and
+        # status in one (each lifecycle record read once), no process of either alone.
         children = children_of(supervisor.pid)
         titles = list(children.values())
         for expected in (
             "toolfleet worker policy",
             "toolfleet worker executor",
             "toolfleet worker validator",
-            "toolfleet worker audit",
-            "toolfleet worker status",
+            "toolfleet worker audit+status",
             "toolfleet api",
         ):
-            assert any(expected in title for title in titles), titles
+            assert any(title.endswith(expected) for title in titles), titles
+        for alone in ("toolfleet worker audit", "toolfleet worker status"):
+            assert not any(title.endswith(alone) for title in titles), titles
 
         # 4. Each service's own output is in its log file, from the pid its line named.
         async def started_lines_logged() -> bool:

@@ -29,7 +29,14 @@ from toolfleet.cli.main import app
 from toolfleet.config_doc import SETTINGS_CLASSES
 from toolfleet.events.types import check_pool_name
 from toolfleet.observability.health import READINESS_PATH
-from toolfleet.worker import AUXILIARY, KEYED, SERVICES, worker_services
+from toolfleet.worker import (
+    AUXILIARY,
+    DEFAULT_LAYOUT,
+    KEYED,
+    SERVICES,
+    process_name,
+    worker_services,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -309,6 +316,46 @@ def test_compose_runs_every_worker_in_production_shape() -> None:
     assert compose_problems(load_compose()) == []
 
 
+def test_compose_runs_the_default_layout() -> None:
+    """One service per process of the default layout, named as layouts name it: audit and
+    status in one ``observers`` service, so each lifecycle record is read once."""
+    commands = {
+        name: [str(a) for a in service.get("command", [])]
+        for name, service in toolfleet_services(load_compose()).items()
+    }
+    for worker in DEFAULT_LAYOUT:
+        assert commands.get(process_name(worker)) == ["worker", worker], commands
+    alone = [
+        name for name, argv in commands.items() if workers_of(argv) in {("audit",), ("status",)}
+    ]
+    assert alone == [], "audit and status run in one process by default"
+
+
+def split_compose() -> dict[str, Any]:
+    """docker-compose.yml in the split layout, as the comment beside ``observers`` gives
+    it: its ``audit`` and ``status`` services in place of ``observers``."""
+    text = COMPOSE.read_text()
+    services = re.findall(r"^  #   ((?:audit|status): \{.*\})$", text, flags=re.MULTILINE)
+    assert len(services) == 2, "the comment beside observers shows the two split services"
+    text = text.replace(
+        "\n  observers:\n", "".join(f"\n  {s}" for s in services) + "\n  observers:\n"
+    )
+    compose = load_compose(text)
+    del compose["services"]["observers"]
+    return compose
+
+
+def test_the_split_layout_is_a_production_stack_too() -> None:
+    compose = split_compose()
+    assert {name: compose["services"][name]["command"] for name in ("audit", "status")} == {
+        "audit": ["worker", "audit"],
+        "status": ["worker", "status"],
+    }
+    assert compose_problems(compose) == []
+    del compose["services"]["status"]
+    assert "no service runs `toolfleet worker status`" in compose_problems(compose)
+
+
 def test_the_image_has_every_extra_its_commands_need_and_no_dev_stack() -> None:
     extras = dockerfile_extras()
     services = toolfleet_services(load_compose())
@@ -322,8 +369,8 @@ def test_the_image_has_every_extra_its_commands_need_and_no_dev_stack() -> None:
     ("edit", "expected"),
     [
         pytest.param(
-            lambda c: c["services"]["audit"].update(command=["worker", "audti"]),
-            "audit: toolfleet worker audti",
+            lambda c: c["services"]["observers"].update(command=["worker", "audit+stauts"]),
+            "observers: toolfleet worker audit+stauts",
             id="a-misspelt-worker",
         ),
         pytest.param(
@@ -349,8 +396,8 @@ def test_the_image_has_every_extra_its_commands_need_and_no_dev_stack() -> None:
             id="the-dev-profile",
         ),
         pytest.param(
-            lambda c: c["services"]["status"]["environment"].pop("TOOLFLEET_GRANT_KEY_FILE"),
-            "status: refuses to start without TOOLFLEET_GRANT_KEY_FILE",
+            lambda c: c["services"]["observers"]["environment"].pop("TOOLFLEET_GRANT_KEY_FILE"),
+            "observers: refuses to start without TOOLFLEET_GRANT_KEY_FILE",
             id="no-grant-key",
         ),
         pytest.param(
@@ -359,7 +406,7 @@ def test_the_image_has_every_extra_its_commands_need_and_no_dev_stack() -> None:
             id="no-healthcheck",
         ),
         pytest.param(
-            lambda c: c["services"]["audit"]["healthcheck"].update(
+            lambda c: c["services"]["observers"]["healthcheck"].update(
                 test=[
                     "CMD",
                     "python",
@@ -368,7 +415,7 @@ def test_the_image_has_every_extra_its_commands_need_and_no_dev_stack() -> None:
                     "urllib.request.urlopen('http://127.0.0.1:9100/metrics', timeout=3)",
                 ]
             ),
-            "audit: its healthcheck does not read /readyz",
+            "observers: its healthcheck does not read /readyz",
             id="healthcheck-shows-only-a-process",
         ),
         pytest.param(

@@ -14,6 +14,7 @@ settings classes, PDB selectors against the Deployments. Planted errors must be 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import ipaddress
 import itertools
@@ -24,7 +25,7 @@ import subprocess
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import jsonschema
 import kubernetes_validate
@@ -41,12 +42,19 @@ from tests.unit.test_deploy_files import (
     workers_of,
 )
 from toolfleet.api.routes.health import router as health_router
+from toolfleet.auth.grants import ensure_grant_key
 from toolfleet.events import routing
 from toolfleet.events.types import DEFAULT_POOL, POOL_NAME_PATTERN, pool_topic
 from toolfleet.observability.health import LIVENESS_PATH, METRICS_PATH, READINESS_PATH
 from toolfleet.policy.documents import PolicyDocument
 from toolfleet.settings import FleetSettings
-from toolfleet.worker import worker_services
+from toolfleet.worker import (
+    DEFAULT_LAYOUT,
+    Resources,
+    load_build,
+    process_name,
+    worker_services,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -382,40 +390,57 @@ def expected_triggers(
     allowed: set[Trigger] = set()
     if cli_problem(argv) is not None:
         return needed, allowed
-    for worker in workers_of(argv):
-        if worker == "analytics":
-            needed |= {
-                (analytics_group(prefix), f"{prefix}{route.topic}", "earliest")
-                for route in routing.ANALYTICS.receives
-            }
-            continue
-        consumers = [
-            c
-            for party in routing.ROUTING
-            if party.name in worker_services(worker)
-            for c in party.consumers
-            if not c.per_worker
-        ]
-        for consumer in consumers:
-            reset = consumer.auto_offset_reset
-            for route in consumer.reads:
-                if route.pools and not consumer.all_pools:
-                    needed |= {
-                        (
-                            prefix + routing.pool_group(consumer.group, pool),
-                            pool_topic(prefix, pool),
-                            reset,
-                        )
-                        for pool in served_pools(argv, env)
-                    }
-                    continue
-                needed.add((prefix + consumer.group, f"{prefix}{route.topic}", reset))
-                if route.pools:
-                    allowed |= {
-                        (prefix + consumer.group, pool_topic(prefix, pool), reset)
-                        for pool in deployed_pools
-                    }
+    workers = workers_of(argv)
+    if workers == ("analytics",):
+        needed = {
+            (analytics_group(prefix), f"{prefix}{route.topic}", "earliest")
+            for route in routing.ANALYTICS.receives
+        }
+        return needed, needed
+    for consumer in joined_consumers("+".join(workers)) if workers else ():
+        reset = consumer.auto_offset_reset
+        for route in consumer.reads:
+            if route.pools and not consumer.all_pools:
+                needed |= {
+                    (
+                        prefix + routing.pool_group(consumer.group, pool),
+                        pool_topic(prefix, pool),
+                        reset,
+                    )
+                    for pool in served_pools(argv, env)
+                }
+                continue
+            needed.add((prefix + consumer.group, f"{prefix}{route.topic}", reset))
+            if route.pools:
+                allowed |= {
+                    (prefix + consumer.group, pool_topic(prefix, pool), reset)
+                    for pool in deployed_pools
+                }
     return needed, allowed | needed
+
+
+def joined_consumers(worker: str) -> list[routing.Consumer]:
+    """The routing table's consumers whose groups ``toolfleet worker WORKER`` joins and
+    scales with (per-worker groups left out). In a process of several services, the
+    observers among them that read the same topics read them once, in one group named
+    after them all (``audit+status``), as :func:`toolfleet.worker.share_fetches` builds it
+    (:func:`test_the_groups_expected_are_those_the_worker_joins` holds the two together)."""
+    kept: list[routing.Consumer] = []
+    observers: dict[tuple[str, ...], list[routing.Consumer]] = {}
+    for party in routing.ROUTING:
+        if party.name not in worker_services(worker):
+            continue
+        for consumer in party.consumers:
+            if consumer.per_worker:
+                continue
+            if consumer.all_pools:  # an observer of every lifecycle topic
+                observers.setdefault(tuple(sorted(consumer.topics)), []).append(consumer)
+            else:
+                kept.append(consumer)
+    for group in observers.values():
+        name = "+".join(sorted(c.name for c in group))
+        kept.append(dataclasses.replace(group[0], name=name, group=name))
+    return kept
 
 
 @cache
@@ -977,13 +1002,77 @@ def test_the_manifests_validate_and_agree_with_the_code(directory: Path) -> None
 def test_the_base_holds_every_workload_with_its_budget_and_scaler() -> None:
     objects = rendered(BASE)
     kinds = {(o["kind"], o["metadata"]["name"]) for o in objects}
-    for worker in ("policy", "executor", "validator", "audit", "status", "analytics"):
+    for name in (*map(process_name, DEFAULT_LAYOUT), "analytics"):
         for kind in ("Deployment", "PodDisruptionBudget", "ScaledObject"):
-            assert (kind, f"toolfleet-{worker}") in kinds
+            assert (kind, f"toolfleet-{name}") in kinds
     assert ("Deployment", "toolfleet-maintenance") in kinds
     assert ("Deployment", "toolfleet-api") in kinds
     assert ("Service", "toolfleet-api") in kinds
     assert ("Job", "toolfleet-init") in kinds
+
+
+def test_the_observers_read_each_lifecycle_record_once_in_one_group() -> None:
+    objects = rendered(BASE)
+    deployments = {d["metadata"]["name"]: d for d in of_kind(objects, "Deployment")}
+    for worker in DEFAULT_LAYOUT:
+        container = the_container(deployments[f"toolfleet-{process_name(worker)}"])
+        assert argv_of(container)[:2] == ["worker", worker]
+    alone = [
+        n
+        for n, d in deployments.items()
+        if workers_of(argv_of(the_container(d))) in {("audit",), ("status",)}
+    ]
+    assert alone == [], "audit and status run in one process by default"
+    prefix = fleet_env(objects)["TOOLFLEET_TOPIC_PREFIX"]
+    (scaler,) = [
+        o
+        for o in of_kind(objects, "ScaledObject")
+        if o["spec"]["scaleTargetRef"]["name"] == "toolfleet-observers"
+    ]
+    triggers = {
+        (t["metadata"]["consumerGroup"], t["metadata"]["topic"]) for t in scaler["spec"]["triggers"]
+    }
+    assert triggers == {
+        (f"{prefix}audit+status", f"{prefix}{name}") for name in routing.AUDIT_CONSUMER.topics
+    }
+
+
+def test_the_split_layout_validates_too(tmp_path: Path) -> None:
+    """workers/apart/ runs audit and status apart, as observers.yaml tells operators to."""
+    base = tmp_path / "base"
+    shutil.copytree(BASE, base)
+    kustomization = yaml.safe_load((base / "kustomization.yaml").read_text())
+    resources = kustomization["resources"]
+    at = resources.index("workers/observers.yaml")
+    resources[at : at + 1] = ["workers/apart/audit.yaml", "workers/apart/status.yaml"]
+    (base / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
+    objects = render(base)
+    assert manifest_problems(objects) == []
+    kinds = {(o["kind"], o["metadata"]["name"]) for o in objects}
+    for worker in ("audit", "status"):
+        for kind in ("Deployment", "PodDisruptionBudget", "ScaledObject"):
+            assert (kind, f"toolfleet-{worker}") in kinds
+    assert ("Deployment", "toolfleet-observers") not in kinds
+
+
+@pytest.mark.parametrize(
+    "worker", ["audit+status", "status+audit", "audit", "status", "validator+audit", "policy"]
+)
+async def test_the_groups_expected_are_those_the_worker_joins(worker: str, tmp_path: Path) -> None:
+    """:func:`joined_consumers` (what the ScaledObjects are checked against) names the
+    groups the worker's own build joins, a shared process's included."""
+    grant_key = tmp_path / "grant.key"
+    ensure_grant_key(grant_key)
+    unused = cast(Any, None)  # building these consumers touches no client
+    res = Resources(
+        settings=FleetSettings(topic_prefix="p.", grant_key_file=grant_key),
+        producer=unused,
+        redis=unused,
+        pool=unused,
+        worker_id="w1",
+    )
+    built = {c.spec.group_id for c in await load_build(worker)(res)}
+    assert built == {res.group(c.group) for c in joined_consumers(worker)}
 
 
 def test_keda_schema_is_the_vendored_crd() -> None:
@@ -1064,7 +1153,7 @@ CONTAINER = f"{POD}.containers.0"
             id="keda-metadata-not-a-string",
         ),
         pytest.param(
-            _mutate("ScaledObject/toolfleet-audit:spec.minReplicas", 1),
+            _mutate("ScaledObject/toolfleet-observers:spec.minReplicas", 1),
             "KEDA schema",
             id="keda-unknown-field",
         ),
@@ -1085,13 +1174,13 @@ CONTAINER = f"{POD}.containers.0"
             id="wrong-topic",
         ),
         pytest.param(
-            _mutate("ScaledObject/toolfleet-status:spec.triggers.0.metadata.lagTreshold", "5"),
+            _mutate("ScaledObject/toolfleet-observers:spec.triggers.0.metadata.lagTreshold", "5"),
             "the kafka scaler has no metadata 'lagTreshold'",
             id="unknown-kafka-metadata",
         ),
         pytest.param(
             _mutate(
-                "ScaledObject/toolfleet-status:spec.triggers.0.metadata.bootstrapServersFromEnv",
+                "ScaledObject/toolfleet-observers:spec.triggers.0.metadata.bootstrapServersFromEnv",
                 "KAFKA",
             ),
             "bootstrapServersFromEnv names KAFKA, not a variable of the target",
@@ -1109,15 +1198,15 @@ CONTAINER = f"{POD}.containers.0"
         ),
         pytest.param(
             _mutate(
-                "PodDisruptionBudget/toolfleet-audit:spec.selector.matchLabels",
-                {"app.kubernetes.io/component": "audti"},
+                "PodDisruptionBudget/toolfleet-observers:spec.selector.matchLabels",
+                {"app.kubernetes.io/component": "obsevers"},
             ),
-            "PodDisruptionBudget/toolfleet-audit: selects no Deployment(s)",
+            "PodDisruptionBudget/toolfleet-observers: selects no Deployment(s)",
             id="pdb-selects-nothing",
         ),
         pytest.param(
-            _mutate(f"Deployment/toolfleet-status:{CONTAINER}.args", ["worker", "stauts"]),
-            "toolfleet worker stauts",
+            _mutate(f"Deployment/toolfleet-observers:{CONTAINER}.args", ["worker", "audit+stauts"]),
+            "toolfleet worker audit+stauts",
             id="not-a-worker",
         ),
         pytest.param(
@@ -1157,8 +1246,8 @@ CONTAINER = f"{POD}.containers.0"
             id="unconfined-under-restricted",
         ),
         pytest.param(
-            _mutate(f"Deployment/toolfleet-audit:{CONTAINER}.livenessProbe.httpGet.port", 9200),
-            "Deployment/toolfleet-audit: livenessProbe is not on TOOLFLEET_METRICS_PORT (9100)",
+            _mutate(f"Deployment/toolfleet-observers:{CONTAINER}.livenessProbe.httpGet.port", 9200),
+            "Deployment/toolfleet-observers: livenessProbe is not on TOOLFLEET_METRICS_PORT (9100)",
             id="probe-on-the-wrong-port",
         ),
         pytest.param(
@@ -1168,9 +1257,9 @@ CONTAINER = f"{POD}.containers.0"
         ),
         pytest.param(
             _mutate(
-                f"Deployment/toolfleet-audit:{CONTAINER}.livenessProbe.httpGet.path", "/readyz"
+                f"Deployment/toolfleet-observers:{CONTAINER}.livenessProbe.httpGet.path", "/readyz"
             ),
-            "Deployment/toolfleet-audit: livenessProbe gets /readyz, not /livez",
+            "Deployment/toolfleet-observers: livenessProbe gets /readyz, not /livez",
             id="liveness-on-readiness",
         ),
         pytest.param(
@@ -1187,8 +1276,8 @@ CONTAINER = f"{POD}.containers.0"
             id="metrics-on-loopback",
         ),
         pytest.param(
-            _annotate("Deployment/toolfleet-status", "prometheus.io/port", "9200"),
-            "Deployment/toolfleet-status: prometheus.io/port 9200 is not TOOLFLEET_METRICS_PORT",
+            _annotate("Deployment/toolfleet-observers", "prometheus.io/port", "9200"),
+            "Deployment/toolfleet-observers: prometheus.io/port 9200 is not TOOLFLEET_METRICS_PORT",
             id="scrape-on-the-wrong-port",
         ),
         pytest.param(
@@ -1218,6 +1307,19 @@ CONTAINER = f"{POD}.containers.0"
             _mutate(f"Deployment/toolfleet-api:{CONTAINER}.readinessProbe.httpGet.path", "/ready"),
             "readinessProbe path /ready is no route",
             id="probe-on-no-route",
+        ),
+        pytest.param(
+            _mutate(
+                "ScaledObject/toolfleet-observers:spec.triggers.0.metadata.consumerGroup",
+                "toolfleet.audit",
+            ),
+            "no trigger for consumer group toolfleet.audit+status on toolfleet.invoke.requested",
+            id="observers-scaled-on-audit-alone",
+        ),
+        pytest.param(
+            _mutate(f"Deployment/toolfleet-observers:{CONTAINER}.args", ["worker", "audit"]),
+            "no Deployment runs `toolfleet worker status`",
+            id="observers-without-status",
         ),
     ],
 )

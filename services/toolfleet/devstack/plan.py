@@ -28,7 +28,7 @@ from toolfleet.devstack.network import port_is_free, preferred_port
 from toolfleet.devstack.processes import ServiceSpec
 from toolfleet.devstack.servers import start_missing_servers
 from toolfleet.settings import FleetSettings
-from toolfleet.worker import SERVICES
+from toolfleet.worker import DEFAULT_LAYOUT, process_name
 
 #: Partitions per topic on the embedded dev broker (``TOOLFLEET_TOPIC_PARTITIONS`` wins).
 DEV_PARTITIONS = 3
@@ -156,7 +156,8 @@ def build_plan(stack: contextlib.ExitStack, *, home: Path, say: Callable[[str], 
     env = child_environment(fleet, configured=configured)
     command = toolfleet_command()
     services = [
-        ServiceSpec(name=name, argv=(*command, "worker", name), env=env) for name in SERVICES
+        ServiceSpec(name=process_name(worker), argv=(*command, "worker", worker), env=env)
+        for worker in DEFAULT_LAYOUT
     ]
     if importlib.util.find_spec("faust") is not None:
         # Stream analytics joins when its extra is installed: idle it costs well under

@@ -1,10 +1,12 @@
-"""``toolfleet dev``: the whole fleet on one machine, each service its own process.
+"""``toolfleet dev``: the whole fleet on one machine, in the processes it runs in production.
 
 1. Prepare (:mod:`~toolfleet.devstack.plan`): signing keys under ``$TOOLFLEET_HOME/keys``,
    embedded servers for unset endpoints, the development policy, the API port.
 2. :func:`~toolfleet.devstack.bootstrap.bootstrap`: database, migrations, topics, tools.
-3. Start ``toolfleet worker NAME`` for every service and ``toolfleet api``; restart any
-   that dies, with backoff (``kill -9`` an executor and watch the work resume).
+3. Start ``toolfleet worker NAME`` for each process of
+   :data:`~toolfleet.worker.DEFAULT_LAYOUT` (audit and status in one, ``observers``) and
+   ``toolfleet api``; restart any that dies, with backoff (``kill -9`` an executor and
+   watch the work resume).
 4. Once ``/readyz`` answers 200 and every service runs: write ``dev.env``, print one
    line per service (pid, log file, URL), a summary of ``toolfleet doctor`` (dev profile)
    with each check that is not ``ok``, and a banner with the URLs.

@@ -380,3 +380,28 @@ async def test_resource_limits_may_lower_never_raise_the_manifests_and_fleets(
     assert limit in refused.error.message
     lower = await outcome(memory_mb_limit=128, cpu_millicore_limit=500, timeout_seconds=2)
     assert lower.status is InvocationStatus.SUCCESS
+
+
+async def test_a_policy_worker_without_a_policy_file_keeps_running(
+    settings: FleetSettings, tmp_path: Path
+) -> None:
+    """A background job that returns ends its worker (``serve``); the policy file's
+    watcher, with no file to watch, returned at once, so ``toolfleet worker policy``
+    without ``TOOLFLEET_POLICY_FILE`` stopped right after it started."""
+    from toolfleet.worker import load_build, open_resources, serve
+
+    local = fleet_settings(settings, tmp_path, policy_file=None)
+    assert local.policy_file is None
+    async with open_resources(local, service="policy") as res:
+        consumers = await load_build("policy")(res)
+        stop = asyncio.Event()
+        served = asyncio.create_task(serve(consumers, stop, res.jobs))
+        try:
+            await asyncio.wait_for(
+                asyncio.gather(*(c.assigned.wait() for c in consumers)), timeout=60
+            )
+            done, _ = await asyncio.wait({served}, timeout=1.5)
+            assert not done, "the policy worker stopped by itself"
+        finally:
+            stop.set()
+            await asyncio.wait_for(served, timeout=30)

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import Sequence
+from pathlib import Path
 
 from toolfleet.auth.control import ControlVerifier
 from toolfleet.auth.grants import GrantSigner
@@ -126,10 +128,7 @@ async def build(res: Resources) -> list[EventConsumer]:
         name, envelope = expiry_outcome(pending)
         await res.producer.send(Outbound(envelope=envelope, topic=await topic_of(name, envelope)))
 
-    async def watch_policy_file(stop: asyncio.Event) -> None:
-        path = settings.policy_file
-        if path is None:
-            return
+    async def watch_policy_file(path: Path, stop: asyncio.Event) -> None:
         seen = _mtime(path)
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
@@ -151,7 +150,11 @@ async def build(res: Resources) -> list[EventConsumer]:
     res.background(lambda stop: run_invalidation_listener(res.redis, provider, stop))
     res.background(lambda stop: revocations.listen(res.redis, stop))
     res.background(lambda stop: run_expiry_sweeper(approvals, expire, stop))
-    res.background(watch_policy_file)
+    if settings.policy_file is not None:
+        # Only then: a background job that returns ends the worker (serve), and a
+        # watcher with no file to watch returned at once, stopping a policy worker run
+        # without TOOLFLEET_POLICY_FILE right after it started.
+        res.background(functools.partial(watch_policy_file, settings.policy_file))
     res.background(pools.run)
     spec = res.spec(
         routing.POLICY_CONSUMER,

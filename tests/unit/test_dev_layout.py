@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -30,9 +29,6 @@ def test_dev_runs_audit_and_status_as_one_observers_process(
         if name.startswith("TOOLFLEET_"):
             monkeypatch.delenv(name)
     monkeypatch.chdir(tmp_path)  # no .env of the repository
-    # faust, once imported (the k8s manifests' test reads its app id), replaces its module
-    # with one without __spec__, on which the plan's find_spec("faust") raises.
-    monkeypatch.delitem(sys.modules, "faust", raising=False)
     # Every server configured: the plan starts none (nothing is reached either).
     monkeypatch.setenv("TOOLFLEET_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("TOOLFLEET_KAFKA_BOOTSTRAP", "127.0.0.1:1")

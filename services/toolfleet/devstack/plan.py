@@ -159,7 +159,7 @@ def build_plan(stack: contextlib.ExitStack, *, home: Path, say: Callable[[str], 
         ServiceSpec(name=process_name(worker), argv=(*command, "worker", worker), env=env)
         for worker in DEFAULT_LAYOUT
     ]
-    if importlib.util.find_spec("faust") is not None:
+    if _installed("faust"):
         # Stream analytics joins when its extra is installed: idle it costs well under
         # 1 % of a core (it writes snapshots only when something changed).
         services.append(
@@ -179,3 +179,14 @@ def build_plan(stack: contextlib.ExitStack, *, home: Path, say: Callable[[str], 
         api_url=api_url,
         readiness_url=readiness_url,
     )
+
+
+def _installed(package: str) -> bool:
+    """Whether ``package`` can be imported (``find_spec`` raises for one already imported
+    without a ``__spec__``, as faust's module is)."""
+    if package in sys.modules:
+        return True
+    try:
+        return importlib.util.find_spec(package) is not None
+    except ValueError:
+        return True

@@ -132,3 +132,37 @@ def test_the_paths_that_need_a_heavy_package_still_load_it() -> None:
         "mcp": True,
         "jwks": "cannot fetch JWKS URL http://127.0.0.1:1/jwks.json (ConnectError)",
     }
+
+
+def test_the_worker_command_loads_no_other_command() -> None:
+    """``toolfleet worker NAME`` runs on an app of that one command: the other commands'
+    modules (and httpx, jwt, the agent runner under them) stay out of a worker process."""
+    loaded = run_fresh(
+        """
+        import json, sys
+        sys.argv = ["toolfleet", "worker", "no-such-service"]
+        from toolfleet.cli.main import main
+        try:
+            main()
+        except SystemExit:
+            pass
+        print(json.dumps(sorted(sys.modules)))
+        """
+    )
+    assert isinstance(loaded, list)
+    assert "toolfleet.cli.fleet" in loaded  # the command did run (and refused the name)
+    others = ("agent", "audit", "doctor", "invoke", "keys", "policy", "remote", "tokens")
+    present = [m for m in loaded if m in {f"toolfleet.cli.{o}" for o in others}]
+    assert present == []
+    assert not {"httpx", "jwt", "toolfleet.agent"} & set(loaded)
+
+
+def test_every_other_command_line_gets_every_command() -> None:
+    from typer.main import get_command
+
+    from toolfleet.cli.main import app, full_app, worker_app
+
+    assert app is full_app()
+    everything = get_command(full_app()).commands  # type: ignore[attr-defined]
+    assert {"dev", "worker", "tools", "token", "agent", "doctor"} <= set(everything)
+    assert set(get_command(worker_app()).commands) == {"worker"}  # type: ignore[attr-defined]

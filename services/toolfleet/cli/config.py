@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
-import jwt
 from pydantic import ValidationError
 
-from toolfleet.auth.tokens import TokenIssuer
 from toolfleet.cli.errors import CliError
 from toolfleet.settings import FleetSettings
+
+if TYPE_CHECKING:
+    from toolfleet.auth.tokens import TokenIssuer
 
 SettingsT = TypeVar("SettingsT", bound=FleetSettings)
 
@@ -36,6 +37,10 @@ def load_settings(cls: type[SettingsT]) -> SettingsT:
 
 def token_issuer(settings: FleetSettings) -> TokenIssuer:
     """The issuer from the configured key pair, or a :class:`CliError` saying what is missing."""
+    # Imported here: ``toolfleet worker`` reads its settings through this module and
+    # never signs a token (jwt and the key code are ~9 MB a worker would carry for days).
+    from toolfleet.auth.tokens import TokenIssuer
+
     private, public = settings.jwt_private_key_file, settings.jwt_public_key_file
     if private is None or public is None:
         raise CliError(
@@ -65,6 +70,8 @@ def mint(
     admin: bool = False,
 ) -> str:
     """A capability token signed with the configured private key."""
+    import jwt  # see token_issuer
+
     issuer = token_issuer(settings)
     try:
         return issuer.issue(

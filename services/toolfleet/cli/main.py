@@ -3,54 +3,28 @@
 Every command reads ``TOOLFLEET_*`` variables (and ``.env``). Expected failures print a
 one-line reason (:class:`~toolfleet.cli.errors.CliError`); tracebacks never show local
 variables, which may hold tokens.
+
+``toolfleet worker ...`` runs on an app holding only that command: a worker process
+lives for days, and the other commands' modules (rich tables, httpx, jwt, the agent
+runner, ...) were 10 to 24 MB of its memory that it never used. Every other command line
+gets the whole app (:func:`full_app`, also ``app`` here, which tests drive).
 """
 
 from __future__ import annotations
 
 import logging
 import sys
+from functools import cache
 
 import typer
 from rich.markup import escape
 
-from toolfleet.cli import (
-    agent,
-    audit,
-    doctor,
-    fleet,
-    invoke,
-    keys,
-    policy,
-    remote,
-    sources,
-    tokens,
-    tools,
-)
+from toolfleet.cli import fleet
 from toolfleet.cli.errors import friendly
 from toolfleet.cli.extras import missing_extra_message
 from toolfleet.cli.output import err_console
 
-app = typer.Typer(
-    name="toolfleet",
-    help="toolfleet: an event-driven tool execution layer for AI agents, over Kafka.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_show_locals=False,
-)
 
-app.command("dev")(friendly(fleet.dev))
-app.command("init")(friendly(fleet.init))
-app.command("api")(friendly(fleet.api))
-app.command("worker")(friendly(fleet.worker))
-app.command("invoke")(friendly(invoke.invoke))
-app.command("status")(friendly(remote.status))
-app.command("cancel")(friendly(remote.cancel))
-app.command("approve")(friendly(remote.approve))
-app.command("deny")(friendly(remote.deny))
-app.command("doctor")(friendly(doctor.doctor))
-
-
-@app.callback()
 def _quiet_libraries() -> None:
     # Client libraries log connection retries; commands report failures themselves.
     # ``worker`` and ``api`` configure logging of their own on top of this.
@@ -58,21 +32,78 @@ def _quiet_libraries() -> None:
         logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
-app.add_typer(tools.app, name="tools")
-app.add_typer(tokens.app, name="token")
-app.add_typer(keys.app, name="keys")
-app.add_typer(audit.app, name="audit")
-app.add_typer(policy.app, name="policy")
-app.add_typer(agent.app, name="agent")
-app.add_typer(sources.app, name="sources")
+def _new_app() -> typer.Typer:
+    app = typer.Typer(
+        name="toolfleet",
+        help="toolfleet: an event-driven tool execution layer for AI agents, over Kafka.",
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_show_locals=False,
+    )
+    app.callback()(_quiet_libraries)
+    return app
+
+
+@cache
+def worker_app() -> typer.Typer:
+    """The app of ``toolfleet worker``: that command alone."""
+    app = _new_app()
+    app.command("worker")(friendly(fleet.worker))
+    return app
+
+
+@cache
+def full_app() -> typer.Typer:
+    """Every command."""
+    from toolfleet.cli import (
+        agent,
+        audit,
+        doctor,
+        invoke,
+        keys,
+        policy,
+        remote,
+        sources,
+        tokens,
+        tools,
+    )
+
+    app = _new_app()
+    app.command("dev")(friendly(fleet.dev))
+    app.command("init")(friendly(fleet.init))
+    app.command("api")(friendly(fleet.api))
+    app.command("worker")(friendly(fleet.worker))
+    app.command("invoke")(friendly(invoke.invoke))
+    app.command("status")(friendly(remote.status))
+    app.command("cancel")(friendly(remote.cancel))
+    app.command("approve")(friendly(remote.approve))
+    app.command("deny")(friendly(remote.deny))
+    app.command("doctor")(friendly(doctor.doctor))
+    app.add_typer(tools.app, name="tools")
+    app.add_typer(tokens.app, name="token")
+    app.add_typer(keys.app, name="keys")
+    app.add_typer(audit.app, name="audit")
+    app.add_typer(policy.app, name="policy")
+    app.add_typer(agent.app, name="agent")
+    app.add_typer(sources.app, name="sources")
+    return app
+
+
+def __getattr__(name: str) -> typer.Typer:
+    # ``from toolfleet.cli.main import app``: the whole app, built on first use.
+    if name == "app":
+        return full_app()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def main() -> None:
     """Console-script entry point; a command whose install extra is missing says which."""
+    args = sys.argv[1:]
+    app = worker_app() if args[:1] == ["worker"] else full_app()
     try:
         app(prog_name="toolfleet")
     except ModuleNotFoundError as exc:
-        message = missing_extra_message(exc, sys.argv[1:])
+        message = missing_extra_message(exc, args)
         if message is None:
             raise
         err_console.print(f"[bold red]Error:[/] {escape(message)}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from datetime import UTC, datetime
@@ -9,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from toolfleet.api.routes.events import APPEAR_WAIT_S, POLL_S, first_view, follow
+from toolfleet.api.routes.events import APPEAR_FALLBACK_S, APPEAR_WAIT_S, first_view, follow
 from toolfleet.contract.http import InvocationView
 
 pytestmark = pytest.mark.unit
@@ -83,14 +84,19 @@ async def test_a_finished_call_is_one_start_and_its_result() -> None:
 async def _first(reads: list[InvocationView | None]) -> tuple[InvocationView | None, int]:
     answers = iter(reads)
     pauses: list[float] = []
+    now = [0.0]
 
     async def read() -> InvocationView | None:
         return next(answers, None)
 
     async def pause(seconds: float) -> None:
+        # No notification comes: each pause lasts its whole fallback.
         pauses.append(seconds)
+        now[0] += seconds
 
-    return await first_view(read, pause=pause), len(pauses)
+    view = await first_view(read, pause=pause, clock=lambda: now[0])
+    assert sum(pauses) <= APPEAR_WAIT_S
+    return view, len(pauses)
 
 
 async def test_a_call_not_yet_in_the_projection_is_awaited_not_a_404() -> None:
@@ -105,4 +111,24 @@ async def test_a_missing_and_a_foreign_id_wait_the_same_then_404() -> None:
     # Another tenant's call reads as None exactly like a missing one: same wait, same end.
     missing, waited = await _first([])
     assert missing is None
-    assert waited == round(APPEAR_WAIT_S / POLL_S)
+    # The whole wait, in slow fallback reads (the feed wakes it sooner), not 25 polls.
+    assert waited == round(APPEAR_WAIT_S / APPEAR_FALLBACK_S)
+
+
+async def test_a_notice_of_the_call_wakes_the_wait_and_others_do_not() -> None:
+    from toolfleet.api.feed import RESYNC, Subscription
+    from toolfleet.api.routes.events import until_changed
+
+    subscription = Subscription(tenant_id="t1")
+    other = _view("pending").model_copy(update={"invocation_id": uuid.uuid4()})
+    subscription.offer(other)  # another call of the tenant: keeps waiting
+    subscription.offer(_view("pending"))  # this call: wakes
+    await asyncio.wait_for(until_changed(subscription, ID, 30), 1)
+    assert subscription.queue.empty()
+
+    foreign = _view("pending").model_copy(update={"tenant_id": "t2"})
+    subscription.offer(foreign)  # the same id in another tenant never reaches t1
+    assert subscription.queue.empty()
+    subscription.offer(RESYNC)  # the feed may have missed it: read again
+    await asyncio.wait_for(until_changed(subscription, ID, 30), 1)
+    await until_changed(subscription, ID, 0.01)  # nothing comes: the fallback ends it

@@ -38,6 +38,8 @@ from toolfleet.devstack.plan import DevPlan, PlanError, build_plan
 from toolfleet.devstack.processes import SupervisedProcess, stop_all
 from toolfleet.devstack.readiness import wait_until_up
 from toolfleet.doctor.run import examine_and_say
+from toolfleet.errors import RegistrationError
+from toolfleet.registry.catalog import import_tool_modules
 from toolfleet.settings import FleetSettings
 
 #: How long children may drain after SIGTERM before they are killed.
@@ -183,10 +185,18 @@ def run_dev(*, verbose: bool | None = None) -> int:
     files (``None``: as ``TOOLFLEET_DEV_VERBOSE`` says).
     """
     try:
-        home = FleetSettings().home.expanduser().resolve()
+        settings = FleetSettings()
     except ValidationError as exc:
         print(f"toolfleet dev: invalid configuration:\n{exc}", file=sys.stderr)
         return 2
+    try:
+        # Before anything starts: a tool module that cannot be imported is one line
+        # (the module, the user's file:line and the error), and nothing to clean up.
+        import_tool_modules(settings.tool_module_list)
+    except RegistrationError as exc:
+        print(f"toolfleet dev: {exc.message}", file=sys.stderr)
+        return 2
+    home = settings.home.expanduser().resolve()
     home.mkdir(parents=True, exist_ok=True)
     # A dev.env from an earlier run describes a fleet that is gone.
     (home / "dev.env").unlink(missing_ok=True)

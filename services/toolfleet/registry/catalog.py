@@ -6,6 +6,7 @@ import importlib
 import logging
 import os
 import sys
+import traceback
 from collections.abc import Iterable, Iterator
 from importlib.metadata import entry_points
 from types import ModuleType
@@ -85,7 +86,8 @@ def import_tool_modules(names: Iterable[str]) -> list[ModuleType]:
 
     Raises:
         RegistrationError: a module is not found (the message names it and the path
-            searched) or fails to import (it names the module and the reason).
+            searched) or fails to import: the message names the module, the place in
+            the user's own code (``file:line``) and the error, not toolfleet's frames.
     """
     wanted = list(names)
     if wanted:
@@ -101,13 +103,35 @@ def import_tool_modules(names: Iterable[str]) -> list[ModuleType]:
                     f"tool module {name!r} (TOOLFLEET_TOOL_MODULES) not found; searched {searched}"
                 ) from None
             raise RegistrationError(
-                f"tool module {name!r} (TOOLFLEET_TOOL_MODULES) could not be imported: {exc}"
+                f"tool module {name!r} (TOOLFLEET_TOOL_MODULES) could not be imported: "
+                f"{_cause(exc)}"
             ) from exc
-        except ImportError as exc:
+        except Exception as exc:  # the user's code may raise anything while imported
             raise RegistrationError(
-                f"tool module {name!r} (TOOLFLEET_TOOL_MODULES) could not be imported: {exc}"
+                f"tool module {name!r} (TOOLFLEET_TOOL_MODULES) could not be imported: "
+                f"{_cause(exc)}"
             ) from exc
     return modules
+
+
+_OURS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+"""The ``toolfleet`` package folder: frames in it are not the user's code."""
+
+
+def _cause(exc: Exception) -> str:
+    """``file:line: Error: message`` at the deepest frame of the user's own code."""
+    what = f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, SyntaxError) and exc.filename and exc.lineno:
+        return f"{exc.filename}:{exc.lineno}: {type(exc).__name__}: {exc.msg}"
+    theirs = [
+        frame
+        for frame in traceback.extract_tb(exc.__traceback__)
+        if not frame.filename.startswith(("<", _OURS + os.sep))
+        and "importlib" not in frame.filename
+    ]
+    if not theirs:
+        return what
+    return f"{theirs[-1].filename}:{theirs[-1].lineno}: {what}"
 
 
 def _working_directory_on_path() -> None:

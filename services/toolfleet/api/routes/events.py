@@ -11,7 +11,11 @@ invocation is a 404. An invocation just accepted (``202``) may not be in the sta
 projection yet, so an id the caller cannot see is awaited for up to
 :data:`APPEAR_WAIT_S` before the 404: a caller following its own call right after
 submitting it gets the stream, never a 404, and the wait is the same for a missing id
-and for another tenant's, so the two answers stay indistinguishable.
+and for another tenant's, so the two answers stay indistinguishable. The wait does not
+poll: it subscribes to the projection's notifications (:mod:`toolfleet.api.feed`)
+before its first read and reads again when the feed shows a change of that call (the
+feed passes a tenant only its own rows), with a slow :data:`APPEAR_FALLBACK_S` read in
+case the feed is down.
 
 ``GET /v1/events/invocations`` is the console's live list: a ``snapshot`` of the newest
 invocations the caller may see, then one ``invocation`` event per change, pushed by the
@@ -27,9 +31,11 @@ or ``token_expired`` (:mod:`toolfleet.api.credential`), and the stream closes.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-import math
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Annotated, Any
 from uuid import UUID
 
@@ -58,6 +64,27 @@ KEEPALIVE_S = 15.0
 """A comment line at least this often, so proxies keep the connection open."""
 APPEAR_WAIT_S = 5.0
 """How long an invocation not (yet) in the projection is awaited before the 404."""
+APPEAR_FALLBACK_S = 1.0
+"""While awaited, the projection is read again at least this often, should the feed
+(the projection's notifications) be down."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class AppearWait:
+    """How an invocation not (yet) in the projection is awaited (:func:`appear_wait`)."""
+
+    wait_s: float = APPEAR_WAIT_S
+    """The whole wait before the 404, the same for every id the caller cannot see."""
+    fallback_s: float = APPEAR_FALLBACK_S
+    """The longest pause between two reads when no notification comes."""
+
+
+def appear_wait() -> AppearWait:
+    """The route's wait; a dependency, so a test may shorten it."""
+    return AppearWait()
+
+
+AppearWaitDep = Annotated[AppearWait, Depends(appear_wait)]
 
 
 def frames(
@@ -123,17 +150,37 @@ async def first_view(
     read: Callable[[], Awaitable[InvocationView | None]],
     *,
     wait_s: float = APPEAR_WAIT_S,
+    fallback_s: float = APPEAR_FALLBACK_S,
     pause: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    clock: Callable[[], float] = time.monotonic,
 ) -> InvocationView | None:
-    """The invocation's first view, read every :data:`POLL_S` for up to ``wait_s`` while
-    the projection has no row for it (``None``: still none, a 404)."""
-    pauses = math.ceil(wait_s / POLL_S)
+    """The invocation's first view, awaited for up to ``wait_s`` while the projection has
+    no row for it (``None``: still none, a 404).
+
+    ``pause(seconds)`` returns after ``seconds`` or sooner, once the call may have
+    changed (:func:`until_changed`); each return is one more read. The wait ends at
+    ``wait_s`` by ``clock`` whatever the id, so a missing and a hidden id look alike.
+    """
+    deadline = clock() + wait_s
     view = await read()
-    while view is None and pauses > 0:
-        await pause(POLL_S)
-        pauses -= 1
+    while view is None:
+        left = deadline - clock()
+        if left <= 0:
+            break
+        await pause(min(fallback_s, left))
         view = await read()
     return view
+
+
+async def until_changed(subscription: Subscription, invocation_id: UUID, seconds: float) -> None:
+    """Return after ``seconds``, or sooner once ``subscription`` shows a change of
+    ``invocation_id`` or says it may have missed changes (:data:`RESYNC`)."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(seconds):
+            while True:
+                item = await subscription.queue.get()
+                if not isinstance(item, InvocationView) or item.invocation_id == invocation_id:
+                    return
 
 
 @router.get(
@@ -145,7 +192,7 @@ async def first_view(
     },
 )
 async def invocation_events(
-    invocation_id: UUID, caller: CallerDep, res: ResourcesDep
+    invocation_id: UUID, caller: CallerDep, res: ResourcesDep, wait: AppearWaitDep
 ) -> StreamingResponse:
     """Follow one invocation: ``tool_call_start``, ``approval_pending``, ``progress``,
     then ``tool_call_result`` with the outcome, as Server-Sent Events. If the token is
@@ -157,7 +204,15 @@ async def invocation_events(
     async def read() -> InvocationView | None:
         return await res.invocations.get(invocation_id, tenant_id=scope)
 
-    first = await first_view(read)
+    # Subscribed before the first read: a row written between the two still wakes us.
+    # The feed hands a tenant only its own rows, so another tenant's call never ends
+    # the wait early: it lasts the whole ``wait_s`` like a missing id's.
+    with res.feed.subscribe(scope) as subscription:
+
+        async def pause(seconds: float) -> None:
+            await until_changed(subscription, invocation_id, seconds)
+
+        first = await first_view(read, wait_s=wait.wait_s, fallback_s=wait.fallback_s, pause=pause)
     if first is None:
         raise ProblemError(404, "no such invocation", code="not_found")
     watch = CredentialWatch(revocations=res.revocations)

@@ -1,0 +1,156 @@
+"""``GET /v1/invocations/{id}/events`` awaits a call not yet in the status projection:
+woken by the projection's own notification, not by polling, and the same wait for a
+missing id and another tenant's (real API, Postgres and the real status store)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import pytest
+from fastapi import FastAPI
+
+from tests.support.lifecycle import Lifecycle
+from toolfleet.api.resources import ApiResources
+from toolfleet.api.routes.events import AppearWait, appear_wait
+from toolfleet.auth.tokens import TokenIssuer
+from toolfleet.contract.http import InvocationView
+from toolfleet.events.envelope import Envelope
+from toolfleet.status.service import StatusProjector
+from toolfleet.status.store import PostgresProjection
+
+pytestmark = pytest.mark.integration
+
+
+def _res(app: FastAPI) -> ApiResources:
+    res = app.state.resources
+    assert isinstance(res, ApiResources)
+    return res
+
+
+def _bearer(issuer: TokenIssuer, tenant: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {issuer.issue(tenant_id=tenant, agent_did='did:a:1')}"}
+
+
+def _tenant() -> str:
+    return f"t_{uuid.uuid4().hex[:8]}"
+
+
+class Reads:
+    """Counts the route's projection reads of one id; ``first`` is set after the first."""
+
+    def __init__(self, app: FastAPI, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.seen: list[InvocationView | None] = []
+        self.first = asyncio.Event()
+        queries = _res(app).invocations
+        original = queries.get
+
+        async def get(invocation_id: uuid.UUID, *, tenant_id: str | None) -> InvocationView | None:
+            view = await original(invocation_id, tenant_id=tenant_id)
+            self.seen.append(view)
+            self.first.set()
+            return view
+
+        monkeypatch.setattr(queries, "get", get)
+
+    @property
+    def while_awaited(self) -> int:
+        """Reads until the row was found (all of them if it never was)."""
+        found = [i for i, view in enumerate(self.seen) if view is not None]
+        return found[0] + 1 if found else len(self.seen)
+
+
+@pytest.fixture
+def waiting(app: FastAPI) -> Iterator[dict[Callable[..., Any], Callable[..., Any]]]:
+    overrides = app.dependency_overrides
+    yield overrides
+    overrides.pop(appear_wait, None)
+
+
+async def _project(app: FastAPI, *events: Envelope) -> None:
+    projector = StatusProjector(projection=PostgresProjection(_res(app).pool))
+    for event in events:
+        assert await projector.on_event(event)
+
+
+async def test_a_call_written_during_the_wait_streams_as_soon_as_the_projection_notifies(
+    app: FastAPI,
+    http: httpx.AsyncClient,
+    issuer: TokenIssuer,
+    waiting: dict[Callable[..., Any], Callable[..., Any]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # No fallback read within the wait: only the projection's notification can wake it.
+    waiting[appear_wait] = lambda: AppearWait(wait_s=5.0, fallback_s=30.0)
+    life = Lifecycle(tenant=_tenant())
+    reads = Reads(app, monkeypatch)
+    written_at: list[float] = []
+
+    async def write_once_awaited() -> None:
+        await asyncio.wait_for(reads.first.wait(), 5)  # the route read: no row yet
+        await _project(app, life.requested(), life.outcome())  # the real status store
+        written_at.append(time.monotonic())
+
+    writer = asyncio.create_task(write_once_awaited())
+    answer = await http.get(
+        f"/v1/invocations/{life.invocation_id}/events",
+        headers=_bearer(issuer, life.tenant),
+        timeout=10,
+    )
+    answered_at = time.monotonic()
+    await writer
+
+    assert answer.status_code == 200, answer.text
+    assert "event: tool_call_start" in answer.text
+    assert "event: tool_call_result" in answer.text
+    assert reads.seen[0] is None, "the row existed before the route looked"
+    took = answered_at - written_at[0]
+    assert took < 2.0, f"answered {took:.2f} s after the write"
+    # Old code: a read every 0.2 s; now the first read, then one per notification.
+    assert reads.while_awaited <= 3, reads.seen
+
+
+@pytest.mark.parametrize("whose", ["missing", "another_tenants"])
+async def test_a_missing_and_another_tenants_id_both_404_after_the_whole_wait(
+    app: FastAPI,
+    http: httpx.AsyncClient,
+    issuer: TokenIssuer,
+    waiting: dict[Callable[..., Any], Callable[..., Any]],
+    monkeypatch: pytest.MonkeyPatch,
+    whose: str,
+) -> None:
+    wait_s = 0.6
+    waiting[appear_wait] = lambda: AppearWait(wait_s=wait_s, fallback_s=0.25)
+    owner, prober = _tenant(), _tenant()
+    life = Lifecycle(tenant=owner)
+    if whose == "another_tenants":
+        await _project(app, life.requested())  # exists, but not the prober's
+    reads = Reads(app, monkeypatch)
+
+    async def touch_during_the_wait() -> None:
+        # The owner's call changes while the prober waits: its notice must not end the
+        # prober's wait early (nor answer anything but 404).
+        await asyncio.wait_for(reads.first.wait(), 5)
+        if whose == "another_tenants":
+            await _project(app, life.authorized())
+
+    toucher = asyncio.create_task(touch_during_the_wait())
+    started = time.monotonic()
+    answer = await http.get(
+        f"/v1/invocations/{life.invocation_id}/events",
+        headers=_bearer(issuer, prober),
+        timeout=10,
+    )
+    took = time.monotonic() - started
+    await toucher
+
+    assert answer.status_code == 404, answer.text
+    assert answer.json()["code"] == "not_found"
+    assert took >= wait_s, f"404 after {took:.2f} s, before the {wait_s} s wait"
+    assert took < wait_s + 1.0
+    assert all(view is None for view in reads.seen)
+    assert _res(app).feed.subscribers == 0  # the wait let go of its subscription

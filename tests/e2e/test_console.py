@@ -15,10 +15,13 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import httpx
 import pytest
 from PIL import Image, ImageStat
@@ -37,6 +40,8 @@ CHROMIUM = "/usr/bin/chromium"
 TENANT = "t_console"
 AGENT = "did:agent:console-e2e"
 APPROVER = "did:user:approver"
+CAP = 200
+"""Rows the console's live list keeps (``MAX_ROWS`` in console.js)."""
 
 
 def _free_port() -> int:
@@ -51,6 +56,18 @@ def _start_api(env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
     with log_path.open("wb") as log:
         return subprocess.Popen(
             [sys.executable, "-m", "toolfleet", "api"],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            preexec_fn=child_preexec,
+        )
+
+
+def _start_analytics(env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
+    """``toolfleet worker analytics`` (the charts' source) as its own process."""
+    with log_path.open("wb") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "toolfleet", "worker", "analytics"],
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -292,6 +309,16 @@ async def test_the_list_filters_by_url_links_each_call_and_shows_its_columns(
     await page.wait_for_selector("#timeline svg.timeline-chart", timeout=10_000)
     assert len(await page.query_selector_all("#invocations tbody tr")) == 1
     assert slow in await page.inner_text("#timeline-title")
+    # ... and so does the short id the list shows (a prefix of it).
+    await page.goto(f"{api_url}/console?invocation_id={slow[:8]}")
+    await page.wait_for_selector(_row(slow), timeout=10_000)
+    assert await page.input_value("#f-id") == slow[:8]
+    assert [
+        row.startswith(slow[:8])
+        for row in await page.eval_on_selector_all(
+            "#invocations tbody tr", "rows => rows.map(r => r.dataset.invocation)"
+        )
+    ] == [True]
 
     # The id links to the call's page: parameters, result, trace id, timeline.
     await page.click(f"{_row(slow)} td.id a")
@@ -403,6 +430,15 @@ async def test_tenant_charts_are_drawn_from_the_analytics_snapshot(
             status=200, content_type="application/json", body=json.dumps(SNAPSHOT)
         ),
     )
+    # ... and as its live stream pushes it.
+    await page.route(
+        f"**/v1/analytics/tenants/{TENANT}/events",
+        lambda route: route.fulfill(
+            status=200,
+            content_type="text/event-stream",
+            body=f"id: 1\nevent: snapshot\ndata: {json.dumps(SNAPSHOT)}\n\n",
+        ),
+    )
     await _sign_in(page, api_url, running.token(TENANT, "did:user:viewer"))
     await page.wait_for_selector("#analytics figure svg.bar-chart")
     captions = await page.eval_on_selector_all(
@@ -421,6 +457,103 @@ async def test_tenant_charts_are_drawn_from_the_analytics_snapshot(
     assert "denial_spike" in await page.inner_text("#analytics")
     # A viewer without the approver scope sees pending calls but no decision buttons.
     assert await page.eval_on_selector("body", "b => b.classList.contains('may-decide')") is False
+
+
+async def _calls_charted(page: Page) -> int:
+    """The calls the "calls per minute" chart shows, summed over its minutes."""
+    total: int = await page.evaluate(
+        """() => {
+          const figure = [...document.querySelectorAll("#analytics figure")]
+            .find((f) => f.querySelector("figcaption").textContent === "calls per minute");
+          if (!figure) return 0;
+          return [...figure.querySelectorAll("text.t-time")]
+            .reduce((sum, t) => sum + Number(t.textContent), 0);
+        }"""
+    )
+    return total
+
+
+async def test_the_charts_follow_calls_made_while_the_page_is_open(
+    fleet: tuple[Fleet, ProcessFleet], api_url: str, browser: Browser, tmp_path: Path
+) -> None:
+    running, procs = fleet
+    tenant = f"t_charts_{uuid.uuid4().hex[:8]}"
+    agent = "did:agent:charted"
+    log_path = tmp_path / "analytics.log"
+    analytics = _start_analytics(
+        {**procs.env, "TOOLFLEET_ANALYTICS_SNAPSHOT_INTERVAL_S": "0.5"}, log_path
+    )
+    try:
+        page = await browser.new_page(viewport={"width": 1280, "height": 1000})
+        requests: list[str] = []
+        page.on("request", lambda r: requests.append(r.url))
+        navigations: list[str] = []
+        page.on("framenavigated", lambda f: navigations.append(f.url))
+        await _sign_in(page, api_url, running.token(tenant, "did:user:viewer"))
+        assert await _calls_charted(page) == 0
+        token = running.token(tenant, agent)
+        body = {
+            "tool_id": "core__echo",
+            "agent_context": {"agent_did": agent, "tenant_id": tenant},
+            "parameters": {"message": "chart me"},
+        }
+        made = 0
+        for expected in (2, 3):  # two calls, then one more: each shows up, live
+            while made < expected:
+                await _invoke(api_url, token, body)
+                made += 1
+
+            async def charted(n: int = expected) -> bool:
+                assert analytics.poll() is None, _text(log_path)
+                return await _calls_charted(page) == n
+
+            await eventually(charted, timeout=90, interval=0.2)
+        # Pushed, not polled or reloaded: the snapshot was read once, then streamed.
+        reads = [u for u in requests if u.endswith(f"/v1/analytics/tenants/{tenant}")]
+        streams = [u for u in requests if u.endswith(f"/v1/analytics/tenants/{tenant}/events")]
+        assert len(reads) == 1, reads
+        assert len(streams) >= 1, streams
+        assert [u for u in navigations if "/console" in u] == [f"{api_url}/console"]
+    finally:
+        kill_quietly(analytics)
+
+
+async def test_a_long_open_list_keeps_at_most_its_cap_of_live_rows(
+    fleet: tuple[Fleet, ProcessFleet], api_url: str, browser: Browser
+) -> None:
+    running, _ = fleet
+    tenant = f"t_cap_{uuid.uuid4().hex[:8]}"
+    page = await browser.new_page(viewport={"width": 1280, "height": 1000})
+    await _sign_in(page, api_url, running.token(tenant, "did:user:viewer"))
+    ids = [uuid.uuid4() for _ in range(CAP + 60)]
+    start = datetime.now(UTC)
+    conn = await asyncpg.connect(running.settings.database_url)
+    try:
+        # Live arrivals through the real feed (the projection's trigger notifies each row),
+        # in batches as the projection commits them.
+        for first in range(0, len(ids), 20):
+            await conn.executemany(
+                "INSERT INTO tool_invocations (invocation_id, tenant_id, agent_did, tool_id, "
+                "status, status_rank, created_at) "
+                "VALUES ($1, $2, 'did:agent:cap', 'core__echo', 'success', 3, $3)",
+                [
+                    (ids[n], tenant, start + timedelta(milliseconds=n))
+                    for n in range(first, min(first + 20, len(ids)))
+                ],
+            )
+            await page.wait_for_selector(_row(str(ids[min(first + 19, len(ids) - 1)])))
+    finally:
+        await conn.close()
+    rows = await page.eval_on_selector_all(
+        "#invocations tbody tr", "rows => rows.map(r => r.dataset.invocation)"
+    )
+    assert rows == [str(i) for i in reversed(ids)][:CAP]  # the newest, newest first
+    # The older ones are a click away, through the same keyset paging as before.
+    assert await page.is_visible("#more")
+    await page.click("#more")
+    await page.wait_for_selector(_row(str(ids[len(ids) - CAP - 50])))
+    after = await page.eval_on_selector_all("#invocations tbody tr", "rows => rows.length")
+    assert after == CAP + 50
 
 
 async def test_sigterm_stops_the_api_while_a_console_follows_the_live_list(

@@ -202,9 +202,14 @@ def analyzer(**overrides: Any) -> Analyzer:
     return Analyzer(memory_tables(), settings=settings)
 
 
+def created(found: list[Anomaly]) -> list[Anomaly]:
+    """The first reports among ``found`` (not the updates or count refreshes)."""
+    return [f for f in found if f.announce and f.revision == 0]
+
+
 def test_a_denial_spike_fires_once_per_agent_and_minute() -> None:
     engine = analyzer()
-    found = [f for i in range(10) for f in engine.observe(denial(T0 + i))]
+    found = created([f for i in range(10) for f in engine.observe(denial(T0 + i))])
     assert [f.kind for f in found] == [AnomalyKind.DENIAL_SPIKE]
     assert found[0].observed == 3
     assert found[0].window == (T0, T0 + 60)
@@ -236,6 +241,7 @@ def test_a_tool_error_rate_jump_fires_against_the_hour_baseline() -> None:
     found: list[Anomaly] = []
     for i in range(8):
         found += engine.observe(outcome("api", "error", T0 + i, code="external_api_error"))
+    found = created(found)
     assert [f.kind for f in found] == [AnomalyKind.ERROR_RATE_JUMP]
     jump = found[0]
     assert jump.tool_id == "api"
@@ -259,7 +265,7 @@ def test_novel_tools_fire_for_an_established_agent_only() -> None:
     fresh = [f for i in range(6) for f in engine.observe(request(f"x{i}", T0 + i, "did:agent:n"))]
     assert fresh == []
     # the established agent calling six tools it never called before
-    found = [f for i in range(6) for f in engine.observe(request(f"tool{i}", T0 + i))]
+    found = created([f for i in range(6) for f in engine.observe(request(f"tool{i}", T0 + i))])
     assert [f.kind for f in found] == [AnomalyKind.NOVEL_TOOLS]
     # the same tools again are known now
     again = [f for i in range(6) for f in engine.observe(request(f"tool{i}", T0 + 61 + i))]

@@ -1,10 +1,15 @@
 """The anomaly rules, each a pure function of a fact and the counts around it.
 
-Every rule fires at most once per subject and window: a count-based rule when the
-count *crosses* its threshold (``before < threshold <= after``), the error-rate rule
-through a marker the engine keeps in the window. A replay of the same facts after a
-crash crosses the same threshold in the same window, so the finding it re-emits has
-the same id and SIEMs see it once (:func:`finding_id`).
+There is one finding per rule, subject and window (:func:`finding_id`). A count-based
+rule *announces* it when the count crosses its threshold (``before < threshold <=
+after``, revision 0) and again, as an update of the same finding, each time the count
+doubles (2, 4, 8 ... times the threshold: revision 1, 2, ...), so a SIEM learns how far it
+went in a handful of events, never one per fact. In between, every further fact
+returns the finding with ``announce=False``: its live count, for the console's view,
+not an event. The error-rate rule announces once per window (a marker the engine keeps)
+and then refreshes its rate the same way. A replay of the same facts after a crash
+reaches the same counts in the same window, so the events it re-emits carry the same
+ids (:func:`event_id`) and SIEMs see each once.
 """
 
 from __future__ import annotations
@@ -63,6 +68,11 @@ class Anomaly:
     agent_did: str | None = None
     tool_id: str | None = None
     baseline: float | None = None
+    revision: int = 0
+    """0: the first report of the finding; n: its n-th update (the count doubled n times)."""
+    announce: bool = True
+    """Whether it becomes an ``ai.agent.tool.anomaly`` event; False: it only refreshes
+    the count the console shows."""
 
     @property
     def subject(self) -> str:
@@ -75,23 +85,71 @@ def finding_id(finding: Anomaly) -> str:
     return str(uuid.uuid5(_NAMESPACE, name))
 
 
+def event_id(finding: Anomaly) -> str:
+    """The id of the event announcing ``finding``: the finding's own for its first
+    report, one per revision for its updates (deterministic, so replays dedupe)."""
+    uid = finding_id(finding)
+    if finding.revision == 0:
+        return uid
+    return str(uuid.uuid5(_NAMESPACE, f"{uid}|{finding.revision}"))
+
+
 def crossed(before: float, after: float, threshold: float) -> bool:
     return before < threshold <= after
+
+
+def revision(before: int, after: int, threshold: int) -> int | None:
+    """Which report ``before`` → ``after`` makes: 0 when it crosses ``threshold``, n when
+    it reaches ``threshold * 2**n``; None when it announces nothing."""
+    if threshold <= 0 or after < threshold or before >= after:
+        return None
+    level, bound = 0, threshold
+    while bound <= after:
+        if before < bound:
+            return level
+        level, bound = level + 1, bound * 2
+    return None
+
+
+def _counted(
+    kind: AnomalyKind,
+    fact: AuditFact,
+    *,
+    before: int,
+    after: int,
+    threshold: int,
+    window: Window,
+    summary: str,
+) -> Anomaly | None:
+    if after < threshold:
+        return None
+    level = revision(before, after, threshold)
+    return Anomaly(
+        kind=kind,
+        tenant_id=fact.tenant_id,
+        agent_did=fact.agent_did,
+        window=window,
+        observed=after,
+        threshold=threshold,
+        summary=summary,
+        revision=level or 0,
+        announce=level is not None,
+    )
 
 
 def denial_spike(
     fact: AuditFact, *, before: int, after: int, window: Window, settings: DetectorSettings
 ) -> Anomaly | None:
     """``fact`` took the agent's denials this minute from ``before`` to ``after``."""
-    if fact.agent_did is None or not crossed(before, after, settings.denial_spike):
+    if fact.agent_did is None:
         return None
-    return Anomaly(
-        kind=AnomalyKind.DENIAL_SPIKE,
-        tenant_id=fact.tenant_id,
-        agent_did=fact.agent_did,
-        window=window,
-        observed=after,
+    return _counted(
+        AnomalyKind.DENIAL_SPIKE,
+        fact,
+        before=before,
+        after=after,
         threshold=settings.denial_spike,
+        window=window,
         summary=f"agent {fact.agent_did} was denied {after} times in one minute",
     )
 
@@ -110,11 +168,30 @@ def error_rate_jump(
         return None
     if minute.outcomes < settings.error_rate_min_outcomes:
         return None
+    found = error_rate_now(fact, minute=minute, hour=hour, window=window, settings=settings)
+    assert found is not None
+    rate, baseline = found.observed, found.baseline or 0.0
+    if rate < settings.error_rate or rate - baseline < settings.error_rate_jump:
+        return None
+    return found
+
+
+def error_rate_now(
+    fact: AuditFact,
+    *,
+    minute: WindowStats,
+    hour: WindowStats,
+    window: Window,
+    settings: DetectorSettings,
+    announce: bool = True,
+) -> Anomaly | None:
+    """The tool's error rate this ``minute`` as a finding, whatever it is (after
+    :func:`error_rate_jump` announced one: its refreshed rate, ``announce=False``)."""
+    if fact.tool_id is None or not minute.outcomes:
+        return None
     rate = minute.error_rate
     base_outcomes, base_errors = hour.without(minute)
     baseline = base_errors / base_outcomes if base_outcomes else 0.0
-    if rate < settings.error_rate or rate - baseline < settings.error_rate_jump:
-        return None
     return Anomaly(
         kind=AnomalyKind.ERROR_RATE_JUMP,
         tenant_id=fact.tenant_id,
@@ -123,8 +200,9 @@ def error_rate_jump(
         observed=round(rate, 4),
         threshold=settings.error_rate,
         baseline=round(baseline, 4),
-        summary=f"tool {fact.tool_id} failed {rate:.0%} of calls in one minute "
-        f"(hour baseline {baseline:.0%})",
+        summary=f"tool {fact.tool_id} failed {rate:.0%} of {minute.outcomes} calls in one "
+        f"minute (hour baseline {baseline:.0%})",
+        announce=announce,
     )
 
 
@@ -141,14 +219,12 @@ def novel_tools(
     to ``after``; the agent was first seen at ``first_seen``."""
     if fact.agent_did is None or fact.at - first_seen < settings.novel_warmup_s:
         return None
-    if not crossed(before, after, settings.novel_tools):
-        return None
-    return Anomaly(
-        kind=AnomalyKind.NOVEL_TOOLS,
-        tenant_id=fact.tenant_id,
-        agent_did=fact.agent_did,
-        window=window,
-        observed=after,
+    return _counted(
+        AnomalyKind.NOVEL_TOOLS,
+        fact,
+        before=before,
+        after=after,
         threshold=settings.novel_tools,
+        window=window,
         summary=f"agent {fact.agent_did} called {after} tools it never called before in one minute",
     )

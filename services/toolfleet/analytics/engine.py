@@ -32,6 +32,7 @@ from toolfleet.analytics.detectors import (
     DetectorSettings,
     denial_spike,
     error_rate_jump,
+    error_rate_now,
     novel_tools,
 )
 from toolfleet.analytics.facts import AuditFact
@@ -118,7 +119,8 @@ class Analyzer:
         self.hour = hour
 
     def observe(self, fact: AuditFact) -> list[Anomaly]:
-        """Count ``fact`` and return the findings it triggers (usually none)."""
+        """Count ``fact`` and return the findings it triggers or updates (usually none):
+        those with ``announce`` become events, the others only refresh a count."""
         if not (fact.is_request or fact.is_outcome):
             return []
         minute = self.minute.current(fact.at)
@@ -198,11 +200,20 @@ class Analyzer:
         window = self.minute.current(fact.at)
         key = f"tool{SEP}{tool_key(fact.tenant_id, fact.tool_id)}"
         subject = _subject(self.tables.subjects.get(key, window))
-        if AnomalyKind.ERROR_RATE_JUMP in subject.fired:
-            return []
         stats_key = tool_key(fact.tenant_id, fact.tool_id)
         minute = _stats(self.tables.minute.get(stats_key, window))
         hour = _stats(self.tables.hour.get(stats_key, self.hour.earliest(fact.at)))
+        if AnomalyKind.ERROR_RATE_JUMP in subject.fired:
+            # Announced already this minute: only its rate now, for the console.
+            now = error_rate_now(
+                fact,
+                minute=minute,
+                hour=hour,
+                window=window,
+                settings=self.settings,
+                announce=False,
+            )
+            return [now] if now else []
         jump = error_rate_jump(
             fact, minute=minute, hour=hour, window=window, settings=self.settings
         )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from toolfleet.analytics.detectors import Anomaly, finding_id
+from toolfleet.analytics.detectors import Anomaly, event_id, finding_id
 from toolfleet.analytics.ocsf import detection_finding
 from toolfleet.analytics.snapshot import AnomalyView
 from toolfleet.events.envelope import Envelope, new_event
@@ -13,7 +13,9 @@ from toolfleet.events.types import EventType, Source
 
 
 def anomaly_event(finding: Anomaly, *, now: datetime) -> Envelope:
-    """``ai.agent.tool.anomaly``; its id is the finding's, so a replay re-emits the same."""
+    """``ai.agent.tool.anomaly``. ``anomaly_id`` is the finding's; the event id is the
+    finding's for its first report and one per revision for its updates (a SIEM keys
+    the finding by ``anomaly_id``), so a replay re-emits the same events."""
     uid = finding_id(finding)
     data = AnomalyDetected(
         anomaly_id=uid,
@@ -30,13 +32,14 @@ def anomaly_event(finding: Anomaly, *, now: datetime) -> Envelope:
         detected_at=now,
         ocsf=detection_finding(finding, uid=uid, detected_at=now),
     )
+    eid = event_id(finding)
     return new_event(
         event_type=EventType.ANOMALY,
         source=Source.ANALYTICS,
         data=data,
         tenant_id=finding.tenant_id,
         invocation_id=None,
-        event_id=uid,
+        event_id=eid,
     )
 
 

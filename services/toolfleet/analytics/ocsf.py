@@ -1,8 +1,10 @@
 """The OCSF 1.8 Detection Finding (class 2004) projection of an anomaly. Pure.
 
 Beside the API Activity projection of every audit record (:mod:`toolfleet.audit.ocsf`):
-the finding is created once (``activity_id`` 1 Create, ``type_uid`` 200401), is New
-(``status_id`` 1), and names the rule as its analytic. Severity: 3 Medium for a denial
+the finding is created once (``activity_id`` 1 Create, ``type_uid`` 200401, status New)
+and updated as its count doubles (``activity_id`` 2 Update, ``type_uid`` 200402, status
+In Progress), always under the same ``finding_info.uid``; it names the rule as its
+analytic. Severity: 3 Medium for a denial
 spike or novel tools (an agent probing what it may do), 2 Low for a tool's error-rate
 jump. The agent is the actor, the tool a resource; counts and thresholds go under
 ``unmapped``.
@@ -13,12 +15,13 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Final
 
-from toolfleet.analytics.detectors import Anomaly, AnomalyKind
+from toolfleet.analytics.detectors import Anomaly, AnomalyKind, event_id
 from toolfleet.audit.ocsf import OCSF_VERSION, PRODUCT, epoch_ms
 
 CATEGORY_UID: Final = 2
 CLASS_UID: Final = 2004
 ACTIVITY_CREATE: Final = 1
+ACTIVITY_UPDATE: Final = 2
 _SEVERITY: Final = {
     AnomalyKind.DENIAL_SPIKE: (3, "Medium"),
     AnomalyKind.NOVEL_TOOLS: (3, "Medium"),
@@ -32,23 +35,25 @@ _TITLES: Final = {
 
 
 def detection_finding(finding: Anomaly, *, uid: str, detected_at: datetime) -> dict[str, Any]:
-    """The OCSF Detection Finding of ``finding``, whose event id is ``uid``."""
+    """The OCSF Detection Finding of ``finding``, whose finding id is ``uid``."""
     severity_id, severity = _SEVERITY[finding.kind]
+    update = finding.revision > 0
+    activity = ACTIVITY_UPDATE if update else ACTIVITY_CREATE
     start_ms, end_ms = (int(edge * 1000) for edge in finding.window)
     event: dict[str, Any] = {
-        "activity_id": ACTIVITY_CREATE,
-        "activity_name": "Create",
+        "activity_id": activity,
+        "activity_name": "Update" if update else "Create",
         "category_uid": CATEGORY_UID,
         "category_name": "Findings",
         "class_uid": CLASS_UID,
         "class_name": "Detection Finding",
-        "type_uid": CLASS_UID * 100 + ACTIVITY_CREATE,
-        "type_name": "Detection Finding: Create",
+        "type_uid": CLASS_UID * 100 + activity,
+        "type_name": f"Detection Finding: {'Update' if update else 'Create'}",
         "time": epoch_ms(detected_at),
         "severity_id": severity_id,
         "severity": severity,
-        "status_id": 1,
-        "status": "New",
+        "status_id": 2 if update else 1,
+        "status": "In Progress" if update else "New",
         "message": finding.summary,
         "finding_info": {
             "uid": uid,
@@ -67,7 +72,7 @@ def detection_finding(finding: Anomaly, *, uid: str, detected_at: datetime) -> d
         "metadata": {
             "version": OCSF_VERSION,
             "product": {"name": PRODUCT, "vendor_name": PRODUCT},
-            "uid": uid,
+            "uid": event_id(finding),
             "event_code": "ai.agent.tool.anomaly",
             "log_name": "audit",
             "tenant_uid": finding.tenant_id,

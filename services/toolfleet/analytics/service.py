@@ -12,6 +12,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping
 from datetime import datetime
 
+from toolfleet.analytics.detectors import Anomaly
 from toolfleet.analytics.engine import AnalyticsTables, Analyzer, split_key
 from toolfleet.analytics.facts import fact_of
 from toolfleet.analytics.findings import anomaly_event, anomaly_view
@@ -59,15 +60,26 @@ class AnalyticsService:
         self._dirty = True
         now = self._clock()
         for finding in findings:
-            self.found[finding.kind.value] += 1
-            recent = self._anomalies[finding.tenant_id]
-            recent.insert(0, anomaly_view(finding))
-            del recent[RECENT_ANOMALIES:]
-            log.warning(
-                "anomaly found",
-                extra={"kind": finding.kind.value, "tenant_id": finding.tenant_id},
-            )
-        return [anomaly_event(f, now=now) for f in findings]
+            self._show(finding)
+            if finding.announce and finding.revision == 0:
+                self.found[finding.kind.value] += 1
+                log.warning(
+                    "anomaly found",
+                    extra={"kind": finding.kind.value, "tenant_id": finding.tenant_id},
+                )
+        return [anomaly_event(f, now=now) for f in findings if f.announce]
+
+    def _show(self, finding: Anomaly) -> None:
+        """Put ``finding`` in its tenant's recent findings: in place, with its new count,
+        if it is there already (one row per finding), else first."""
+        view = anomaly_view(finding)
+        recent = self._anomalies[finding.tenant_id]
+        for i, shown in enumerate(recent):
+            if shown.id == view.id:
+                recent[i] = view
+                return
+        recent.insert(0, view)
+        del recent[RECENT_ANOMALIES:]
 
     async def publish(self) -> int:
         """Write every tenant's snapshot if anything changed; how many were written."""

@@ -26,6 +26,9 @@ RECENT_MINUTES: Final = 5
 RECENT_ANOMALIES: Final = 20
 _KEY: Final = "analytics:tenant:{tenant}"
 _TENANTS: Final = "analytics:tenants"
+CHANGES: Final = "analytics:changed"
+"""Redis channel: each payload is the tenant whose snapshot was just written (the API's
+``/v1/analytics/tenants/{tenant}/events`` pushes it to the console from there)."""
 
 
 class StatsView(BaseModel):
@@ -166,7 +169,8 @@ class SnapshotStore(Protocol):
 
 
 class RedisSnapshots:
-    """Snapshots as JSON strings under ``analytics:tenant:{tenant}``, tenants in a set."""
+    """Snapshots as JSON strings under ``analytics:tenant:{tenant}``, tenants in a set;
+    each write names its tenants on :data:`CHANGES`."""
 
     def __init__(self, redis: Redis) -> None:
         self._redis = redis
@@ -179,6 +183,8 @@ class RedisSnapshots:
             for snap in batch:
                 pipe.set(_KEY.format(tenant=snap.tenant_id), snap.model_dump_json())
             pipe.sadd(_TENANTS, *(snap.tenant_id for snap in batch))
+            for snap in batch:
+                pipe.publish(CHANGES, snap.tenant_id)
             await pipe.execute()
 
     async def read(self, tenant_id: str) -> TenantSnapshot | None:

@@ -76,8 +76,31 @@ class InvocationFilter:
     """Only calls created before this instant."""
     invocation_id: UUID | None = None
     """Only the call(s) with this id (the console's search by id)."""
+    id_range: tuple[UUID, UUID] | None = None
+    """Only the calls whose id is in this closed range (a search by id prefix, see
+    :func:`prefix_range`): a range on the key's second column, so it stays on the
+    ``(tenant_id, invocation_id)`` key."""
     limit: int = 50
     after: Cursor | None = None
+
+
+MIN_PREFIX_HEX = 8
+"""Hex digits a search by id prefix needs (the short id the console shows)."""
+
+
+def prefix_range(text: str) -> tuple[UUID, UUID]:
+    """The ids that start with ``text`` (at least :data:`MIN_PREFIX_HEX` hex digits, with
+    hyphens where a uuid has them), as ``(lowest, highest)``; ValueError otherwise."""
+    lowered = text.strip().lower()
+    digits = lowered.replace("-", "")
+    if not (MIN_PREFIX_HEX <= len(digits) <= 32) or any(
+        c not in "0123456789abcdef" for c in digits
+    ):
+        raise ValueError(f"an id prefix is {MIN_PREFIX_HEX} to 32 hex digits")
+    low = UUID(digits.ljust(32, "0"))
+    if not str(low).startswith(lowered):
+        raise ValueError("an id prefix has its hyphens where a uuid has them")
+    return low, UUID(digits.ljust(32, "f"))
 
 
 class InvocationQueries:
@@ -140,6 +163,9 @@ class InvocationQueries:
             where.append(f"created_at < {arg(query.created_to)}")
         if query.invocation_id is not None:
             where.append(f"invocation_id = {arg(query.invocation_id)}")
+        if query.id_range is not None:
+            low, high = query.id_range
+            where.append(f"invocation_id BETWEEN {arg(low)} AND {arg(high)}")
         if query.after is not None:
             where.append(
                 f"(created_at, invocation_id) < ({arg(query.after.created_at)}, "

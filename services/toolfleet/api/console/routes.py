@@ -26,7 +26,7 @@ from toolfleet.api import invoking
 from toolfleet.api.auth import CallerDep
 from toolfleet.api.console.timeline import Timeline, TimelineMark, timeline
 from toolfleet.api.problems import ProblemError, problem_responses
-from toolfleet.api.queries import Cursor, InvalidCursor, InvocationFilter
+from toolfleet.api.queries import Cursor, InvalidCursor, InvocationFilter, prefix_range
 from toolfleet.api.resources import ApiResources, resources
 from toolfleet.api.responses import SafeJSONResponse
 from toolfleet.contract.http import InvocationPage, InvocationView
@@ -160,13 +160,14 @@ async def console_invocations(
     agent: Annotated[str | None, Query(min_length=1, max_length=512)] = None,
     since: datetime | None = None,
     until: datetime | None = None,
-    invocation_id: UUID | None = None,
+    invocation_id: Annotated[str | None, Query(min_length=8, max_length=36)] = None,
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE_SIZE)] = 50,
     cursor: Annotated[str | None, Query(max_length=512)] = None,
 ) -> InvocationPage:
     """The console's list: the caller's tenant's calls, newest first, filtered by status,
-    tool, agent, creation time (``since`` inclusive, ``until`` exclusive) and id, paged
-    by keyset (``cursor`` from the previous page's ``next_cursor``)."""
+    tool, agent, creation time (``since`` inclusive, ``until`` exclusive) and id or id
+    prefix (at least 8 hex digits, the short id the list shows), paged by keyset
+    (``cursor`` from the previous page's ``next_cursor``)."""
     try:
         after = Cursor.decode(cursor) if cursor else None
     except InvalidCursor as exc:
@@ -176,6 +177,15 @@ async def console_invocations(
             raise ProblemError(
                 422, "since and until need a UTC offset", code=ErrorCode.INVALID_PARAMETERS
             )
+    exact: UUID | None = None
+    id_range: tuple[UUID, UUID] | None = None
+    if invocation_id is not None:
+        try:
+            id_range = prefix_range(invocation_id)
+        except ValueError as exc:
+            raise ProblemError(422, str(exc), code=ErrorCode.INVALID_PARAMETERS) from None
+        if id_range[0] == id_range[1]:
+            exact, id_range = id_range[0], None
     return await res.invocations.page(
         InvocationFilter(
             tenant_id=caller.tenant_scope,
@@ -184,7 +194,8 @@ async def console_invocations(
             agent_did=agent,
             created_from=since,
             created_to=until,
-            invocation_id=invocation_id,
+            invocation_id=exact,
+            id_range=id_range,
             limit=limit,
             after=after,
         )

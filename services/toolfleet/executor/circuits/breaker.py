@@ -64,7 +64,9 @@ class CallOutcome:
 class CircuitState:
     status: CircuitStatus = CircuitStatus.CLOSED
     since: float = 0.0
-    """When the circuit entered ``status`` (epoch seconds)."""
+    """When the circuit entered ``status`` (epoch seconds); for a circuit that never
+    opened, when its first call was recorded. 0: unknown (a state written before this
+    was recorded, until its next call)."""
     window: tuple[int, ...] = ()
     """The latest calls while closed, oldest first, as :class:`Mark` values."""
     times: tuple[float, ...] = ()
@@ -103,7 +105,7 @@ class CircuitState:
         data = json.loads(raw)
         return cls(
             status=CircuitStatus(data["status"]),
-            since=float(data["since"]),
+            since=float(data.get("since") or 0.0),
             window=tuple(int(m) for m in data["window"]),
             trials_started=int(data["trials_started"]),
             trials_succeeded=int(data["trials_succeeded"]),
@@ -203,7 +205,9 @@ def record(
             reason = _trip_reason(window, policy)
             if reason:
                 return _open(name, now, policy, reason)
-            return Step(state=replace(state, window=window, times=times))
+            # A circuit first seen (or stored before ``since`` was kept) starts now.
+            since = state.since or now
+            return Step(state=replace(state, window=window, times=times, since=since))
         case CircuitStatus.HALF_OPEN:
             if outcome.verdict is Verdict.IGNORED:
                 return Step(state=replace(state, trials_started=max(state.trials_started - 1, 0)))

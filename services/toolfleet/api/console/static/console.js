@@ -7,9 +7,13 @@
 (() => {
   const TOKEN_KEY = "toolfleet.console.token";
   const PAGE_SIZE = 50;
+  // Rows the live list keeps: past it the oldest go (the "Older calls" button pages them
+  // back in), so a tab left open for days holds a bounded DOM. Each page asked for with
+  // that button raises it by a page.
+  const MAX_ROWS = 200;
   const FILTERS = ["status", "tool_id", "agent", "since", "until", "invocation_id"];
   const $ = (selector) => document.querySelector(selector);
-  const state = { me: null, rows: new Map(), pending: new Map(), selected: null, stop: null, cursor: null, filters: {} };
+  const state = { me: null, rows: new Map(), pending: new Map(), selected: null, stop: null, cursor: null, filters: {}, maxRows: MAX_ROWS };
 
   // --- small DOM helpers --------------------------------------------------------------
   function el(tag, props, ...children) {
@@ -89,11 +93,13 @@
       return;
     }
     readFilters();
+    if (state.stop) state.stop.abort();
+    state.stop = new AbortController(); // ends both streams at sign-out
     loadList(false).then(follow);
     loadApprovals();
     loadCircuits();
     searchTools("");
-    loadAnalytics();
+    loadAnalytics().then(followAnalytics);
   }
 
   function signOut(message) {
@@ -105,6 +111,7 @@
     state.pending.clear();
     state.selected = null;
     state.cursor = null;
+    state.maxRows = MAX_ROWS;
     show($("#console"), false);
     show($("#who"), false);
     show($("#sign-out"), false);
@@ -114,24 +121,24 @@
     show(error, Boolean(message));
   }
 
-  // --- live list: Server-Sent Events over fetch ---------------------------------------
+  // --- live list and charts: Server-Sent Events over fetch ---------------------------
   // EventSource cannot send an Authorization header, and a token must not go in a URL,
-  // so the stream is read with fetch and parsed here (text/event-stream framing).
-  async function follow() {
-    const stop = new AbortController();
-    state.stop = stop;
+  // so a stream is read with fetch and parsed here (text/event-stream framing). Both
+  // streams stop with the same AbortController (sign-out).
+  async function stream(path, stop, onEvent, onState) {
     let backoff = 500;
     while (!stop.signal.aborted) {
       try {
-        const response = await fetch("/v1/events/invocations", {
+        const response = await fetch(path, {
           headers: authHeaders({ Accept: "text/event-stream" }),
           signal: stop.signal,
           cache: "no-store",
           credentials: "omit",
         });
         if (response.status === 401) { signOut("Your token was refused (expired or revoked)."); return; }
-        if (!response.ok || !response.body) throw new Error(`feed answered ${response.status}`);
-        setLive("live");
+        if (response.status === 404) return; // nothing to follow (no analytics route)
+        if (!response.ok || !response.body) throw new Error(`stream answered ${response.status}`);
+        onState("live");
         backoff = 500;
         const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
         let buffer = "";
@@ -141,17 +148,41 @@
           buffer += value.replace(/\r\n/g, "\n");
           let end;
           while ((end = buffer.indexOf("\n\n")) >= 0) {
-            dispatch(buffer.slice(0, end));
+            const parsed = parseEvent(buffer.slice(0, end));
             buffer = buffer.slice(end + 2);
+            if (!parsed) continue;
+            if (parsed.event === "stream_closed") {
+              // The token ended (revoked or expired): the server closes the stream; so do we.
+              signOut(parsed.payload.reason === "token_expired"
+                ? "Your token has expired."
+                : "Your token was revoked.");
+              return;
+            }
+            onEvent(parsed.event, parsed.payload);
           }
         }
       } catch (error) {
         if (stop.signal.aborted) return;
       }
-      setLive("reconnecting");
+      onState("reconnecting");
       await sleep(backoff);
       backoff = Math.min(backoff * 2, 10000);
     }
+  }
+
+  function follow() {
+    if (!state.stop) return undefined;
+    return stream("/v1/events/invocations", state.stop, dispatch, setLive);
+  }
+
+  // The charts follow the analytics worker's snapshots, pushed as it writes them.
+  function followAnalytics() {
+    const stop = state.stop;
+    if (!stop || !state.me) return undefined;
+    const tenant = encodeURIComponent(state.me.tenant_id);
+    return stream(`/v1/analytics/tenants/${tenant}/events`, stop, (event, payload) => {
+      if (event === "snapshot") renderAnalytics(payload);
+    }, (text) => { $("#analytics").dataset.live = text; });
   }
 
   function setLive(text) {
@@ -160,7 +191,7 @@
     badge.dataset.state = text;
   }
 
-  function dispatch(block) {
+  function parseEvent(block) {
     let event = "message";
     const data = [];
     for (const line of block.split("\n")) {
@@ -171,15 +202,11 @@
       if (field === "event") event = value;
       else if (field === "data") data.push(value);
     }
-    if (!data.length) return;
-    const payload = JSON.parse(data.join("\n"));
-    if (event === "stream_closed") {
-      // The token ended (revoked or expired): the server closes the feed; so do we.
-      signOut(payload.reason === "token_expired"
-        ? "Your token has expired."
-        : "Your token was revoked.");
-      return;
-    }
+    if (!data.length) return null;
+    return { event, payload: JSON.parse(data.join("\n")) };
+  }
+
+  function dispatch(event, payload) {
     if (event === "snapshot") {
       // The newest calls: merged into the list (which may hold older pages), filtered.
       for (const item of payload.items) if (matches(item)) state.rows.set(item.invocation_id, item);
@@ -193,7 +220,6 @@
       if (payload.invocation_id === state.selected) refreshTimeline();
       const finished = ["success", "error", "timeout", "cancelled", "permission_denied"];
       if (finished.includes(payload.status) && (!before || before.status !== payload.status)) {
-        refreshAnalytics();
         if (payload.error && payload.error.code === "circuit_breaker_open") refreshCircuits();
       }
     }
@@ -232,7 +258,8 @@
     if (f.status && item.status !== f.status) return false;
     if (f.tool_id && item.tool_id !== f.tool_id) return false;
     if (f.agent && item.agent_did !== f.agent) return false;
-    if (f.invocation_id && item.invocation_id !== f.invocation_id.toLowerCase()) return false;
+    // The id filter is an id or its prefix (the short id the list shows).
+    if (f.invocation_id && !String(item.invocation_id).startsWith(f.invocation_id.toLowerCase())) return false;
     if (f.since && new Date(item.created_at) < new Date(f.since)) return false;
     if (f.until && new Date(item.created_at) >= new Date(f.until)) return false;
     return true;
@@ -251,6 +278,7 @@
     show(note, false);
     const page = await response.json();
     if (!more) state.rows.clear();
+    else state.maxRows += PAGE_SIZE; // asked for: kept beside the live rows
     for (const item of page.items) state.rows.set(item.invocation_id, item);
     state.cursor = page.next_cursor;
     show($("#more"), Boolean(state.cursor));
@@ -265,9 +293,27 @@
     return ms(Math.max(0, new Date(item.completed_at) - start));
   }
 
+  // The key of the list's order, as the API's opaque cursor encodes it: paging on from
+  // a row the cap dropped the older rows after.
+  function cursorAfter(item) {
+    const raw = JSON.stringify({ c: item.created_at, i: item.invocation_id });
+    return btoa(raw).replace(/\+/g, "-").replace(/\//g, "_").replace(/=+$/, "");
+  }
+
+  function newestFirst(a, b) {
+    if (a.created_at !== b.created_at) return new Date(a.created_at) < new Date(b.created_at) ? 1 : -1;
+    return a.invocation_id < b.invocation_id ? 1 : -1;
+  }
+
   function renderRows() {
-    const items = [...state.rows.values()]
-      .sort((a, b) => (a.created_at < b.created_at ? 1 : -1));
+    let items = [...state.rows.values()].sort(newestFirst);
+    if (items.length > state.maxRows) {
+      // Over the cap: drop the oldest; "Older calls" pages on from the oldest kept.
+      for (const item of items.slice(state.maxRows)) state.rows.delete(item.invocation_id);
+      items = items.slice(0, state.maxRows);
+      state.cursor = cursorAfter(items[items.length - 1]);
+      show($("#more"), true);
+    }
     const body = $("#invocations tbody");
     body.replaceChildren(...items.map((item) => el(
       "tr",
@@ -501,12 +547,15 @@
       const response = await api(`/v1/analytics/tenants/${encodeURIComponent(tenant)}`);
       if (response.ok) data = await response.json();
     } catch { data = null; }
+    renderAnalytics(data);
+  }
+
+  function renderAnalytics(data) {
     const charts = data ? (isSnapshot(data) ? snapshotCharts(data) : chartsOf(data)) : [];
     $("#analytics").replaceChildren(...(charts.length
       ? charts
       : [el("p", { class: "empty" }, "No analytics for this tenant yet.")]));
   }
-  const refreshAnalytics = debounce(() => { if (state.me) loadAnalytics(); }, 2000);
 
   // The analytics worker's tenant snapshot: newest 1 minute windows, the 1 hour window,
   // recent anomalies.

@@ -9,17 +9,12 @@ from datetime import UTC, datetime
 
 import httpx
 import pytest
-from redis.asyncio import Redis
 
+from tests.support.analytics import write_snapshots as snapshots_written
 from tests.support.api import ApiKeys, api_settings_for
-from toolfleet.analytics.detectors import DetectorSettings
-from toolfleet.analytics.engine import Analyzer, memory_tables
-from toolfleet.analytics.facts import AuditFact
-from toolfleet.analytics.snapshot import RedisSnapshots, build_snapshots
 from toolfleet.api import ApiSettings
 from toolfleet.auth.grants import ensure_grant_key
 from toolfleet.auth.tokens import TokenIssuer
-from toolfleet.events.types import EventType
 from toolfleet.settings import FleetSettings
 
 pytestmark = pytest.mark.integration
@@ -47,26 +42,7 @@ def auth(issuer: TokenIssuer) -> Callable[..., dict[str, str]]:
 
 async def write_snapshots(settings: FleetSettings, *tenants: str) -> None:
     """What the analytics app writes after counting one call per tenant."""
-    engine = Analyzer(memory_tables(), settings=DetectorSettings())
-    for tenant in tenants:
-        engine.observe(
-            AuditFact(
-                audit_id=str(uuid.uuid4()),
-                tenant_id=tenant,
-                at=NOW.timestamp(),
-                event_type=EventType.INVOKE_REQUESTED,
-                agent_did="did:agent:a",
-                tool_id="core__echo",
-            )
-        )
-    snaps = build_snapshots(
-        minute=engine.tables.minute, hour=engine.tables.hour, anomalies={}, now=NOW
-    )
-    redis = Redis.from_url(settings.redis_url)
-    try:
-        await RedisSnapshots(redis).write(snaps.values())
-    finally:
-        await redis.aclose()
+    await snapshots_written(settings, dict.fromkeys(tenants, 1), now=NOW)
 
 
 async def test_a_tenant_reads_its_own_analytics_and_no_one_elses(

@@ -13,17 +13,13 @@ import httpx
 import pytest
 import uvicorn
 from fastapi import FastAPI
-from redis.asyncio import Redis
 
+from tests.support.analytics import write_snapshots
 from tests.support.eventually import eventually
 from tests.support.servers import free_port
-from toolfleet.analytics.detectors import DetectorSettings
-from toolfleet.analytics.engine import Analyzer, memory_tables
-from toolfleet.analytics.facts import AuditFact
-from toolfleet.analytics.snapshot import RedisSnapshots, TenantSnapshot, build_snapshots
+from toolfleet.analytics.snapshot import TenantSnapshot
 from toolfleet.api.routes.analytics import SnapshotChanges
 from toolfleet.auth.tokens import TokenIssuer
-from toolfleet.events.types import EventType
 from toolfleet.settings import FleetSettings
 
 pytestmark = pytest.mark.integration
@@ -59,26 +55,7 @@ def _bearer(issuer: TokenIssuer, tenant: str) -> dict[str, str]:
 
 async def _write(settings: FleetSettings, tenant: str, calls: int) -> None:
     """What the analytics app writes after counting ``calls`` calls of ``tenant``."""
-    engine = Analyzer(memory_tables(), settings=DetectorSettings())
-    for _ in range(calls):
-        engine.observe(
-            AuditFact(
-                audit_id=str(uuid.uuid4()),
-                tenant_id=tenant,
-                at=NOW.timestamp(),
-                event_type=EventType.INVOKE_REQUESTED,
-                agent_did="did:agent:a",
-                tool_id="core__echo",
-            )
-        )
-    snaps = build_snapshots(
-        minute=engine.tables.minute, hour=engine.tables.hour, anomalies={}, now=NOW
-    )
-    redis = Redis.from_url(settings.redis_url)
-    try:
-        await RedisSnapshots(redis).write(snaps.values())
-    finally:
-        await redis.aclose()
+    await write_snapshots(settings, {tenant: calls}, now=NOW)
 
 
 async def _snapshots(response: httpx.Response) -> AsyncIterator[TenantSnapshot]:

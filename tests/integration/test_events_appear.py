@@ -109,7 +109,9 @@ async def test_a_call_written_during_the_wait_streams_as_soon_as_the_projection_
     assert "event: tool_call_result" in answer.text
     assert reads.seen[0] is None, "the row existed before the route looked"
     took = answered_at - written_at[0]
-    assert took < 2.0, f"answered {took:.2f} s after the write"
+    # Woken by the notice (~0.1 s), not by the end of the 5 s wait: the margin is for a
+    # loaded machine, and still far from the wait.
+    assert took < 3.0, f"answered {took:.2f} s after the write"
     # Old code: a read every 0.2 s; now the first read, then one per notification.
     assert reads.while_awaited <= 3, reads.seen
 
@@ -151,6 +153,6 @@ async def test_a_missing_and_another_tenants_id_both_404_after_the_whole_wait(
     assert answer.status_code == 404, answer.text
     assert answer.json()["code"] == "not_found"
     assert took >= wait_s, f"404 after {took:.2f} s, before the {wait_s} s wait"
-    assert took < wait_s + 1.0
+    assert took < wait_s + 3.0  # about the wait, not a stream left open (margin: load)
     assert all(view is None for view in reads.seen)
     assert _res(app).feed.subscribers == 0  # the wait let go of its subscription

@@ -149,20 +149,16 @@ class InvocationQueries:
             args.append(value)
             return f"${len(args)}"
 
-        if query.tenant_id is not None:
-            where.append(f"tenant_id = {arg(query.tenant_id)}")
-        if query.status is not None:
-            where.append(f"status = {arg(query.status.value)}")
-        if query.tool_id is not None:
-            where.append(f"tool_id = {arg(query.tool_id)}")
-        if query.agent_did is not None:
-            where.append(f"agent_did = {arg(query.agent_did)}")
-        if query.created_from is not None:
-            where.append(f"created_at >= {arg(query.created_from)}")
-        if query.created_to is not None:
-            where.append(f"created_at < {arg(query.created_to)}")
-        if query.invocation_id is not None:
-            where.append(f"invocation_id = {arg(query.invocation_id)}")
+        conditions: list[tuple[str, Any]] = [
+            ("tenant_id =", query.tenant_id),
+            ("status =", query.status.value if query.status is not None else None),
+            ("tool_id =", query.tool_id),
+            ("agent_did =", query.agent_did),
+            ("created_at >=", query.created_from),
+            ("created_at <", query.created_to),
+            ("invocation_id =", query.invocation_id),
+        ]
+        where += [f"{test} {arg(value)}" for test, value in conditions if value is not None]
         if query.id_range is not None:
             low, high = query.id_range
             where.append(f"invocation_id BETWEEN {arg(low)} AND {arg(high)}")

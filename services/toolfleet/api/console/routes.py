@@ -72,18 +72,39 @@ def _package_text(*parts: str) -> str:
 @page_router.get("", response_class=HTMLResponse)
 async def console_page() -> HTMLResponse:
     """The console: sign-in, live invocations, timeline, approvals, circuits, tools, charts."""
-    html = Template(_package_text("templates", "console.html")).substitute(
-        version=toolfleet.__version__
+    return _page(
+        "console.html",
+        title="toolfleet console",
+        heading='toolfleet <span class="muted">console</span>',
+        sign_in_note="Paste a token (<code>toolfleet token issue ...</code>). It stays in this "
+        "tab (session storage) and is sent only as a bearer header. An <code>approver</code> "
+        "or <code>admin</code> token can approve and deny pending calls.",
     )
-    return HTMLResponse(html, headers={**_HEADERS, "Cache-Control": "no-store"})
 
 
 @page_router.get("/invocations/{invocation_id}", response_class=HTMLResponse)
 async def call_page(invocation_id: UUID) -> HTMLResponse:
     """One call's page. Like the console it holds no data: the script reads the call
     with the signed-in token (another tenant's id reads as a missing one)."""
-    html = Template(_package_text("templates", "invocation.html")).substitute(
-        version=toolfleet.__version__, invocation_id=str(invocation_id)
+    return _page(
+        "invocation.html",
+        invocation_id=str(invocation_id),
+        title=f"toolfleet call {invocation_id}",
+        body_attributes=f' data-page="invocation" data-invocation="{invocation_id}"',
+        heading='<a href="/console" class="home">toolfleet</a> <span class="muted">call</span>',
+        sign_in_note="Paste a token. It stays in this tab (session storage) and is sent only "
+        "as a bearer header.",
+    )
+
+
+def _page(main: str, *, body_attributes: str = "", **values: str) -> HTMLResponse:
+    """A console page: the shell every page shares (head, header, sign-in, footer) around
+    its own ``main`` template. Values are the pages' own text (a UUID at most), never a
+    caller's input."""
+    values = {"version": toolfleet.__version__, **values}
+    inner = Template(_package_text("templates", main)).substitute(values)
+    html = Template(_package_text("templates", "page.html")).substitute(
+        values, main=inner, body_attributes=body_attributes
     )
     return HTMLResponse(html, headers={**_HEADERS, "Cache-Control": "no-store"})
 

@@ -3,12 +3,9 @@ submitted inside their turn's span (so the fleet's spans join the same trace).""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import pytest
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from tests.unit.test_agent_runner import SCRIPT, _fleet, _scripted
@@ -18,18 +15,6 @@ from toolfleet.events.identity import parse_traceparent
 from toolfleet.observability import tracing
 
 pytestmark = pytest.mark.unit
-
-
-@pytest.fixture
-def exported(monkeypatch: pytest.MonkeyPatch) -> Iterator[InMemorySpanExporter]:
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider(id_generator=tracing.RootIds())
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    monkeypatch.setattr(tracing, "_tracer", provider.get_tracer("toolfleet"))
-    monkeypatch.setattr(tracing, "_recording", True)
-    monkeypatch.setattr(tracing, "_provider", provider)
-    yield exporter
-    provider.shutdown()
 
 
 @dataclass

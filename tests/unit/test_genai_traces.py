@@ -4,34 +4,18 @@ conventions for tool execution, on the in-memory span exporter."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 
 import pytest
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 from prometheus_client import REGISTRY
 
 from tests.unit.test_executor_admission import authorized, outcome, rig
 from toolfleet.events.models import ExecutionOptions
-from toolfleet.observability import tracing
 
 pytestmark = pytest.mark.unit
 
 RUNNER_CALL_ID = "tfc_" + "ab" * 20
-
-
-@pytest.fixture
-def exported(monkeypatch: pytest.MonkeyPatch) -> Iterator[InMemorySpanExporter]:
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider(id_generator=tracing.RootIds())
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    monkeypatch.setattr(tracing, "_tracer", provider.get_tracer("toolfleet"))
-    monkeypatch.setattr(tracing, "_recording", True)
-    monkeypatch.setattr(tracing, "_provider", provider)
-    yield exporter
-    provider.shutdown()
 
 
 def _run_span(exporter: InMemorySpanExporter, tool_id: str) -> dict[str, object]:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 from opentelemetry import trace as otel_trace
 from opentelemetry.sdk.trace import TracerProvider
@@ -16,18 +14,6 @@ from toolfleet.observability import tracing
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 REQUEST = f"00-{TRACE_ID}-00f067aa0ba902b7-01"
-
-
-@pytest.fixture
-def exported(monkeypatch: pytest.MonkeyPatch) -> Iterator[InMemorySpanExporter]:
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider(id_generator=tracing.RootIds())
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    monkeypatch.setattr(tracing, "_tracer", provider.get_tracer("toolfleet"))
-    monkeypatch.setattr(tracing, "_recording", True)
-    monkeypatch.setattr(tracing, "_provider", provider)
-    yield exporter
-    provider.shutdown()
 
 
 @pytest.fixture

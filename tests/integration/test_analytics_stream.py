@@ -11,12 +11,11 @@ from datetime import UTC, datetime
 
 import httpx
 import pytest
-import uvicorn
 from fastapi import FastAPI
 
 from tests.support.analytics import write_snapshots
 from tests.support.eventually import eventually
-from tests.support.servers import free_port
+from tests.support.servers import served_by_uvicorn
 from toolfleet.analytics.snapshot import TenantSnapshot
 from toolfleet.api.routes.analytics import SnapshotChanges
 from toolfleet.auth.tokens import TokenIssuer
@@ -30,22 +29,8 @@ NOW = datetime(2026, 11, 25, 12, 0, 30, tzinfo=UTC)
 @pytest.fixture
 async def served(app: FastAPI) -> AsyncIterator[str]:
     """``app`` behind uvicorn: real streaming (the in-process transport buffers)."""
-    port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
-    )
-    task = asyncio.create_task(server.serve())
-
-    async def listening() -> bool:
-        assert not task.done(), "uvicorn stopped"
-        return server.started
-
-    await eventually(listening, timeout=30)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        await asyncio.wait_for(task, 30)
+    async with served_by_uvicorn(lambda _url: app, lifespan="off") as url:
+        yield url
 
 
 def _bearer(issuer: TokenIssuer, tenant: str) -> dict[str, str]:

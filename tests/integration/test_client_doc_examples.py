@@ -7,18 +7,15 @@ the environment; that is all this test provides."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-import uvicorn
 
 from tests.support.doc_examples import ROOT, examples, run_page
-from tests.support.eventually import eventually
 from tests.support.fleet import fleet_env
 from tests.support.pipeline import Fleet, fleet_settings, in_process_fleet
-from tests.support.servers import free_port
+from tests.support.servers import served_by_uvicorn
 from toolfleet.api import ApiSettings, create_app
 from toolfleet.settings import FleetSettings
 from toolfleet.worker import SERVICES
@@ -42,24 +39,11 @@ async def fleet(
 @pytest.fixture(scope="module")
 async def api_url(fleet: Fleet) -> AsyncIterator[str]:
     """The fleet's API, served by uvicorn as ``toolfleet api`` serves it."""
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    app = create_app(ApiSettings(**{**fleet.settings.model_dump(), "api_url": url}))
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
-    )
-    task = asyncio.create_task(server.serve())
-
-    async def listening() -> bool:
-        assert not task.done(), "uvicorn stopped"
-        return server.started
-
-    await eventually(listening, timeout=30)
-    try:
+    settings = fleet.settings.model_dump()
+    async with served_by_uvicorn(
+        lambda url: create_app(ApiSettings(**{**settings, "api_url": url}))
+    ) as url:
         yield url
-    finally:
-        server.should_exit = True
-        await asyncio.wait_for(task, 30)
 
 
 def reader_environment(

@@ -16,14 +16,12 @@ import httpx
 import httpx2
 import jwt
 import pytest
-import uvicorn
-from fastapi import FastAPI
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
 from tests.support.eventually import eventually
 from tests.support.pipeline import DEFAULT_POLICY, Fleet, fleet_settings, in_process_fleet
-from tests.support.servers import free_port
+from tests.support.servers import served_by_uvicorn
 from toolfleet.api import ApiSettings, create_app
 from toolfleet.api.mcp.results import HANDLE_SCHEMA
 from toolfleet.registry.store import RegistryStore
@@ -59,25 +57,11 @@ async def fleet(
 @contextlib.asynccontextmanager
 async def serve_api(fleet: Fleet) -> AsyncIterator[str]:
     """An API replica of ``fleet`` served by uvicorn on a free port; yields its base URL."""
-    port = free_port()
-    app: FastAPI = create_app(
-        ApiSettings(**{**fleet.settings.model_dump(), "api_url": f"http://127.0.0.1:{port}"})
-    )
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
-    )
-    task = asyncio.create_task(server.serve())
-
-    async def started() -> bool:
-        assert not task.done(), "uvicorn stopped"
-        return server.started
-
-    await eventually(started, timeout=30)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        await asyncio.wait_for(task, 30)
+    settings = fleet.settings.model_dump()
+    async with served_by_uvicorn(
+        lambda url: create_app(ApiSettings(**{**settings, "api_url": url}))
+    ) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

@@ -8,15 +8,20 @@ machine's servers in CI), else local defaults if reachable, else embedded ones.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Literal
 from urllib.parse import urlsplit
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
 
 
 def free_port() -> int:
@@ -114,3 +119,34 @@ def kill_quietly(proc: subprocess.Popen[bytes]) -> None:
         proc.kill()
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(5)
+
+
+@contextlib.asynccontextmanager
+async def served_by_uvicorn(
+    make_app: Callable[[str], FastAPI], *, lifespan: Literal["on", "off"] = "on"
+) -> AsyncIterator[str]:
+    """The app ``make_app(base_url)`` returns, served by uvicorn on a free port (real
+    streaming: the in-process transport buffers); yields its base URL."""
+    import uvicorn
+
+    from tests.support.eventually import eventually
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    server = uvicorn.Server(
+        uvicorn.Config(
+            make_app(url), host="127.0.0.1", port=port, log_level="warning", lifespan=lifespan
+        )
+    )
+    task = asyncio.create_task(server.serve())
+
+    async def listening() -> bool:
+        assert not task.done(), "uvicorn stopped"
+        return server.started
+
+    await eventually(listening, timeout=30)
+    try:
+        yield url
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(task, 30)

@@ -35,6 +35,9 @@ from typing import Any
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "services"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tests.support.search_eval import eval_documents
 
 from toolfleet.registry.search import (
     MIN_SCORE,
@@ -42,31 +45,9 @@ from toolfleet.registry.search import (
     cosines,
     hybrid_rank,
     shared_embedder,
-    tool_text,
 )
 
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data"
-
-
-def _documents(tools: list[dict[str, Any]], *, keywords: bool) -> list[ToolDocument]:
-    def words(t: dict[str, Any]) -> tuple[str, ...]:
-        return tuple(t.get("keywords", ())) if keywords else ()
-
-    texts = [
-        tool_text(t["id"], t["description"], t["category"], t["tags"], words(t)) for t in tools
-    ]
-    vectors = shared_embedder().embed(texts)
-    return [
-        ToolDocument(
-            tool_id=t["id"],
-            description=t["description"],
-            category=t["category"],
-            tags=tuple(t["tags"]),
-            keywords=words(t),
-            embedding=v,
-        )
-        for t, v in zip(tools, vectors, strict=True)
-    ]
 
 
 def _embeddings_only(vector: Sequence[float], docs: list[ToolDocument]) -> list[str]:
@@ -145,7 +126,10 @@ def main() -> None:
     tools: list[dict[str, Any]] = yaml.safe_load((DATA / "tool_search_eval.yaml").read_text())[
         "tools"
     ]
-    with_keywords, without = _documents(tools, keywords=True), _documents(tools, keywords=False)
+    with_keywords, without = (
+        eval_documents(tools, keywords=True),
+        eval_documents(tools, keywords=False),
+    )
     sets = [
         ("tuning set, in-sample", "tool_search_queries.json", "misses"),
         ("held-out set", "tool_search_heldout.json", "unanswerable"),

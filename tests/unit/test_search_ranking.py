@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.support.search_eval import eval_documents
 from toolfleet.contract.manifest import ToolManifest
 from toolfleet.registry.search import (
     CONFIDENT_SCORE,
@@ -56,24 +57,7 @@ RECALL_AT_1_GOAL = 0.8
 
 @cache
 def _documents(*, with_keywords: bool = True) -> tuple[ToolDocument, ...]:
-    def words(t: dict[str, Any]) -> tuple[str, ...]:
-        return tuple(t.get("keywords", ())) if with_keywords else ()
-
-    texts = [
-        tool_text(t["id"], t["description"], t["category"], t["tags"], words(t)) for t in CATALOG
-    ]
-    vectors = shared_embedder().embed(texts)
-    return tuple(
-        ToolDocument(
-            tool_id=t["id"],
-            description=t["description"],
-            category=t["category"],
-            tags=tuple(t["tags"]),
-            keywords=words(t),
-            embedding=v,
-        )
-        for t, v in zip(CATALOG, vectors, strict=True)
-    )
+    return tuple(eval_documents(CATALOG, keywords=with_keywords))
 
 
 def _search(q: str, docs: tuple[ToolDocument, ...]) -> list[tuple[str, float, bool]]:

@@ -309,28 +309,38 @@ class MemorySnapshots:
         return sorted(self.rows)
 
 
-async def test_the_service_emits_anomaly_events_and_writes_snapshots_only_when_changed() -> None:
+DENIED: dict[str, Any] = {
+    "status": "permission_denied",
+    "agent_did": AGENT,
+    "tenant_id": TENANT,
+    "tool_id": "core__x",
+    "error": {"code": "permission_denied", "message": "no", "retryable": False},
+}
+"""A denied call's outcome, as the audit event carries it."""
+
+
+def denial_service(denial_spike: int) -> tuple[AnalyticsService, MemorySnapshots]:
+    """The analytics service on in-memory tables and snapshots, its denial-spike detector
+    firing at ``denial_spike`` denials."""
     tables = memory_tables()
     store = MemorySnapshots()
     service = AnalyticsService(
-        analyzer=Analyzer(tables, settings=DetectorSettings(denial_spike=2)),
+        analyzer=Analyzer(tables, settings=DetectorSettings(denial_spike=denial_spike)),
         tables=tables,
         store=store,
         clock=lambda: NOW,
     )
-    failed = {
-        "status": "permission_denied",
-        "agent_did": AGENT,
-        "tenant_id": TENANT,
-        "tool_id": "core__x",
-        "error": {"code": "permission_denied", "message": "no", "retryable": False},
-    }
+    return service, store
+
+
+async def test_the_service_emits_anomaly_events_and_writes_snapshots_only_when_changed() -> None:
+    service, store = denial_service(2)
     emitted = []
     for _ in range(3):
         audit = new_event(
             event_type=EventType.FAILED,
             source=Source.AUDIT,
-            data=_audit(EventType.FAILED, failed),
+            data=_audit(EventType.FAILED, DENIED),
             tenant_id=TENANT,
             invocation_id="i1",
         )

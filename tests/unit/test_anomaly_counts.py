@@ -9,18 +9,17 @@ import pytest
 
 from tests.unit.test_analytics import (
     AGENT,
-    NOW,
+    DENIED,
     T0,
     TENANT,
-    MemorySnapshots,
     _audit,
     denial,
+    denial_service,
     outcome,
     request,
 )
 from toolfleet.analytics.detectors import Anomaly, AnomalyKind, DetectorSettings, finding_id
 from toolfleet.analytics.engine import Analyzer, memory_tables
-from toolfleet.analytics.service import AnalyticsService
 from toolfleet.events.envelope import new_event
 from toolfleet.events.models import AnomalyDetected
 from toolfleet.events.types import EventType, Source
@@ -70,24 +69,10 @@ def test_the_error_rate_finding_follows_the_minute_s_rate_once_announced() -> No
 
 
 async def test_the_service_shows_one_finding_with_its_live_count_and_emits_updates() -> None:
-    tables = memory_tables()
-    store = MemorySnapshots()
-    service = AnalyticsService(
-        analyzer=Analyzer(tables, settings=DetectorSettings(denial_spike=10)),
-        tables=tables,
-        store=store,
-        clock=lambda: NOW,
-    )
-    failed = {
-        "status": "permission_denied",
-        "agent_did": AGENT,
-        "tenant_id": TENANT,
-        "tool_id": "core__x",
-        "error": {"code": "permission_denied", "message": "no", "retryable": False},
-    }
+    service, store = denial_service(10)
     audits = []
     for i in range(37):
-        data = _audit(EventType.FAILED, failed)
+        data = _audit(EventType.FAILED, DENIED)
         audits.append(
             new_event(
                 event_type=EventType.FAILED,

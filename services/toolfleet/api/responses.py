@@ -25,3 +25,9 @@ class SafeJSONResponse(JSONResponse):
             return json.dumps(
                 content, ensure_ascii=True, allow_nan=False, indent=None, separators=(",", ":")
             ).encode("ascii")
+
+
+EVENT_STREAM: dict[int | str, dict[str, Any]] = {
+    200: {"description": "Server-Sent Events", "content": {"text/event-stream": {}}}
+}
+"""The OpenAPI ``responses`` entry of a route answering with a Server-Sent Events stream."""

@@ -28,6 +28,7 @@ from toolfleet.api.auth import CallerDep
 from toolfleet.api.credential import CredentialWatch, until_credential_ends
 from toolfleet.api.problems import ProblemError, problem_responses
 from toolfleet.api.resources import ApiResources, resources
+from toolfleet.api.responses import EVENT_STREAM
 from toolfleet.events.models import TENANT_ID_PATTERN
 from toolfleet.storage.pubsub import listen_with_reconnect
 
@@ -156,7 +157,7 @@ async def follow_snapshots(
     "/tenants/{tenant_id}/events",
     response_class=StreamingResponse,
     responses={
-        200: {"description": "Server-Sent Events", "content": {"text/event-stream": {}}},
+        **EVENT_STREAM,
         **problem_responses(404, 422),
     },
 )

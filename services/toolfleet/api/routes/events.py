@@ -48,6 +48,7 @@ from toolfleet.api.feed import RESYNC, Subscription
 from toolfleet.api.problems import ProblemError, problem_responses
 from toolfleet.api.queries import InvocationFilter
 from toolfleet.api.resources import ApiResources, resources
+from toolfleet.api.responses import EVENT_STREAM
 from toolfleet.contract.http import InvocationView
 from toolfleet.contract.progress import EventKind, view_events
 
@@ -188,7 +189,7 @@ async def until_changed(subscription: Subscription, invocation_id: UUID, seconds
     response_class=StreamingResponse,
     responses={
         **problem_responses(404),
-        200: {"description": "Server-Sent Events", "content": {"text/event-stream": {}}},
+        **EVENT_STREAM,
     },
 )
 async def invocation_events(
@@ -258,7 +259,7 @@ async def follow_list(
 @feed_router.get(
     "/invocations",
     response_class=StreamingResponse,
-    responses={200: {"description": "Server-Sent Events", "content": {"text/event-stream": {}}}},
+    responses=EVENT_STREAM,
 )
 async def invocation_list_events(caller: CallerDep, res: ResourcesDep) -> StreamingResponse:
     """The caller's tenant's invocations, live (an admin follows every tenant):

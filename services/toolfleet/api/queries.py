@@ -74,12 +74,10 @@ class InvocationFilter:
     """Only calls created at or after this instant."""
     created_to: datetime | None = None
     """Only calls created before this instant."""
-    invocation_id: UUID | None = None
-    """Only the call(s) with this id (the console's search by id)."""
     id_range: tuple[UUID, UUID] | None = None
-    """Only the calls whose id is in this closed range (a search by id prefix, see
-    :func:`prefix_range`): a range on the key's second column, so it stays on the
-    ``(tenant_id, invocation_id)`` key."""
+    """Only the calls whose id is in this closed range (the console's search by id or id
+    prefix, see :func:`prefix_range`; a whole id is a range of one): a range on the key's
+    second column, so it stays on the ``(tenant_id, invocation_id)`` key."""
     limit: int = 50
     after: Cursor | None = None
 
@@ -156,7 +154,6 @@ class InvocationQueries:
             ("agent_did =", query.agent_did),
             ("created_at >=", query.created_from),
             ("created_at <", query.created_to),
-            ("invocation_id =", query.invocation_id),
         ]
         where += [f"{test} {arg(value)}" for test, value in conditions if value is not None]
         if query.id_range is not None:

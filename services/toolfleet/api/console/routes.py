@@ -198,15 +198,12 @@ async def console_invocations(
             raise ProblemError(
                 422, "since and until need a UTC offset", code=ErrorCode.INVALID_PARAMETERS
             )
-    exact: UUID | None = None
     id_range: tuple[UUID, UUID] | None = None
     if invocation_id is not None:
         try:
             id_range = prefix_range(invocation_id)
         except ValueError as exc:
             raise ProblemError(422, str(exc), code=ErrorCode.INVALID_PARAMETERS) from None
-        if id_range[0] == id_range[1]:
-            exact, id_range = id_range[0], None
     return await res.invocations.page(
         InvocationFilter(
             tenant_id=caller.tenant_scope,
@@ -215,7 +212,6 @@ async def console_invocations(
             agent_did=agent,
             created_from=since,
             created_to=until,
-            invocation_id=exact,
             id_range=id_range,
             limit=limit,
             after=after,

@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Annotated, Final
+from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Request
 from fastapi.responses import StreamingResponse
@@ -28,16 +28,13 @@ from toolfleet.api.auth import CallerDep
 from toolfleet.api.credential import CredentialWatch, until_credential_ends
 from toolfleet.api.problems import ProblemError, problem_responses
 from toolfleet.api.resources import ApiResources, resources
-from toolfleet.api.responses import EVENT_STREAM
+from toolfleet.api.responses import EVENT_STREAM, KEEPALIVE, KEEPALIVE_S, sse_frame
 from toolfleet.events.models import TENANT_ID_PATTERN
 from toolfleet.storage.pubsub import listen_with_reconnect
 
 router = APIRouter(prefix="/v1/analytics", tags=["analytics"], responses=problem_responses(401))
 
 ResourcesDep = Annotated[ApiResources, Depends(resources)]
-
-KEEPALIVE_S: Final = 15.0
-"""A comment line at least this often, so proxies keep a stream open."""
 
 
 class AnalyticsTenants(BaseModel):
@@ -127,7 +124,7 @@ def _changes(request: Request, res: ApiResources) -> SnapshotChanges:
 
 
 def _snapshot_frame(number: int, snapshot: TenantSnapshot) -> str:
-    return f"id: {number}\nevent: snapshot\ndata: {snapshot.model_dump_json()}\n\n"
+    return sse_frame(number, "snapshot", snapshot.model_dump_json())
 
 
 async def follow_snapshots(
@@ -144,7 +141,7 @@ async def follow_snapshots(
         try:
             await asyncio.wait_for(follower.changed.wait(), keepalive_s)
         except TimeoutError:
-            yield ": keep-alive\n\n"
+            yield KEEPALIVE
             continue
         follower.changed.clear()
         now = await read()

@@ -48,7 +48,7 @@ from toolfleet.api.feed import RESYNC, Subscription
 from toolfleet.api.problems import ProblemError, problem_responses
 from toolfleet.api.queries import InvocationFilter
 from toolfleet.api.resources import ApiResources, resources
-from toolfleet.api.responses import EVENT_STREAM
+from toolfleet.api.responses import EVENT_STREAM, KEEPALIVE, KEEPALIVE_S, sse_frame
 from toolfleet.contract.http import InvocationView
 from toolfleet.contract.progress import EventKind, view_events
 
@@ -61,8 +61,6 @@ ResourcesDep = Annotated[ApiResources, Depends(resources)]
 
 POLL_S = 0.2
 """How often the projection is read while the invocation runs."""
-KEEPALIVE_S = 15.0
-"""A comment line at least this often, so proxies keep the connection open."""
 APPEAR_WAIT_S = 5.0
 """How long an invocation not (yet) in the projection is awaited before the 404."""
 APPEAR_FALLBACK_S = 1.0
@@ -117,8 +115,7 @@ def frames(
 
 def _frame(number: int, kind: EventKind | str, data: dict[str, Any]) -> str:
     body = json.dumps(data, separators=(",", ":"), default=str)
-    name = kind.value if isinstance(kind, EventKind) else kind
-    return f"id: {number}\nevent: {name}\ndata: {body}\n\n"
+    return sse_frame(number, kind.value if isinstance(kind, EventKind) else kind, body)
 
 
 async def follow(
@@ -143,7 +140,7 @@ async def follow(
         idle += POLL_S
         if idle >= KEEPALIVE_S:
             idle = 0.0
-            yield ": keep-alive\n\n"
+            yield KEEPALIVE
         before, now = now, await read()
 
 
@@ -247,7 +244,7 @@ async def follow_list(
         try:
             item = await asyncio.wait_for(subscription.queue.get(), keepalive_s)
         except TimeoutError:
-            yield ": keep-alive\n\n"
+            yield KEEPALIVE
             continue
         number += 1
         if item == RESYNC or not isinstance(item, InvocationView):

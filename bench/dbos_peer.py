@@ -167,10 +167,6 @@ def one_call(i: int) -> float:
     return time.perf_counter() - t0
 
 
-_RUNNER: asyncio.Runner
-"""The loop every async phase runs on (set in :func:`measure`)."""
-
-
 async def one_call_async(i: int) -> float:
     """Start one asynchronous workflow and await its result: seconds taken."""
     t0 = time.perf_counter()
@@ -179,7 +175,7 @@ async def one_call_async(i: int) -> float:
     return time.perf_counter() - t0
 
 
-def saturate(n: int, in_flight: int, mode: str) -> float:
+def saturate(n: int, in_flight: int, mode: str, loop: asyncio.Runner) -> float:
     """``n`` workflows, ``in_flight`` at a time: seconds taken."""
     started = time.perf_counter()
     if mode == "async":
@@ -193,20 +189,20 @@ def saturate(n: int, in_flight: int, mode: str) -> float:
 
             await asyncio.gather(*(gated(i) for i in range(n)))
 
-        _RUNNER.run(run())
+        loop.run(run())
     else:
         with ThreadPoolExecutor(max_workers=in_flight, thread_name_prefix="client-") as pool:
             list(pool.map(one_call, range(n)))
     return time.perf_counter() - started
 
 
-def paced_calls(paced: int, mode: str) -> list[float]:
+def paced_calls(paced: int, mode: str, loop: asyncio.Runner) -> list[float]:
     if mode == "async":
 
         async def run() -> list[float]:
             return [await one_call_async(i) for i in range(paced)]
 
-        return _RUNNER.run(run())
+        return loop.run(run())
     return [one_call(i) for i in range(paced)]
 
 
@@ -281,8 +277,6 @@ def measure(
         # One event loop for every phase: DBOS makes its thread pool the loop's default
         # executor once, and closing a loop (asyncio.run) shuts that pool down.
         runner = stack.enter_context(asyncio.Runner())
-        global _RUNNER  # the phases' loop, for the async workflows
-        _RUNNER = runner
         DBOS.launch()
         with psycopg.connect(url) as conn:
             sync_commit = str(conn.execute("SHOW synchronous_commit").fetchone()[0])  # type: ignore[index]
@@ -292,7 +286,7 @@ def measure(
             database=urlsplit(url).path.lstrip("/"),
             server_pid=listening_pids([port]).get(port),
         )
-        return _phases(n, paced, in_flight, probe, mode) | {
+        return _phases(n, paced, in_flight, probe, mode, runner) | {
             "postgres_synchronous_commit": sync_commit,
             "postgres_fsync": fsync,
         }
@@ -300,22 +294,22 @@ def measure(
 
 
 def _phases(
-    n: int, paced: int, in_flight: Sequence[int], probe: Probe, mode: str
+    n: int, paced: int, in_flight: Sequence[int], probe: Probe, mode: str, loop: asyncio.Runner
 ) -> dict[str, Any]:
-    saturate(min(n, 200), min(max(in_flight), 50), mode)  # warm-up: pool, plans, code paths
+    saturate(min(n, 200), min(max(in_flight), 50), mode, loop)  # warm-up: pool, plans, code paths
 
     n = max(n // len(in_flight), 1)  # each level runs its share of --n
     levels: dict[int, dict[str, Any]] = {}
     for k in in_flight:
         before = probe.read()
-        elapsed = saturate(n, k, mode)
+        elapsed = saturate(n, k, mode, loop)
         cpu = used(before, probe.read())
         levels[k] = {"throughput_per_s": n / elapsed, "cpu_s": cpu}
     best = max(levels, key=lambda k: levels[k]["throughput_per_s"])
     cpu = levels[best]["cpu_s"]
 
     before = probe.read()
-    latencies = paced_calls(paced, mode)
+    latencies = paced_calls(paced, mode, loop)
     paced_cpu = used(before, probe.read())
     latencies.sort()
 

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from typing import Any, cast
 
 import pytest
-from aiokafka import ConsumerRecord
+from aiokafka import ConsumerRecord, TopicPartition
 
 from tests.support.eventually import eventually
 from toolfleet.bus.offsets import Partition
@@ -105,3 +106,38 @@ async def test_a_batch_handler_cannot_schedule() -> None:
 
     with pytest.raises(ValueError, match="one by one"):
         _consumer(ByBatch(handle), schedule=lambda env: Placement(0, ""))
+
+
+class _CommitLog:
+    """A consumer owning partitions 0 and 1 of ``t`` that records what it is asked."""
+
+    def __init__(self) -> None:
+        self.looked = 0
+        self.commits: list[dict[tuple[str, int], int]] = []
+
+    def assignment(self) -> set[TopicPartition]:
+        self.looked += 1
+        return {TopicPartition("t", 0), TopicPartition("t", 1)}
+
+    async def commit(self, offsets: dict[TopicPartition, int]) -> None:
+        self.commits.append({(tp.topic, tp.partition): off for tp, off in offsets.items()})
+
+
+async def test_an_idle_committer_sleeps_until_a_record_finishes_then_commits_it() -> None:
+    async def handler(event: Inbound) -> Sequence[Outbound]:
+        return []
+
+    runtime = _consumer(handler, commit_interval_s=0.01)
+    kafka = _CommitLog()
+    runtime._consumer = kafka  # type: ignore[assignment]
+    committer = asyncio.create_task(runtime._commit_loop())
+    try:
+        await asyncio.sleep(0.1)  # ten commit intervals without a record
+        assert (kafka.looked, kafka.commits) == (0, [])
+        runtime._dispatch_batch(NO_ASSIGNMENT, FETCH)  # type: ignore[arg-type]
+        await eventually(lambda: _now(len(kafka.commits) >= 1))
+        assert kafka.commits[-1] == {("t", 0): 2, ("t", 1): 1}
+        await asyncio.sleep(0.1)
+        assert len(kafka.commits) == 1  # nothing new finished: no further commit
+    finally:
+        committer.cancel()

@@ -153,6 +153,34 @@ async def test_without_a_ring_the_rest_lasts_one_interval() -> None:
     assert await asyncio.wait_for(resting.rest(never(), since=resting.rings), 1) is False
 
 
+async def test_quiet_rests_look_twice_as_long_apart_up_to_the_cap_until_a_ring() -> None:
+    resting = FetchPace(topics=["t"], idle_after_s=0.0, interval_s=0.02, look_max_s=0.08)
+    loop = asyncio.get_running_loop()
+
+    async def rest_lasts() -> float:
+        started = loop.time()
+        assert await resting.rest(never(), since=resting.rings) is False
+        return loop.time() - started
+
+    lasted = [await rest_lasts() for _ in range(4)]
+    # 20, 40, 80, 80 ms: an idle fleet asks the broker less and less often, up to the cap.
+    assert lasted[0] < 0.035 <= lasted[1] < 0.07 <= lasted[2]
+    assert lasted[3] < 0.12
+    resting.ring()
+    assert await resting.rest(never(), since=resting.rings - 1) is True
+    assert await rest_lasts() < 0.035  # a ring starts over from the first spacing
+
+
+def test_the_dev_profile_backs_its_looks_off_to_the_setting() -> None:
+    made = fetch_pace(DevBrokerSettings(idle_fetch_interval_ms=500, idle_look_max_ms=4000), ["t"])
+    assert made is not None
+    assert (made.interval_s, made.look_max_s) == (0.5, 4.0)
+    # A cap below the first spacing never shortens it.
+    low = fetch_pace(DevBrokerSettings(idle_fetch_interval_ms=500, idle_look_max_ms=100), ["t"])
+    assert low is not None
+    assert low.look_max_s == 0.5
+
+
 async def test_a_stop_ends_the_rest() -> None:
     resting = pace()
     stopped = never()

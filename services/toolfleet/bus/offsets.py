@@ -13,7 +13,7 @@ record at the bottom used to keep every later, finished offset in the heap).
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
 
@@ -48,10 +48,16 @@ class _PartitionState:
 
 
 class OffsetTracker:
-    """Tracks started and finished offsets per partition (pure logic, no I/O)."""
+    """Tracks started and finished offsets per partition (pure logic, no I/O).
 
-    def __init__(self) -> None:
+    ``on_finish`` is called after each finish: how a committer learns there may be
+    something to commit without waking up to look (an idle consumer's commit loop
+    sleeps until then).
+    """
+
+    def __init__(self, on_finish: Callable[[], None] | None = None) -> None:
         self._parts: dict[Partition, _PartitionState] = {}
+        self._on_finish = on_finish
 
     def started(self, part: Partition, offset: int) -> None:
         state = self._parts.setdefault(part, _PartitionState())
@@ -64,6 +70,8 @@ class OffsetTracker:
         state = self._parts.get(part)
         if state is not None:
             state.finish(offset)
+        if self._on_finish is not None:
+            self._on_finish()
 
     def held(self, part: Partition) -> int:
         """Offsets the tracker holds for ``part`` (live and stale): what its memory follows."""

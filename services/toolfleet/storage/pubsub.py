@@ -27,6 +27,15 @@ log = logging.getLogger(__name__)
 SUBSCRIBE_TIMEOUT_S = 5.0
 """How long the server may take to confirm a subscription before the listener retries."""
 _POLL_S = 0.5
+"""How often a listener asks ``more_channels`` while they may still come: the first
+:data:`_SETTLE_S` after its subscription, or after the last new one (consumers register
+as they start)."""
+_SETTLE_S = 10.0
+_IDLE_POLL_S = 5.0
+"""How long a settled listener waits for a message before it looks again (and lets
+redis-py send its health-check ``PING`` when due). Every listener used to wake twice a
+second: three of them were a fifth of an idle worker's wake-ups (bench/HISTORY.md,
+eighteenth pass). ``stop`` does not wait for it: it cancels the listener."""
 
 
 async def listen_with_reconnect(
@@ -72,13 +81,17 @@ async def listen_with_reconnect(
                 after_subscribe()
             reconnecting.made_progress()
             asked: set[str] = set()
+            loop = asyncio.get_running_loop()
+            settled_at = loop.time() + _SETTLE_S
             while not stop.is_set():
                 if more_channels is not None:
                     new = [c for c in more_channels() if c not in asked and c != channel]
                     if new:
                         asked.update(new)
                         await pubsub.subscribe(*new)
-                message = await pubsub.get_message(timeout=_POLL_S)
+                        settled_at = loop.time() + _SETTLE_S
+                settling = more_channels is not None and loop.time() < settled_at
+                message = await pubsub.get_message(timeout=_POLL_S if settling else _IDLE_POLL_S)
                 if message is None:
                     continue
                 kind = message.get("type")
@@ -90,9 +103,18 @@ async def listen_with_reconnect(
             with contextlib.suppress(RedisError, OSError):
                 await pubsub.aclose()  # type: ignore[no-untyped-call]  # untyped in redis-py
 
+    listening = asyncio.ensure_future(reconnecting.run(session))
+    stopped = asyncio.ensure_future(stop.wait())
     try:
-        await reconnecting.run(session)
+        await asyncio.wait([listening, stopped], return_when=asyncio.FIRST_COMPLETED)
+        if listening.done():
+            listening.result()  # what ended it (an error the retries do not cover)
     finally:
+        stopped.cancel()
+        if not listening.done():
+            listening.cancel()  # stopped (or this task cancelled): the session closes
+            with contextlib.suppress(asyncio.CancelledError):
+                await listening
         if after_connection_lost is not None:
             after_connection_lost()
 

@@ -71,7 +71,9 @@ class ConsumerCore:
         self.producer = producer
         self.processed = processed
         self.dlq_topic = dlq_topic
-        self.tracker = OffsetTracker()
+        self.finished = asyncio.Event()
+        """Set when a record finishes: the commit loop waits for it rather than polling."""
+        self.tracker = OffsetTracker(on_finish=self.finished.set)
         self.tasks: dict[asyncio.Task[None], _Work] = {}
         self.in_flight = 0
         """Records being handled (a batch task holds several)."""

@@ -121,6 +121,10 @@ def pacing_input(spec: ConsumerSpec) -> PacingInput:
     )
 
 
+FETCHER_IDLE_WAKE_MS = 2000
+"""``consumer_timeout_ms`` of every consumer (see :func:`consumer_kwargs`)."""
+
+
 def consumer_kwargs(
     settings: FleetSettings, spec: ConsumerSpec, pacing: FetchPacing
 ) -> dict[str, Any]:
@@ -137,6 +141,11 @@ def consumer_kwargs(
         "session_timeout_ms": settings.session_timeout_ms,
         "heartbeat_interval_ms": max(500, settings.session_timeout_ms // 3),
         "max_poll_interval_ms": 300_000,
+        # How long aiokafka's fetch routine sleeps when it has no request out (every
+        # partition paused, or resting under the dev profile) before it looks again: a
+        # safety net, since resumed partitions, consumed records and new assignments
+        # wake it at once. Its default, 200 ms, woke every idle consumer five times a second.
+        "consumer_timeout_ms": FETCHER_IDLE_WAKE_MS,
         **(
             {"metadata_max_age_ms": PATTERN_METADATA_MAX_AGE_MS} if spec.pattern is not None else {}
         ),

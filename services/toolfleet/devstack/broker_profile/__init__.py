@@ -12,7 +12,8 @@ profile that the processes of a dev fleet pick, and nowhere else:
   ``fetch_max_wait_ms`` (5 ms under this profile) itself (:mod:`.client_wait`), and a
   consumer that has caught up rests until a Redis doorbell rings the topic it reads
   (:mod:`.doorbell`; ``TOOLFLEET_FETCH_DOORBELL``, ``TOOLFLEET_IDLE_AFTER_MS``,
-  ``TOOLFLEET_IDLE_FETCH_INTERVAL_MS``, ``TOOLFLEET_OBSERVER_FETCH_MAX_WAIT_MS``).
+  ``TOOLFLEET_IDLE_FETCH_INTERVAL_MS``, ``TOOLFLEET_IDLE_LOOK_MAX_MS``,
+  ``TOOLFLEET_OBSERVER_FETCH_MAX_WAIT_MS``).
 - **It lacks the idempotent producer**: ``TOOLFLEET_ENABLE_IDEMPOTENCE`` is off under
   this profile unless set (``acks=all`` either way).
 - **It wedges a group whose leader sends LeaveGroup mid-rebalance**: no member is ever

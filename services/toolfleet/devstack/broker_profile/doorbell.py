@@ -17,7 +17,9 @@ queue for CPU. So, with ``TOOLFLEET_FETCH_DOORBELL`` on (the dev profile's defau
   record is on the broker by then, so that fetch returns it without waiting;
 - a resting consumer also compares its partitions' end offsets with its positions (one
   ``ListOffsets`` request, no fetch) on entering the rest, and every
-  ``TOOLFLEET_IDLE_FETCH_INTERVAL_MS`` after that.
+  ``TOOLFLEET_IDLE_FETCH_INTERVAL_MS`` after that, twice as long apart after each look
+  that found nothing, up to ``TOOLFLEET_IDLE_LOOK_MAX_MS`` (a fleet idle for minutes
+  asks the broker every few seconds, not twice a second per consumer).
 
 Why no record waits for the interval: a rest is entered with the count of rings heard
 so far; it ends at once if that count moved since. A record acknowledged before that
@@ -26,8 +28,9 @@ one acknowledged after rings after, and that ring ends the rest. A send that doe
 ring (its topic rang less than ``idle_after / 2`` before) follows a ring that woke every
 consumer of the topic, which then stays awake for ``idle_after`` at least: long enough
 to find it by fetching, or by the look that begins its next rest. A ring is only a
-hint: one lost (Redis down, a producer that does not ring, such as a foreign Kafka
-client) costs at most one interval of latency, never a record. Offsets, commits and
+hint: one lost (a producer that does not ring, such as a foreign Kafka client) costs
+at most one look's spacing of latency (``TOOLFLEET_IDLE_LOOK_MAX_MS`` once idle), never
+a record; while Redis is away consumers do not rest. Offsets, commits and
 redelivery are untouched.
 
 A consumer off the critical path (audit, status) waits ``wake_delay_s`` after a ring
@@ -154,6 +157,7 @@ def fetch_pace(
         topics=topics,
         idle_after_s=settings.idle_after_ms / 1000,
         interval_s=settings.idle_fetch_interval_ms / 1000,
+        look_max_s=max(settings.idle_look_max_ms, settings.idle_fetch_interval_ms) / 1000,
         wake_delay_s=wake_delay_s,
         fast_window_s=FAST_RING_EVERY_S + settings.fetch_max_wait_ms / 1000 + _FAST_WINDOW_MARGIN_S,
     )
@@ -165,7 +169,9 @@ class FetchPace:
     Args:
         topics: the topics it reads; a ring of any of them ends a rest.
         idle_after_s: rest once caught up for this long (0: as soon as caught up).
-        interval_s: while resting, look at the end offsets this often.
+        interval_s: while resting, look at the end offsets this often at first.
+        look_max_s: each rest that ends with nothing found doubles that spacing, up to
+            this (default: ``interval_s``, no backing off); a ring or records reset it.
         wake_delay_s: after a ring, wait this long before fetching (batches the records
             of several hops into one fetch; 0 for consumers on the critical path, which
             listen to the fast rings of their topics).
@@ -181,6 +187,7 @@ class FetchPace:
         topics: Iterable[str],
         idle_after_s: float,
         interval_s: float,
+        look_max_s: float | None = None,
         wake_delay_s: float = 0.0,
         fast_window_s: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
@@ -188,6 +195,9 @@ class FetchPace:
         self.topics = frozenset(topics)
         self.idle_after_s = idle_after_s
         self.interval_s = interval_s
+        self.look_max_s = interval_s if look_max_s is None else max(look_max_s, interval_s)
+        self._look_every_s = interval_s
+        """The current spacing of a rest's looks (doubles while they find nothing)."""
         self.wake_delay_s = wake_delay_s
         self.fast_window_s = fast_window_s
         self.rung_awake = False
@@ -217,6 +227,7 @@ class FetchPace:
         caught up: looking at the end offsets costs less than another fetch."""
         if records:
             self._last_traffic = self._clock()
+            self._look_every_s = self.interval_s
             self.fetchable()
         self._caught_up = True
 
@@ -334,7 +345,9 @@ class FetchPace:
         return waiting.done()
 
     async def rest(self, stopped: asyncio.Future[Any], *, since: int) -> bool:
-        """Rest until a ring after ``since`` (True), one interval, or ``stopped`` (False).
+        """Rest until a ring after ``since`` (True), one look's spacing, or ``stopped``
+        (False). A rest that ends unrung doubles the spacing of the next (up to
+        ``look_max_s``).
 
         After a ring, waits ``wake_delay_s`` more (unless stopped) before returning."""
         if self._rings == since:
@@ -342,18 +355,23 @@ class FetchPace:
             rung = asyncio.ensure_future(self._rung.wait())
             try:
                 await asyncio.wait(
-                    [rung, stopped], timeout=self.interval_s, return_when=asyncio.FIRST_COMPLETED
+                    [rung, stopped],
+                    timeout=self._look_every_s,
+                    return_when=asyncio.FIRST_COMPLETED,
                 )
             finally:
                 rung.cancel()
         woken = self._rings != since
         if woken:
             await self.records_wait(stopped)
+        else:
+            self._look_every_s = min(self._look_every_s * 2, self.look_max_s)
         return woken
 
     async def records_wait(self, stopped: asyncio.Future[Any]) -> None:
         """Records wait on the broker (rung, or seen in the end offsets): awake, after
         ``wake_delay_s`` (unless stopped)."""
+        self._look_every_s = self.interval_s
         self.awake()
         self._end_waits()
         if self.wake_delay_s > 0 and not stopped.done():

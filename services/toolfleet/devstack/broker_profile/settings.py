@@ -31,9 +31,14 @@ class DevBrokerSettings(FleetSettings):
     fetch returned and ring on every send (less CPU per call, not faster: see
     ``bench/HISTORY.md``, fourth pass)."""
     idle_fetch_interval_ms: int = Field(default=500, ge=10)
-    """Dev profile: how often a resting consumer looks for records nobody rang, and how
-    long an awake one on the critical path holds a fetch no ring named records for (the
-    most a lost ring, or a producer that does not ring, adds to a hop's latency)."""
+    """Dev profile: how often a resting consumer first looks for records nobody rang, and
+    how long an awake one on the critical path holds a fetch no ring named records for
+    (the most a lost ring, or a producer that does not ring, adds to a busy hop's
+    latency)."""
+    idle_look_max_ms: int = Field(default=4000, ge=10)
+    """Dev profile: a resting consumer whose look found nothing looks again twice as long
+    after, up to this (ms): what an idle fleet asks the broker, and the most a producer
+    that does not ring waits on a fleet idle that long (a ring or records reset it)."""
 
     @classmethod
     def of(cls, settings: FleetSettings) -> DevBrokerSettings:

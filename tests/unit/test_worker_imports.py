@@ -8,7 +8,10 @@ Every package left out here is tens of MB of resident memory per worker process 
 tool source or document source (the MCP SDK, with starlette, uvicorn and httpx2 under
 it), Vault secrets (hvac, requests), a JWKS URL or an HTTP tool source (httpx), creating
 or rotating key files (cryptography's primitives, for the services that sign with HMAC
-only). Those paths are checked here too: each one still finds what it imports.
+only), sealing or opening a large or cached result (cryptography's compiled core, for
+the executor and the validator), the first JSON Schema checked (jsonschema-rs), a topic
+for a new executor pool (policy's admin client). Those paths are checked here too: each
+one still finds what it imports.
 """
 
 from __future__ import annotations
@@ -31,17 +34,30 @@ MCP_SDK = ("mcp", "mcp_types", "httpx2", "sse_starlette", "anyio")
 ON_DEMAND = ("hvac", "requests", "httpx")
 """Vault secrets; a JWKS URL or an HTTP tool source: loaded by the path that uses them."""
 KEY_FILES = ("cryptography.hazmat.primitives", "toolfleet.auth.keys", "jwt")
-"""RSA keys and JWTs: policy checks tokens, the executor and validator seal results; the
-observers sign nothing with them (grants and outcomes are HMAC)."""
+"""RSA keys and JWTs: policy checks tokens; no other worker verifies or signs with them
+(grants and outcomes are HMAC)."""
+CRYPTOGRAPHY = ("cryptography.hazmat.bindings._rust",)
+"""cryptography's compiled core (its own OpenSSL, about 6 MB): policy's token checks load
+it; the executor and the validator at the first large or cached result they seal or open
+(AES-GCM at rest). redis imports the bare ``cryptography`` package, which is not it."""
+SCHEMAS = ("jsonschema_rs",)
+"""About 6 MB once used: loaded at the first schema compiled (policy: a request's
+parameters, the validator: a result), never by an executor without source tools."""
+POOL_ADMIN = ("toolfleet.bus.admin", "aiokafka.admin")
+"""Policy creates a pool's topic at the first call of a pool other than the default."""
+
+ANYWHERE = (*NEVER_IN_A_WORKER, *MCP_SDK, *ON_DEMAND, *SCHEMAS)
+"""Absent from every worker once loaded, before its first call."""
+NO_RSA = (*ANYWHERE, *KEY_FILES, *CRYPTOGRAPHY)
 
 ABSENT: dict[str, tuple[str, ...]] = {
-    "policy": (*NEVER_IN_A_WORKER, *MCP_SDK, *ON_DEMAND),
-    "executor": (*NEVER_IN_A_WORKER, *MCP_SDK, *ON_DEMAND),
-    "validator": (*NEVER_IN_A_WORKER, *MCP_SDK, *ON_DEMAND, "jwt"),
-    "audit": (*NEVER_IN_A_WORKER, *MCP_SDK, *ON_DEMAND, *KEY_FILES),
-    "status": (*NEVER_IN_A_WORKER, *MCP_SDK, *ON_DEMAND, *KEY_FILES),
-    "audit+status": (*NEVER_IN_A_WORKER, *MCP_SDK, *ON_DEMAND, *KEY_FILES),
-    "maintenance": (*NEVER_IN_A_WORKER, *MCP_SDK, *ON_DEMAND),
+    "policy": (*ANYWHERE, *POOL_ADMIN),
+    "executor": NO_RSA,
+    "validator": NO_RSA,
+    "audit": NO_RSA,
+    "status": NO_RSA,
+    "audit+status": NO_RSA,
+    "maintenance": NO_RSA,
 }
 
 
@@ -131,6 +147,46 @@ def test_the_paths_that_need_a_heavy_package_still_load_it() -> None:
         "stdio": "StdioServerParameters",
         "mcp": True,
         "jwks": "cannot fetch JWKS URL http://127.0.0.1:1/jwks.json (ConnectError)",
+    }
+
+
+def test_what_the_validator_loads_late_it_loads_when_a_result_needs_it() -> None:
+    """The at-rest cipher (a result past the inline limit) and the schema check (every
+    result) load cryptography and jsonschema-rs at first use, and work as before."""
+    found = run_fresh(
+        f"""
+        import json, sys
+
+        from toolfleet.worker import load_build
+
+        load_build("validator")
+
+        from toolfleet.registry.schemas import CompiledSchemas
+        from toolfleet.storage.at_rest import TRANSFER_BLOB, AtRestCipher
+
+        def loaded():
+            return [p in sys.modules for p in {[*CRYPTOGRAPHY, *SCHEMAS]!r}]
+
+        out = {{"built": loaded()}}
+        old, new = b"o" * 32, b"n" * 32
+        sealed = AtRestCipher([old], purpose=TRANSFER_BLOB).seal(b"raw", aad=b"here")
+        rotated = AtRestCipher([new, old], purpose=TRANSFER_BLOB)
+        out["opened"] = [
+            rotated.open(sealed, aad=b"here").decode(),
+            rotated.open(sealed, aad=b"elsewhere"),
+            AtRestCipher([new], purpose=TRANSFER_BLOB).open(sealed, aad=b"here"),
+        ]
+        schema = {{"type": "object", "required": ["message"]}}
+        out["errors"] = [e["keyword"] for e in CompiledSchemas().errors(schema, {{}})]
+        out["used"] = loaded()
+        print(json.dumps(out))
+        """
+    )
+    assert found == {
+        "built": [False, False],
+        "opened": ["raw", None, None],
+        "errors": ["required"],
+        "used": [True, True],
     }
 
 

@@ -28,7 +28,6 @@ Revocation is not cached: callers still ask per call.
 
 from __future__ import annotations
 
-import fnmatch
 import hashlib
 import time
 import uuid
@@ -42,67 +41,17 @@ import jwt
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 from toolfleet.auth import jws
+from toolfleet.auth.capability import LEEWAY_S as LEEWAY_S  # re-exported
+from toolfleet.auth.capability import Capability as Capability  # re-exported
 from toolfleet.auth.keyring import FileKeySource, KeyRing, UrlJwksSource
 from toolfleet.auth.keys import kid_of, load_rsa_private_key
 from toolfleet.errors import PermissionDenied
 from toolfleet.settings import FleetSettings
 
 ALGORITHM = "RS256"
-LEEWAY_S = 30
-"""Clock skew tolerated on ``exp``, ``nbf`` and ``iat``."""
 REQUIRED_CLAIMS = ("exp", "iat", "iss", "aud", "jti", "tenant_id", "agent_did", "tool_id")
 VERIFIED_CACHE_SIZE = 4096
 """Verified tokens a verifier remembers (least recently used dropped first)."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Capability:
-    """The verified claims of a capability token, typed."""
-
-    tenant_id: str
-    """Tenant the token was issued for."""
-    agent_did: str
-    """Agent the token was issued to."""
-    tool_id: str
-    """Tool id or glob (``core__*``) the token grants."""
-    tool_version: str
-    """Version range the token grants (``*`` = any)."""
-    jti: str
-    """Unique token id (revocation is by ``jti``)."""
-    subject: str
-    """``sub`` (the agent DID unless the issuer said otherwise)."""
-    scopes: frozenset[str]
-    """Space-separated ``scope`` claim (``admin`` lets the API see every tenant)."""
-    allowed_operations: tuple[str, ...] = ("invoke",)
-    """What the agent may do with the tool (``invoke`` ...)."""
-    filesystem_permissions: tuple[str, ...] = ()
-    network_permissions: tuple[str, ...] = ()
-    credential_permissions: tuple[str, ...] = ()
-    connections: tuple[str, ...] = ()
-    """Connection ids whose secrets the token grants (``connection_id`` of a request)."""
-    issuer: str = ""
-    """``iss``."""
-    audience: str = ""
-    """The ``aud`` value this verifier accepted."""
-    issued_at: int = 0
-    """``iat``, epoch seconds."""
-    expires_at: int = 0
-    """``exp``, epoch seconds."""
-    claims: dict[str, Any] = field(default_factory=dict, repr=False)
-    """Every claim, for the rare consumer that needs an extension claim."""
-
-    @property
-    def is_admin(self) -> bool:
-        return "admin" in self.scopes
-
-    def allows_tool(self, tool_id: str) -> bool:
-        return fnmatch.fnmatchcase(tool_id, self.tool_id)
-
-    def allows_operation(self, operation: str) -> bool:
-        return operation in self.allowed_operations
-
-    def allows_connection(self, connection_id: str) -> bool:
-        return connection_id in self.connections
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

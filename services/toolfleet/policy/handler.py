@@ -23,10 +23,8 @@ from toolfleet.auth.control import ControlVerifier
 from toolfleet.auth.grants import GrantSigner
 from toolfleet.auth.outcomes import OutcomeVerifier
 from toolfleet.auth.tokens import open_verifier
-from toolfleet.bus.admin import ensure_pool_topics
 from toolfleet.bus.producer import Outbound
 from toolfleet.bus.runtime import ByBatch, EventConsumer, Inbound
-from toolfleet.bus.topics import TopicAdminError
 from toolfleet.errors import InvalidEvent
 from toolfleet.events import routing
 from toolfleet.events.envelope import Emitted, Envelope
@@ -101,6 +99,11 @@ async def build(res: Resources) -> list[EventConsumer]:
         # Set by policy itself from the registry (InvokeAuthorized.pool), never by a request.
         pool = str(envelope.data.get("pool") or DEFAULT_POOL)
         if pool not in pool_topics:
+            # Imported at the first call of a new pool: the Kafka admin client is resident
+            # memory (about 0.4 MB) a fleet of the default pool never uses (issue 36).
+            from toolfleet.bus.admin import ensure_pool_topics
+            from toolfleet.bus.topics import TopicAdminError
+
             try:
                 await ensure_pool_topics(res.settings, [pool])
             except TopicAdminError as exc:

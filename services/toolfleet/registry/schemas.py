@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import jsonschema_rs
-
 #: Keywords whose error messages name properties only, never the offending value.
 _NAME_ONLY_KEYWORDS = frozenset({"required", "additionalProperties", "unevaluatedProperties"})
 
@@ -22,6 +20,12 @@ class CompiledSchemas:
         key = json.dumps(schema, sort_keys=True, separators=(",", ":"))
         found = self._validators.get(key)
         if found is None:
+            # Imported at the first schema compiled, not with this module: jsonschema-rs
+            # is about 6 MB of resident memory once used, and the executor holds a
+            # CompiledSchemas for the rare source tool only (issue 36: a worker stays
+            # within 80 MB).
+            import jsonschema_rs
+
             if len(self._validators) >= self._max_entries:
                 self._validators.pop(next(iter(self._validators)))
             found = jsonschema_rs.Draft202012Validator(schema)

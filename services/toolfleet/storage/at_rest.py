@@ -20,16 +20,14 @@ sealed value from a plaintext one written before the upgrade.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
-from typing import Final
-
-from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Final
 
 from toolfleet.auth.grants import fleet_grant_keys, grant_kid
 from toolfleet.settings import FleetSettings
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 MAGIC: Final = b"\x00tfae1"
 _KID_BYTES = 12
@@ -49,17 +47,20 @@ def is_sealed(data: bytes) -> bool:
 class AtRestCipher:
     """Seals and opens values of one purpose with keys derived from the fleet keys.
 
-    The first key seals; every key opens (rotation).
+    The first key seals; every key opens (rotation). cryptography is loaded and the keys
+    derived at the first value sealed or opened: the executor and the validator hold
+    ciphers for large results and cached ones only, the rare calls, and cryptography is
+    about 6 MB of resident memory per worker (issue 36: a worker stays within 80 MB).
     """
 
     def __init__(self, fleet_keys: Sequence[bytes], *, purpose: str) -> None:
         if not fleet_keys:
             raise ValueError("an at-rest cipher needs at least one fleet key")
         self.purpose = purpose
-        self._keys: dict[bytes, AESGCM] = {}
+        self._fleet_keys: dict[bytes, bytes] = {}
         for key in fleet_keys:
-            kid = grant_kid(key).encode()
-            self._keys.setdefault(kid, AESGCM(_derive(key, purpose)))
+            self._fleet_keys.setdefault(grant_kid(key).encode(), key)
+        self._keys: dict[bytes, AESGCM] | None = None
         self._kid = grant_kid(fleet_keys[0]).encode()
 
     @classmethod
@@ -76,7 +77,7 @@ class AtRestCipher:
 
     def seal(self, plaintext: bytes, *, aad: bytes) -> bytes:
         nonce = os.urandom(_NONCE_BYTES)
-        sealed = self._keys[self._kid].encrypt(nonce, plaintext, self._aad(aad))
+        sealed = self._ciphers()[self._kid].encrypt(nonce, plaintext, self._aad(aad))
         return MAGIC + self._kid + nonce + sealed
 
     def open(self, data: bytes, *, aad: bytes) -> bytes | None:
@@ -85,20 +86,37 @@ class AtRestCipher:
         if not is_sealed(data) or len(data) < _HEADER:
             return None
         kid = data[len(MAGIC) : len(MAGIC) + _KID_BYTES]
-        aead = self._keys.get(kid)
+        aead = self._ciphers().get(kid)
         if aead is None:
             return None
+        from cryptography.exceptions import InvalidTag  # loaded by _ciphers already
+
         nonce = data[len(MAGIC) + _KID_BYTES : _HEADER]
         try:
             return aead.decrypt(nonce, data[_HEADER:], self._aad(aad))
         except InvalidTag:
             return None
 
+    def _ciphers(self) -> Mapping[bytes, AESGCM]:
+        if self._keys is None:
+            self._keys = _derive_all(self._fleet_keys, self.purpose)
+        return self._keys
+
     def _aad(self, aad: bytes) -> bytes:
         return self.purpose.encode() + b"\x1f" + aad
 
 
-def _derive(key: bytes, purpose: str) -> bytes:
-    return HKDF(
-        algorithm=hashes.SHA256(), length=32, salt=None, info=_INFO + purpose.encode()
-    ).derive(key)
+def _derive_all(fleet_keys: Mapping[bytes, bytes], purpose: str) -> dict[bytes, AESGCM]:
+    """An AES-GCM cipher per kid, with the key derived for ``purpose``."""
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+    return {
+        kid: AESGCM(
+            HKDF(
+                algorithm=hashes.SHA256(), length=32, salt=None, info=_INFO + purpose.encode()
+            ).derive(key)
+        )
+        for kid, key in fleet_keys.items()
+    }

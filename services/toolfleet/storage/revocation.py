@@ -32,8 +32,8 @@ from typing import Protocol
 
 from redis.asyncio import Redis
 
+from toolfleet.auth.capability import LEEWAY_S, Capability
 from toolfleet.auth.grants import ExecutionGrant
-from toolfleet.auth.tokens import LEEWAY_S, Capability
 from toolfleet.errors import PermissionDenied
 from toolfleet.settings import FleetSettings
 from toolfleet.storage.invalidation import run_invalidation_listener

@@ -64,10 +64,10 @@ def test_a_listening_server_is_found_by_its_port() -> None:
     assert listening_pids([port]) == {}
 
 
-def fleet_run(rss_mb: dict[str, float]) -> RunResult:
+def fleet_run(rss_mb: dict[str, float], warm_mb: dict[str, float] | None = None) -> RunResult:
     costs = Costs(
         cpu_ms_per_inv=3.0, cpu_ms_by_process={}, paced_p50_ms=20.0, paced_p99_ms=40.0,
-        rss_mb_after_run=rss_mb,
+        rss_mb_after_run=rss_mb, rss_mb_after_warmup=warm_mb,
     )  # fmt: skip
     return RunResult(
         name="fleet", completed=2000, failed=0, elapsed_s=4.0, throughput_per_s=500.0,
@@ -84,6 +84,7 @@ def test_each_goal_is_judged_and_throughput_is_set_beside_the_contracts_floor() 
         "paced p50 fleet-baseline (ms)": 14.2,
         "paced p99 fleet/baseline": 1.08,
         "idle cores (sum)": 0.086,
+        "idle cores fleet (sum)": 0.046,
         "first after idle max / paced p99": 1.35,
         "process throughput / in-process": 0.27,
         "process paced p50 - in-process (ms)": 18.3,
@@ -96,12 +97,24 @@ def test_each_goal_is_judged_and_throughput_is_set_beside_the_contracts_floor() 
     assert verdicts["throughput >= 1x Celery"].verdict == "NOT MET (the contract's floor: 1.63x)"
     assert verdicts["paced p50 <= the chain's + 10 ms"].measured == "+14.2 ms"
     assert verdicts["paced p99 <= 1.5x the chain's"].verdict == "met"
-    assert verdicts["idle fleet <= 10% of a core"].measured == "8.6% of a core"
+    idle = verdicts["idle fleet (broker, workers, API) <= 5% of a core"]
+    assert (idle.measured, idle.met) == ("4.6% of a core", True)
     assert verdicts["first call after idle <= paced p99"].met is False
     rss = verdicts["worker RSS < 150 MB"]
     assert (rss.met, rss.verdict) == (True, "met (after 2,000 calls, not 100k)")
     process = verdicts['isolation="process" at a stated cost']
     assert (process.measured, process.verdict) == ("0.27x calls/s, +18.3 ms p50", "stated")
+
+
+def test_each_worker_is_held_to_80_mb_after_warm_up_but_not_the_api() -> None:
+    within = fleet_run({}, {"policy": 79.0, "executor": 75.0, "api": 120.0})
+    over = fleet_run({}, {"policy": 91.4, "executor": 75.0, "api": 120.0})
+
+    goal = "worker RSS <= 80 MB after warm-up"
+    met = {v.goal: v for v in goal_verdicts({}, within)}[goal]
+    missed = {v.goal: v for v in goal_verdicts({}, over)}[goal]
+    assert (met.measured, met.met) == ("79 MB at most (policy)", True)
+    assert (missed.measured, missed.met) == ("91 MB at most (policy)", False)
 
 
 def test_goals_a_run_did_not_measure_are_left_out() -> None:

@@ -19,6 +19,7 @@ sealed value from a plaintext one written before the upgrade.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Final
@@ -60,7 +61,6 @@ class AtRestCipher:
         self._fleet_keys: dict[bytes, bytes] = {}
         for key in fleet_keys:
             self._fleet_keys.setdefault(grant_kid(key).encode(), key)
-        self._keys: dict[bytes, AESGCM] | None = None
         self._kid = grant_kid(fleet_keys[0]).encode()
 
     @classmethod
@@ -77,7 +77,7 @@ class AtRestCipher:
 
     def seal(self, plaintext: bytes, *, aad: bytes) -> bytes:
         nonce = os.urandom(_NONCE_BYTES)
-        sealed = self._ciphers()[self._kid].encrypt(nonce, plaintext, self._aad(aad))
+        sealed = self._ciphers[self._kid].encrypt(nonce, plaintext, self._aad(aad))
         return MAGIC + self._kid + nonce + sealed
 
     def open(self, data: bytes, *, aad: bytes) -> bytes | None:
@@ -86,10 +86,10 @@ class AtRestCipher:
         if not is_sealed(data) or len(data) < _HEADER:
             return None
         kid = data[len(MAGIC) : len(MAGIC) + _KID_BYTES]
-        aead = self._ciphers().get(kid)
+        aead = self._ciphers.get(kid)
         if aead is None:
             return None
-        from cryptography.exceptions import InvalidTag  # loaded by _ciphers already
+        from cryptography.exceptions import InvalidTag  # loaded with the ciphers already
 
         nonce = data[len(MAGIC) + _KID_BYTES : _HEADER]
         try:
@@ -97,10 +97,9 @@ class AtRestCipher:
         except InvalidTag:
             return None
 
+    @functools.cached_property
     def _ciphers(self) -> Mapping[bytes, AESGCM]:
-        if self._keys is None:
-            self._keys = _derive_all(self._fleet_keys, self.purpose)
-        return self._keys
+        return _derive_all(self._fleet_keys, self.purpose)
 
     def _aad(self, aad: bytes) -> bytes:
         return self.purpose.encode() + b"\x1f" + aad

@@ -157,7 +157,7 @@ def fetch_pace(
         topics=topics,
         idle_after_s=settings.idle_after_ms / 1000,
         interval_s=settings.idle_fetch_interval_ms / 1000,
-        look_max_s=max(settings.idle_look_max_ms, settings.idle_fetch_interval_ms) / 1000,
+        look_max_s=settings.idle_look_max_ms / 1000,
         wake_delay_s=wake_delay_s,
         fast_window_s=FAST_RING_EVERY_S + settings.fetch_max_wait_ms / 1000 + _FAST_WINDOW_MARGIN_S,
     )

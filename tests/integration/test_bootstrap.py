@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 
 import asyncpg
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 
+from tests.support.eventually import eventually
 from toolfleet.bus.admin import all_topics
 from toolfleet.devstack.bootstrap import bootstrap, database_name, ensure_database
 from toolfleet.settings import FleetSettings
+from toolfleet.storage.postgres import MIGRATION_LOCK
 
 pytestmark = pytest.mark.integration
 
@@ -72,3 +75,40 @@ def test_database_name_reads_the_path_of_unix_socket_dsns() -> None:
     dsn = "postgresql://postgres:@/toolfleet?host=/tmp/x/pgdata"
     assert database_name(dsn) == "toolfleet"
     assert database_name("postgresql://postgres@127.0.0.1:5432") is None
+
+
+async def test_a_bootstrap_stopped_mid_way_ends_at_once_and_leaves_no_connection(
+    settings: FleetSettings, unborn_database_url: str
+) -> None:
+    """Ctrl-C while ``toolfleet dev`` prepares: the cancelled bootstrap must end (the
+    process exits only once it has), and its connections with it, even while its
+    migration waits on the lock another process holds."""
+    fleet = settings.model_copy(update={"database_url": unborn_database_url})
+    await ensure_database(unborn_database_url)
+    holder = await asyncpg.connect(unborn_database_url)
+    try:
+        await holder.execute("SELECT pg_advisory_lock($1)", MIGRATION_LOCK)
+        preparing = asyncio.create_task(bootstrap(fleet))
+
+        async def migration_waits() -> bool:
+            waiting = await holder.fetchval(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+            )
+            return bool(waiting)
+
+        await eventually(migration_waits, timeout=10)
+        preparing.cancel()
+        done, _ = await asyncio.wait([preparing], timeout=5)
+        assert done, "the cancelled bootstrap did not end"
+        assert preparing.cancelled()
+
+        async def only_ours_left() -> bool:
+            others = await holder.fetchval(
+                "SELECT count(*) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+            return others == 0
+
+        await eventually(only_ours_left, timeout=5)
+    finally:
+        await holder.close()

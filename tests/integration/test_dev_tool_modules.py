@@ -163,7 +163,11 @@ def test_a_good_module_passes_the_check_and_ctrl_c_leaves_nothing_running(
             time.sleep(0.1)  # polling the effect, not timing it
         assert (tmp_path / "home" / "logs").is_dir()
         dev.send_signal(signal.SIGINT)
-        dev.wait(timeout=90)
+        try:
+            dev.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            # The supervisor prints every thread's stack past its drain: show where.
+            pytest.fail(f"toolfleet dev did not stop after Ctrl-C:\n{out.read_text()}")
     finally:
         if dev.poll() is None:
             dev.kill()

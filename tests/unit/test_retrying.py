@@ -311,3 +311,57 @@ async def test_a_step_that_returns_an_awaitable_is_awaited() -> None:
     )
     assert result == "done"
     assert len(calls) == 2
+
+
+async def test_each_try_is_judged_once_and_each_retried_failure_is_told() -> None:
+    """The predicates may count or log: one question per try, the first one included."""
+    time = FakeTime()
+    judged: list[str] = []
+    told: list[str] = []
+    results = iter([ConnectionError("a"), "not yet", ConnectionError("b"), "done"])
+
+    async def step() -> str:
+        result = next(results)
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def retried(exc: Exception) -> bool:
+        judged.append(f"error {exc}")
+        return True
+
+    def again(result: str) -> bool:
+        judged.append(f"result {result}")
+        return result != "done"
+
+    policy: UntilStopped[str] = UntilStopped(
+        what="w",
+        backoff=Backoff(first_s=0.1, max_s=1),
+        retry_on=retried,
+        again=again,
+        after_failure=lambda exc: told.append(str(exc)),
+        sleep=time.sleep,
+        jitter=top,
+    )
+    assert await policy.run(step) == "done"
+    assert judged == ["error a", "result not yet", "error b", "result done"]
+    assert told == ["a", "b"]
+    assert time.pauses == pytest.approx([0.1, 0.2, 0.4])
+
+
+async def test_a_first_try_that_works_returns_at_once() -> None:
+    time = FakeTime()
+    calls, step = failing(0, ConnectionError())
+    assert (
+        await retry_until_stopped(
+            step,
+            what="w",
+            backoff=Backoff(first_s=0.1, max_s=1),
+            retry_on=(ConnectionError,),
+            again=lambda result: result != "done",
+            sleep=time.sleep,
+        )
+        == "done"
+    )
+    assert calls == [1]
+    assert time.pauses == []

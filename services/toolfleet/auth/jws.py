@@ -22,7 +22,8 @@ HS256: Final = "HS256"
 """The one algorithm of toolfleet's own JWS (grants, control signatures)."""
 MAX_JWS_CHARS = 16_384
 """Longer strings are refused before any parsing."""
-_B64URL = re.compile(r"[A-Za-z0-9_-]*")
+_COMPACT = re.compile(r"[A-Za-z0-9_-]*\.[A-Za-z0-9_-]*\.[A-Za-z0-9_-]*")
+_TO_STANDARD = bytes.maketrans(b"-_", b"+/")
 
 
 def segments(jws: object, *, what: str) -> list[bytes]:
@@ -30,18 +31,19 @@ def segments(jws: object, *, what: str) -> list[bytes]:
     malformed = PermissionDenied(f"{what} is malformed")
     if not isinstance(jws, str) or not jws or len(jws) > MAX_JWS_CHARS:
         raise malformed
-    parts = jws.split(".")
-    if len(parts) != 3 or not all(_B64URL.fullmatch(p) for p in parts):
+    if _COMPACT.fullmatch(jws) is None:  # three segments, base64url alphabet only
         raise malformed
     decoded = []
-    for part in parts:
+    # ASCII only now; in the standard alphabet, which binascii decodes and encodes.
+    for part in jws.encode("ascii").translate(_TO_STANDARD).split(b"."):
+        padded = part + b"=" * (-len(part) % 4)
         try:
-            raw = base64.urlsafe_b64decode(part + "=" * (-len(part) % 4))
+            raw = binascii.a2b_base64(padded)
         except (binascii.Error, ValueError):
             raise malformed from None
         # Canonical only: otherwise unused trailing bits give a second string that
-        # verifies as the same token.
-        if base64.urlsafe_b64encode(raw).rstrip(b"=").decode() != part:
+        # verifies as the same token (a length of 1 mod 4 never encodes either).
+        if binascii.b2a_base64(raw, newline=False) != padded:
             raise malformed
         decoded.append(raw)
     return decoded
@@ -126,7 +128,7 @@ def _verified_payload(
     key = key_of(_json_object(raw_header, what=what))
     assert isinstance(jws, str)  # segments() refused anything else
     signing_input = jws[: jws.rindex(".")].encode("ascii")  # base64url: ASCII only
-    expected = hmac.new(key, signing_input, hashlib.sha256).digest()
+    expected = hmac.digest(key, signing_input, "sha256")
     if not hmac.compare_digest(expected, signature):
         raise PermissionDenied(f"{what}: signature is invalid")
     return _json_object(raw_payload, what=what)

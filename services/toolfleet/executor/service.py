@@ -175,15 +175,12 @@ class ExecutorService:
     ports: ExecutorPorts
     config: ExecutorConfig
     state: ExecutorRunState = field(default_factory=ExecutorRunState, compare=False)
+    admission: RunGates = field(init=False, compare=False, repr=False)
+    """The gates a call passes after the grant and the lease (built once: the ports
+    they read are fixed)."""
 
-    def network_permissions(self, invocation_id: str) -> tuple[str, ...] | None:
-        """The hosts a running call may reach, as policy signed them (None: unchecked)."""
-        return self.state.network_grants.get(invocation_id)
-
-    @property
-    def admission(self) -> RunGates:
-        """The gates a call passes after the grant and the lease."""
-        return RunGates(
+    def __post_init__(self) -> None:
+        gates = RunGates(
             catalog=self.ports.catalog,
             cancels=self.ports.cancels,
             checkpoints=self.ports.checkpoints,
@@ -194,6 +191,11 @@ class ExecutorService:
             cache=self.ports.cache,
             providers=self.ports.providers,
         )
+        object.__setattr__(self, "admission", gates)  # frozen: set once, here
+
+    def network_permissions(self, invocation_id: str) -> tuple[str, ...] | None:
+        """The hosts a running call may reach, as policy signed them (None: unchecked)."""
+        return self.state.network_grants.get(invocation_id)
 
     async def on_authorized(self, event: Envelope, *, pool: str | None = None) -> list[Emitted]:
         """Run one authorized call; every release is owned by one ``AsyncExitStack``.

@@ -97,6 +97,8 @@ class UntilStopped(Generic[T]):
     _attempt: int = field(default=0, init=False)
     _deadline: float | None = field(default=None, init=False)
     _stopped: bool = field(default=False, init=False)
+    _replaying: bool = field(default=False, init=False)
+    """Tenacity's first attempt is a replay of a try :meth:`run` judged already."""
 
     def made_progress(self) -> None:
         """The try under way got far enough: the next failure pauses the shortest again."""
@@ -106,9 +108,29 @@ class UntilStopped(Generic[T]):
         """Run ``step`` until it returns (and ``again`` is content), or the loop ends."""
         if self.stop is not None and self.stop.is_set():
             return None
-        self._base = self._attempt = 0
+        self._base, self._attempt = 0, 1  # the first try is under way (made_progress)
         self._stopped = False
         self._deadline = None if self.patience_s is None else self.clock() + self.patience_s
+        # The first try runs outside tenacity: most loops end on it (a free slot, a write
+        # that lands), and building tenacity's machinery cost more than the step (a
+        # fifth of an executor call's CPU). A try it does not end on is handed to
+        # tenacity as its first attempt, replayed: the pauses, hooks and stops that
+        # follow are tenacity's, exactly as if it had run that try itself.
+        first: _Replay[T]
+        try:
+            result = await step()
+        except Exception as exc:  # a cancel (BaseException) ends the loop at once
+            if not self._retried(exc):
+                raise
+            first = _Replay(error=exc)
+        else:
+            if self.again is None or not self.again(result):
+                return result
+            first = _Replay(result=result)
+        return await self._retry(step, first)
+
+    async def _retry(self, step: Callable[[], Awaitable[T]], first: _Replay[T]) -> T | None:
+        """Tenacity's loop, its first attempt being the try :meth:`run` made already."""
         retrying = AsyncRetrying(
             retry=self._should_retry,
             stop=self._should_stop,  # type: ignore[arg-type]  # tenacity awaits an async stop
@@ -120,10 +142,18 @@ class UntilStopped(Generic[T]):
             retry_error_callback=self._ended,
             reraise=True,
         )
+        replay: _Replay[T] | None = first
 
         async def attempt() -> T:  # a coroutine function: tenacity awaits what it returns
-            return await step()
+            nonlocal replay
+            if replay is None:
+                return await step()
+            done, replay = replay, None
+            if done.error is not None:
+                raise done.error
+            return done.result  # type: ignore[return-value]  # set when error is None
 
+        self._replaying = True
         try:
             result: T | None = await retrying(attempt)
         except _Stopped:
@@ -143,6 +173,9 @@ class UntilStopped(Generic[T]):
         return self.retry_on(exc)
 
     def _should_retry(self, state: RetryCallState) -> bool:
+        if self._replaying:  # judged by run() already: ``again`` and ``retry_on`` are asked once
+            self._replaying = False
+            return True
         outcome = state.outcome
         if outcome is None:  # pragma: no cover - tenacity asks after a try
             return False
@@ -241,6 +274,14 @@ async def retry_until_stopped(
         clock=clock,
     )
     return await policy.run(step)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Replay(Generic[T]):
+    """How the first try ended: its result, or the error it raised (to retry)."""
+
+    result: T | None = None
+    error: Exception | None = None
 
 
 class _Stopped(Exception):

@@ -19,6 +19,11 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
+# isort: split
+# First, before anything imports redis: it then leaves the OpenTelemetry metrics SDK out.
+import toolfleet.observability.redis_metrics  # noqa: F401
+
+# isort: split
 import asyncpg
 from redis.asyncio import Redis
 

@@ -11,7 +11,8 @@ or rotating key files (cryptography's primitives, for the services that sign wit
 only), sealing or opening a large or cached result (cryptography's compiled core, for
 the executor and the validator), the first JSON Schema checked (jsonschema-rs), a topic
 for a new executor pool (policy's admin client). Those paths are checked here too: each
-one still finds what it imports.
+one still finds what it imports. redis-py's probe for the OpenTelemetry metrics SDK finds
+it absent in a worker, whose Redis client works without it.
 """
 
 from __future__ import annotations
@@ -45,8 +46,12 @@ SCHEMAS = ("jsonschema_rs",)
 parameters, the validator: a result), never by an executor without source tools."""
 POOL_ADMIN = ("toolfleet.bus.admin", "aiokafka.admin")
 """Policy creates a pool's topic at the first call of a pool other than the default."""
+REDIS_METRICS = ("opentelemetry.sdk.metrics",)
+"""The OpenTelemetry metrics SDK (with ctypes under it, about 1.1 MB) that redis-py
+imports only to learn whether it is installed: no worker turns redis-py's metrics on
+(:mod:`toolfleet.observability.redis_metrics`)."""
 
-ANYWHERE = (*NEVER_IN_A_WORKER, *MCP_SDK, *ON_DEMAND, *SCHEMAS)
+ANYWHERE = (*NEVER_IN_A_WORKER, *MCP_SDK, *ON_DEMAND, *SCHEMAS, *REDIS_METRICS)
 """Absent from every worker once loaded, before its first call."""
 NO_RSA = (*ANYWHERE, *KEY_FILES, *CRYPTOGRAPHY)
 
@@ -222,3 +227,69 @@ def test_every_other_command_line_gets_every_command() -> None:
     everything = get_command(full_app()).commands  # type: ignore[attr-defined]
     assert {"dev", "worker", "tools", "token", "agent", "doctor"} <= set(everything)
     assert set(get_command(worker_app()).commands) == {"worker"}  # type: ignore[attr-defined]
+
+
+def test_redis_works_in_a_worker_without_the_metrics_sdk_which_still_imports() -> None:
+    """redis-py is imported without the OpenTelemetry metrics SDK in a worker: its client
+    still connects (here, to a closed port: redis-py's own ``ConnectionError``, not an
+    ``ImportError``), and the SDK still imports for whoever needs it later."""
+    found = run_fresh(
+        """
+        import asyncio, json, sys
+
+        from toolfleet.worker import load_build
+
+        load_build("policy")
+        out = {"sdk_at_start": "opentelemetry.sdk.metrics" in sys.modules}
+
+        from redis.exceptions import ConnectionError
+        from toolfleet.storage.redis import connect_redis
+
+        async def ping():
+            client = connect_redis("redis://127.0.0.1:1/0", wait_s=1)
+            try:
+                await client.ping()
+            except ConnectionError:
+                return "refused"
+            finally:
+                await client.aclose()
+
+        out["ping"] = asyncio.run(ping())
+        from opentelemetry.sdk.metrics import MeterProvider
+
+        out["sdk_later"] = MeterProvider.__name__
+        print(json.dumps(out))
+        """
+    )
+    assert found == {"sdk_at_start": False, "ping": "refused", "sdk_later": "MeterProvider"}
+
+
+def test_the_worker_command_prints_with_rich_only_when_it_prints() -> None:
+    """rich (2-3 MB) stays out of a running worker, which prints nothing for people; an
+    error the command line reports still comes out escaped, through rich."""
+    found = run_fresh(
+        """
+        import contextlib, io, json, sys
+
+        import toolfleet.cli.fleet
+        from toolfleet.cli.main import worker_app
+        from toolfleet.worker import load_build
+
+        worker_app()
+        load_build("policy")
+        out = {"rich_at_start": "rich" in sys.modules}
+        from toolfleet.cli import output
+
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            output.err_console.print("[bold red]Error:[/] " + output.escape("[not markup]"))
+        out["printed"] = err.getvalue().strip()
+        out["rich_later"] = "rich" in sys.modules
+        print(json.dumps(out))
+        """
+    )
+    assert found == {
+        "rich_at_start": False,
+        "printed": "Error: [not markup]",
+        "rich_later": True,
+    }

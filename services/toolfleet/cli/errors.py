@@ -9,11 +9,11 @@ from typing import ParamSpec
 from urllib.parse import urlsplit, urlunsplit
 
 import typer
-from rich.markup import escape
 
 from toolfleet.auth.grants import GrantKeyError
 from toolfleet.bus.topics import TopicAdminError, TopicsFileError
-from toolfleet.cli.output import err_console
+from toolfleet.cli import output
+from toolfleet.cli.output import escape
 from toolfleet.errors import KafkaSecurityError
 from toolfleet.settings import FleetSettings
 
@@ -37,7 +37,7 @@ def friendly(command: Callable[P, None]) -> Callable[P, None]:
         try:
             command(*args, **kwargs)
         except CliError as exc:
-            err_console.print(f"[bold red]Error:[/] {escape(exc.message)}")
+            output.err_console.print(f"[bold red]Error:[/] {escape(exc.message)}")
             raise typer.Exit(exc.exit_code) from None
 
     return run

@@ -13,9 +13,10 @@ from typing import Annotated, cast
 
 import typer
 
+from toolfleet.cli import output
 from toolfleet.cli.config import load_settings
 from toolfleet.cli.errors import CliError, reaching_fleet, redacted
-from toolfleet.cli.output import err_console, print_json, print_topic_report
+from toolfleet.cli.output import print_json, print_topic_report
 from toolfleet.settings import FleetSettings
 
 
@@ -124,7 +125,9 @@ def init(
     if check and not report.clean:
         raise typer.Exit(1)
     if not check:
-        err_console.print("[green]fleet initialised[/]: database migrated, topics and tools ready")
+        output.err_console.print(
+            "[green]fleet initialised[/]: database migrated, topics and tools ready"
+        )
 
 
 def worker(

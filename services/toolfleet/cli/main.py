@@ -17,12 +17,11 @@ import sys
 from functools import cache
 
 import typer
-from rich.markup import escape
 
-from toolfleet.cli import fleet
+from toolfleet.cli import fleet, output
 from toolfleet.cli.errors import friendly
 from toolfleet.cli.extras import missing_extra_message
-from toolfleet.cli.output import err_console
+from toolfleet.cli.output import escape
 
 
 def _quiet_libraries() -> None:
@@ -106,5 +105,5 @@ def main() -> None:
         message = missing_extra_message(exc, args)
         if message is None:
             raise
-        err_console.print(f"[bold red]Error:[/] {escape(message)}")
+        output.err_console.print(f"[bold red]Error:[/] {escape(message)}")
         raise SystemExit(1) from None

@@ -143,14 +143,23 @@ def test_otlp_exports_from_a_default_install_and_flushes_at_shutdown(
         tracing.configure_tracing(service="executor", exporter="otlp", endpoint=collector.url)
         with tracing.span("process x", traceparent=REQUEST) as current:
             assert current.is_recording()
+        started = derived_traceparent("/agents/a1", "evt-1")
+        with tracing.trace_root(
+            "start y", traceparent=started, source="/agents/a1", event_id="evt-1"
+        ):
+            pass
         assert collector.received() == []
         tracing.shutdown_tracing()
-        (received,) = collector.received()
+        received, root = collector.received()
     assert (received.service, received.name, received.trace_id) == (
         "toolfleet-executor",
         "process x",
         TRACE_ID,
     )
     assert received.parent_span_id == "00f067aa0ba902b7"
+    # The configured provider gives a started trace's root the ids its events name.
+    ids = parse_traceparent(started)
+    assert ids is not None
+    assert (root.name, root.trace_id) == ("start y", ids.trace_id)
     with tracing.span("after shutdown") as current:
         assert not current.is_recording()

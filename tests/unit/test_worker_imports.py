@@ -51,7 +51,11 @@ REDIS_METRICS = ("opentelemetry.sdk.metrics",)
 imports only to learn whether it is installed: no worker turns redis-py's metrics on
 (:mod:`toolfleet.observability.redis_metrics`)."""
 
-ANYWHERE = (*NEVER_IN_A_WORKER, *MCP_SDK, *ON_DEMAND, *SCHEMAS, *REDIS_METRICS)
+TRACING_SDK = ("opentelemetry.sdk", "psutil")
+"""The OpenTelemetry SDK (with its resources and psutil under them, about 1.6 MB): loaded
+when spans are exported (``TOOLFLEET_OTEL_EXPORTER``), by ``tracing_sdk``."""
+
+ANYWHERE = (*NEVER_IN_A_WORKER, *MCP_SDK, *ON_DEMAND, *SCHEMAS, *REDIS_METRICS, *TRACING_SDK)
 """Absent from every worker once loaded, before its first call."""
 NO_RSA = (*ANYWHERE, *KEY_FILES, *CRYPTOGRAPHY)
 

@@ -10,18 +10,17 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from opentelemetry import trace
 from opentelemetry.context import Context
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
-from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.trace import Span, SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from toolfleet.events.identity import derived_traceparent, new_traceparent, parse_traceparent
+
+if TYPE_CHECKING:  # the SDK is imported when spans are exported (tracing_sdk.py)
+    from opentelemetry.sdk.trace import TracerProvider
 
 _PROPAGATOR = TraceContextTextMapPropagator()
 _tracer: trace.Tracer = trace.get_tracer("toolfleet")
@@ -30,19 +29,8 @@ _recording = True
 _provider: TracerProvider | None = None
 """The provider :func:`configure_tracing` installed, flushed by :func:`shutdown_tracing`."""
 OTLP_TRACES_PATH = "/v1/traces"
-_root_ids: ContextVar[tuple[int, int] | None] = ContextVar("toolfleet_root_ids", default=None)
-
-
-class RootIds(RandomIdGenerator):
-    """Random ids, except for the span :func:`trace_root` starts: the ids it is given."""
-
-    def generate_trace_id(self) -> int:
-        ids = _root_ids.get()
-        return ids[0] if ids is not None else super().generate_trace_id()
-
-    def generate_span_id(self) -> int:
-        ids = _root_ids.get()
-        return ids[1] if ids is not None else super().generate_span_id()
+ROOT_IDS: ContextVar[tuple[int, int] | None] = ContextVar("toolfleet_root_ids", default=None)
+"""The ids of the span :func:`trace_root` starts (``tracing_sdk.RootIds`` gives them)."""
 
 
 def configure_tracing(
@@ -59,20 +47,14 @@ def configure_tracing(
     global _tracer, _recording, _provider
     shutdown_tracing()
     _recording = exporter != "none"
-    if not _recording:
+    if exporter == "none":
         _tracer = trace.NoOpTracer()
         return
-    provider = TracerProvider(
-        resource=Resource.create({"service.name": f"toolfleet-{service}"}), id_generator=RootIds()
-    )
-    if exporter == "console":
-        provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
-    elif exporter == "otlp":
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from toolfleet.observability.tracing_sdk import exporting_provider
 
-        provider.add_span_processor(
-            BatchSpanProcessor(OTLPSpanExporter(endpoint=traces_url(endpoint)))
-        )
+    provider = exporting_provider(
+        service=service, exporter=exporter, traces_url=traces_url(endpoint), root_ids=ROOT_IDS
+    )
     _provider = provider
     _tracer = provider.get_tracer("toolfleet")
 
@@ -195,11 +177,11 @@ def trace_root(
     if not _records() or parsed is None or traceparent != derived_traceparent(source, event_id):
         yield trace.INVALID_SPAN
         return
-    ids = _root_ids.set((int(parsed.trace_id, 16), int(parsed.parent_id, 16)))
+    ids = ROOT_IDS.set((int(parsed.trace_id, 16), int(parsed.parent_id, 16)))
     try:
         root = _tracer.start_span(name, context=Context(), kind=kind, attributes=attributes)
     finally:
-        _root_ids.reset(ids)
+        ROOT_IDS.reset(ids)
     with trace.use_span(root, end_on_exit=True):
         yield root
 

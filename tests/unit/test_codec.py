@@ -14,7 +14,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from toolfleet.errors import InvalidEvent
-from toolfleet.events.codec import STRUCTURED_CONTENT_TYPE, ContentMode, decode, encode
+from toolfleet.events.codec import (
+    STRUCTURED_CONTENT_TYPE,
+    ContentMode,
+    _header_attributes,
+    _header_attributes_in_general,
+    decode,
+    encode,
+)
 from toolfleet.events.envelope import Envelope
 from toolfleet.events.types import EventType
 
@@ -325,3 +332,50 @@ def test_an_undecodable_header_replaced_by_a_later_one_of_its_name_decodes() -> 
     binary = encode(_sample(), ContentMode.BINARY)
     headers = [*binary.headers, ("ce_subject", b"\xff"), ("CE_SUBJECT", b"later")]
     assert decode(key=binary.key, value=binary.value, headers=headers).subject == "later"
+
+
+_HEADER_NAMES = st.sampled_from(
+    [
+        "ce_id",
+        "ce_source",
+        "ce_type",
+        "ce_specversion",
+        "ce_time",
+        "ce_tenantid",
+        "ce_traceparent",
+        "content-type",
+        "Content-Type",
+        "CE_ID",
+        "ce_data",
+        "ce_unknownext",
+        "x-other",
+    ]
+)
+_HEADER_VALUES = st.one_of(
+    st.none(),
+    st.sampled_from(
+        [
+            b"application/json",
+            b"application/cloudevents+json",
+            b"Application/CloudEvents+JSON; charset=utf-8",
+            b"text/plain",
+            b"\xff\xfe",
+            b"",
+        ]
+    ),
+    st.binary(max_size=8),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.tuples(_HEADER_NAMES, _HEADER_VALUES), max_size=8))
+def test_headers_as_toolfleet_writes_them_read_as_any_headers_are_read(
+    headers: list[tuple[str, bytes | None]],
+) -> None:
+    def reading(read: Any) -> object:
+        try:
+            return read(headers)
+        except InvalidEvent as exc:
+            return ("refused", str(exc))
+
+    assert reading(_header_attributes) == reading(_header_attributes_in_general)

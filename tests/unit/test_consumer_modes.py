@@ -10,11 +10,12 @@ import pytest
 from aiokafka import ConsumerRecord, TopicPartition
 
 from tests.support.eventually import eventually
+from toolfleet.bus.dedupe import ProcessedEvents
 from toolfleet.bus.offsets import Partition
 from toolfleet.bus.producer import EventProducer, Outbound
 from toolfleet.bus.runtime import ByBatch, ConsumerSpec, EventConsumer, Handler, Inbound
 from toolfleet.bus.scheduler import Placement
-from toolfleet.events.codec import encode
+from toolfleet.events.codec import WireMessage, decode, encode
 from toolfleet.events.envelope import new_event
 from toolfleet.events.types import EventType, Source
 from toolfleet.settings import FleetSettings
@@ -52,15 +53,65 @@ def _record(partition: int, offset: int) -> ConsumerRecord[bytes, bytes]:
     )
 
 
-def _consumer(handler: Handler | ByBatch, **spec: Any) -> EventConsumer:
+def _consumer(
+    handler: Handler | ByBatch,
+    *,
+    processed: ProcessedEvents | None = None,
+    producer: object | None = None,
+    **spec: Any,
+) -> EventConsumer:
     return EventConsumer(
         ConsumerSpec(service="test", source="/toolfleet/test", group_id="g", topics=["t"], **spec),
         handler,
         settings=FleetSettings(),
-        producer=cast(EventProducer, _NoOutput()),
-        processed=None,
+        producer=cast(EventProducer, producer or _NoOutput()),
+        processed=processed,
         dlq_topic="dlq",
     )
+
+
+class _Markers:
+    """The group's dedupe markers in memory, with every question and mark it was sent."""
+
+    def __init__(self, *marked: str) -> None:
+        self.marked = set(marked)
+        self.questions: list[list[str]] = []
+        self.marks: list[list[str]] = []
+
+    async def seen(self, key: str) -> bool:
+        return (await self.seen_all([key]))[0]
+
+    async def mark(self, key: str) -> None:
+        await self.mark_all([key])
+
+    async def seen_all(self, keys: Sequence[str]) -> list[bool]:
+        self.questions.append(list(keys))
+        return [key in self.marked for key in keys]
+
+    async def mark_all(self, keys: Sequence[str]) -> None:
+        self.marks.append(list(keys))
+        self.marked.update(keys)
+
+
+class _DeadLetters:
+    """A producer that publishes nothing but DLQ records, acknowledged at once."""
+
+    def __init__(self) -> None:
+        self.dead: list[WireMessage] = []
+
+    async def send_all(self, outputs: Sequence[Outbound]) -> None:
+        assert not outputs
+
+    async def send_wire(self, topic: str, message: WireMessage) -> asyncio.Future[object]:
+        assert topic == "dlq"
+        self.dead.append(message)
+        acked: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+        acked.set_result(None)
+        return acked
+
+
+def _key_of(record: ConsumerRecord[bytes, bytes]) -> str:
+    return decode(key=record.key, value=record.value, headers=record.headers).dedupe_key
 
 
 FETCH = {"p0": [_record(0, 0), _record(0, 1)], "p1": [_record(1, 0)]}
@@ -141,3 +192,75 @@ async def test_an_idle_committer_sleeps_until_a_record_finishes_then_commits_it(
         assert len(kafka.commits) == 1  # nothing new finished: no further commit
     finally:
         committer.cancel()
+
+
+async def test_with_markers_each_partition_of_a_fetch_is_asked_and_marked_in_one_call() -> None:
+    handled: list[str] = []
+
+    async def handler(event: Inbound) -> Sequence[Outbound]:
+        handled.append(event.envelope.invocationid or "")
+        return []
+
+    done_before = _key_of(FETCH["p0"][1])
+    markers = _Markers(done_before)
+    runtime = _consumer(handler, processed=markers)
+    runtime._dispatch_batch(NO_ASSIGNMENT, FETCH)  # type: ignore[arg-type]
+    await eventually(lambda: _now(not runtime._core.tasks))
+
+    assert sorted(handled) == ["0-0", "1-0"]  # 0-1 was processed before: skipped
+    p0, p1 = [_key_of(r) for r in FETCH["p0"]], [_key_of(r) for r in FETCH["p1"]]
+    assert sorted(markers.questions) == sorted([p0, p1])
+    assert sorted(markers.marks) == sorted([[p0[0]], p1])
+    assert runtime._core.tracker.committable() == {Partition("t", 0): 2, Partition("t", 1): 1}
+    assert not runtime._core.in_flight_keys
+    assert runtime._core.in_flight == 0
+
+
+async def test_with_markers_a_record_that_cannot_be_handled_is_dead_lettered_alone() -> None:
+    async def handler(event: Inbound) -> Sequence[Outbound]:
+        if event.envelope.invocationid == "0-0":
+            raise ValueError("a bug in the handler")
+        return []
+
+    markers = _Markers()
+    dlq = _DeadLetters()
+    runtime = _consumer(handler, processed=markers, producer=dlq)
+    runtime._dispatch_batch(NO_ASSIGNMENT, FETCH)  # type: ignore[arg-type]
+    await eventually(lambda: _now(not runtime._core.tasks))
+
+    dead = [decode(key=m.key, value=m.value, headers=m.headers).data for m in dlq.dead]
+    assert [(d["partition"], d["offset"], d["error"]["code"]) for d in dead] == [
+        (0, 0, "internal_error")
+    ]
+    assert markers.marked == {_key_of(r) for r in (FETCH["p0"][1], FETCH["p1"][0])}
+    # Dead-lettered is finished too: both partitions commit past every record.
+    assert runtime._core.tracker.committable() == {Partition("t", 0): 2, Partition("t", 1): 1}
+
+
+async def test_with_markers_a_revoked_partition_stops_its_handlers_and_marks_nothing() -> None:
+    started = asyncio.Event()
+    cancelled: list[str] = []
+
+    async def handler(event: Inbound) -> Sequence[Outbound]:
+        if event.partition == 0:
+            started.set()
+            try:
+                await asyncio.Event().wait()  # a handler that does not end by itself
+            except asyncio.CancelledError:
+                cancelled.append(event.envelope.invocationid or "")
+                raise
+        return []
+
+    markers = _Markers()
+    runtime = _consumer(handler, processed=markers, revoke_grace_s=0.05)
+    runtime._dispatch_batch(NO_ASSIGNMENT, FETCH)  # type: ignore[arg-type]
+    await started.wait()
+    await eventually(lambda: _now(Partition("t", 1) in runtime._core.tracker.committable()))
+
+    await runtime.release([Partition("t", 0)])
+
+    assert sorted(cancelled) == ["0-0", "0-1"]  # over before the revoke returned
+    assert not runtime._core.tasks
+    assert markers.marks == [[_key_of(FETCH["p1"][0])]]  # nothing of the revoked partition
+    assert not runtime._core.in_flight_keys
+    assert runtime._core.in_flight == 0

@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
 from toolfleet.errors import InvalidEvent
-from toolfleet.events.envelope import Envelope, derived_event_id, new_event
+from toolfleet.events.envelope import (
+    Envelope,
+    _uuid_text,
+    derived_event_id,
+    new_event,
+    random_event_id,
+)
 from toolfleet.events.types import EventType, Source
 
 pytestmark = pytest.mark.unit
@@ -47,6 +55,36 @@ def test_derived_ids_differ_per_parent(ids: list[str], source: str) -> None:
     a, b = (parent(id=i, source=source) for i in ids)
     assert derived_event_id(a, "terminal") != derived_event_id(b, "terminal")
     assert derived_event_id(a, "terminal") not in ids
+
+
+@given(
+    event_id=st.text(min_size=1, max_size=40),
+    source=st.text(min_size=1, max_size=40),
+    salt=st.text(max_size=10),
+)
+def test_derived_ids_are_uuid5s_of_the_parent_type_and_salt(
+    event_id: str, source: str, salt: str
+) -> None:
+    namespace = uuid.UUID("5b0e7a52-2f1c-4f4e-9a57-7c1f0de1f0a1")
+    name = f"{source}\x1f{event_id}\x1f{EventType.INVOKED}\x1f{salt}"
+    try:
+        expected = str(uuid.uuid5(namespace, name))
+    except UnicodeEncodeError:  # a lone surrogate: neither has an id for it
+        with pytest.raises(UnicodeEncodeError):
+            derived_event_id(parent(id=event_id, source=source), EventType.INVOKED, salt)
+        return
+    assert derived_event_id(parent(id=event_id, source=source), EventType.INVOKED, salt) == expected
+
+
+@given(raw=st.binary(min_size=16, max_size=16), version=st.sampled_from([4, 5]))
+def test_event_ids_are_written_as_the_uuid_module_writes_them(raw: bytes, version: int) -> None:
+    assert _uuid_text(raw, version=version) == str(uuid.UUID(bytes=raw, version=version))
+
+
+def test_random_event_ids_are_new_version_4_uuids() -> None:
+    ids = {random_event_id() for _ in range(1000)}
+    assert len(ids) == 1000
+    assert all(uuid.UUID(i).version == 4 and str(uuid.UUID(i)) == i for i in ids)
 
 
 def test_derived_id_depends_on_type_salt_and_source() -> None:

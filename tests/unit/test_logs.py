@@ -49,3 +49,17 @@ def test_an_inner_context_adds_to_the_outer_one_and_wins_and_ends_with_its_block
             assert fields() == {"tenant_id": "acme", "invocation_id": "i-2"}
         assert fields() == {"tenant_id": "acme", "invocation_id": "i-1"}
     assert fields() == {}
+
+
+def test_a_traceparent_in_the_context_is_logged_as_its_trace_id() -> None:
+    def fields() -> dict[str, object]:
+        line = json.loads(JsonFormatter("policy").format(_record()))
+        return {k: line[k] for k in ("trace_id", "traceparent") if k in line}
+
+    trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
+    with log_context(traceparent=f"00-{trace_id}-00f067aa0ba902b7-01"):
+        assert fields() == {"trace_id": trace_id}
+        with log_context(traceparent="00-not-a-traceparent"):  # invalid: no trace id
+            assert fields() == {"trace_id": trace_id}
+    with log_context(traceparent=None):
+        assert fields() == {}

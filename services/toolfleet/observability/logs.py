@@ -9,6 +9,8 @@ import sys
 from datetime import UTC, datetime
 from typing import Any
 
+from toolfleet.events.identity import trace_id_of
+
 _CONTEXT: contextvars.ContextVar[tuple[dict[str, str | None], ...]] = contextvars.ContextVar(
     "toolfleet_log_context", default=()
 )
@@ -22,9 +24,12 @@ _RESERVED = frozenset(vars(logging.makeLogRecord({})).keys()) | {
 class log_context:  # lower case: used as a function, ``with log_context(...):``
     """Add fields (``tenant_id``, ``invocation_id``, ``trace_id`` ...) to every log line
     written inside the block; fields without a value are left out, an inner block's win.
+    A ``traceparent`` field is written as its trace id (``trace_id``; left out when it
+    is not a valid one).
 
     Entered for every record a consumer handles, and read only when a line is written:
-    the fields are merged then, not on the way in."""
+    the fields are merged then, and a ``traceparent`` parsed then, not on the way in
+    (most records write no line)."""
 
     __slots__ = ("_fields", "_token")
 
@@ -42,7 +47,11 @@ def context_fields() -> dict[str, str]:
     """The fields of the log contexts entered here, inner ones winning."""
     merged: dict[str, str] = {}
     for fields in _CONTEXT.get():
-        merged.update((name, value) for name, value in fields.items() if value)
+        for name, value in fields.items():
+            if name == "traceparent":
+                name, value = "trace_id", trace_id_of(value)
+            if value:
+                merged[name] = value
     return merged
 
 

@@ -44,6 +44,9 @@ it; the executor and the validator at the first large or cached result they seal
 SCHEMAS = ("jsonschema_rs",)
 """About 6 MB once used: loaded at the first schema compiled (policy: a request's
 parameters, the validator: a result), never by an executor without source tools."""
+POLICY_FILES = ("yaml",)
+"""YAML policy documents are read by the command line; policy reads its policies from
+Postgres as JSON (the executor loads yaml with its pools' topic admin)."""
 POOL_ADMIN = ("toolfleet.bus.admin", "aiokafka.admin")
 """Policy creates a pool's topic at the first call of a pool other than the default."""
 REDIS_METRICS = ("opentelemetry.sdk.metrics",)
@@ -60,7 +63,7 @@ ANYWHERE = (*NEVER_IN_A_WORKER, *MCP_SDK, *ON_DEMAND, *SCHEMAS, *REDIS_METRICS, 
 NO_RSA = (*ANYWHERE, *KEY_FILES, *CRYPTOGRAPHY)
 
 ABSENT: dict[str, tuple[str, ...]] = {
-    "policy": (*ANYWHERE, *POOL_ADMIN),
+    "policy": (*ANYWHERE, *POOL_ADMIN, *POLICY_FILES),
     "executor": NO_RSA,
     "validator": NO_RSA,
     "audit": NO_RSA,

@@ -35,7 +35,6 @@ from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from toolfleet.errors import InvalidParameters
@@ -150,7 +149,12 @@ def load_policy(path: Path | None) -> PolicyDocument:
 
 def parse_text(text: str, *, json_: bool) -> Any:
     """The data of a YAML or JSON policy text (an empty text is an empty mapping)."""
-    data = json.loads(text) if json_ else yaml.safe_load(text)
+    if json_:
+        data = json.loads(text)
+    else:
+        import yaml  # here: a worker that reads its policies from Postgres never needs it
+
+        data = yaml.safe_load(text)
     return {} if data is None else data
 
 

@@ -80,13 +80,7 @@ class Batched(Mode):
                     continue
                 core.in_flight_keys.add(key)  # claimed before any await
                 part = Partition(record.topic, record.partition)
-                inbound = Inbound(
-                    envelope=envelope,
-                    topic=record.topic,
-                    partition=record.partition,
-                    offset=record.offset,
-                    key=record.key,
-                )
+                inbound = Inbound.of(record, envelope)
                 claimed.append(_Claimed(record, part, inbound, key))
             try:
                 fresh = await self._unseen(claimed, finish)

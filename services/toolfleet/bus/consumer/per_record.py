@@ -327,13 +327,7 @@ class PerRecord(Mode):
     async def _handle_and_emit(
         self, record: ConsumerRecord[bytes, bytes], envelope: Envelope
     ) -> None:
-        inbound = Inbound(
-            envelope=envelope,
-            topic=record.topic,
-            partition=record.partition,
-            offset=record.offset,
-            key=record.key,
-        )
+        inbound = Inbound.of(record, envelope)
         with (
             log_context(
                 tenant_id=envelope.tenantid,

@@ -12,6 +12,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from aiokafka import ConsumerRecord
+
 from toolfleet.bus.connection import connection_kwargs
 from toolfleet.bus.offsets import Partition
 from toolfleet.bus.producer import Outbound
@@ -34,6 +36,17 @@ class Inbound:
     partition: int
     offset: int
     key: bytes | None
+
+    @classmethod
+    def of(cls, record: ConsumerRecord[bytes, bytes], envelope: Envelope) -> Inbound:
+        """``record`` as decoded into ``envelope``."""
+        return cls(
+            envelope=envelope,
+            topic=record.topic,
+            partition=record.partition,
+            offset=record.offset,
+            key=record.key,
+        )
 
 
 Handler = Callable[[Inbound], Awaitable[Sequence[Outbound]]]

@@ -8,10 +8,10 @@ and then :meth:`PolicyService.on_results` on their outcomes, ``--concurrency`` a
 (a fetch's worth), as policy's consumers would: the service is
 built as ``policy/handler.py`` builds it (Postgres registry and policy store, Redis
 policy cache, cached revocation list following ``token:revocations``, Redis rate
-limiter, idempotency and approval stores, RS256 capability tokens, an HMAC grant
-signer), against the local Redis and a throwaway Postgres database. Kafka is left out:
-what the service emits goes to an in-memory producer twin (a list), so the figures are
-policy's own handling, without decoding and producing.
+limiter, invocation-id claims, idempotency and approval stores, RS256 capability
+tokens, an HMAC grant signer), against the local Redis and a throwaway Postgres
+database. Kafka is left out: what the service emits goes to an in-memory producer twin
+(a list), so the figures are policy's own handling, without decoding and producing.
 
 Scenarios:
 
@@ -65,6 +65,7 @@ from toolfleet.events.models import (
 from toolfleet.events.outcomes import outcome_event
 from toolfleet.events.types import EventType, Source, TopicName
 from toolfleet.policy.cache import RedisPolicyCache, run_invalidation_listener
+from toolfleet.policy.claims import RedisInvocationClaims
 from toolfleet.policy.documents import Budgets, TenantPolicy
 from toolfleet.policy.postgres_policies import PolicyStore
 from toolfleet.policy.provider import PolicyProvider
@@ -315,6 +316,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     policies=provider,
                     schemas=_schemas(),
                     approvals=RedisApprovalStore(redis, prefix=prefix),
+                    # As the worker claims ids: in Redis, with a TTL (the in-memory twin
+                    # keeps every id, which a soak of this bench counted as growth).
+                    claims=RedisInvocationClaims(redis, prefix=prefix),
                     cancels=RedisCancelFlags(redis),
                     limiter=limiter,
                     idempotency=idempotency,

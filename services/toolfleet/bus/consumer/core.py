@@ -15,7 +15,7 @@ import logging
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import redis.exceptions
 from aiokafka import ConsumerRecord
@@ -74,7 +74,7 @@ class ConsumerCore:
         self.finished = asyncio.Event()
         """Set when a record finishes: the commit loop waits for it rather than polling."""
         self.tracker = OffsetTracker(on_finish=self.finished.set)
-        self.tasks: dict[asyncio.Task[Any], _Work] = {}
+        self.tasks: dict[asyncio.Task[None], _Work] = {}
         self.in_flight = 0
         """Records being handled (a batch task holds several)."""
         self.in_flight_keys: set[str] = set()
@@ -90,24 +90,23 @@ class ConsumerCore:
     # --- tasks -----------------------------------------------------------------------
 
     def track(
-        self, work: Coroutine[Any, Any, T], parts: frozenset[Partition], records: int
-    ) -> asyncio.Task[T]:
-        """Run ``work`` as a task holding ``records`` records of ``parts`` (none: a task
-        that works on records another task holds)."""
+        self, work: Coroutine[None, None, None], parts: frozenset[Partition], records: int
+    ) -> asyncio.Task[None]:
+        """Run ``work`` as a task holding ``records`` records of ``parts``."""
         task = asyncio.create_task(work)
         self.tasks[task] = _Work(parts, records)
         self.in_flight += records
         task.add_done_callback(self._forget_task)
         return task
 
-    def _forget_task(self, task: asyncio.Task[Any]) -> None:
+    def _forget_task(self, task: asyncio.Task[None]) -> None:
         work = self.tasks.pop(task, None)
         if work is not None:
             self.in_flight -= work.records
         if not task.cancelled() and task.exception() is not None:  # pragma: no cover
             log.error("record task crashed", exc_info=task.exception())
 
-    def tasks_of(self, parts: set[Partition]) -> list[asyncio.Task[Any]]:
+    def tasks_of(self, parts: set[Partition]) -> list[asyncio.Task[None]]:
         """The tasks handling a record of ``parts``."""
         return [task for task, work in self.tasks.items() if not work.parts.isdisjoint(parts)]
 
@@ -156,14 +155,9 @@ class ConsumerCore:
         except InvalidEvent:
             raise
         except Exception as exc:
-            return await self.retry_after(exc, step)
-
-    async def retry_after(self, failure: Exception, step: Callable[[], Awaitable[T]]) -> T:
-        """:meth:`retrying` of a ``step`` whose first attempt failed with ``failure`` (not
-        an :class:`InvalidEvent`): for a caller that made the first attempt itself."""
-        if self.stopping.is_set():
-            raise failure
-        log.warning("step failed, retrying", extra={"error": type(failure).__name__})
+            if self.stopping.is_set():
+                raise
+            log.warning("step failed, retrying", extra={"error": type(exc).__name__})
         async for attempt in AsyncRetrying(
             # A cancel (a revoke past its grace, a stop) ends the retries: tenacity would
             # take it for one more failure and run the step again, uncancelled.

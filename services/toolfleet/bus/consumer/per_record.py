@@ -108,11 +108,7 @@ class PerRecord(Mode):
         for record in records:
             part = Partition(record.topic, record.partition)
             core.tracker.started(part, record.offset)
-            same = by_part.get(part)
-            if same is None:
-                by_part[part] = [record]
-            else:
-                same.append(record)
+            by_part.setdefault(part, []).append(record)
         for part, same in by_part.items():
             core.track(
                 self._process_partition(core.processed, part, same), frozenset((part,)), len(same)
@@ -337,13 +333,7 @@ class PerRecord(Mode):
             ),
             self._spans(inbound) if recording() else _NO_SPAN,  # none unless recorded
         ):
-            # The first attempt made here, not in a retry frame (core.retrying's fast path).
-            try:
-                await self.core.producer.send_all(await self._handler(inbound))
-            except InvalidEvent:
-                raise
-            except Exception as exc:
-                await self.core.retry_after(exc, lambda: self._handle_once(inbound))
+            await self.core.retrying(lambda: self._handle_once(inbound))
 
     @contextmanager
     def _spans(self, inbound: Inbound) -> Iterator[None]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Sequence
 from typing import Any, cast
 
@@ -264,3 +265,24 @@ async def test_with_markers_a_revoked_partition_stops_its_handlers_and_marks_not
     assert markers.marks == [[_key_of(FETCH["p1"][0])]]  # nothing of the revoked partition
     assert not runtime._core.in_flight_keys
     assert runtime._core.in_flight == 0
+
+
+async def test_with_markers_an_event_replayed_within_one_fetch_is_handled_once() -> None:
+    """A producer with topic access writes the same event twice in a row: both land in
+    one fetch of one partition, the copy is a duplicate, and both offsets finish."""
+    handled: list[str] = []
+
+    async def handler(event: Inbound) -> Sequence[Outbound]:
+        handled.append(event.envelope.invocationid or "")
+        return []
+
+    original = _record(0, 0)
+    replayed = dataclasses.replace(original, offset=1)
+    markers = _Markers()
+    runtime = _consumer(handler, processed=markers)
+    runtime._dispatch_batch(NO_ASSIGNMENT, {"p0": [original, replayed]})  # type: ignore[arg-type]
+    await eventually(lambda: _now(not runtime._core.tasks))
+
+    assert handled == ["0-0"]
+    assert markers.marks == [[_key_of(original)]]
+    assert runtime._core.tracker.committable() == {Partition("t", 0): 2}

@@ -1,9 +1,11 @@
 """``toolfleet dev`` with ``TOOLFLEET_TOOL_MODULES``: a module that is missing or fails
 to import is one line naming the module and the cause (the user's ``file:line``, not
-toolfleet's frames), a non-zero exit, and nothing started; a good module goes on."""
+toolfleet's frames), a non-zero exit, and nothing started; a good module goes on, and
+Ctrl-C stops it, at any step, leaving nothing running."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -11,7 +13,12 @@ import sys
 import time
 from pathlib import Path
 
+import asyncpg
 import pytest
+
+from tests.support.eventually import eventually
+from toolfleet.devstack.bootstrap import ensure_database
+from toolfleet.storage.postgres import MIGRATION_LOCK
 
 pytestmark = pytest.mark.integration
 
@@ -180,3 +187,71 @@ def test_a_good_module_passes_the_check_and_ctrl_c_leaves_nothing_running(
     while _alive(children) and time.monotonic() < deadline:
         time.sleep(0.1)  # polling the effect, not timing it
     assert not _alive(children), f"left running: {_alive(children)}\n{text}"
+
+
+async def test_ctrl_c_while_the_database_is_prepared_stops_at_once(
+    tmp_path: Path, unborn_database_url: str
+) -> None:
+    """Ctrl-C lands while the bootstrap's migration waits on a lock another process
+    holds: ``toolfleet dev`` cancels the bootstrap, waits for it to end (asyncpg takes the
+    cancelled query's connection back through a task of its own, which asyncio.run's
+    final sweep would cancel and so leave the pool waiting forever: CI saw this hang)
+    and exits 0 with none of its connections left."""
+    (tmp_path / "acme_tools.py").write_text(GOOD.format(version="1.0.0"))
+    await ensure_database(unborn_database_url)
+    holder = await asyncpg.connect(unborn_database_url)
+    out = tmp_path / "dev.out"
+    try:
+        # Advisory locks are per database: this one is the dev fleet's migration lock.
+        await holder.execute("SELECT pg_advisory_lock($1)", MIGRATION_LOCK)
+        with out.open("w") as sink:
+            dev = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "toolfleet",
+                "dev",
+                cwd=tmp_path,
+                env={
+                    **_dev_env(tmp_path, "acme_tools"),
+                    "TOOLFLEET_DATABASE_URL": unborn_database_url,
+                },
+                stdin=subprocess.DEVNULL,
+                stdout=sink,
+                stderr=subprocess.STDOUT,
+            )
+        try:
+
+            async def migration_waits() -> bool:
+                assert dev.returncode is None, out.read_text()
+                return bool(
+                    await holder.fetchval(
+                        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+                    )
+                )
+
+            await eventually(migration_waits, timeout=60)
+            dev.send_signal(signal.SIGINT)
+            try:
+                await asyncio.wait_for(dev.wait(), timeout=60)
+            except TimeoutError:
+                pytest.fail(f"toolfleet dev did not stop after Ctrl-C:\n{out.read_text()}")
+        finally:
+            if dev.returncode is None:
+                dev.kill()
+                await dev.wait()
+        text = out.read_text()
+        assert dev.returncode == 0, text
+        assert "Traceback" not in text, text
+        assert "stopped" in text.splitlines()[-1], text
+
+        async def only_ours_left() -> bool:
+            others = await holder.fetchval(
+                "SELECT count(*) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+            return others == 0
+
+        # The server ends a closed connection's backend a moment after the client goes.
+        await eventually(only_ours_left, timeout=5)
+    finally:
+        await holder.close()

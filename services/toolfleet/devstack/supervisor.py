@@ -140,6 +140,11 @@ async def _supervise(plan: DevPlan, console: DevConsole) -> int:
     await asyncio.wait([preparing, stopping], return_when=asyncio.FIRST_COMPLETED)
     if not preparing.done():
         preparing.cancel()
+        # Wait for the bootstrap to end here, never leave it to asyncio.run's final sweep:
+        # asyncpg returns a cancelled query's connection to its pool once a task of its
+        # own has sent the server a cancel request, and that sweep cancels the task too,
+        # so the bootstrap's ``pool.close()`` would wait for the connection forever.
+        await asyncio.wait([preparing])
         return 0
     stopping.cancel()
     if (error := preparing.exception()) is not None:

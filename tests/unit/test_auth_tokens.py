@@ -11,10 +11,12 @@ from typing import Any
 
 import jwt
 import pytest
-from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from toolfleet.auth import tokens
 from toolfleet.auth.keys import generate_key_pair, key_id
 from toolfleet.auth.tokens import REQUIRED_CLAIMS, TokenIssuer, TokenVerifier
 from toolfleet.errors import PermissionDenied
@@ -54,6 +56,28 @@ def _claims(**changes: Any) -> dict[str, Any]:
 def _sign(claims: dict[str, Any], *, pem: bytes = PAIR.private_pem, kid: str | None = None) -> str:
     headers = {"kid": kid if kid is not None else PAIR.kid}
     return jwt.encode(claims, pem, algorithm="RS256", headers=headers)
+
+
+def _forge(header: dict[str, Any], claims: dict[str, Any]) -> str:
+    """A compact JWS signed with the fleet's key, its header as given (PyJWT's ``encode``
+    refuses some headers a hostile client may write)."""
+    signing_input = f"{_b64(json.dumps(header).encode())}.{_b64(json.dumps(claims).encode())}"
+    key = serialization.load_pem_private_key(PAIR.private_pem, password=None)
+    assert isinstance(key, rsa.RSAPrivateKey)
+    signature = key.sign(signing_input.encode(), padding.PKCS1v15(), hashes.SHA256())
+    return f"{signing_input}.{_b64(signature)}"
+
+
+def _count_signature_checks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    checks: list[int] = []
+    real = tokens.rs256_valid
+
+    def counting(*args: Any) -> bool:
+        checks.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(tokens, "rs256_valid", counting)
+    return checks
 
 
 def _denied(token: str, verifier: TokenVerifier = VERIFIER) -> str:
@@ -215,6 +239,84 @@ def test_malformed_claims_are_denied(changes: dict[str, Any]) -> None:
     assert "claim" in message or "malformed" in message or "invalid" in message
 
 
+def test_an_unencoded_payload_header_is_malformed() -> None:
+    """RFC 7797's ``b64: false`` (without ``crit``, which is refused on its own): the
+    payload is always base64url JSON here."""
+    for b64 in (False, 0, "false", None):
+        token = _forge({"alg": "RS256", "kid": PAIR.kid, "b64": b64}, _claims())
+        assert _denied(token) == "capability token is malformed"
+    assert VERIFIER.verify(_forge({"alg": "RS256", "kid": PAIR.kid, "b64": True}, _claims()))
+
+
+def test_issued_tokens_are_what_pyjwt_writes_and_reads() -> None:
+    """Same bytes as ``jwt.encode`` with the same claims, header and key, and
+    ``jwt.decode`` reads the same claims back (PKCS #1 v1.5 signatures are
+    deterministic)."""
+    issued = ISSUER.mint(tenant_id="t1", agent_did="did:agent:a", tool_id="core__*", ttl_s=60)
+    claims = jwt.decode(
+        issued.token, PAIR.public_pem, algorithms=["RS256"], audience=AUD, issuer=ISS
+    )
+    assert issued.token == jwt.encode(
+        claims, PAIR.private_pem, algorithm="RS256", headers={"kid": PAIR.kid, "typ": "JWT"}
+    )
+    assert VERIFIER.verify(issued.token).claims == claims
+
+
+def _pyjwt_claims(token: str) -> dict[str, Any] | None:
+    """What PyJWT makes of ``token`` with the verifier's settings, or None if it refuses."""
+    try:
+        claims: dict[str, Any] = jwt.decode(
+            token,
+            PAIR.public_pem,
+            algorithms=["RS256"],
+            audience=AUD,
+            issuer=ISS,
+            options={"require": list(REQUIRED_CLAIMS)},
+            leeway=30,
+        )
+    except jwt.PyJWTError:
+        return None
+    return claims
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3)
+    ),
+    max_leaves=6,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    changes=st.dictionaries(
+        st.sampled_from([*REQUIRED_CLAIMS, "sub", "nbf", "scope", "tool_version", "x"]),
+        _JSON | st.just(AUD) | st.just([AUD, "x"]) | st.just(ISS),
+        max_size=3,
+    ),
+    headers=st.dictionaries(
+        st.sampled_from(["kid", "b64", "typ", "x5u", "jku"]), _JSON, max_size=2
+    ),
+)
+def test_what_the_verifier_accepts_pyjwt_accepts_with_the_same_claims(
+    changes: dict[str, Any], headers: dict[str, Any]
+) -> None:
+    """Claims and headers of any shape, signed with the fleet's key: whatever the
+    verifier accepts, PyJWT (the library it replaced) accepts too and reads the same
+    claims; what PyJWT refuses, the verifier refuses."""
+    token = _forge({"alg": "RS256", "kid": PAIR.kid, **headers}, _claims(**changes))
+    theirs = _pyjwt_claims(token)
+    try:
+        ours = VERIFIER.verify(token).claims
+    except PermissionDenied:
+        ours = None
+    if ours is not None:
+        assert theirs == ours
+    if theirs is None:
+        assert ours is None
+
+
 def test_crit_header_is_denied() -> None:
     token = jwt.encode(
         _claims(), PAIR.private_pem, algorithm="RS256", headers={"kid": PAIR.kid, "crit": ["b64"]}
@@ -237,17 +339,10 @@ def test_a_verified_token_is_not_verified_twice_but_still_expires(
     now = [time.time()]
     verifier = TokenVerifier([PAIR.public_pem], issuer=ISS, audience=AUD, clock=lambda: now[0])
     token = _sign(_claims(exp=int(now[0]) + 60))
-    decodes: list[str] = []
-    real_decode = jwt.decode
-
-    def counting_decode(*args: Any, **kwargs: Any) -> Any:
-        decodes.append("decode")
-        return real_decode(*args, **kwargs)
-
-    monkeypatch.setattr(jwt, "decode", counting_decode)
+    checks = _count_signature_checks(monkeypatch)
     first = verifier.verify(token)
     assert verifier.verify(token) == first
-    assert decodes == ["decode"]  # one signature check for both calls
+    assert checks == [1]  # one signature check for both calls
     now[0] += 91  # past exp and its 30 s leeway
     assert "expired" in _denied(token, verifier)
 
@@ -264,9 +359,7 @@ def test_a_forged_twin_of_a_verified_token_is_still_denied() -> None:
 def test_cache_size_zero_verifies_every_time(monkeypatch: pytest.MonkeyPatch) -> None:
     verifier = TokenVerifier([PAIR.public_pem], issuer=ISS, audience=AUD, cache_size=0)
     token = _sign(_claims())
-    calls: list[int] = []
-    real_decode = jwt.decode
-    monkeypatch.setattr(jwt, "decode", lambda *a, **k: calls.append(1) or real_decode(*a, **k))
+    checks = _count_signature_checks(monkeypatch)
     verifier.verify(token)
     verifier.verify(token)
-    assert len(calls) == 2
+    assert checks == [1, 1]

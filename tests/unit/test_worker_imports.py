@@ -34,9 +34,12 @@ MCP_SDK = ("mcp", "mcp_types", "httpx2", "sse_starlette", "anyio")
 """Loaded when an MCP session opens (a tool source, the document source), not before."""
 ON_DEMAND = ("hvac", "requests", "httpx")
 """Vault secrets; a JWKS URL or an HTTP tool source: loaded by the path that uses them."""
-KEY_FILES = ("cryptography.hazmat.primitives", "toolfleet.auth.keys", "jwt")
-"""RSA keys and JWTs: policy checks tokens; no other worker verifies or signs with them
-(grants and outcomes are HMAC)."""
+KEY_FILES = ("cryptography.hazmat.primitives", "toolfleet.auth.keys")
+"""RSA keys: policy checks tokens; no other worker verifies or signs with them (grants
+and outcomes are HMAC)."""
+PYJWT = ("jwt",)
+"""No worker: policy verifies tokens with cryptography alone (1.2 MB less,
+:mod:`toolfleet.auth.tokens`); PyJWT is the tests' reference."""
 CRYPTOGRAPHY = ("cryptography.hazmat.bindings._rust",)
 """cryptography's compiled core (its own OpenSSL, about 6 MB): policy's token checks load
 it; the executor and the validator at the first large or cached result they seal or open
@@ -58,7 +61,15 @@ TRACING_SDK = ("opentelemetry.sdk", "psutil")
 """The OpenTelemetry SDK (with its resources and psutil under them, about 1.6 MB): loaded
 when spans are exported (``TOOLFLEET_OTEL_EXPORTER``), by ``tracing_sdk``."""
 
-ANYWHERE = (*NEVER_IN_A_WORKER, *MCP_SDK, *ON_DEMAND, *SCHEMAS, *REDIS_METRICS, *TRACING_SDK)
+ANYWHERE = (
+    *NEVER_IN_A_WORKER,
+    *MCP_SDK,
+    *ON_DEMAND,
+    *SCHEMAS,
+    *REDIS_METRICS,
+    *TRACING_SDK,
+    *PYJWT,
+)
 """Absent from every worker once loaded, before its first call."""
 NO_RSA = (*ANYWHERE, *KEY_FILES, *CRYPTOGRAPHY)
 

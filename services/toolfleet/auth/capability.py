@@ -2,8 +2,8 @@
 code that verifies them (:mod:`toolfleet.auth.tokens`).
 
 The revocation list (:mod:`toolfleet.storage.revocation`) reads a capability's claims
-but verifies no token; from here it loads neither PyJWT nor cryptography's RSA, about
-7 MB of resident memory in the executor, which holds one and verifies no token either
+but verifies no token; from here it does not load cryptography's RSA, about 7 MB of
+resident memory in the executor, which holds one and verifies no token either
 (issue 36: a worker stays within 80 MB). :mod:`toolfleet.auth.tokens` re-exports both.
 """
 

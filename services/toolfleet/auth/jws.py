@@ -14,7 +14,7 @@ import hmac
 import json
 import re
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 from toolfleet.errors import PermissionDenied
 
@@ -115,6 +115,38 @@ def hs256_claims(
     return claims
 
 
+class Signed(NamedTuple):
+    """A canonical compact JWS taken apart, its signature not yet checked (a tuple: one
+    is built per grant an executor or validator checks)."""
+
+    header: dict[str, Any]
+    """The JOSE header (parsed; a JSON object)."""
+    signing_input: bytes
+    """What the signature covers: the first two segments as written, ASCII."""
+    signature: bytes
+    raw_payload: bytes
+    """The decoded payload, unparsed: read it only once the signature verified."""
+
+    def payload(self, *, what: str) -> dict[str, Any]:
+        """The payload as a JSON object, or :class:`PermissionDenied` (malformed)."""
+        return _json_object(self.raw_payload, what=what)
+
+
+def signed(jws: object, *, what: str) -> Signed:
+    """``jws`` taken apart (:func:`segments`), its header parsed, or :class:`PermissionDenied`.
+
+    Headers with ``b64`` other than true (RFC 7797's unencoded payload) are refused: every
+    payload here is base64url JSON, and a header that says otherwise is malformed.
+    """
+    raw_header, raw_payload, signature = segments(jws, what=what)
+    header = _json_object(raw_header, what=what)
+    if header.get("b64", True) is not True:
+        raise PermissionDenied(f"{what} is malformed")
+    assert isinstance(jws, str)  # segments() refused anything else
+    signing_input = jws[: jws.rindex(".")].encode("ascii")  # base64url: ASCII only
+    return Signed(header, signing_input, signature, raw_payload)
+
+
 def _verified_payload(
     jws: object, key_of: Callable[[dict[str, Any]], bytes], *, what: str
 ) -> dict[str, Any]:
@@ -124,37 +156,48 @@ def _verified_payload(
     :class:`PermissionDenied`. The signature is compared in constant time over the exact
     signing input; nothing of the payload is parsed before it verified.
     """
-    raw_header, raw_payload, signature = segments(jws, what=what)
-    key = key_of(_json_object(raw_header, what=what))
-    assert isinstance(jws, str)  # segments() refused anything else
-    signing_input = jws[: jws.rindex(".")].encode("ascii")  # base64url: ASCII only
-    expected = hmac.digest(key, signing_input, "sha256")
-    if not hmac.compare_digest(expected, signature):
+    parts = signed(jws, what=what)
+    expected = hmac.digest(key_of(parts.header), parts.signing_input, "sha256")
+    if not hmac.compare_digest(expected, parts.signature):
         raise PermissionDenied(f"{what}: signature is invalid")
-    return _json_object(raw_payload, what=what)
+    return parts.payload(what=what)
 
 
-class HS256Signer:
-    """Signs compact JWS with HMAC-SHA256, as ``jwt.encode(..., algorithm="HS256")`` does.
+class CompactSigner:
+    """Signs compact JWS as ``jwt.encode`` does: the same bytes as PyJWT (header keys
+    sorted, compact JSON, unpadded base64url), the header segment encoded once.
 
-    Same bytes as PyJWT (header keys sorted, compact JSON, unpadded base64url), without
-    its per-call key preparation: the header segment and the keyed hash are prepared
-    once (grants are minted per call, and PyJWT's ``encode`` cost more than the rest
-    of authorizing one).
+    ``sign_bytes`` turns a signing input into its signature (HMAC, RSA ...).
     """
 
-    def __init__(self, key: bytes, headers: dict[str, Any]) -> None:
-        header = {"typ": "JWT", "alg": HS256, **headers}
+    def __init__(
+        self, alg: str, headers: Mapping[str, Any], sign_bytes: Callable[[bytes], bytes]
+    ) -> None:
+        header = {"typ": "JWT", "alg": alg, **headers}
         self._header = _b64(json.dumps(header, separators=(",", ":"), sort_keys=True).encode())
-        self._mac = hmac.new(key, digestmod=hashlib.sha256)
+        self._sign_bytes = sign_bytes
 
-    def sign(self, claims: dict[str, Any]) -> str:
+    def sign(self, claims: Mapping[str, Any]) -> str:
         """The compact JWS of ``claims`` (JSON-serializable, keys in the given order)."""
         payload = _b64(json.dumps(claims, separators=(",", ":")).encode())
         signing_input = self._header + b"." + payload
+        return (signing_input + b"." + _b64(self._sign_bytes(signing_input))).decode()
+
+
+class HS256Signer(CompactSigner):
+    """Signs compact JWS with HMAC-SHA256, as ``jwt.encode(..., algorithm="HS256")`` does,
+    without its per-call key preparation: the keyed hash is prepared once (grants are
+    minted per call, and PyJWT's ``encode`` cost more than the rest of authorizing one).
+    """
+
+    def __init__(self, key: bytes, headers: Mapping[str, Any]) -> None:
+        self._mac = hmac.new(key, digestmod=hashlib.sha256)
+        super().__init__(HS256, headers, self._mac_of)
+
+    def _mac_of(self, signing_input: bytes) -> bytes:
         mac = self._mac.copy()
         mac.update(signing_input)
-        return (signing_input + b"." + _b64(mac.digest())).decode()
+        return mac.digest()
 
 
 def _b64(raw: bytes) -> bytes:

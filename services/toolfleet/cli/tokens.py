@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 from typing import Annotated
 
-import jwt
 import typer
 
 from toolfleet.auth.tokens import IssuedToken
@@ -71,7 +70,7 @@ def issue(
             scopes=scopes or None,
             connections=list(connection or []),
         )
-    except (ValueError, TypeError, jwt.PyJWTError):
+    except (ValueError, TypeError):
         raise CliError(
             f"{settings.jwt_private_key_file} is not a usable PEM RSA private key"
         ) from None

@@ -80,6 +80,7 @@ from probes import (
     children_named,
     listening_pids,
     rss_mb,
+    uss_mb,
 )
 
 BENCH_DIR = Path(__file__).resolve().parent
@@ -163,6 +164,9 @@ class Costs:
     """The same of their twins: which hop a rest slows."""
     rss_mb_after_warmup: dict[str, float] | None = None
     rss_mb_after_run: dict[str, float] | None = None
+    uss_mb_after_warmup: dict[str, float] | None = None
+    """Each worker's private memory after warm-up: its RSS less the shared library pages
+    (cryptography's, jsonschema-rs's, libpython's ...) every process mapping them shares."""
     client_cpu_ms_per_inv: float | None = None
     """The bench's own client (``CLIENT``) per saturated call: reported, not counted above
     (the baseline's client is not either)."""
@@ -815,6 +819,7 @@ async def measure_fleet(
                 raise TimeoutError(f"the fleet answered no warm-up call; see logs in {work}")
         await drive(cfg.warmup, cfg.concurrency, one)
         rss_warm = {name: rss_mb([pid]).get(pid, 0.0) for name, pid in workers.items()}
+        uss_warm = {name: uss_mb([pid]).get(pid, 0.0) for name, pid in workers.items()}
         groups = {"broker": children_named("--listener-url")}
         groups.update({name: [pid] for name, pid in workers.items()})
         watched = {n: groups[n] for n in cfg.workers if any(o in n.split("+") for o in OBSERVERS)}
@@ -867,7 +872,12 @@ async def measure_fleet(
                 awake_hops_ms=await hops_of(settings, after_awake),
             )
         rss_end = {name: rss_mb([pid]).get(pid, 0.0) for name, pid in workers.items()}
-        costs = dataclasses.replace(costs, rss_mb_after_warmup=rss_warm, rss_mb_after_run=rss_end)
+        costs = dataclasses.replace(
+            costs,
+            rss_mb_after_warmup=rss_warm,
+            rss_mb_after_run=rss_end,
+            uss_mb_after_warmup=uss_warm,
+        )
         process = None
         if cfg.process_n > 0:  # last: its tool processes stay out of the figures above
             process = await measure_process_tool(
@@ -1071,6 +1081,9 @@ def costs_table(
         if fc.rss_mb_after_run is not None and fc.rss_mb_after_warmup is not None:
             lines.append(f"worker RSS MB after warm-up: {_fmt(fc.rss_mb_after_warmup)}; "
                          f"after the run: {_fmt(fc.rss_mb_after_run)}")  # fmt: skip
+        if fc.uss_mb_after_warmup is not None:
+            lines.append(f"  of which private (USS; the rest is shared library pages): "
+                         f"{_fmt(fc.uss_mb_after_warmup)}")  # fmt: skip
     if celery is not None:
         lines.append(f"celery:   {celery['throughput_per_s']:.1f} tasks/s, "
                      f"{celery['cpu_ms_per_task']:.2f} ms CPU/task, paced p50/p99 "

@@ -122,6 +122,19 @@ def rss_mb(pids: Iterable[int]) -> dict[int, float]:
     return sizes
 
 
+def uss_mb(pids: Iterable[int]) -> dict[int, float]:
+    """Unique set size (memory no other process shares: what stopping it frees) of each
+    process under ``pids``, in MB. RSS counts also the pages of shared libraries it
+    touched, which every process mapping the same file shares (from /proc/PID/smaps)."""
+    sizes: dict[int, float] = {}
+    for proc in _tree(pids):
+        try:
+            sizes[proc.pid] = proc.memory_full_info().uss / 1_048_576
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return sizes
+
+
 def children_named(fragment: str) -> list[int]:
     """Pids of this process's children whose command line contains ``fragment``."""
     found = []

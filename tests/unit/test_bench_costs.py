@@ -3,6 +3,7 @@ apart (the bench's own client, the Postgres and Redis servers on the same cores)
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import socket
@@ -26,7 +27,7 @@ from e2e_bench import (
     goal_verdicts,
     run_dbos,
 )
-from probes import CpuReading, listening_pids
+from probes import CpuReading, listening_pids, rss_mb, uss_mb
 
 pytestmark = pytest.mark.unit
 
@@ -242,3 +243,26 @@ def test_a_dbos_peer_that_prints_no_figures_is_reported_not_raised(
 
     assert run_dbos(cfg) is None
     assert "dbos peer failed" in capsys.readouterr().err
+
+
+def test_each_workers_private_memory_is_printed_beside_its_rss() -> None:
+    run = fleet_run({"policy": 86.0}, warm_mb={"policy": 85.5})
+    assert run.costs is not None
+    fleet = dataclasses.replace(
+        run, costs=dataclasses.replace(run.costs, uss_mb_after_warmup={"policy": 58.2})
+    )
+    base = relays_run("baseline", throughput=1000.0, cpu_ms=1.0, p50=12.0, p99=25.0)
+
+    lines = costs_table(fleet, base, None).splitlines()
+
+    rss = lines.index("worker RSS MB after warm-up: policy 85.5; after the run: policy 86.0")
+    assert lines[rss + 1] == (
+        "  of which private (USS; the rest is shared library pages): policy 58.2"
+    )
+
+
+def test_a_process_private_memory_is_read_and_smaller_than_its_rss() -> None:
+    """Not a figure to hold: the probe reads /proc for a live process and drops a gone one."""
+    private, resident = uss_mb([os.getpid()])[os.getpid()], rss_mb([os.getpid()])[os.getpid()]
+    assert 0 < private < resident
+    assert uss_mb([2**22 + 1]) == {}

@@ -9,6 +9,7 @@ import asyncpg
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 
+from tests.support.databases import advisory_lock_awaited, alone_in_database
 from tests.support.eventually import eventually
 from toolfleet.bus.admin import all_topics
 from toolfleet.devstack.bootstrap import bootstrap, database_name, ensure_database
@@ -90,25 +91,12 @@ async def test_a_bootstrap_stopped_mid_way_ends_at_once_and_leaves_no_connection
         await holder.execute("SELECT pg_advisory_lock($1)", MIGRATION_LOCK)
         preparing = asyncio.create_task(bootstrap(fleet))
 
-        async def migration_waits() -> bool:
-            waiting = await holder.fetchval(
-                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
-            )
-            return bool(waiting)
-
-        await eventually(migration_waits, timeout=10)
+        await eventually(lambda: advisory_lock_awaited(holder), timeout=10)
         preparing.cancel()
         done, _ = await asyncio.wait([preparing], timeout=5)
         assert done, "the cancelled bootstrap did not end"
         assert preparing.cancelled()
 
-        async def only_ours_left() -> bool:
-            others = await holder.fetchval(
-                "SELECT count(*) FROM pg_stat_activity"
-                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
-            )
-            return others == 0
-
-        await eventually(only_ours_left, timeout=5)
+        await eventually(lambda: alone_in_database(holder), timeout=5)
     finally:
         await holder.close()

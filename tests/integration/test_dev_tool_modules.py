@@ -16,6 +16,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
+from tests.support.databases import advisory_lock_awaited, alone_in_database
 from tests.support.eventually import eventually
 from toolfleet.devstack.bootstrap import ensure_database
 from toolfleet.storage.postgres import MIGRATION_LOCK
@@ -223,11 +224,7 @@ async def test_ctrl_c_while_the_database_is_prepared_stops_at_once(
 
             async def migration_waits() -> bool:
                 assert dev.returncode is None, out.read_text()
-                return bool(
-                    await holder.fetchval(
-                        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
-                    )
-                )
+                return await advisory_lock_awaited(holder)
 
             await eventually(migration_waits, timeout=60)
             dev.send_signal(signal.SIGINT)
@@ -244,14 +241,7 @@ async def test_ctrl_c_while_the_database_is_prepared_stops_at_once(
         assert "Traceback" not in text, text
         assert "stopped" in text.splitlines()[-1], text
 
-        async def only_ours_left() -> bool:
-            others = await holder.fetchval(
-                "SELECT count(*) FROM pg_stat_activity"
-                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
-            )
-            return others == 0
-
         # The server ends a closed connection's backend a moment after the client goes.
-        await eventually(only_ours_left, timeout=5)
+        await eventually(lambda: alone_in_database(holder), timeout=5)
     finally:
         await holder.close()

@@ -48,3 +48,21 @@ async def database_before(postgres_admin_url: str, migration: str) -> AsyncItera
             yield pool
         finally:
             await pool.close()
+
+
+async def advisory_lock_awaited(conn: asyncpg.Connection) -> bool:
+    """Whether a session waits for an advisory lock (one ``conn`` holds, say)."""
+    return bool(
+        await conn.fetchval(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+        )
+    )
+
+
+async def alone_in_database(conn: asyncpg.Connection) -> bool:
+    """Whether ``conn`` is the only session connected to its database."""
+    others = await conn.fetchval(
+        "SELECT count(*) FROM pg_stat_activity"
+        " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+    )
+    return bool(others == 0)

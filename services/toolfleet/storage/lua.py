@@ -23,9 +23,9 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from toolfleet.storage.redis import Command, batches_of
+from toolfleet.storage.redis import batches_of
 
-__all__ = ["CoalescedScripts", "LuaScript"]
+__all__ = ["LuaScript"]
 
 
 class LuaScript:
@@ -44,31 +44,10 @@ class LuaScript:
     async def __call__(
         self, redis: Redis, keys: Sequence[str], args: Sequence[str | int | float]
     ) -> Any:
-        """Run the script in the client's next pipeline (see :class:`CoalescedScripts`);
+        """Run the script in the client's next pipeline (see
+        :class:`~toolfleet.storage.redis.RedisBatches`);
         ``EVAL`` (which also caches it) when the server lacks it."""
-        call, resend = self._calls(keys, args)
-        return await batches_of(redis).run(call, on_noscript=resend)
-
-    def _calls(
-        self, keys: Sequence[str], args: Sequence[str | int | float]
-    ) -> tuple[Command, Command]:
-        """``EVALSHA`` with ``keys`` and ``args``, and the ``EVAL`` to send instead."""
-        return (
+        return await batches_of(redis).run(
             lambda pipe: pipe.evalsha(self.sha, len(keys), *keys, *args),
-            lambda pipe: pipe.eval(self.source, len(keys), *keys, *args),
+            on_noscript=lambda pipe: pipe.eval(self.source, len(keys), *keys, *args),
         )
-
-
-class CoalescedScripts:
-    """A store's handle on its client's :class:`~toolfleet.storage.redis.RedisBatches`
-    for script calls: those made at about the same time go out as one pipeline (not a
-    transaction), with the other commands of the process."""
-
-    def __init__(self, redis: Redis) -> None:
-        self._redis = redis
-
-    async def run(
-        self, script: LuaScript, keys: Sequence[str], args: Sequence[str | int | float]
-    ) -> Any:
-        """Run ``script`` in the next batch; its reply, or the error it raised."""
-        return await script(self._redis, keys, args)

@@ -105,17 +105,16 @@ class RedisBatches:
             command(pipe)
         replies: list[Any] = await pipe.execute(raise_on_error=False)
         again = [
-            i
-            for i, reply in enumerate(replies)
-            if isinstance(reply, NoScriptError) and items[i][1] is not None
+            (i, resend)
+            for i, ((_, resend), reply) in enumerate(zip(items, replies, strict=True))
+            if resend is not None and isinstance(reply, NoScriptError)
         ]
         if again:  # a server that lost its script cache: EVAL caches them again
             pipe = self._redis.pipeline(transaction=False)
-            for i in again:
-                resend = items[i][1]
-                assert resend is not None  # the list holds only those
+            for _, resend in again:
                 resend(pipe)
-            for i, reply in zip(again, await pipe.execute(raise_on_error=False), strict=True):
+            replies_again = await pipe.execute(raise_on_error=False)
+            for (i, _), reply in zip(again, replies_again, strict=True):
                 replies[i] = reply
         return replies
 

@@ -99,12 +99,22 @@ async def write_policy(
 @pytest.fixture(scope="module")
 async def fleet(
     settings: FleetSettings,
+    module_database_url: str,
+    module_redis_url: str,
     tmp_path_factory: pytest.TempPathFactory,
     server_state: Path,
     hostile_state: Path,
 ) -> AsyncIterator[tuple[Fleet, ProcessFleet]]:
     home: Path = tmp_path_factory.mktemp("e2e-sources")
-    local = fleet_settings(settings, home, session_timeout_ms=6000)
+    # Databases of the module's own: the sources it adds (hostile ones among them) must
+    # not outlive it into the next module's fleet, whose executors would list them.
+    local = fleet_settings(
+        settings,
+        home,
+        session_timeout_ms=6000,
+        database_url=module_database_url,
+        redis_url=module_redis_url,
+    )
     async with serving(APP) as api:
         names = await register_sources(local, server_state, api, hostile_state)
         await write_policy(local, NAMED)

@@ -19,6 +19,7 @@ import pytest
 
 from tests.support.eventually import eventually
 from tests.support.fleet import ProcessFleet, process_fleet
+from tests.support.groups import group_formed
 from tests.support.pipeline import Fleet, fleet_settings
 from toolfleet.client import Progress
 from toolfleet.events.envelope import Envelope
@@ -39,9 +40,16 @@ async def fleet(
     home: Path = tmp_path_factory.mktemp("zombie")
     # The lease TTL follows the session timeout: both lapse 3 s after the pause.
     local = fleet_settings(settings, home, session_timeout_ms=3000)
-    async with process_fleet(local, home, TOOLFLEET_LOG_LEVEL="INFO") as running:
+    # JSON logs carry a timestamp each: a failure shows when the zombie did what.
+    async with process_fleet(
+        local, home, TOOLFLEET_LOG_LEVEL="INFO", TOOLFLEET_LOG_FORMAT="json"
+    ) as running:
         fleet, procs = running
         procs.start("executor")
+        # Both executors in the group before the call: were the second to join later, the
+        # rebalance would hand the call over at a checkpoint, and the "zombie" paused
+        # then would hold nothing to lose.
+        await group_formed(local, f"{local.topic_prefix}executor", members=2, stable=True)
         yield fleet, procs
 
 
@@ -100,7 +108,10 @@ async def test_a_woken_zombie_cannot_write_a_checkpoint_or_an_outcome(
     assert outcome.result["resumed_from_step"] >= 2
 
     # Give the woken zombie time to try its late writes, then look at what got out.
-    await eventually(lambda: _logged(procs, "lease lost"), timeout=30)
+    try:
+        await eventually(lambda: _logged(procs, "lease lost"), timeout=30)
+    except AssertionError:
+        raise AssertionError(f"the woken zombie logged no refused write\n{procs.logs()}") from None
     await running.client.call(
         "core__echo",
         {"message": "after the zombie woke"},

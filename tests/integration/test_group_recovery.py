@@ -32,6 +32,7 @@ from redis.asyncio import Redis
 
 from tests.support.chaos_group import GroupMembers, group_members
 from tests.support.eventually import eventually
+from tests.support.groups import group_formed
 from toolfleet.bus.connection import connection_kwargs
 from toolfleet.bus.offsets import Partition
 from toolfleet.bus.producer import EventProducer, Outbound
@@ -128,7 +129,7 @@ async def _killed_mid_rebalance(members: GroupMembers, redis: Redis, raw: AIOKaf
     await eventually(all_own_and_served, timeout=60, interval=0.2)
 
     members.start()  # the group rebalances for the newcomer...
-    await _counted(members, 4)
+    await group_formed(members.settings, members.group, members=4)
     # ...which the broker has just counted in: it holds its JoinGroup at least half a
     # session timeout, so the group is mid-rebalance now.
     for victim in (leader, first[0]):
@@ -148,22 +149,6 @@ async def _killed_mid_rebalance(members: GroupMembers, redis: Redis, raw: AIOKaf
     except AssertionError as exc:
         owned = await members.owned(redis)
         raise AssertionError(f"{exc}; last assignments {owned}\n{members.logs()}") from exc
-
-
-async def _counted(members: GroupMembers, count: int) -> None:
-    """Until the broker counts ``count`` members in the group (DescribeGroups)."""
-    admin = AIOKafkaAdminClient(**connection_kwargs(members.settings))
-    await admin.start()
-    try:
-
-        async def joined() -> bool:
-            [described] = await admin.describe_consumer_groups([members.group])
-            [entry] = described.to_object()["groups"]
-            return len(entry["members"]) >= count
-
-        await eventually(joined, timeout=30, interval=0.02)
-    finally:
-        await admin.close()
 
 
 async def _started(members: GroupMembers, redis: Redis, count: int) -> bool:

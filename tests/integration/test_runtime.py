@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
 from redis.asyncio import Redis
 
 from tests.support.eventually import eventually
+from tests.support.groups import group_formed
 from toolfleet.bus.connection import connection_kwargs
 from toolfleet.bus.dedupe import RedisProcessedEvents
 from toolfleet.bus.producer import EventProducer, Outbound
@@ -322,28 +322,12 @@ async def test_a_group_whose_leader_stops_while_another_member_joins_reads_on(
         group.echo()
         await asyncio.sleep(4)  # the second member joined; the group is stable again
         group.echo()  # a third joins: the group rebalances...
-        await _members(group, 3)
+        await group_formed(group.settings, group.group, members=3, timeout=15)
         await stop_leader()  # ...and its leader stops meanwhile
         # Its session times out (2 s) and the group reforms: served in 4-5 s here. With
         # LeaveGroup the group went on rebalancing without a leader for 8 to 27 s
         # (for more than 150 s in a CI run).
         await _served(group, "after", timeout=12)
-
-
-async def _members(group: Rig, count: int) -> None:
-    """Wait until the broker counts ``count`` members in the rig's group."""
-    admin = AIOKafkaAdminClient(**connection_kwargs(group.settings))
-    await admin.start()
-    try:
-
-        async def joined() -> bool:
-            [described] = await admin.describe_consumer_groups([group.group])
-            [entry] = described.to_object()["groups"]
-            return len(entry["members"]) >= count
-
-        await eventually(joined, timeout=15, interval=0.01)
-    finally:
-        await admin.close()
 
 
 async def _served(group: Rig, tag: str, *, timeout: float = 15) -> None:

@@ -25,7 +25,7 @@ from toolfleet.executor.leasing.leases import (
     Taken,
     done_key,
 )
-from toolfleet.storage.lua import LuaScript
+from toolfleet.storage.lua import CoalescedScripts, LuaScript
 
 pytestmark = pytest.mark.integration
 
@@ -84,9 +84,10 @@ async def test_scripts_sent_together_survive_a_server_without_them_and_fail_alon
     marker = uuid.uuid4().hex  # a script no server has seen: NOSCRIPT, then sent in full
     fresh = LuaScript("probe", source=f"return {{KEYS[1], ARGV[1], '{marker}'}}")
     broken = LuaScript("broken", source="return redis.call('NO_SUCH_COMMAND')")
+    scripts = CoalescedScripts(redis)
     replies = await asyncio.gather(
-        *(fresh(redis, [f"k{i}"], [i]) for i in range(5)),
-        broken(redis, [], []),
+        *(scripts.run(fresh, [f"k{i}"], [i]) for i in range(5)),
+        scripts.run(broken, [], []),
         return_exceptions=True,
     )
     assert replies[:5] == [[f"k{i}".encode(), str(i).encode(), marker.encode()] for i in range(5)]

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable, Sequence
-from typing import Any, cast
+from typing import Any
 
 import hiredis
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.client import Pipeline
 from redis.asyncio.connection import AbstractConnection
-from redis.exceptions import NoScriptError
 
 from toolfleet.coalescing import Coalescer
 
@@ -74,74 +72,28 @@ _PACKED: dict[type[AbstractConnection], type[AbstractConnection]] = {}
 
 Command = Callable[[Pipeline], Any]
 """Queues one command on a pipeline (``lambda pipe: pipe.exists(key)``)."""
-_Item = tuple[Command, Command | None]
 
 
-class RedisBatches:
-    """Every command and script call the tasks of a process make on one client at about
-    the same time, sent as one pipeline (not a transaction: they are independent).
+class CoalescedCommands:
+    """Sends the commands many tasks issue at once in one round trip.
 
-    One per client (:func:`batches_of`), shared by every store of the process: a call
-    goes through several stores (an executor's cancel flags, agent slots, leases,
-    revocation list ...), and one batcher per store sent a pipeline for each of them
-    where one does. A command issued while a batch is on the wire goes out with the
-    others in the next one. Each caller gets its own reply or error; an error of the
-    round trip itself fails every command of the batch.
+    A command issued while another batch is on the wire goes out with the others in the
+    next pipeline (not a transaction: the commands are independent). Each caller gets
+    its own command's reply or error (a command Redis refuses fails alone), or the error
+    that failed the round trip.
     """
 
     def __init__(self, redis: Redis) -> None:
         self._redis = redis
-        self._batches: Coalescer[_Item, Any] = Coalescer(self._send)
-
-    async def run(self, command: Command, *, on_noscript: Command | None = None) -> Any:
-        """Queue ``command`` and return its reply once its batch was answered;
-        ``on_noscript`` is sent in its place when the reply is ``NOSCRIPT`` (a script
-        called by SHA1 on a server that lacks it: ``EVAL`` with its source)."""
-        return await self._batches.submit((command, on_noscript))
-
-    async def _send(self, items: Sequence[_Item]) -> list[Any]:
-        pipe = self._redis.pipeline(transaction=False)
-        for command, _ in items:
-            command(pipe)
-        replies: list[Any] = await pipe.execute(raise_on_error=False)
-        again = [
-            (i, resend)
-            for i, ((_, resend), reply) in enumerate(zip(items, replies, strict=True))
-            if resend is not None and isinstance(reply, NoScriptError)
-        ]
-        if again:  # a server that lost its script cache: EVAL caches them again
-            pipe = self._redis.pipeline(transaction=False)
-            for _, resend in again:
-                resend(pipe)
-            replies_again = await pipe.execute(raise_on_error=False)
-            for (i, _), reply in zip(again, replies_again, strict=True):
-                replies[i] = reply
-        return replies
-
-
-def batches_of(redis: Redis) -> RedisBatches:
-    """The client's :class:`RedisBatches` (made at its first use)."""
-    found = _BATCHES.get(redis)
-    if found is None:
-        # A proxy: the batcher, a value of the weak map, must not keep its key alive.
-        found = _BATCHES[redis] = RedisBatches(cast(Redis, weakref.proxy(redis)))
-    return found
-
-
-#: One batcher per client: a client lives on one event loop, and so does its batcher.
-_BATCHES: weakref.WeakKeyDictionary[Redis, RedisBatches] = weakref.WeakKeyDictionary()
-
-
-class CoalescedCommands:
-    """A store's handle on its client's :class:`RedisBatches`: the commands many tasks
-    issue at once go out in one round trip, with the other stores' of the process."""
-
-    def __init__(self, redis: Redis) -> None:
-        self._redis = redis
-        self._batches: RedisBatches | None = None  # found at the first command
+        self._batches: Coalescer[Command, Any] = Coalescer(self._send)
 
     async def run(self, command: Command) -> Any:
         """Queue ``command`` and return its reply once its batch was answered."""
-        if self._batches is None:
-            self._batches = batches_of(self._redis)
-        return await self._batches.run(command)
+        return await self._batches.submit(command)
+
+    async def _send(self, commands: Sequence[Command]) -> list[Any]:
+        pipe = self._redis.pipeline(transaction=False)
+        for command in commands:
+            command(pipe)
+        replies: list[Any] = await pipe.execute(raise_on_error=False)
+        return replies

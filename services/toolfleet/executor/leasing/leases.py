@@ -46,7 +46,7 @@ from toolfleet.executor.leasing.fencing import (
 )
 from toolfleet.storage.call_keys import call_key
 from toolfleet.storage.cancel_flags import cancel_key
-from toolfleet.storage.lua import LuaScript
+from toolfleet.storage.lua import CoalescedScripts, LuaScript
 
 #: How long the epoch counter and the outcome record outlive the last write: long
 #: enough for any redelivery of the invocation's events to find them.
@@ -190,17 +190,17 @@ class Leases(Protocol):
 
 class RedisLeases:
     def __init__(self, redis: Redis, *, ttl_s: float, record_ttl_s: int = RECORD_TTL_S) -> None:
-        # The leases of the records of one fetch are taken (and released) together: a
-        # script call joins the client's next pipeline (storage/redis.RedisBatches).
         self._redis = redis
+        # The leases of the records of one fetch are taken (and released) together.
+        self._scripts = CoalescedScripts(redis)
         self.ttl_s = ttl_s
         self._ttl_ms = max(1, int(ttl_s * 1000))
         self._record_ttl_s = record_ttl_s
 
     async def acquire(self, call: CallKey, owner: str) -> LeaseState:
         """Take the lease (a new epoch), or say who holds it, or that the call is done."""
-        reply = await _ACQUIRE(
-            self._redis,
+        reply = await self._scripts.run(
+            _ACQUIRE,
             keys=[
                 lease_key(call),
                 epoch_key(call),
@@ -225,8 +225,8 @@ class RedisLeases:
 
     async def renew(self, fence: Fence, owner: str) -> bool:
         """Extend the lease; False once a newer epoch exists (this worker lost the call)."""
-        renewed = await _RENEW(
-            self._redis,
+        renewed = await self._scripts.run(
+            _RENEW,
             keys=[epoch_key(fence.call), lease_key(fence.call)],
             args=[fence.epoch, owner, self._ttl_ms],
         )
@@ -234,8 +234,8 @@ class RedisLeases:
 
     async def release(self, fence: Fence) -> None:
         """Give the lease up early (a clean hand-over), if it is still this epoch's."""
-        await _RELEASE(
-            self._redis,
+        await self._scripts.run(
+            _RELEASE,
             keys=[epoch_key(fence.call), lease_key(fence.call)],
             args=[fence.epoch],
         )
@@ -243,8 +243,8 @@ class RedisLeases:
     async def finish(self, fence: Fence, events: list[OutgoingEvent]) -> bool:
         """Claim the outcome for this epoch; False if another worker owns the call now."""
         record = FinishedRecord(epoch=fence.epoch, events=events)
-        finished = await _FINISH(
-            self._redis,
+        finished = await self._scripts.run(
+            _FINISH,
             keys=[
                 epoch_key(fence.call),
                 lease_key(fence.call),

@@ -236,6 +236,74 @@ def test_the_worker_command_loads_no_other_command() -> None:
     assert not {"httpx", "jwt", "toolfleet.agent"} & set(loaded)
 
 
+COMMAND_LINE = ("typer", "click", "typer._click", "toolfleet.cli.fleet", "rich", "yaml")
+"""What parses the other commands (typer, its click, rich's output) and reads the topics
+file: a well-formed ``toolfleet worker`` command line runs without them (2.5 MB per
+worker, :mod:`toolfleet.cli.worker_command`)."""
+
+
+def loaded_by_worker_command(argv: list[str], packages: tuple[str, ...]) -> object:
+    """What ``toolfleet worker ...`` (``argv`` after ``worker``) has loaded of
+    ``packages`` when the worker would run, its service built; the worker itself stands
+    in for :func:`~toolfleet.worker.run_worker` (no broker here), keys unchecked."""
+    return run_fresh(
+        f"""
+        import json, os, sys
+        import toolfleet.worker as worker
+
+        def run_worker(name, settings):
+            worker.load_build(name)
+            loaded = [p for p in {list(packages)!r} if p in sys.modules]
+            print(json.dumps([name, os.environ.get("TOOLFLEET_EXECUTOR_POOLS"), loaded]))
+
+        worker.run_worker = run_worker
+        worker.require_keys = lambda name, settings: None
+        sys.argv = ["toolfleet", "worker", *{argv!r}]
+        from toolfleet.cli.main import main
+        main()
+        """
+    )
+
+
+@pytest.mark.parametrize("service", sorted(ABSENT))
+def test_the_worker_command_runs_a_worker_without_the_command_line_framework(
+    service: str,
+) -> None:
+    absent = (*ABSENT[service], *COMMAND_LINE)
+    assert loaded_by_worker_command([service], absent) == [service, None, []]
+
+
+def test_a_worker_command_line_with_pools_runs_without_it_too() -> None:
+    loaded = loaded_by_worker_command(
+        ["executor", "--pool", "gpu", "--pool=default", "--pool", "gpu"], COMMAND_LINE
+    )
+    assert loaded == ["executor", "gpu,default", []]
+
+
+@pytest.mark.parametrize(
+    ("argv", "code", "said"),
+    [
+        (["bogus"], 2, "unknown or repeated service"),
+        (["executor", "--pool", "Not A Pool"], 2, "--pool"),
+        (["policy", "--pool", "gpu"], 2, "only an executor serves pools"),
+        (["policy", "validator"], 2, "unexpected extra argument"),
+        (["--help"], 0, "NAME[+NAME...]"),
+    ],
+)
+def test_any_other_worker_command_line_gets_typer_s_answer(
+    argv: list[str], code: int, said: str
+) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "toolfleet", "worker", *argv],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == code, done.stderr
+    assert said in " ".join((done.stdout + done.stderr).split())
+
+
 def test_every_other_command_line_gets_every_command() -> None:
     from typer.main import get_command
 

@@ -16,7 +16,6 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Protocol
 
-import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from toolfleet.events.types import TopicName, topic
@@ -178,6 +177,10 @@ def load_topic_specs(settings: FleetSettings, path: Path | None = None) -> list[
     Partitions and replication come from ``TOOLFLEET_TOPIC_PARTITIONS`` and
     ``TOOLFLEET_TOPIC_REPLICATION``; ``min.insync.replicas`` is capped at the latter.
     """
+    # Imported here: every worker loads this module for its errors and names, and only
+    # the commands that create topics (and an executor's pool topics) read the file.
+    import yaml
+
     source = path or default_topics_file()
     try:
         doc = _TopicsFile.model_validate(yaml.safe_load(source.read_text(encoding="utf-8")))

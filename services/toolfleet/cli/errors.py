@@ -8,8 +8,6 @@ from contextlib import contextmanager
 from typing import ParamSpec
 from urllib.parse import urlsplit, urlunsplit
 
-import typer
-
 from toolfleet.auth.grants import GrantKeyError
 from toolfleet.bus.topics import TopicAdminError, TopicsFileError
 from toolfleet.cli import output
@@ -38,7 +36,7 @@ def friendly(command: Callable[P, None]) -> Callable[P, None]:
             command(*args, **kwargs)
         except CliError as exc:
             output.err_console.print(f"[bold red]Error:[/] {escape(exc.message)}")
-            raise typer.Exit(exc.exit_code) from None
+            raise SystemExit(exc.exit_code) from None
 
     return run
 
@@ -78,7 +76,7 @@ def reaching_fleet(settings: FleetSettings) -> Iterator[None]:
     except BrokenPipeError:
         # The reader went away (`toolfleet audit tail | head`): a normal end, not a failure.
         _silence_stdout()
-        raise typer.Exit(0) from None
+        raise SystemExit(0) from None
     except OSError as exc:
         raise CliError(
             f"a connection failed ({exc.strerror or type(exc).__name__}); check "

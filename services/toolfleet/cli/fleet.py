@@ -5,9 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib
-import os
 from collections.abc import Callable
-from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, cast
 
@@ -17,21 +15,14 @@ from toolfleet.cli import output
 from toolfleet.cli.config import load_settings
 from toolfleet.cli.errors import CliError, reaching_fleet, redacted
 from toolfleet.cli.output import print_json, print_topic_report
+from toolfleet.cli.worker_command import (
+    WorkerArgumentError,
+    WorkerName,
+    check_worker_command,
+    pool_names,
+    run_worker_command,
+)
 from toolfleet.settings import FleetSettings
-
-
-class WorkerName(StrEnum):
-    """The services ``toolfleet worker`` can run."""
-
-    POLICY = "policy"
-    EXECUTOR = "executor"
-    VALIDATOR = "validator"
-    AUDIT = "audit"
-    STATUS = "status"
-    MAINTENANCE = "maintenance"
-    """Retention: prunes (and optionally archives) rows past their age."""
-    ANALYTICS = "analytics"
-    """The stream analytics app (faust-streaming; ``toolfleet[analytics]``)."""
 
 
 def _devstack(module: str, attribute: str) -> object:
@@ -155,54 +146,21 @@ def worker(
 ) -> None:
     """Run one service, or several in one process (shown as `toolfleet worker NAME` in
     ps); SIGTERM drains."""
-    if name == WorkerName.ANALYTICS:
-        from toolfleet.analytics.app import run
-        from toolfleet.analytics.settings import AnalyticsSettings
-
-        analytics = load_settings(AnalyticsSettings)
-        with reaching_fleet(analytics):
-            run(analytics)
-        return
-    from toolfleet.errors import ToolfleetError
-    from toolfleet.worker import require_keys, run_worker, worker_services
-
+    # A well-formed worker command line runs without typer (toolfleet.cli.worker_command);
+    # this command answers the others, and tests drive it.
     try:
-        services = worker_services(name)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint="NAME") from None
-    pools = _pool_names(pool)
-    if pools:
-        if WorkerName.EXECUTOR not in services:
-            raise typer.BadParameter("only an executor serves pools", param_hint="--pool")
-        # The executor reads its pools from its own settings (ExecutorSettings).
-        os.environ["TOOLFLEET_EXECUTOR_POOLS"] = ",".join(pools)
-    settings = load_settings(FleetSettings)
-    try:
-        require_keys(name, settings)  # one line saying how to fix it, not a traceback
-        if WorkerName.EXECUTOR in services:
-            # Before connecting: a tool module that cannot be imported is one line.
-            from toolfleet.registry.catalog import import_tool_modules
-
-            import_tool_modules(settings.tool_module_list)
-    except ToolfleetError as exc:
-        raise CliError(exc.message) from None
-    with reaching_fleet(settings):
-        run_worker(name, settings)
+        command = check_worker_command(name, pool or [])
+    except WorkerArgumentError as exc:
+        raise typer.BadParameter(str(exc), param_hint=exc.param) from None
+    run_worker_command(command)
 
 
 def _pool_names(given: list[str] | None) -> list[str]:
     """The ``--pool`` values, each checked, once each in the order given."""
-    from toolfleet.events.types import check_pool_name
-
-    names: list[str] = []
-    for value in given or []:
-        try:
-            name = check_pool_name(value)
-        except ValueError as exc:
-            raise typer.BadParameter(str(exc), param_hint="--pool") from None
-        if name not in names:
-            names.append(name)
-    return names
+    try:
+        return list(pool_names(given or []))
+    except WorkerArgumentError as exc:
+        raise typer.BadParameter(str(exc), param_hint=exc.param) from None
 
 
 def api(

@@ -4,10 +4,13 @@ Every command reads ``TOOLFLEET_*`` variables (and ``.env``). Expected failures 
 one-line reason (:class:`~toolfleet.cli.errors.CliError`); tracebacks never show local
 variables, which may hold tokens.
 
-``toolfleet worker ...`` runs on an app holding only that command: a worker process
-lives for days, and the other commands' modules (rich tables, httpx, jwt, the agent
-runner, ...) were 10 to 24 MB of its memory that it never used. Every other command line
-gets the whole app (:func:`full_app`, also ``app`` here, which tests drive).
+A worker process lives for days, so ``toolfleet worker NAME [--pool POOL]...`` runs
+without typer at all (:mod:`toolfleet.cli.worker_command`: typer, its click and the
+other commands' modules were 2.5 MB of every worker's memory; rich tables, httpx, jwt
+and the agent runner, 10 to 24 MB before that). A worker command line that is not well
+formed gets an app holding only that command, which prints its help or usage error.
+Every other command line gets the whole app (:func:`full_app`, also ``app`` here, which
+tests drive).
 """
 
 from __future__ import annotations
@@ -15,13 +18,14 @@ from __future__ import annotations
 import logging
 import sys
 from functools import cache
+from typing import TYPE_CHECKING
 
-import typer
-
-from toolfleet.cli import fleet, output
-from toolfleet.cli.errors import friendly
+from toolfleet.cli import output
 from toolfleet.cli.extras import missing_extra_message
 from toolfleet.cli.output import escape
+
+if TYPE_CHECKING:
+    import typer
 
 
 def _quiet_libraries() -> None:
@@ -32,6 +36,8 @@ def _quiet_libraries() -> None:
 
 
 def _new_app() -> typer.Typer:
+    import typer
+
     app = typer.Typer(
         name="toolfleet",
         help="toolfleet: an event-driven tool execution layer for AI agents, over Kafka.",
@@ -46,6 +52,9 @@ def _new_app() -> typer.Typer:
 @cache
 def worker_app() -> typer.Typer:
     """The app of ``toolfleet worker``: that command alone."""
+    from toolfleet.cli import fleet
+    from toolfleet.cli.errors import friendly
+
     app = _new_app()
     app.command("worker")(friendly(fleet.worker))
     return app
@@ -58,6 +67,7 @@ def full_app() -> typer.Typer:
         agent,
         audit,
         doctor,
+        fleet,
         invoke,
         keys,
         policy,
@@ -66,6 +76,7 @@ def full_app() -> typer.Typer:
         tokens,
         tools,
     )
+    from toolfleet.cli.errors import friendly
 
     app = _new_app()
     app.command("dev")(friendly(fleet.dev))
@@ -98,8 +109,16 @@ def __getattr__(name: str) -> typer.Typer:
 def main() -> None:
     """Console-script entry point; a command whose install extra is missing says which."""
     args = sys.argv[1:]
-    app = worker_app() if args[:1] == ["worker"] else full_app()
     try:
+        if args[:1] == ["worker"]:
+            from toolfleet.cli.worker_command import run_parsed
+
+            _quiet_libraries()
+            if run_parsed(args[1:]):
+                return
+            app = worker_app()
+        else:
+            app = full_app()
         app(prog_name="toolfleet")
     except ModuleNotFoundError as exc:
         message = missing_extra_message(exc, args)

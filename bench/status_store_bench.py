@@ -12,7 +12,7 @@ one observer fetch carries), so a call's events land in different batches and it
 read and written several times. Prints, best of ``--repeat`` runs, the CPU per call of
 this process (facts, codecs, the driver) and of the Postgres server (the postmaster and
 its children, read from ``/proc``: run it as the server's user or root), and wall time.
-The collector is set up as a worker sets it up (:func:`toolfleet.worker.settle_heap`)
+The collector is set up as the status worker sets it up (:func:`toolfleet.worker.settle_heap`)
 once the first run's events are built; ``--gc default`` leaves CPython's defaults, under which
 collections walking the 15,000 events the bench holds cost the client a share no worker
 pays (a worker holds one fetch).
@@ -51,7 +51,7 @@ from toolfleet.events.envelope import Envelope
 from toolfleet.status.service import StatusProjector
 from toolfleet.status.store import PostgresProjection
 from toolfleet.storage.postgres import create_pool, dsn_with_database, migrate
-from toolfleet.worker import settle_heap
+from toolfleet.worker import settle_heap, young_gc_threshold
 
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 
@@ -60,8 +60,8 @@ DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 def settle_heap_once() -> None:
     """:func:`toolfleet.worker.settle_heap`, once per process as a worker does: the events
     of later runs stay collectable (the soak bench runs many in one process and reads
-    its memory)."""
-    settle_heap()
+    its memory), with the status worker's young-generation threshold."""
+    settle_heap(young_threshold=young_gc_threshold("status"))
 
 
 def postgres_cpu_s(port: int) -> float:

@@ -366,7 +366,7 @@ async def _main(service: str, settings: FleetSettings) -> None:
     async with endpoints, open_resources(settings, service=service) as res:
         consumers = await build(res)
         health.serving((c.spec.group_id, c.joined.is_set) for c in consumers)
-        settle_heap()
+        settle_heap(young_threshold=young_gc_threshold(service))
         if res.broker is not None:
             log.info(res.broker.summary())
         log.info("worker started", extra={"worker_id": res.worker_id})
@@ -377,19 +377,39 @@ async def _main(service: str, settings: FleetSettings) -> None:
 #: Container allocations between two young-generation collections (CPython: 700). A
 #: worker allocates and frees thousands of short-lived objects per record (envelopes,
 #: models, protocol structs); at 700 it collected every few records. 10k holds at most
-#: a few MB of young garbage (worker RSS moved by 1-4 MB in the e2e bench).
+#: a few MB of young garbage (worker RSS moved by 1-4 MB in the e2e bench). The
+#: executor keeps it: it runs tools' code in its process, whose garbage (a parsed
+#: document's tree, say) is cyclic and is not ours to bound.
 GC_YOUNG_THRESHOLD = 10_000
+#: The same for a process running only toolfleet's own code (policy, validator, the
+#: observers), which makes almost no cyclic garbage (100-2,000 objects freed by the
+#: collector over a saturated run of 4,000 calls). The count CPython checks is allocations
+#: less deallocations, so at 10k the observers' batches of decoded events reached it
+#: 40 times a run, each collection walking the whole batch (4-5 ms of CPU); at 50k they
+#: reach it once or twice: these workers' collections went from 0.19-0.20 s to
+#: 0.015-0.07 s of CPU a run (0.03-0.04 ms of the fleet's 3.4 ms per call), RSS within
+#: its noise (``bench/PROFILE.md``, twenty-first pass).
+GC_YOUNG_THRESHOLD_OWN_CODE = 50_000
 
 
-def settle_heap() -> None:
+def young_gc_threshold(service: str) -> int:
+    """The young-generation threshold of a worker process running ``service`` (a name,
+    or several joined by ``+``): :data:`GC_YOUNG_THRESHOLD` where tools run."""
+    if "executor" in worker_services(service):
+        return GC_YOUNG_THRESHOLD
+    return GC_YOUNG_THRESHOLD_OWN_CODE
+
+
+def settle_heap(*, young_threshold: int = GC_YOUNG_THRESHOLD) -> None:
     """Once the worker is built: move what startup made (modules, schemas, catalogs,
     about 100k objects) out of the collector's reach, and collect the young generation
-    less often. Measured in the e2e bench, the collector took a fifth of every worker's
-    CPU, full collections 100-200 ms each, mostly walking objects that live forever."""
+    less often (every ``young_threshold`` container allocations net of deallocations).
+    Measured in the e2e bench, the collector took a fifth of every worker's CPU, full
+    collections 100-200 ms each, mostly walking objects that live forever."""
     gc.collect()
     gc.freeze()
     _, middle, old = gc.get_threshold()
-    gc.set_threshold(GC_YOUNG_THRESHOLD, middle, old)
+    gc.set_threshold(young_threshold, middle, old)
 
 
 def loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:

@@ -13,7 +13,13 @@ import uvloop
 from pydantic import ValidationError
 
 from toolfleet.settings import FleetSettings
-from toolfleet.worker import GC_YOUNG_THRESHOLD, loop_factory, settle_heap
+from toolfleet.worker import (
+    GC_YOUNG_THRESHOLD,
+    GC_YOUNG_THRESHOLD_OWN_CODE,
+    loop_factory,
+    settle_heap,
+    young_gc_threshold,
+)
 
 
 def _loop_type(choice: str) -> type[asyncio.AbstractEventLoop]:
@@ -53,6 +59,21 @@ def test_a_built_worker_freezes_its_startup_objects_and_collects_young_ones_less
         garbage.append(garbage)  # a cycle: only the collector frees it
         del garbage
         assert gc.collect() >= 1  # collection still works on what came after
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*before)
+
+
+def test_a_worker_running_tools_collects_young_garbage_more_often_than_the_others() -> None:
+    assert GC_YOUNG_THRESHOLD < GC_YOUNG_THRESHOLD_OWN_CODE
+    for service in ("executor", "executor+audit"):
+        assert young_gc_threshold(service) == GC_YOUNG_THRESHOLD, service
+    for service in ("policy", "validator", "audit", "status", "audit+status", "maintenance"):
+        assert young_gc_threshold(service) == GC_YOUNG_THRESHOLD_OWN_CODE, service
+    before = gc.get_threshold()
+    try:
+        settle_heap(young_threshold=young_gc_threshold("audit+status"))
+        assert gc.get_threshold() == (GC_YOUNG_THRESHOLD_OWN_CODE, *before[1:])
     finally:
         gc.unfreeze()
         gc.set_threshold(*before)

@@ -304,6 +304,35 @@ def test_any_other_worker_command_line_gets_typer_s_answer(
     assert said in " ".join((done.stdout + done.stderr).split())
 
 
+def test_a_worker_interrupted_before_its_loop_runs_ends_as_a_command_does() -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(
+                """
+                import sys
+                import toolfleet.worker as worker
+
+                def run_worker(name, settings):
+                    raise KeyboardInterrupt
+
+                worker.run_worker = run_worker
+                worker.require_keys = lambda name, settings: None
+                sys.argv = ["toolfleet", "worker", "validator"]
+                from toolfleet.cli.main import main
+                main()
+                """
+            ),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert (done.returncode, done.stderr.strip()) == (1, "Aborted!")
+
+
 def test_every_other_command_line_gets_every_command() -> None:
     from typer.main import get_command
 

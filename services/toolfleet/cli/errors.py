@@ -28,7 +28,9 @@ class CliError(Exception):
 
 
 def friendly(command: Callable[P, None]) -> Callable[P, None]:
-    """Wrap a command so a :class:`CliError` prints its message instead of a traceback."""
+    """Wrap a command so a :class:`CliError` prints its message instead of a traceback
+    and exits with its code (``SystemExit``, which typer lets through as click's ``Exit``
+    would end it: the worker command runs without typer)."""
 
     @functools.wraps(command)
     def run(*args: P.args, **kwargs: P.kwargs) -> None:

@@ -13,6 +13,7 @@ either way.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -150,5 +151,10 @@ def run_parsed(argv: Sequence[str]) -> bool:
         command = check_worker_command(*parsed)
     except WorkerArgumentError:
         return False
-    friendly(run_worker_command)(command)
+    try:
+        friendly(run_worker_command)(command)
+    except KeyboardInterrupt:
+        # Before the worker's loop handles SIGINT (it drains then): as click ends a command.
+        print("Aborted!", file=sys.stderr)
+        raise SystemExit(1) from None
     return True

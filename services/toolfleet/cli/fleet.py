@@ -151,7 +151,7 @@ def worker(
     try:
         command = check_worker_command(name, pool or [])
     except WorkerArgumentError as exc:
-        raise typer.BadParameter(str(exc), param_hint=exc.param) from None
+        raise _bad_parameter(exc) from None
     run_worker_command(command)
 
 
@@ -160,7 +160,12 @@ def _pool_names(given: list[str] | None) -> list[str]:
     try:
         return list(pool_names(given or []))
     except WorkerArgumentError as exc:
-        raise typer.BadParameter(str(exc), param_hint=exc.param) from None
+        raise _bad_parameter(exc) from None
+
+
+def _bad_parameter(exc: WorkerArgumentError) -> typer.BadParameter:
+    """typer's usage error for a worker name or pool that does not check out."""
+    return typer.BadParameter(str(exc), param_hint=exc.param)
 
 
 def api(

@@ -51,6 +51,8 @@ class WorkerCommand:
 
     name: str
     """One service, or several joined by ``+``."""
+    services: tuple[str, ...]
+    """The services ``name`` runs."""
     pools: tuple[str, ...]
     """Executor pools from ``--pool``, checked, each once, in the order given."""
 
@@ -91,7 +93,7 @@ def check_worker_command(name: str, pools: Sequence[str]) -> WorkerCommand:
     checked = pool_names(pools)
     if checked and WorkerName.EXECUTOR not in services:
         raise WorkerArgumentError("only an executor serves pools", param="--pool")
-    return WorkerCommand(name=name, pools=checked)
+    return WorkerCommand(name=name, services=services, pools=checked)
 
 
 def pool_names(given: Sequence[str]) -> tuple[str, ...]:
@@ -121,7 +123,7 @@ def run_worker_command(command: WorkerCommand) -> None:
             run(analytics)
         return
     from toolfleet.errors import ToolfleetError
-    from toolfleet.worker import require_keys, run_worker, worker_services
+    from toolfleet.worker import require_keys, run_worker
 
     if command.pools:
         # The executor reads its pools from its own settings (ExecutorSettings).
@@ -129,7 +131,7 @@ def run_worker_command(command: WorkerCommand) -> None:
     settings = load_settings(FleetSettings)
     try:
         require_keys(command.name, settings)  # one line saying how to fix it, not a traceback
-        if WorkerName.EXECUTOR in worker_services(command.name):
+        if WorkerName.EXECUTOR in command.services:
             # Before connecting: a tool module that cannot be imported is one line.
             from toolfleet.registry.catalog import import_tool_modules
 

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from typing import Any
 
+import hiredis
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from redis.asyncio.connection import Connection, SSLConnection, UnixDomainSocketConnection
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import DataError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from toolfleet.storage.redis import connect_redis, lean_connection
 
@@ -92,3 +95,93 @@ async def test_a_command_connection_sends_no_health_check_ping() -> None:
     assert not conn.is_connected
     with pytest.raises(RedisConnectionError):
         await Connection(host="127.0.0.1", port=1, health_check_interval=30).check_health()
+
+
+class Stalling:
+    """A Redis that answers ``+OK`` to every command until told to stop reading."""
+
+    def __init__(self) -> None:
+        self.reading = True
+        self.commands: list[list[bytes]] = []
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        parser = hiredis.Reader()
+        while self.reading and (chunk := await reader.read(65536)):
+            parser.feed(chunk)
+            while (command := parser.gets()) is not False:
+                self.commands.append(command)
+                writer.write(b"+OK\r\n")
+            await writer.drain()
+        await asyncio.Event().wait()  # holds the socket open, reads nothing more
+
+
+@pytest.fixture
+async def stalling() -> AsyncIterator[tuple[Stalling, int]]:
+    fake = Stalling()
+    server = await asyncio.start_server(fake.serve, "127.0.0.1", 0)
+    async with server:
+        yield fake, server.sockets[0].getsockname()[1]
+        server.close()
+
+
+@pytest.mark.parametrize("cls", [Connection, lean_connection(Connection)], ids=["redis-py", "ours"])
+async def test_a_write_the_server_never_reads_times_out_as_redis_pys(
+    stalling: tuple[Stalling, int], cls: type[Connection]
+) -> None:
+    fake, port = stalling
+    conn = cls(host="127.0.0.1", port=port, socket_timeout=0.3)
+    await conn.connect()
+    fake.reading = False
+    await conn.send_command("PING")  # a small write lands in the kernel's buffers
+    # 64 MB outgrow every buffer between the two: the write can only finish if read.
+    with pytest.raises(RedisTimeoutError, match=r"^Timeout writing to socket$"):
+        await conn.send_command("SET", "k", b"x" * (64 << 20))
+    assert not conn.is_connected
+
+
+@pytest.mark.parametrize("cls", [Connection, lean_connection(Connection)], ids=["redis-py", "ours"])
+async def test_a_write_cancelled_midway_drops_the_connection(
+    stalling: tuple[Stalling, int], cls: type[Connection]
+) -> None:
+    # A command cut midway would leave the stream mid-command for the next one.
+    fake, port = stalling
+    conn = cls(host="127.0.0.1", port=port, socket_timeout=30)
+    await conn.connect()
+    fake.reading = False
+    await conn.send_command("PING")
+    write = asyncio.ensure_future(conn.send_command("SET", "k", b"x" * (64 << 20)))
+    await asyncio.sleep(0.1)
+    write.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await write
+    assert not conn.is_connected
+
+
+@pytest.mark.parametrize("cls", [Connection, lean_connection(Connection)], ids=["redis-py", "ours"])
+async def test_a_write_to_a_reset_connection_fails_as_redis_pys(
+    cls: type[Connection],
+) -> None:
+    async def reset(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        parser = hiredis.Reader()
+        while chunk := await reader.read(65536):
+            parser.feed(chunk)
+            while parser.gets() is not False:
+                writer.write(b"+OK\r\n")
+            if b"PING" in chunk:  # the handshake is over: close with an RST
+                writer.transport.abort()
+                return
+
+    server = await asyncio.start_server(reset, "127.0.0.1", 0)
+    async with server:
+        conn = cls(host="127.0.0.1", port=server.sockets[0].getsockname()[1], socket_timeout=5)
+        await conn.connect()
+        await conn.send_command("PING")
+        with pytest.raises(RedisConnectionError, match=r"^Error .+ while writing to socket\. "):
+            await write_until_refused(conn)
+        assert not conn.is_connected
+
+
+async def write_until_refused(conn: Connection) -> None:
+    for _ in range(50):  # the reset reaches us between two writes
+        await conn.send_command("SET", "k", b"x" * (1 << 20))
+        await asyncio.sleep(0.01)

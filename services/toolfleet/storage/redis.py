@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -9,6 +10,8 @@ import hiredis
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.client import Pipeline
 from redis.asyncio.connection import AbstractConnection
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from toolfleet.coalescing import Coalescer
 
@@ -42,6 +45,17 @@ def lean_connection(base: type[AbstractConnection]) -> type[AbstractConnection]:
     a command on a connection Redis dropped fails as the ``PING`` would have, and is
     never executed. Pub/sub keeps its checks (``PubSub.check_health`` is its own):
     there a dead connection would otherwise stay silent.
+
+    Writes: redis-py 8 bounds each write by ``socket_timeout`` with ``asyncio.wait_for``,
+    which on Python 3.11 runs the write in a task of its own, one more task and loop
+    pass per command or pipeline sent. ``asyncio.timeout`` bounds it the same way in the
+    caller's task, as ``wait_for`` itself does from Python 3.12: an executor call
+    3.37M -> 3.07M instructions at 8 calls in flight, where pipelines are short (0.5%
+    fewer at 200, where each carries dozens; ``bench/PROFILE.md``, twenty-second pass).
+    This copies redis-py's ``send_packed_command`` (its stream writer is a private
+    attribute) and keeps its outcomes: a write past the timeout raises redis-py's
+    ``TimeoutError``, a socket error its ``ConnectionError`` with the same words, and
+    either, or a cancellation mid-write, drops the connection.
     """
     packed = _PACKED.get(base)
     if packed is None:
@@ -60,8 +74,41 @@ def lean_connection(base: type[AbstractConnection]) -> type[AbstractConnection]:
         async def check_health(self: AbstractConnection) -> None:
             return None
 
+        async def send_packed_command(
+            self: AbstractConnection, command: Any, check_health: bool = True
+        ) -> None:
+            writer = self._writer
+            if writer is None or not self.socket_timeout:  # not connected, or unbounded
+                return await base.send_packed_command(self, command, check_health)
+            if isinstance(command, str):
+                command = command.encode()
+            if isinstance(command, bytes):
+                command = [command]
+            try:
+                async with asyncio.timeout(self.socket_timeout):
+                    writer.writelines(command)
+                    await writer.drain()
+            except TimeoutError:  # before OSError: TimeoutError is one
+                await self.disconnect(nowait=True)
+                raise RedisTimeoutError("Timeout writing to socket") from None
+            except OSError as e:
+                await self.disconnect(nowait=True)
+                err_no, message = e.args[:2] if len(e.args) > 1 else ("UNKNOWN", e)
+                raise RedisConnectionError(
+                    f"Error {err_no} while writing to socket. {message}."
+                ) from e
+            except BaseException:  # cancelled mid-write: the stream is cut mid-command
+                await self.disconnect(nowait=True)
+                raise
+
         packed = _PACKED[base] = type(
-            base.__name__, (base,), {"pack_command": pack_command, "check_health": check_health}
+            base.__name__,
+            (base,),
+            {
+                "pack_command": pack_command,
+                "check_health": check_health,
+                "send_packed_command": send_packed_command,
+            },
         )
     return packed
 

@@ -52,10 +52,11 @@ def lean_connection(base: type[AbstractConnection]) -> type[AbstractConnection]:
     caller's task, as ``wait_for`` itself does from Python 3.12: an executor call
     3.37M -> 3.07M instructions at 8 calls in flight, where pipelines are short (0.5%
     fewer at 200, where each carries dozens; ``bench/PROFILE.md``, twenty-second pass).
-    This copies redis-py's ``send_packed_command`` (its stream writer is a private
-    attribute) and keeps its outcomes: a write past the timeout raises redis-py's
-    ``TimeoutError``, a socket error its ``ConnectionError`` with the same words, and
-    either, or a cancellation mid-write, drops the connection.
+    This copies redis-py's ``send_packed_command`` around its private write step
+    (``_send_packed_command``: write, then drain) and keeps its outcomes: a write past
+    the timeout raises redis-py's ``TimeoutError``, a socket error its
+    ``ConnectionError`` with the same words, and either, or a cancellation mid-write,
+    drops the connection.
     """
     packed = _PACKED.get(base)
     if packed is None:
@@ -77,8 +78,7 @@ def lean_connection(base: type[AbstractConnection]) -> type[AbstractConnection]:
         async def send_packed_command(
             self: AbstractConnection, command: Any, check_health: bool = True
         ) -> None:
-            writer = self._writer
-            if writer is None or not self.socket_timeout:  # not connected, or unbounded
+            if not self.is_connected or not self.socket_timeout:  # redis-py connects first
                 return await base.send_packed_command(self, command, check_health)
             if isinstance(command, str):
                 command = command.encode()
@@ -86,8 +86,7 @@ def lean_connection(base: type[AbstractConnection]) -> type[AbstractConnection]:
                 command = [command]
             try:
                 async with asyncio.timeout(self.socket_timeout):
-                    writer.writelines(command)
-                    await writer.drain()
+                    await self._send_packed_command(command)
             except TimeoutError:  # before OSError: TimeoutError is one
                 await self.disconnect(nowait=True)
                 raise RedisTimeoutError("Timeout writing to socket") from None

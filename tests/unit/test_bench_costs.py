@@ -20,6 +20,7 @@ from e2e_bench import (
     CLIENT,
     BenchConfig,
     Costs,
+    Round,
     RunResult,
     costs_of,
     costs_table,
@@ -208,6 +209,48 @@ def test_the_costs_table_prints_the_dbos_peer_and_the_goals_in_one_shape() -> No
     assert not any(
         line.startswith("dbos:") for line in costs_table(fleet, base, None, floor).splitlines()
     )
+
+
+def rounds_run() -> tuple[RunResult, RunResult, RunResult]:
+    """The run of :func:`issue_36_run` (0.62x the floor's throughput, 1.50x its CPU per
+    call) with two further rounds against the floor, each worse on one figure."""
+    fleet, base, floor = issue_36_run()
+    again = (
+        Round(fleet_throughput_per_s=400.0, fleet_cpu_ms_per_inv=4.2,
+              floor_throughput_per_s=800.0, floor_cpu_ms_per_inv=2.1),  # 0.50x, 2.00x
+        Round(fleet_throughput_per_s=330.0, fleet_cpu_ms_per_inv=2.5,
+              floor_throughput_per_s=600.0, floor_cpu_ms_per_inv=1.0),  # 0.55x, 2.50x
+    )  # fmt: skip
+    return dataclasses.replace(fleet, rounds=again), base, floor
+
+
+def test_the_goals_against_the_floor_take_the_median_round() -> None:
+    fleet, base, floor = rounds_run()
+
+    ratios = goal_ratios(fleet, base, None, floor)
+    verdicts = {v.goal: v for v in goal_verdicts(ratios, fleet)}
+
+    # The first round alone would have met both (0.62x, 1.50x).
+    throughput = verdicts["throughput >= 0.6x the contract's floor"]
+    assert (throughput.measured, throughput.met) == ("0.55x", False)
+    cpu = verdicts["CPU per call <= 2x the contract's floor"]
+    assert (cpu.measured, cpu.met) == ("2.00x", True)
+    # The ratios against the chain stay those of the run's own round.
+    assert ratios["throughput fleet/baseline"] == pytest.approx(0.5)
+
+
+def test_the_costs_table_prints_every_round_against_the_floor() -> None:
+    fleet, base, floor = rounds_run()
+
+    lines = costs_table(fleet, base, None, floor).splitlines()
+
+    assert (
+        "fleet against the floor, 3 rounds back to back (the goals take the median): "
+        "throughput 0.62, 0.50, 0.55; CPU per call 1.50, 2.00, 2.50 "
+        "(fleet ms: 3.00, 4.20, 2.50; floor ms: 2.00, 2.10, 1.00)"
+    ) in lines
+    one_round = costs_table(issue_36_run()[0], base, None, floor)
+    assert "rounds back to back" not in one_round
 
 
 class Done:

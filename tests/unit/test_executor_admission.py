@@ -7,6 +7,7 @@ waits for real seconds to pass.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import uuid
 from collections.abc import Awaitable
@@ -430,6 +431,85 @@ async def test_resuming_from_another_invocations_checkpoint_is_resume_failed() -
     assert topic is TopicName.RESULTS
     assert status_of(data) == "resume_failed"
     assert parts.emitter.emitted == []
+
+
+# -- reads ahead ------------------------------------------------------------------
+
+
+@dataclass
+class RoundTrips:
+    """Wraps a twin's method in a round trip the log sees sent and answered."""
+
+    log: list[str] = field(default_factory=list)
+
+    def wrap(self, name: str, read: Any) -> Any:
+        async def round_trip(*args: Any, **kwargs: Any) -> Any:
+            self.log.append(f"{name} sent")
+            for _ in range(3):  # the wire: other tasks run meanwhile
+                await asyncio.sleep(0)
+            answer = await read(*args, **kwargs)
+            self.log.append(f"{name} answered")
+            return answer
+
+        return round_trip
+
+
+def timed_rig() -> tuple[Rig, RoundTrips]:
+    parts, trips = rig(), RoundTrips()
+    parts.circuits.load = trips.wrap("circuit", parts.circuits.load)  # type: ignore[method-assign]
+    parts.slots.try_acquire = trips.wrap("slot", parts.slots.try_acquire)  # type: ignore[method-assign]
+    parts.checkpoints.latest = trips.wrap("checkpoint", parts.checkpoints.latest)  # type: ignore[method-assign]
+    return parts, trips
+
+
+async def test_the_checkpoint_is_read_while_the_circuit_and_the_slot_are() -> None:
+    parts, trips = timed_rig()
+    _, data = await outcome(parts, authorized("test__cached", {"key": uuid.uuid4().hex}))
+    assert status_of(data) == "success"
+    # The circuit decides before the slot is taken; the checkpoint waits for neither.
+    assert trips.log[:2] == ["circuit sent", "checkpoint sent"]
+    assert trips.log.index("slot sent") > trips.log.index("circuit answered")
+
+
+async def test_a_read_ahead_that_fails_fails_the_call_at_its_gate() -> None:
+    parts, trips = timed_rig()
+
+    async def durable_tier_down(call: CallKey) -> Checkpoint | None:
+        raise ConnectionError("postgres is away")
+
+    parts.checkpoints.latest = trips.wrap("checkpoint", durable_tier_down)  # type: ignore[method-assign]
+    key = uuid.uuid4().hex
+    with pytest.raises(ConnectionError):
+        await parts.service.on_authorized(authorized("test__cached", {"key": key}))
+    assert sample_tools.RUNS[f"cached:{key}"] == 0
+    assert parts.slots.held[agent_key(TENANT, AGENT)] == {}  # released on the way out
+
+
+@pytest.mark.parametrize("fails", ["at once", "after a round trip"])
+async def test_a_call_stopped_before_its_checkpoint_is_judged_drops_the_read_quietly(
+    fails: str,
+) -> None:
+    parts, trips = timed_rig()
+
+    async def durable_tier_down(call: CallKey) -> Checkpoint | None:
+        trips.log.append("checkpoint sent")
+        raise ConnectionError("postgres is away")
+
+    read = durable_tier_down if fails == "at once" else trips.wrap("checkpoint", durable_tier_down)
+    parts.checkpoints.latest = read  # type: ignore[method-assign]
+    loop = asyncio.get_running_loop()
+    unretrieved: list[dict[str, Any]] = []
+    loop.set_exception_handler(lambda _, context: unretrieved.append(context))
+    try:
+        # Refused at the credentials gate (no connection), after the read went out.
+        topic, data = await outcome(parts, authorized("test__secret_user"))
+        gc.collect()
+        await asyncio.sleep(0)
+    finally:
+        loop.set_exception_handler(None)
+    assert "checkpoint sent" in trips.log
+    assert (topic, status_of(data)) == (TopicName.RESULTS, "permission_denied")
+    assert unretrieved == []
 
 
 # -- the run's exit stack ---------------------------------------------------------

@@ -11,10 +11,16 @@ starts from). Each gate reads one frozen :class:`RunInput`, may add what it foun
 :class:`GatesPassed`, and either lets the call go on (``None``) or ends it with a typed
 :data:`Stop`. Whatever a gate acquires it hands to the run's ``AsyncExitStack`` at once
 (credentials revoked, slot released), so no exit path can skip a release.
+
+The resume gate's read goes out early: once the tool and the cache have let a call
+through, its checkpoint is read while the circuit, the credentials and the agent's slot
+decide, not one round trip after them (:meth:`RunGates.admit`). The gates still decide
+in their order; a call stopped before the resume gate drops the read.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
@@ -131,6 +137,8 @@ class GatesPassed:
     circuit_read: str | None = None
     """The tool's circuit state as the circuit gate read it (the first attempt's check
     takes it instead of reading it again)."""
+    resume_read: asyncio.Task[Checkpoint | None] | None = None
+    """The resume gate's read, under way (None: the gate reads)."""
 
     @property
     def tool(self) -> ToolSpec:
@@ -200,21 +208,39 @@ class RunGates:
     """Asked in order for a tool the catalog does not hold (tool sources)."""
 
     async def admit(self, run: RunInput, stack: AsyncExitStack) -> GatesPassed | Stop:
-        """Pass every gate in order; the first :data:`Stop` ends the call."""
+        """Pass every gate in order; the first :data:`Stop` ends the call.
+
+        At one call in flight the gates were round trips one after the other: the
+        circuit peek, the agent's slot, then the checkpoint (a Postgres read whenever
+        Redis holds no hot copy, so on nearly every call). The checkpoint does not depend
+        on what the gates before it decide, and nothing else writes this call's
+        checkpoints while this executor holds its lease, so it is read as the circuit
+        gate starts, and its round trip overlaps theirs (``bench/PROFILE.md``,
+        twenty-third pass).
+        """
         admitted = GatesPassed()
-        gates: tuple[Gate, ...] = (
-            self.cancel,
-            self.tool,
-            self.cached,
-            self.circuit,
-            self.credentials,
-            self.slot,
-            self.resume,
-        )
-        for gate in gates:
+        for gate in (self.cancel, self.tool, self.cached):
             stop = await gate(run, admitted, stack)
             if stop is not None:
                 return stop
+        if run.call.checkpoint_config.enable_checkpointing:
+            read = resume_point(self.checkpoints, run, seen=run.seen)
+            admitted.resume_read = asyncio.ensure_future(read)
+        try:
+            for gate in (self.circuit, self.credentials, self.slot, self.resume):
+                stop = await gate(run, admitted, stack)
+                if stop is not None:
+                    return stop
+        finally:
+            read = admitted.resume_read
+            if read is not None:
+                # Taken by its gate, or not (the call stopped before it): its outcome, an
+                # error or this cancellation, is nobody's now (retrieved, never raised).
+                if not read.done():
+                    read.cancel()
+                    await asyncio.gather(read, return_exceptions=True)
+                elif not read.cancelled():
+                    read.exception()
         return admitted
 
     async def cancel(
@@ -342,7 +368,10 @@ class RunGates:
         self, run: RunInput, admitted: GatesPassed, stack: AsyncExitStack
     ) -> Stop | None:
         try:
-            admitted.resume = await resume_point(self.checkpoints, run, seen=run.seen)
+            if admitted.resume_read is not None:
+                admitted.resume = await admitted.resume_read
+            else:
+                admitted.resume = await resume_point(self.checkpoints, run, seen=run.seen)
         except ResumeFailed as exc:
             return Refused(error=exc)
         return None

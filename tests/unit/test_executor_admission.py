@@ -550,6 +550,36 @@ async def test_a_redelivered_finished_call_replays_its_outcome_without_running()
     assert leases.leases == {}  # finished: the lease is gone, the record stays
 
 
+async def test_the_slots_release_overlaps_the_leases_finish() -> None:
+    parts, leases = leased()
+    trips = RoundTrips()
+    parts.slots.release = trips.wrap("slot release", parts.slots.release)  # type: ignore[method-assign]
+    leases.finish = trips.wrap("lease finish", leases.finish)  # type: ignore[method-assign]
+    _, data = await outcome(parts, authorized("test__cached", {"key": uuid.uuid4().hex}))
+    assert status_of(data) == "success"
+    # Both on the wire before either is answered; the outcome waited for both.
+    assert sorted(trips.log[:2]) == ["lease finish sent", "slot release sent"]
+    assert sorted(trips.log[2:]) == ["lease finish answered", "slot release answered"]
+    assert parts.slots.held[agent_key(TENANT, AGENT)] == {}
+
+
+async def test_a_slot_release_that_fails_fails_the_delivery_and_the_next_one_replays() -> None:
+    parts, _ = leased()
+
+    async def redis_away(agent_key: str, holder: str) -> None:
+        raise ConnectionError("redis is away")
+
+    parts.slots.release = redis_away  # type: ignore[method-assign]
+    key = uuid.uuid4().hex
+    event = authorized("test__cached", {"key": key})
+    with pytest.raises(ConnectionError):
+        await parts.service.on_authorized(event)
+    # The lease recorded the outcome before the release failed: it is not run again.
+    [(topic, env)] = await parts.service.on_authorized(event)
+    assert (topic, status_of(env.data)) == (TopicName.EXECUTED, "success")
+    assert sample_tools.RUNS[f"cached:{key}"] == 1
+
+
 async def test_a_failing_emitter_under_a_lease_leaves_the_call_to_run_again() -> None:
     parts, leases = leased()
     key = uuid.uuid4().hex

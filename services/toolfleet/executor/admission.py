@@ -15,12 +15,15 @@ starts from). Each gate reads one frozen :class:`RunInput`, may add what it foun
 The resume gate's read goes out early: once the tool and the cache have let a call
 through, its checkpoint is read while the circuit, the credentials and the agent's slot
 decide, not one round trip after them (:meth:`RunGates.admit`). The gates still decide
-in their order; a call stopped before the resume gate drops the read.
+in their order; a call stopped before the resume gate drops the read. Likewise the
+slot's release, started as the stack unwinds, overlaps the lease's finish
+(:class:`Releases`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
@@ -62,6 +65,7 @@ __all__ = [
     "GatesPassed",
     "HandedOver",
     "Refused",
+    "Releases",
     "RunGates",
     "RunInput",
     "Stop",
@@ -139,6 +143,8 @@ class GatesPassed:
     takes it instead of reading it again)."""
     resume_read: asyncio.Task[Checkpoint | None] | None = None
     """The resume gate's read, under way (None: the gate reads)."""
+    releases: Releases | None = None
+    """Where the slot gate starts the slot's release (None: the stack awaits it)."""
 
     @property
     def tool(self) -> ToolSpec:
@@ -147,6 +153,32 @@ class GatesPassed:
 
 
 Gate = Callable[[RunInput, GatesPassed, AsyncExitStack], Awaitable[Stop | None]]
+
+
+class Releases:
+    """Releases a run's stack starts as it unwinds, awaited together at its bottom.
+
+    The agent's slot is released as the call's stack unwinds, and the lease's finish
+    follows it (the lease is entered first, so it unwinds last): at one call in flight
+    two round trips, one after the other, before the outcome leaves. A release started
+    here runs while the rest of the stack unwinds, the lease's finish included, and
+    :meth:`wait`, pushed onto the stack before the lease, awaits it: the outcome still
+    leaves only once the slot is back, and a release that fails fails the delivery as
+    before, now after the lease recorded the outcome (the next delivery replays it).
+    """
+
+    def __init__(self) -> None:
+        self._started: list[asyncio.Future[None]] = []
+
+    def start(self, release: Callable[[], Awaitable[None]]) -> None:
+        self._started.append(asyncio.ensure_future(release()))
+
+    async def wait(self) -> None:
+        """Every release started, done; raises the first one's error."""
+        started, self._started = self._started, []
+        for failed in await asyncio.gather(*started, return_exceptions=True):
+            if isinstance(failed, BaseException):
+                raise failed
 
 
 async def check_grant(
@@ -207,8 +239,11 @@ class RunGates:
     providers: tuple[ToolProvider, ...] = ()
     """Asked in order for a tool the catalog does not hold (tool sources)."""
 
-    async def admit(self, run: RunInput, stack: AsyncExitStack) -> GatesPassed | Stop:
-        """Pass every gate in order; the first :data:`Stop` ends the call.
+    async def admit(
+        self, run: RunInput, stack: AsyncExitStack, releases: Releases | None = None
+    ) -> GatesPassed | Stop:
+        """Pass every gate in order; the first :data:`Stop` ends the call. ``releases``:
+        where the slot's release starts as ``stack`` unwinds (None: ``stack`` awaits it).
 
         At one call in flight the gates were round trips one after the other: the
         circuit peek, the agent's slot, then the checkpoint (a Postgres read whenever
@@ -218,14 +253,15 @@ class RunGates:
         gate starts, and its round trip overlaps theirs (``bench/PROFILE.md``,
         twenty-third pass).
         """
-        admitted = GatesPassed()
+        admitted = GatesPassed(releases=releases)
         for gate in (self.cancel, self.tool, self.cached):
             stop = await gate(run, admitted, stack)
             if stop is not None:
                 return stop
         if run.call.checkpoint_config.enable_checkpointing:
-            read = resume_point(self.checkpoints, run, seen=run.seen)
-            admitted.resume_read = asyncio.ensure_future(read)
+            admitted.resume_read = asyncio.ensure_future(
+                resume_point(self.checkpoints, run, seen=run.seen)
+            )
         try:
             for gate in (self.circuit, self.credentials, self.slot, self.resume):
                 stop = await gate(run, admitted, stack)
@@ -361,7 +397,11 @@ class RunGates:
             if self.is_suspended(holder):
                 return HandedOver()
             return Refused(error=Cancelled("cancelled before it ran"))
-        stack.push_async_callback(self.slots.release, key, holder)
+        release = functools.partial(self.slots.release, key, holder)
+        if admitted.releases is not None:
+            stack.callback(admitted.releases.start, release)
+        else:
+            stack.push_async_callback(release)
         return None
 
     async def resume(

@@ -42,6 +42,7 @@ from toolfleet.executor.admission import (
     GatesPassed,
     HandedOver,
     Refused,
+    Releases,
     RunGates,
     RunInput,
     Stop,
@@ -249,8 +250,12 @@ class ExecutorService:
         acknowledged: asyncio.Future[list[object]] | None = None
         try:
             async with AsyncExitStack() as stack:
+                # The last to unwind: the releases started above it (the agent's slot)
+                # run while the rest unwinds, the lease's finish included.
+                releases = Releases()
+                stack.push_async_callback(releases.wait)
                 if self.ports.lease_guard is None:
-                    outcome = await self._run(unleased, stack, acks)
+                    outcome = await self._run(unleased, stack, acks, releases)
                 else:
                     held = await stack.enter_async_context(
                         self.ports.lease_guard.hold(
@@ -262,7 +267,7 @@ class ExecutorService:
                     seen = held.seen if self.config.trust_lease_reads else None
                     run = replace(unleased, fence=held.fence, seen=seen)
                     # Claimed with finish() as the lease's hold ends.
-                    held.outcome = outcome = await self._run(run, stack, acks)
+                    held.outcome = outcome = await self._run(run, stack, acks, releases)
                 # The acks of what the run published are awaited while the stack
                 # unwinds (the slot's release, the lease's finish): not one after the other.
                 acknowledged = asyncio.gather(*acks)
@@ -293,14 +298,19 @@ class ExecutorService:
         return self.state.suspending or invocation_id in self.state.suspended_calls
 
     async def _run(
-        self, run: RunInput, stack: AsyncExitStack, acks: list[asyncio.Future[object]]
+        self,
+        run: RunInput,
+        stack: AsyncExitStack,
+        acks: list[asyncio.Future[object]],
+        releases: Releases,
     ) -> list[Emitted]:
-        """Admit the call, run its tool, and build its outcome (releases: ``stack``).
+        """Admit the call, run its tool, and build its outcome (releases: ``stack``, and
+        ``releases`` for those that may overlap the lease's finish).
 
         The acks of the events published on the way (``invoked``, checkpoints, circuit
         changes) are left in ``acks``: the caller awaits them before the outcome leaves.
         """
-        admitted = await self.admission.admit(run, stack)
+        admitted = await self.admission.admit(run, stack, releases)
         if not isinstance(admitted, GatesPassed):
             return self._stopped(run, admitted)
         spec, call, invocation_id = admitted.tool, run.call, run.invocation_id

@@ -38,11 +38,16 @@ class Coalescer(Generic[In, Out]):
 
     async def submit(self, item: In) -> Out:
         """Queue ``item`` and return its result once its batch was handled."""
+        return await self.enqueue(item)
+
+    def enqueue(self, item: In) -> asyncio.Future[Out]:
+        """Queue ``item`` now; its result, once its batch was handled, is the future's.
+        (:meth:`submit` queues it only when awaited; this needs no task to be under way.)"""
         result: asyncio.Future[Out] = asyncio.get_running_loop().create_future()
         self._queued.append((item, result))
         if self._worker is None or self._worker.done():
             self._worker = asyncio.create_task(self._run())
-        return await result
+        return result
 
     async def _run(self) -> None:
         while self._queued:

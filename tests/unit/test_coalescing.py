@@ -53,6 +53,17 @@ async def test_calls_made_during_a_batch_go_into_the_next_one() -> None:
     assert recorder.batches == [[1], [2, 3]]
 
 
+async def test_an_enqueued_item_is_under_way_before_anyone_awaits_it() -> None:
+    recorder = Recorder()
+    coalescer = Coalescer(recorder.handle)
+    answer = coalescer.enqueue(3)
+    other = coalescer.enqueue(4)  # queued at once: the same batch
+    for _ in range(3):
+        await asyncio.sleep(0)  # nobody awaits the answers meanwhile
+    assert recorder.batches == [[3, 4]]
+    assert (answer.done(), await answer, await other) == (True, 6, 8)
+
+
 async def test_batches_are_bounded_and_a_handled_prefix_leaves_the_rest_queued() -> None:
     recorder = Recorder(handled_at_most=2)
     coalescer = Coalescer(recorder.handle, max_batch=4)

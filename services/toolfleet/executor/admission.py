@@ -168,14 +168,18 @@ class Releases:
     """
 
     def __init__(self) -> None:
-        self._started: list[asyncio.Future[None]] = []
+        self._started: list[asyncio.Future[object]] = []
 
-    def start(self, release: Callable[[], Awaitable[None]]) -> None:
+    def start(self, release: Callable[[], Awaitable[object]]) -> None:
+        """Start ``release`` now (an awaitable already under way is taken as it is)."""
         self._started.append(asyncio.ensure_future(release()))
 
     async def wait(self) -> None:
         """Every release started, done; raises the first one's error."""
         started, self._started = self._started, []
+        if len(started) == 1:  # the agent's slot: one future, nothing to gather
+            await started[0]
+            return
         for failed in await asyncio.gather(*started, return_exceptions=True):
             if isinstance(failed, BaseException):
                 raise failed

@@ -8,6 +8,7 @@ is one Lua script on Redis' clock.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from typing import Protocol
@@ -39,7 +40,10 @@ class AgentSlots(Protocol):
     async def try_acquire(
         self, agent_key: str, holder: str, limit: int, lease_s: float
     ) -> bool: ...
-    async def release(self, agent_key: str, holder: str) -> None: ...
+    def release(self, agent_key: str, holder: str) -> Awaitable[object]:
+        """Give the slot back: under way once this returns (the run's stack awaits it
+        while the lease finishes: :class:`~toolfleet.executor.admission.Releases`)."""
+        ...
 
 
 def agent_key(tenant_id: str, agent_did: str) -> str:
@@ -58,8 +62,8 @@ class RedisAgentSlots:
         )
         return bool(taken)
 
-    async def release(self, agent_key: str, holder: str) -> None:
-        await self._releases.run(lambda pipe: pipe.zrem(agent_key, holder))
+    def release(self, agent_key: str, holder: str) -> Awaitable[object]:
+        return self._releases.send(lambda pipe: pipe.zrem(agent_key, holder))
 
 
 async def wait_for_slot(
@@ -107,5 +111,8 @@ class MemoryAgentSlots:
         slots[holder] = now + lease_s
         return True
 
-    async def release(self, agent_key: str, holder: str) -> None:
+    def release(self, agent_key: str, holder: str) -> Awaitable[object]:
         self.held.get(agent_key, {}).pop(holder, None)
+        released: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+        released.set_result(None)
+        return released

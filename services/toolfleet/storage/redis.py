@@ -137,6 +137,10 @@ class CoalescedCommands:
         """Queue ``command`` and return its reply once its batch was answered."""
         return await self._batches.submit(command)
 
+    def send(self, command: Command) -> asyncio.Future[Any]:
+        """Queue ``command`` now; its reply, once its batch was answered, is the future's."""
+        return self._batches.enqueue(command)
+
     async def _send(self, commands: Sequence[Command]) -> list[Any]:
         pipe = self._redis.pipeline(transaction=False)
         for command in commands:

@@ -143,8 +143,8 @@ class GatesPassed:
     takes it instead of reading it again)."""
     resume_read: asyncio.Task[Checkpoint | None] | None = None
     """The resume gate's read, under way (None: the gate reads)."""
-    releases: Releases | None = None
-    """Where the slot gate starts the slot's release (None: the stack awaits it)."""
+    releases: Releases
+    """Where the slot gate starts the slot's release (the run's stack awaits it)."""
 
     @property
     def tool(self) -> ToolSpec:
@@ -244,10 +244,10 @@ class RunGates:
     """Asked in order for a tool the catalog does not hold (tool sources)."""
 
     async def admit(
-        self, run: RunInput, stack: AsyncExitStack, releases: Releases | None = None
+        self, run: RunInput, stack: AsyncExitStack, releases: Releases
     ) -> GatesPassed | Stop:
         """Pass every gate in order; the first :data:`Stop` ends the call. ``releases``:
-        where the slot's release starts as ``stack`` unwinds (None: ``stack`` awaits it).
+        where the slot's release starts as ``stack`` unwinds (``stack`` awaits it).
 
         At one call in flight the gates were round trips one after the other: the
         circuit peek, the agent's slot, then the checkpoint (a Postgres read whenever
@@ -401,11 +401,7 @@ class RunGates:
             if self.is_suspended(holder):
                 return HandedOver()
             return Refused(error=Cancelled("cancelled before it ran"))
-        release = functools.partial(self.slots.release, key, holder)
-        if admitted.releases is not None:
-            stack.callback(admitted.releases.start, release)
-        else:
-            stack.push_async_callback(release)
+        stack.callback(admitted.releases.start, functools.partial(self.slots.release, key, holder))
         return None
 
     async def resume(

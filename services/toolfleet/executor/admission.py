@@ -142,7 +142,8 @@ class GatesPassed:
     """The tool's circuit state as the circuit gate read it (the first attempt's check
     takes it instead of reading it again)."""
     resume_read: asyncio.Task[Checkpoint | None] | None = None
-    """The resume gate's read, under way (None: the gate reads)."""
+    """The resume gate's read, started before the circuit gate (None: the call does not
+    checkpoint)."""
     releases: Releases
     """Where the slot gate starts the slot's release (the run's stack awaits it)."""
 
@@ -177,7 +178,7 @@ class Releases:
     async def wait(self) -> None:
         """Every release started, done; raises the first one's error."""
         started, self._started = self._started, []
-        if len(started) == 1:  # the agent's slot: one future, nothing to gather
+        if len(started) == 1:  # the slot's: gathering one future was 1.3% of a call at 200
             await started[0]
             return
         for failed in await asyncio.gather(*started, return_exceptions=True):
@@ -272,15 +273,11 @@ class RunGates:
                 if stop is not None:
                     return stop
         finally:
-            read = admitted.resume_read
-            if read is not None:
-                # Taken by its gate, or not (the call stopped before it): its outcome, an
-                # error or this cancellation, is nobody's now (retrieved, never raised).
-                if not read.done():
-                    read.cancel()
-                    await asyncio.gather(read, return_exceptions=True)
-                elif not read.cancelled():
-                    read.exception()
+            if admitted.resume_read is not None:
+                # Taken by its gate, this does nothing. A call stopped before the resume
+                # gate drops the read: cancelled if under way; if it already ended with
+                # an error, asyncio reports no error of a future cancel() was called on.
+                admitted.resume_read.cancel()
         return admitted
 
     async def cancel(
@@ -407,11 +404,10 @@ class RunGates:
     async def resume(
         self, run: RunInput, admitted: GatesPassed, stack: AsyncExitStack
     ) -> Stop | None:
+        if admitted.resume_read is None:
+            return None  # the call does not checkpoint: nothing to resume from
         try:
-            if admitted.resume_read is not None:
-                admitted.resume = await admitted.resume_read
-            else:
-                admitted.resume = await resume_point(self.checkpoints, run, seen=run.seen)
+            admitted.resume = await admitted.resume_read
         except ResumeFailed as exc:
             return Refused(error=exc)
         return None

@@ -297,6 +297,13 @@ async def test_a_tool_added_at_run_time_is_registered_but_no_glob_allows_it(
         return bool(await fleet.registry.versions(late))
 
     assert await eventually(registered, timeout=10)
+
+    # The record is visible before it is audited: the source's rules are restated in
+    # between (Postgres round trips), so a slow box saw an empty audit here.
+    async def audited() -> bool:
+        return bool(fleet.audit.tools)
+
+    assert await eventually(audited, timeout=10)
     assert [t.tool_id for t in fleet.audit.tools] == [late]
     assert not allowed_by(late, ["*", "mcp__*", f"mcp__{source.name}__*"])
     assert allowed_by(late, [late])

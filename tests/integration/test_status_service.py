@@ -295,6 +295,40 @@ async def test_a_poison_event_fails_alone_and_its_batch_is_projected(fleet: Stat
     assert await fleet.projections_of(poison_event) == 0
 
 
+async def test_a_call_named_by_another_spelling_of_its_uuid_is_one_row(fleet: StatusFleet) -> None:
+    # The store is handed canonical ids by the projection; one spelled otherwise (upper
+    # case, braces) still reads, locks and writes the canonical row, and an id that is
+    # no UUID at all fails alone.
+    store = fleet.store
+    lc, stray = Lifecycle(), Lifecycle()
+    events = _lifecycle_events(lc)
+    calls = [_call(lc, e) for e in events]
+    spelled = [
+        replace(calls[1], invocation_id=lc.invocation_id.upper()),
+        replace(calls[3], invocation_id="{" + lc.invocation_id + "}"),
+    ]
+    not_a_uuid = replace(_call(stray, stray.requested()), invocation_id="job-1")
+
+    results = await asyncio.gather(
+        store.project(calls[0]),
+        *(store.project(c) for c in spelled),
+        store.project(not_a_uuid),
+        store.project(calls[2]),
+        store.project(calls[4]),
+        return_exceptions=True,
+    )
+
+    assert isinstance(results[3], ValueError)
+    assert results[:3] + results[4:] == [True] * 5
+    expected = reduce(apply, [fact_of(e, now=T0) for e in events], None)  # type: ignore[arg-type]
+    assert await store.get(lc.invocation_id) == expected
+    rows: int = await fleet.pool.fetchval(
+        "SELECT count(*) FROM tool_invocations WHERE invocation_id = $1",
+        uuid.UUID(lc.invocation_id),
+    )
+    assert rows == 1
+
+
 async def test_an_unreachable_database_fails_every_call_with_a_connection_error() -> None:
     pool = await asyncpg.create_pool("postgresql://postgres@127.0.0.1:1/none", min_size=0)
     store = PostgresProjection(pool)

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from toolfleet.events.envelope import Envelope, new_event
 from toolfleet.events.identity import (
     CallRef,
+    canonical_uuid,
     derived_traceparent,
     invocation_id_of,
     invocation_uuid,
@@ -116,6 +117,59 @@ def test_events_derived_from_a_traced_request_carry_its_trace() -> None:
 def test_every_derived_traceparent_is_valid_w3c(source: str, event_id: str) -> None:
     derived = derived_traceparent(source, event_id)
     assert valid_traceparent(derived) == derived
+
+
+def _uuid_or_error(text: str) -> str | type[ValueError]:
+    try:
+        return str(uuid.UUID(text))
+    except ValueError:
+        return ValueError
+
+
+def _canonical_or_error(text: str) -> str | type[ValueError]:
+    try:
+        return canonical_uuid(text)
+    except ValueError:
+        return ValueError
+
+
+_SPELLINGS = (
+    str,
+    lambda u: str(u).upper(),
+    lambda u: str(u)[:8].upper() + str(u)[8:],
+    lambda u: str(u)[:-1] + str(u)[-1].upper(),
+    lambda u: u.hex,
+    lambda u: "{" + str(u) + "}",
+    lambda u: u.urn,
+    lambda u: " " + str(u),
+    lambda u: str(u) + "\n",
+)
+
+
+@given(
+    value=st.uuids(),
+    spelling=st.sampled_from(_SPELLINGS),
+    noise=st.text(max_size=3),
+    at=st.integers(min_value=0, max_value=40),
+)
+def test_canonical_uuid_is_what_uuid_makes_of_any_text(
+    value: uuid.UUID, spelling: object, noise: str, at: int
+) -> None:
+    text = spelling(value)  # type: ignore[operator]
+    mutated = text[:at] + noise + text[at + len(noise) :]
+    for candidate in (text, mutated, mutated.upper(), text.replace("-", "")):
+        assert _canonical_or_error(candidate) == _uuid_or_error(candidate)
+
+
+@given(text=st.text(max_size=45))
+def test_canonical_uuid_refuses_what_uuid_refuses(text: str) -> None:
+    assert _canonical_or_error(text) == _uuid_or_error(text)
+
+
+def test_a_canonical_id_is_returned_as_it_came() -> None:
+    text = str(uuid.uuid4())
+    assert canonical_uuid(text) is text
+    assert invocation_uuid(text, tenant_id="t1") is text
 
 
 def test_invocation_ids_are_uuids_and_non_uuids_map_stably_within_a_tenant() -> None:

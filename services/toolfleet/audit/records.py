@@ -17,7 +17,6 @@ dumped back; ``tests/unit/test_audit_golden.py`` pins that form byte for byte.
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections.abc import Mapping
 from datetime import datetime
@@ -26,7 +25,7 @@ from typing import Any, Final, Literal, cast
 from pydantic import TypeAdapter
 
 from toolfleet.audit import ocsf
-from toolfleet.events.envelope import _DERIVED_ID_NAMESPACE, Envelope, new_event
+from toolfleet.events.envelope import Envelope, derived_event_id, new_event
 from toolfleet.events.identity import invocation_id_of, tenant_of, trace_id_of
 from toolfleet.events.masking import mask_parameters, mask_text
 from toolfleet.events.models import AuditRecord
@@ -127,13 +126,12 @@ _AS_JSON: Final = TypeAdapter[Any](Any)
 _UTC_SUFFIX: Final = "+00:00"
 #: What :func:`_scalar` returns for a value the record leaves out.
 _OMIT: Final = object()
-#: ``derived_event_id``'s namespace: :func:`_audit_id` must derive the very same ids.
-_NAMESPACE: Final = _DERIVED_ID_NAMESPACE.bytes
 
 
 def audit_event(parent: Envelope, *, topic: str, now: datetime) -> Envelope:
     """The audit event for ``parent``: same type, deterministic id, same trace."""
-    data = _record_data(parent, topic=topic, audit_id=_audit_id(parent), now=now)
+    audit_id = derived_event_id(parent, parent.type)
+    data = _record_data(parent, topic=topic, audit_id=audit_id, now=now)
     verified = parent.type not in _UNVERIFIED_AUTH
     return new_event(
         # The audit event keeps the source type even when toolfleet does not know it.
@@ -153,16 +151,6 @@ def audit_event(parent: Envelope, *, topic: str, now: datetime) -> Envelope:
 def audit_record(event: Envelope, *, topic: str, audit_id: str, now: datetime) -> AuditRecord:
     """The PII-safe audit record of one lifecycle event, with its OCSF projection."""
     return AuditRecord.model_validate(_record_data(event, topic=topic, audit_id=audit_id, now=now))
-
-
-def _audit_id(parent: Envelope) -> str:
-    """``derived_event_id(parent, parent.type)``, without building a :class:`uuid.UUID`."""
-    name = f"{parent.source}\x1f{parent.id}\x1f{parent.type}\x1f"
-    digest = bytearray(hashlib.sha1(_NAMESPACE + name.encode(), usedforsecurity=False).digest())
-    digest[6] = (digest[6] & 0x0F) | 0x50  # version 5
-    digest[8] = (digest[8] & 0x3F) | 0x80  # RFC 4122 variant
-    h = digest[:16].hex()
-    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
 def _record_data(event: Envelope, *, topic: str, audit_id: str, now: datetime) -> dict[str, Any]:

@@ -39,7 +39,13 @@ from toolfleet.errors import (
     ToolfleetError,
 )
 from toolfleet.events.envelope import Emitted, Envelope, derived_event_id, new_event
-from toolfleet.events.identity import CallKey, CallRef, check_key_tenant, invocation_uuid
+from toolfleet.events.identity import (
+    CallKey,
+    CallRef,
+    canonical_uuid,
+    check_key_tenant,
+    invocation_uuid,
+)
 from toolfleet.events.models import (
     ApprovalDecision,
     ApprovalRequested,
@@ -797,7 +803,7 @@ def _uuid_text(raw: object) -> str | None:
     if not isinstance(raw, str):
         return None
     try:
-        return str(uuid.UUID(raw))
+        return canonical_uuid(raw)
     except ValueError:
         return None
 

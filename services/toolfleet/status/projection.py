@@ -44,7 +44,6 @@ owns reporting them. An internal event that does not validate raises
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import MISSING, dataclass, fields
 from datetime import datetime
@@ -53,7 +52,13 @@ from typing import Any, Final, TypeVar
 
 from toolfleet.errors import ErrorCode, InvalidEvent
 from toolfleet.events.envelope import Envelope
-from toolfleet.events.identity import invocation_id_of, invocation_uuid, tenant_of, trace_id_of
+from toolfleet.events.identity import (
+    invocation_id_of,
+    invocation_uuid,
+    is_canonical_uuid,
+    tenant_of,
+    trace_id_of,
+)
 from toolfleet.events.masking import mask_parameters
 from toolfleet.events.models import (
     ApprovalDecision,
@@ -306,7 +311,7 @@ def fact_of(event: Envelope, *, now: datetime) -> Fact | None:
     if reader is None:
         return None
     raw = event.data.get("invocation_id")
-    if _is_canonical_uuid(raw):
+    if is_canonical_uuid(raw):
         invocation_id: str | None = raw  # what invocation_id_of returns for it, cheaper
     else:
         invocation_id = invocation_id_of(event)
@@ -324,15 +329,6 @@ def fact_of(event: Envelope, *, now: datetime) -> Fact | None:
     return reader(event, base)
 
 
-_UUID_LEN: Final = 36
-_CANONICAL_UUID: Final = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
-
-
-def _is_canonical_uuid(value: Any) -> bool:
-    """``value`` is a UUID as ``str(uuid.UUID(value))`` writes it (so it is its own)."""
-    return type(value) is str and len(value) == _UUID_LEN and bool(_CANONICAL_UUID.fullmatch(value))
-
-
 def _requested(event: Envelope, base: dict[str, Any]) -> Fact | None:
     try:
         req = event.data_as(InvokeRequested)
@@ -342,7 +338,7 @@ def _requested(event: Envelope, base: dict[str, Any]) -> Fact | None:
     if event.tenantid is not None and event.tenantid != ctx.tenant_id:
         return None  # policy refuses it; its outcome names the invocation
     raw = event.data.get("invocation_id")
-    if _is_canonical_uuid(raw):
+    if is_canonical_uuid(raw):
         invocation_id = raw  # str(req.invocation_id), cheaper
     else:
         invocation_id = (

@@ -30,6 +30,7 @@ from typing import Any, Final
 import asyncpg
 
 from toolfleet.coalescing import Coalescer
+from toolfleet.events.identity import canonical_uuid
 from toolfleet.events.models import InvocationStatus
 from toolfleet.status.projection import InvocationRow, LatestCheckpoint
 from toolfleet.status.service import ProjectInput
@@ -187,8 +188,10 @@ class PostgresProjection:
         return projected
 
     async def _project_batch(self, calls: Sequence[ProjectInput]) -> list[bool]:
-        ids = [uuid.UUID(call.invocation_id) for call in calls]
-        keys = sorted({str(i) for i in ids})
+        # Canonical text, as the lock keys and the rows read back spell it (asyncpg sends
+        # text to a uuid parameter as it sends a UUID); an id that is not a UUID fails here.
+        ids = [canonical_uuid(call.invocation_id) for call in calls]
+        keys = sorted(set(ids))
         async with self._pool.acquire() as conn, conn.transaction():
             await conn.execute(_LOCK_MANY, _LOCK_CLASS, keys)
             marked = await conn.fetch(
@@ -220,7 +223,7 @@ class PostgresProjection:
                     results.append(False)
                     continue
                 fresh.discard(event)
-                key = (call.tenant_id, str(invocation))
+                key = (call.tenant_id, invocation)
                 updated = call.transition(rows.get(key))
                 if updated is not None:
                     rows[key] = updated

@@ -68,19 +68,33 @@ async def parked(http: httpx.AsyncClient, fleet: Fleet, owner: str) -> str:
     accepted = await http.post("/v1/invocations", json=body, headers=headers)
     assert accepted.status_code == 202, accepted.text
     invocation_id: str = accepted.json()["invocation_id"]
-    await status_is(http, fleet, owner, invocation_id, "pending_approval")
+    # Status folds a call's events from several topics as they come: the approval can
+    # be folded before the request it parks, so wait for the row to show both.
+    await status_is(http, fleet, owner, invocation_id, "pending_approval", parameters=PARAMS)
     return invocation_id
 
 
 async def status_is(
-    http: httpx.AsyncClient, fleet: Fleet, owner: str, invocation_id: str, status: str
+    http: httpx.AsyncClient,
+    fleet: Fleet,
+    owner: str,
+    invocation_id: str,
+    status: str,
+    *,
+    parameters: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """The owner's view of the call once it has `status` (and, if given, shows the
+    approval's `parameters`)."""
     headers = bearer(fleet.token(owner, "did:user:reader"))
 
     async def reached() -> dict[str, Any] | None:
         response = await http.get(f"/v1/invocations/{invocation_id}", headers=headers)
         view: dict[str, Any] = response.json()
-        return view if response.status_code == 200 and view["status"] == status else None
+        if response.status_code != 200 or view["status"] != status:
+            return None
+        if parameters is not None and (view["approval"] or {}).get("parameters") != parameters:
+            return None
+        return view
 
     return await eventually(reached, timeout=30)
 

@@ -1,7 +1,7 @@
 # The targets people look for; CI (.ci/run) calls the same ones.
 #
 #   make dev        whole fleet + API on this machine (embedded broker/Redis/Postgres)
-#   make test       unit, then integration, then end-to-end tests
+#   make test       unit, then integration, then end-to-end tests (in parallel)
 #   make lint       ruff check + ruff format --check + lint-imports (layers, no cycles)
 #   make typecheck  mypy --strict
 #   make bench      end-to-end, policy-push, revocation-push and isolation benchmarks
@@ -20,6 +20,15 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.toolfleet-installed
 PYTEST_ARGS ?= --durations=15
 TEST_LAYERS := unit integration e2e
+# Each layer runs on pytest-xdist workers, one test file per worker at a time (a module's
+# fixtures stay in one process); a worker is a test session of its own, with its own
+# broker, Postgres database and Redis database. Unit tests are CPU-bound: a worker per
+# core. Integration and end-to-end tests mostly wait on the broker and the fleet's
+# processes, so they run more workers than cores. TEST_WORKERS=0 runs each layer in
+# one process: `make test TEST_WORKERS=0`.
+TEST_WORKERS ?=
+UNIT_WORKERS := $(or $(TEST_WORKERS),logical)
+FLEET_WORKERS := $(or $(TEST_WORKERS),4)
 
 .DEFAULT_GOAL := help
 .PHONY: help venv browser dev test lint typecheck bench schemas docs clean
@@ -57,7 +66,8 @@ browser:
 test: $(STAMP) browser
 	@for layer in $(TEST_LAYERS); do \
 	  echo "==> $$layer tests"; \
-	  rc=0; $(BIN)/python -m pytest tests/$$layer $(PYTEST_ARGS) || rc=$$?; \
+	  workers=$(FLEET_WORKERS); [ $$layer = unit ] && workers=$(UNIT_WORKERS); \
+	  rc=0; $(BIN)/python -m pytest tests/$$layer -n $$workers --dist loadfile $(PYTEST_ARGS) || rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "no $$layer tests were collected"; exit 1; fi; \
 	  if [ $$rc -ne 0 ]; then exit $$rc; fi; \
 	done

@@ -37,6 +37,12 @@ for _name in list(os.environ):
         "TOOLFLEET_TEST_KAFKA_BOOTSTRAP",
     }:
         del os.environ[_name]
+# pytest-xdist's workers start with COLUMNS=80 and LINES=24 in their environment. rich
+# fixes a console's width when COLUMNS is set at its making (the CLI makes its consoles
+# at import), so the CLI tests that run a command under a COLUMNS of their own would print
+# at 80: without them, a console reads the terminal's size each time it prints.
+for _name in ("COLUMNS", "LINES"):
+    os.environ.pop(_name, None)
 # The tests run on the embedded dev broker, hence its profile (``toolfleet dev`` sets it
 # too): every FleetSettings built here, and every process started from here, reads it.
 # A test of the ``kafka`` profile says so (``FleetSettings(broker_profile="kafka")``).

@@ -194,6 +194,8 @@ class Costs:
     paced_cpu_ms_by_process: dict[str, float] = dataclasses.field(default_factory=dict)
     paced_hops_ms: dict[str, float] = dataclasses.field(default_factory=dict)
     """Median ms of each step of a paced call, from the Kafka timestamps of its events."""
+    paced_slowest_ms: list[dict[str, float]] = dataclasses.field(default_factory=list)
+    """The steps of the three slowest paced calls (as ``paced_hops_ms``), slowest first."""
     idle_cores: dict[str, float] | None = None
     """Average share of one core each process used over the idle phase."""
     first_after_idle_ms: list[float] | None = None
@@ -786,11 +788,29 @@ HOPS = ("client publish", "policy", "executor to invoked", "executor after", "va
         "client watch")  # fmt: skip
 
 
-async def hops_of(
+def medians(steps: dict[str, dict[str, float]]) -> dict[str, float]:
+    """The median ms of each step over the calls of :func:`steps_of`."""
+    by_hop: dict[str, list[float]] = {hop: [] for hop in HOPS}
+    for call in steps.values():
+        for hop, ms in call.items():
+            by_hop[hop].append(ms)
+    return {hop: statistics.median(v) for hop, v in by_hop.items() if v}
+
+
+def slowest(
+    steps: dict[str, dict[str, float]], calls: dict[str, tuple[float, float]], n: int = 3
+) -> list[dict[str, float]]:
+    """The steps of the ``n`` slowest calls, slowest first: which hop a paced p99 is."""
+    ranked = sorted(steps, key=lambda call: calls[call][1] - calls[call][0], reverse=True)
+    return [steps[call] for call in ranked[:n]]
+
+
+async def steps_of(
     settings: FleetSettings, calls: dict[str, tuple[float, float]]
-) -> dict[str, float]:
-    """Where a paced call's time went: each event's Kafka timestamp (set when its producer
-    sent it) against the one before, and the client's clock at both ends. Medians, ms."""
+) -> dict[str, dict[str, float]]:
+    """Where each call's time went: each event's Kafka timestamp (set when its producer
+    sent it) against the one before, and the client's clock at both ends; ms by step, of
+    the calls whose events were all read."""
     stamps: dict[str, dict[TopicName, float]] = {call: {} for call in calls}
     consumer = AIOKafkaConsumer(**connection_kwargs(settings), enable_auto_commit=False)
     await consumer.start()
@@ -810,15 +830,17 @@ async def hops_of(
                             stamps[call].setdefault(name, record.timestamp / 1000)
     finally:
         await consumer.stop()
-    steps: dict[str, list[float]] = {hop: [] for hop in HOPS}
+    steps: dict[str, dict[str, float]] = {}
     for call, (start, end) in calls.items():
         seen = stamps[call]
         if len(seen) < len(HOP_TOPICS):
             continue
         points = [start, *(seen[name] for name in HOP_TOPICS), end]
-        for hop, (a, b) in zip(HOPS, itertools.pairwise(points), strict=True):
-            steps[hop].append((b - a) * 1000)
-    return {hop: statistics.median(v) for hop, v in steps.items() if v}
+        steps[call] = {
+            hop: (b - a) * 1000
+            for hop, (a, b) in zip(HOPS, itertools.pairwise(points), strict=True)
+        }
+    return steps
 
 
 async def measure_fleet(
@@ -883,8 +905,11 @@ async def measure_fleet(
             one, cfg.paced, cfg.n, cfg, meter, observers, after_paced=paced_done
         )
         latencies = phase.latencies
+        paced_steps = await steps_of(settings, paced_calls)
         costs = dataclasses.replace(
-            phase.costs(), paced_hops_ms=await hops_of(settings, paced_calls)
+            phase.costs(),
+            paced_hops_ms=medians(paced_steps),
+            paced_slowest_ms=slowest(paced_steps, paced_calls),
         )
         if cfg.idle_s > 0:
             idle = CpuMeter({**groups, CLIENT: [os.getpid()]}, alone=[CLIENT])
@@ -913,8 +938,8 @@ async def measure_fleet(
                 idle_cores=idle_cores,
                 first_after_idle_ms=first,
                 paced_after_idle_ms=awake,
-                after_idle_hops_ms=await hops_of(settings, after_idle),
-                awake_hops_ms=await hops_of(settings, after_awake),
+                after_idle_hops_ms=medians(await steps_of(settings, after_idle)),
+                awake_hops_ms=medians(await steps_of(settings, after_awake)),
             )
         rss_end = {name: rss_mb([pid]).get(pid, 0.0) for name, pid in workers.items()}
         costs = dataclasses.replace(
@@ -1103,6 +1128,8 @@ def costs_table(
                      "last outcome")  # fmt: skip
         if fc.paced_hops_ms:
             lines.append(f"fleet paced call, median ms by step: {_fmt(fc.paced_hops_ms)}")
+        for i, steps in enumerate(fc.paced_slowest_ms, 1):
+            lines.append(f"  slowest paced call #{i}, ms by step: {_fmt(steps)}")
         if fc.idle_cores is not None:
             total = sum(fc.idle_cores.values())
             lines.append(f"idle fleet: {total * 100:.1f}% of one core "

@@ -26,7 +26,9 @@ from e2e_bench import (
     costs_table,
     goal_ratios,
     goal_verdicts,
+    medians,
     run_dbos,
+    slowest,
 )
 from probes import CpuReading, listening_pids, rss_mb, uss_mb
 
@@ -309,3 +311,41 @@ def test_a_process_private_memory_is_read_and_smaller_than_its_rss() -> None:
     private, resident = uss_mb([os.getpid()])[os.getpid()], rss_mb([os.getpid()])[os.getpid()]
     assert 0 < private < resident
     assert uss_mb([2**22 + 1]) == {}
+
+
+def steps(policy: float, validator: float) -> dict[str, float]:
+    return {"client publish": 0.1, "policy": policy, "validator": validator}
+
+
+def test_the_slowest_paced_calls_show_which_hop_their_time_went_to() -> None:
+    """A p99 is the second slowest of 200 paced calls: its steps, not the medians, say
+    which hop made it slow."""
+    calls = {f"c{i}": (100.0 + i, 100.0 + i + 0.020) for i in range(10)}
+    calls["late-validator"] = (200.0, 200.090)
+    calls["late-policy"] = (300.0, 300.060)
+    by_call = {call: steps(5.0, 5.0) for call in calls}
+    by_call["late-validator"] = steps(5.0, 80.0)
+    by_call["late-policy"] = steps(50.0, 5.0)
+    del by_call["c3"]  # its events were not all read: no steps, not ranked
+
+    assert medians(by_call) == {"client publish": 0.1, "policy": 5.0, "validator": 5.0}
+    assert slowest(by_call, calls, n=2) == [steps(5.0, 80.0), steps(50.0, 5.0)]
+
+    run = fleet_run({"policy": 80.0})
+    assert run.costs is not None
+    fleet = dataclasses.replace(
+        run,
+        costs=dataclasses.replace(
+            run.costs, paced_hops_ms=medians(by_call), paced_slowest_ms=slowest(by_call, calls)
+        ),
+    )
+    base = relays_run("baseline", throughput=1000.0, cpu_ms=1.0, p50=12.0, p99=25.0)
+    lines = costs_table(fleet, base, None).splitlines()
+    at = lines.index(
+        "fleet paced call, median ms by step: client publish 0.1, policy 5.0, validator 5.0"
+    )
+    assert lines[at + 1 : at + 4] == [
+        "  slowest paced call #1, ms by step: client publish 0.1, policy 5.0, validator 80.0",
+        "  slowest paced call #2, ms by step: client publish 0.1, policy 50.0, validator 5.0",
+        "  slowest paced call #3, ms by step: client publish 0.1, policy 5.0, validator 5.0",
+    ]

@@ -104,21 +104,22 @@ _SELECT_FIRST = (
     f"SELECT {_COLUMN_LIST} FROM tool_invocations WHERE invocation_id = $1"  # noqa: S608
     " ORDER BY created_at, tenant_id LIMIT 1"
 )
+# Every list a batch sends goes as one JSON parameter, read back by ``jsonb_to_recordset``
+# or ``jsonb_array_elements_text``: written by orjson in one call (and escaped as the
+# connection's JSON codec escapes, ``pg_text``), where a Postgres array costs asyncpg
+# several abstract-class checks and a call of the text codec per element (the marks and
+# rows as arrays were about a tenth of the status worker's CPU). A JSON null is SQL NULL
+# in every column.
 _SELECT_MANY = (
     f"SELECT {_COLUMN_LIST} FROM tool_invocations"  # noqa: S608
-    " WHERE (tenant_id, invocation_id) IN"
-    " (SELECT * FROM unnest($1::text[], $2::uuid[]))"
+    " WHERE (tenant_id, invocation_id) IN (SELECT tenant_id, invocation_id"
+    " FROM jsonb_to_recordset($1::jsonb) AS calls (tenant_id text, invocation_id uuid))"
 )
 # Sorted ids, locked in that order: batches that share invocations never deadlock.
 _LOCK_MANY = """
     SELECT pg_advisory_xact_lock($1, hashtext(id))
-    FROM (SELECT id FROM unnest($2::text[]) AS id ORDER BY id) AS ordered
+    FROM (SELECT id FROM jsonb_array_elements_text($2::jsonb) AS id ORDER BY id) AS ordered
 """
-# A batch's marks and changed rows each go as one JSON array of objects, read back by
-# ``jsonb_to_recordset``: one parameter, written by orjson (and escaped as the
-# connection's JSON codec escapes, ``pg_text``), where arrays of one element per column
-# and row cost asyncpg several abstract-class checks per element (about a tenth of the
-# status worker's CPU). A JSON null is SQL NULL in every column.
 _MARK_MANY = """
     INSERT INTO projected_events
         (tenant_id, source, event_id, invocation_id, event_kind, occurred_at, detail)
@@ -213,7 +214,15 @@ class PostgresProjection:
             fresh = {(r["tenant_id"], r["source"], r["event_id"]) for r in marked}
             stored = {
                 (r["tenant_id"], str(r["invocation_id"])): _row_of(r)
-                for r in await conn.fetch(_SELECT_MANY, [c.tenant_id for c in calls], ids)
+                for r in await conn.fetch(
+                    _SELECT_MANY,
+                    [
+                        {"tenant_id": tenant, "invocation_id": invocation}
+                        for tenant, invocation in {
+                            (c.tenant_id, i) for c, i in zip(calls, ids, strict=True)
+                        }
+                    ],
+                )
             }
             rows = dict(stored)
             results: list[bool] = []

@@ -6,8 +6,8 @@ the ``config-table`` markers; a test fails when that page and the classes disagr
 
 from __future__ import annotations
 
+import argparse
 import importlib
-import sys
 from pathlib import Path
 
 from pydantic_settings import BaseSettings
@@ -86,8 +86,13 @@ def rewrite(page: str) -> str:
     return f"{head}{START}\n{render_table()}\n{END}{tail}"
 
 
-def main() -> None:
-    path = Path(sys.argv[1] if len(sys.argv) > 1 else "docs/configuration.md")
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m toolfleet.config_doc",
+        description="Rewrite the configuration table of PAGE from the settings classes.",
+    )
+    parser.add_argument("page", nargs="?", type=Path, default=Path("docs/configuration.md"))
+    path: Path = parser.parse_args(argv).page
     path.write_text(rewrite(path.read_text()))
 
 

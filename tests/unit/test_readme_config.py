@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from toolfleet.config_doc import END, START, render_table
+from toolfleet.config_doc import END, START, main, render_table
 
 pytestmark = pytest.mark.unit
 
@@ -36,3 +36,17 @@ def test_every_variable_is_documented() -> None:
     ):
         assert f"`{name}`" in table
     assert "|  |" not in table  # every variable has a description
+
+
+def test_the_generator_rewrites_the_page_it_is_given_and_explains_itself(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    page = tmp_path / "configuration.md"
+    page.write_text(f"# Configuration\n\n{START}\nstale\n{END}\n\nAfter.\n")
+    main([str(page)])
+    assert page.read_text() == f"# Configuration\n\n{START}\n{render_table()}\n{END}\n\nAfter.\n"
+
+    with pytest.raises(SystemExit) as exited:
+        main(["--help"])
+    assert exited.value.code == 0
+    assert "usage: python -m toolfleet.config_doc" in capsys.readouterr().out

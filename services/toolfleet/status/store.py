@@ -193,6 +193,10 @@ class PostgresProjection:
         # text to a uuid parameter as it sends a UUID); an id that is not a UUID fails here.
         ids = [canonical_uuid(call.invocation_id) for call in calls]
         keys = sorted(set(ids))
+        # Each event's row, (tenant, id): read once per pair, folded in the calls' order.
+        rows_of = [
+            (call.tenant_id, invocation) for call, invocation in zip(calls, ids, strict=True)
+        ]
         async with self._pool.acquire() as conn, conn.transaction():
             await conn.execute(_LOCK_MANY, _LOCK_CLASS, keys)
             marked = await conn.fetch(
@@ -216,23 +220,17 @@ class PostgresProjection:
                 (r["tenant_id"], str(r["invocation_id"])): _row_of(r)
                 for r in await conn.fetch(
                     _SELECT_MANY,
-                    [
-                        {"tenant_id": tenant, "invocation_id": invocation}
-                        for tenant, invocation in {
-                            (c.tenant_id, i) for c, i in zip(calls, ids, strict=True)
-                        }
-                    ],
+                    [{"tenant_id": t, "invocation_id": i} for t, i in set(rows_of)],
                 )
             }
             rows = dict(stored)
             results: list[bool] = []
-            for call, invocation in zip(calls, ids, strict=True):
+            for call, key in zip(calls, rows_of, strict=True):
                 event = (call.tenant_id, call.source, call.event_id)
                 if event not in fresh:  # projected before, or a twin earlier in this batch
                     results.append(False)
                     continue
                 fresh.discard(event)
-                key = (call.tenant_id, invocation)
                 updated = call.transition(rows.get(key))
                 if updated is not None:
                     rows[key] = updated

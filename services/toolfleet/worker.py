@@ -15,7 +15,7 @@ import os
 import signal
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
@@ -173,16 +173,20 @@ def worker_id() -> str:
 @asynccontextmanager
 async def open_resources(settings: FleetSettings, *, service: str) -> AsyncIterator[Resources]:
     before_send = _outcome_sealer(settings, service)  # before anything is opened
-    redis = connect_redis(settings.redis_url)
-    broker = open_profile(settings, redis=redis)
-    producer = EventProducer(
-        settings,
-        client_id=f"toolfleet-{service}",
-        traffic=broker.announcer,
-        before_send=before_send,
-    )
-    pool = await create_pool(settings.database_url)
-    try:
+    async with AsyncExitStack() as stack:  # closed in reverse: producer, broker, redis, pool
+        pool = await create_pool(settings.database_url)
+        stack.push_async_callback(pool.close)
+        redis = connect_redis(settings.redis_url)
+        stack.push_async_callback(redis.aclose)
+        broker = open_profile(settings, redis=redis)
+        stack.push_async_callback(broker.aclose)
+        producer = EventProducer(
+            settings,
+            client_id=f"toolfleet-{service}",
+            traffic=broker.announcer,
+            before_send=before_send,
+        )
+        stack.push_async_callback(producer.stop)
         await producer.start()
         res = Resources(
             settings=settings,
@@ -195,11 +199,6 @@ async def open_resources(settings: FleetSettings, *, service: str) -> AsyncItera
         for job in broker.background():
             res.background(job)
         yield res
-    finally:
-        await producer.stop()
-        await broker.aclose()
-        await redis.aclose()
-        await pool.close()
 
 
 async def serve(

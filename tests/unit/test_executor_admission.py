@@ -660,3 +660,88 @@ async def test_an_invoked_ack_that_fails_fails_the_delivery_and_the_next_one_rep
     [(topic, _)] = await parts.service.on_authorized(event)  # redelivered
     assert topic is TopicName.EXECUTED
     assert sample_tools.RUNS[f"cached:{key}"] == 1  # replayed, not run again
+
+
+# -- the circuit, reported as the lease finishes ------------------------------------
+
+
+@dataclass
+class HeldSwaps:
+    """A circuit store whose writes wait until the test lets them through."""
+
+    store: MemoryCircuitStore
+    gate: asyncio.Event = field(default_factory=asyncio.Event)
+    swaps: int = 0
+    fail: bool = False
+
+    async def swap(self, name: str, expected: str, new: str, transition: str) -> bool:
+        self.swaps += 1
+        await self.gate.wait()
+        if self.fail:
+            raise ConnectionError("redis is away")
+        return await MemoryCircuitStore.swap(self.store, name, expected, new, transition)
+
+
+def held_swaps(parts: Rig) -> HeldSwaps:
+    held = HeldSwaps(parts.circuits)
+    parts.circuits.swap = held.swap  # type: ignore[method-assign]
+    return held
+
+
+async def test_the_last_attempts_circuit_report_overlaps_the_leases_finish() -> None:
+    parts, leases = leased()
+    held = held_swaps(parts)
+    event = authorized("test__cached", {"key": uuid.uuid4().hex})
+    running = asyncio.create_task(parts.service.on_authorized(event))
+    # The outcome is claimed while the circuit's write is held on the wire...
+    await settle_until(lambda: held.swaps == 1 and call_of(event) in leases.done)
+    # ...and is not handed on before the write is answered.
+    for _ in range(10):
+        await asyncio.sleep(0)
+    assert not running.done()
+    held.gate.set()
+    [(topic, env)] = await running
+    assert (topic, status_of(env.data)) == (TopicName.EXECUTED, "success")
+    assert circuit_state(parts, "test__cached").window == (0,)  # the success was counted
+
+
+async def test_a_circuit_report_that_fails_fails_the_delivery_and_the_next_one_replays() -> None:
+    parts, _ = leased()
+    held = held_swaps(parts)
+    held.fail = True
+    held.gate.set()
+    key = uuid.uuid4().hex
+    event = authorized("test__cached", {"key": key})
+    with pytest.raises(ConnectionError):
+        await parts.service.on_authorized(event)
+    # The lease recorded the outcome before the report failed: the tool does not run again
+    # (had it not, the redelivery would wait for the failed run's lease to lapse).
+    async with asyncio.timeout(5):
+        [(topic, env)] = await parts.service.on_authorized(event)
+    assert (topic, status_of(env.data)) == (TopicName.EXECUTED, "success")
+    assert sample_tools.RUNS[f"cached:{key}"] == 1
+
+
+async def test_a_transition_the_last_report_causes_is_acknowledged_before_the_outcome() -> None:
+    emitter = HeldAcks()
+    parts, _ = leased_with(emitter)
+    for _ in range(2):  # window 4, minimum 3 calls, 50 % failures: the third opens it
+        running = asyncio.create_task(
+            parts.service.on_authorized(authorized("test__breaker", {"fail": True}))
+        )
+        await settle_until(lambda: emitter.pending)
+        emitter.pending.pop().set_result(None)  # its invoked
+        await running
+    running = asyncio.create_task(
+        parts.service.on_authorized(authorized("test__breaker", {"fail": True}))
+    )
+    await settle_until(lambda: emitter.pending)
+    emitter.pending.pop().set_result(None)  # its invoked
+    await settle_until(lambda: emitter.of_type(EventType.CIRCUIT_OPENED))
+    for _ in range(10):
+        await asyncio.sleep(0)
+    assert not running.done()  # the outcome waits for circuit.opened's ack
+    emitter.pending[-1].set_result(None)
+    [(_, env)] = await running
+    assert status_of(env.data) == "external_api_error"
+    assert circuit_state(parts, "test.breaker").status is CircuitStatus.OPEN

@@ -154,9 +154,55 @@ async def test_failures_feed_the_circuit_and_its_transitions_are_reported() -> N
     store = Store(CircuitState())
     breaker = CircuitBreaker(store=store, clock=lambda: 1.0)
     for _ in range(2):  # default policy: 5 calls in the window, 50 % failures
-        await run_attempts(job({"fail_times": 9}, breaker=breaker, transitions=transitions))
+        done = await run_attempts(job({"fail_times": 9}, breaker=breaker, transitions=transitions))
+        if done.reported is not None:  # None once the circuit refused the last attempt
+            await done.reported.settle()
     assert [t.status for t in transitions] == [CircuitStatus.OPEN]
     assert CircuitState.from_json(store.raw).status is CircuitStatus.OPEN
+
+
+class HeldStore(Store):
+    """Each write waits until the test answers it."""
+
+    def __init__(self) -> None:
+        super().__init__(CircuitState())
+        self.waiting: list[asyncio.Event] = []
+
+    async def swap(self, name: str, expected: str, new: str, transition: str) -> bool:
+        answered = asyncio.Event()
+        self.waiting.append(answered)
+        await answered.wait()
+        return await super().swap(name, expected, new, transition)
+
+
+async def settle() -> None:
+    for _ in range(20):
+        await asyncio.sleep(0)
+
+
+async def test_a_retry_waits_for_the_failed_attempts_report_the_result_for_none() -> None:
+    store = HeldStore()
+    breaker = CircuitBreaker(store=store, clock=lambda: 1.0)
+    RUNS.clear()
+    attempts = asyncio.create_task(run_attempts(job({"fail_times": 1}, breaker=breaker)))
+    await settle()
+    assert (RUNS, len(store.waiting)) == ([1], 1)  # attempt 2 waits for attempt 1's report
+    store.waiting[0].set()
+    await settle()
+    assert (RUNS, len(store.waiting)) == ([1, 2], 2)
+    # The last attempt's report is still held, and the result is back without it.
+    done = await attempts
+    assert (done.result.error, done.attempts) == (None, 2)
+    assert done.reported is not None
+    assert not done.reported.step.done()
+    store.waiting[1].set()
+    await done.reported.settle()
+    assert CircuitState.from_json(store.raw).window == (1, 0)  # both attempts counted
+
+
+async def test_without_a_breaker_nothing_is_left_to_report() -> None:
+    done = await run_attempts(job({}))
+    assert (done.attempts, done.reported) == (1, None)
 
 
 def test_call_id_is_canonical_and_tenant_scoped() -> None:

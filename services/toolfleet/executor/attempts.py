@@ -8,7 +8,10 @@ rather than starts over. A cancel during a backoff wait ends the call as ``cance
 
 Every attempt first asks the tool's circuit for a permit and reports its outcome after.
 An open circuit ends the call with ``circuit_breaker_open`` (never retried here: the
-error's ``retry_after_s`` tells the caller when to come back).
+error's ``retry_after_s`` tells the caller when to come back). The report of an attempt
+that is retried is done before the retry; the last attempt's is queued and handed to the
+caller (:attr:`AttemptsResult.reported`), so its round trip overlaps what the caller
+does next (the lease's claim of the outcome) instead of coming before it.
 """
 
 from __future__ import annotations
@@ -29,7 +32,13 @@ from toolfleet.errors import (
     error_from,
     is_retryable,
 )
-from toolfleet.executor.circuits.breaker import CallOutcome, CircuitBreaker, Transition, Verdict
+from toolfleet.executor.circuits.breaker import (
+    CallOutcome,
+    CircuitBreaker,
+    Step,
+    Transition,
+    Verdict,
+)
 from toolfleet.executor.runner import RunResult, run_tool
 from toolfleet.tools.context import ToolContext
 from toolfleet.tools.spec import ToolSpec
@@ -65,7 +74,8 @@ class AttemptsInput:
     """Builds the context of attempt ``n`` (from 1), with the latest checkpoint's state."""
     breaker: CircuitBreaker | None
     after_transition: Callable[[Transition, int], Awaitable[None]]
-    """Called with each transition this call's attempts caused, and the attempt number."""
+    """Called with each transition this call's attempts caused, and the attempt number;
+    the transition is published (acknowledged) once it returns."""
     runner: ToolRunner = run_in_loop
     """Where each attempt runs (:class:`toolfleet.executor.isolated.IsolatedRunner`)."""
     circuit_read: str | None = None
@@ -79,6 +89,31 @@ class AttemptsResult:
     result: RunResult
     attempts: int
     """Times the tool ran (0 when the circuit refused the first attempt)."""
+    reported: PendingReport | None = None
+    """The last attempt's report to its circuit, on its way (None: nothing to report).
+    The caller settles it before the outcome leaves (:meth:`PendingReport.settle`)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PendingReport:
+    """An attempt's report to its circuit, queued with no task of its own."""
+
+    step: asyncio.Future[Step]
+    """The step the report takes (:meth:`CircuitBreaker.report_soon`)."""
+    attempt: int
+    after_transition: Callable[[Transition, int], Awaitable[None]]
+
+    async def settle(self) -> None:
+        """Wait for the report (an error it met is raised here) and publish the transition
+        it caused, if any."""
+        step = await self.step
+        if step.transition is not None:
+            await self.after_transition(step.transition, self.attempt)
+
+    def drop(self) -> None:
+        """Not settled (the call failed on its way): the report is still written, and an
+        error it meets is not reported as never retrieved."""
+        self.step.cancel()
 
 
 class _AttemptFailed(Exception):
@@ -113,14 +148,12 @@ async def run_attempts(job: AttemptsInput) -> AttemptsResult:
     # Most calls end with their first attempt: it runs without the retry machinery,
     # which only takes over (from attempt 2, after attempt 1's backoff) for a retry.
     try:
-        first = await _one_attempt(job, 1)
+        first, reported = await _one_attempt(job, 1)
     except (_Refused, Cancelled) as exc:
         error = exc.error if isinstance(exc, _Refused) else exc
         return AttemptsResult(result=RunResult(error=error.to_error_info()), attempts=0)
-    if first.error is None or policy.max_attempts <= 1:
-        return AttemptsResult(result=first, attempts=1)
-    if not is_retryable(error_from(first.error)):
-        return AttemptsResult(result=first, attempts=1)
+    if _is_last(job, 1, first):
+        return AttemptsResult(result=first, attempts=1, reported=reported)
 
     async def backoff(seconds: float) -> None:
         if job.cancel_event.is_set():
@@ -139,26 +172,39 @@ async def run_attempts(job: AttemptsInput) -> AttemptsResult:
         sleep=backoff,
         reraise=True,
     )
-    ran = 0
+    ran, result = 0, first
     try:
         async for attempt in retrying:
             with attempt:
                 number = attempt.retry_state.attempt_number
-                result = first if number == 1 else await _one_attempt(job, number)
+                if number > 1:
+                    result, reported = await _one_attempt(job, number)
                 ran = number
                 if result.error is not None:
                     raise _AttemptFailed(result.error, result)
-                return AttemptsResult(result=result, attempts=ran)
+                return AttemptsResult(result=result, attempts=ran, reported=reported)
     except _AttemptFailed as exc:
-        return AttemptsResult(result=exc.result, attempts=ran)
+        return AttemptsResult(result=exc.result, attempts=ran, reported=reported)
     except (_Refused, Cancelled) as exc:
         error = exc.error if isinstance(exc, _Refused) else exc
         return AttemptsResult(result=RunResult(error=error.to_error_info()), attempts=ran)
     raise AssertionError("tenacity stopped without an outcome")  # pragma: no cover
 
 
-async def _one_attempt(job: AttemptsInput, number: int) -> RunResult:
-    """Run the tool once under its circuit (raises :class:`_Refused` when it is open)."""
+def _is_last(job: AttemptsInput, number: int, result: RunResult) -> bool:
+    """Whether attempt ``number``, which ended with ``result``, is the call's last one
+    (the retry loop's own rule: a retryable error with attempts left is retried)."""
+    if result.error is None or number >= job.spec.retry.max_attempts:
+        return True
+    return not is_retryable(error_from(result.error))
+
+
+async def _one_attempt(job: AttemptsInput, number: int) -> tuple[RunResult, PendingReport | None]:
+    """Run the tool once under its circuit (raises :class:`_Refused` when it is open).
+
+    Returns the run and, if this is the last attempt, its report to the circuit under
+    way (an attempt to be retried has reported already: the retry reads what it wrote).
+    """
     name = job.spec.circuit_name
     policy = job.spec.circuit_breaker
     if job.breaker is not None:
@@ -179,12 +225,18 @@ async def _one_attempt(job: AttemptsInput, number: int) -> RunResult:
     # A cancelled attempt reports nothing: a half-open permit it held goes stale and is
     # handed out again (see circuits.admit).
     result = await job.runner(job.spec, job.parameters, ctx, job.timeout_s)
-    if job.breaker is not None:
-        outcome = CallOutcome(verdict=verdict_of(result), duration_s=time.monotonic() - started)
-        step = await job.breaker.after_call(name, policy, outcome)
-        if step.transition is not None:
-            await job.after_transition(step.transition, number)
-    return result
+    if job.breaker is None:
+        return result, None
+    outcome = CallOutcome(verdict=verdict_of(result), duration_s=time.monotonic() - started)
+    report = PendingReport(
+        step=job.breaker.report_soon(name, policy, outcome),
+        attempt=number,
+        after_transition=job.after_transition,
+    )
+    if _is_last(job, number, result):
+        return result, report
+    await report.settle()
+    return result, None
 
 
 def verdict_of(result: RunResult) -> Verdict:

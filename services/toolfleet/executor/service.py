@@ -49,7 +49,7 @@ from toolfleet.executor.admission import (
     check_grant,
     resume_point,
 )
-from toolfleet.executor.attempts import AttemptsInput, run_attempts
+from toolfleet.executor.attempts import AttemptsInput, PendingReport, run_attempts
 from toolfleet.executor.cache import ResultCache
 from toolfleet.executor.checkpoints.sink import CheckpointSink
 from toolfleet.executor.checkpoints.store import CheckpointStore
@@ -247,6 +247,7 @@ class ExecutorService:
                 else await self.ports.pool_router.misrouted(event, call, pool)
             )
         acks: list[asyncio.Future[object]] = []
+        reports: list[PendingReport] = []
         acknowledged: asyncio.Future[list[object]] | None = None
         try:
             async with AsyncExitStack() as stack:
@@ -255,7 +256,7 @@ class ExecutorService:
                 releases = Releases()
                 stack.push_async_callback(releases.wait)
                 if self.ports.lease_guard is None:
-                    outcome = await self._run(unleased, stack, acks, releases)
+                    outcome = await self._run(unleased, stack, acks, reports, releases)
                 else:
                     held = await stack.enter_async_context(
                         self.ports.lease_guard.hold(
@@ -267,15 +268,20 @@ class ExecutorService:
                     seen = held.seen if self.config.trust_lease_reads else None
                     run = replace(unleased, fence=held.fence, seen=seen)
                     # Claimed with finish() as the lease's hold ends.
-                    held.outcome = outcome = await self._run(run, stack, acks, releases)
-                # The acks of what the run published are awaited while the stack
-                # unwinds (the slot's release, the lease's finish): not one after the other.
+                    held.outcome = outcome = await self._run(run, stack, acks, reports, releases)
+                # The acks of what the run published, and its last report to the tool's
+                # circuit, are awaited while the stack unwinds (the slot's release, the
+                # lease's finish): not one after the other.
                 acknowledged = asyncio.gather(*acks)
             await acknowledged
+            while reports:
+                await reports.pop().settle()  # answered by now: it overlapped the finish
             return outcome
         finally:
             if acknowledged is None or not acknowledged.done():
                 _retrieve_later(acknowledged, acks)
+            for report in reports:  # not settled: the run failed on its way
+                report.drop()
             self.state.suspended_calls.discard(invocation_id)
             self.state.network_grants.pop(invocation_id, None)
 
@@ -302,13 +308,15 @@ class ExecutorService:
         run: RunInput,
         stack: AsyncExitStack,
         acks: list[asyncio.Future[object]],
+        reports: list[PendingReport],
         releases: Releases,
     ) -> list[Emitted]:
         """Admit the call, run its tool, and build its outcome (releases: ``stack``, and
         ``releases`` for those that may overlap the lease's finish).
 
-        The acks of the events published on the way (``invoked``, checkpoints, circuit
-        changes) are left in ``acks``: the caller awaits them before the outcome leaves.
+        The acks of the events published on the way (``invoked``, checkpoints) are left
+        in ``acks``, the last attempt's report to the tool's circuit in ``reports``: the
+        caller waits for both before the outcome leaves.
         """
         admitted = await self.admission.admit(run, stack, releases)
         if not isinstance(admitted, GatesPassed):
@@ -384,9 +392,11 @@ class ExecutorService:
             )
 
         async def after_transition(transition: Transition, attempt: int) -> None:
+            # Acknowledged here: the last attempt's report is settled after the run's acks
+            # were awaited (a transition is rare, and the wait for its ack short).
             changed = outcomes.circuit_changed(run, transition, attempt)
             if changed is not None:
-                sink.acks.append(await self.ports.emitter.emit(TopicName.EVENTS, changed))
+                await (await self.ports.emitter.emit(TopicName.EVENTS, changed))
 
         task = asyncio.current_task()
         assert task is not None
@@ -417,6 +427,8 @@ class ExecutorService:
                     )
                 )
                 result, attempts = done.result, done.attempts
+                if done.reported is not None:  # settled by the caller: it overlaps the rest
+                    reports.append(done.reported)
                 if result.error is not None:
                     mark_failed(run_span, result.error.code.value)
         except Suspended:

@@ -18,6 +18,7 @@ executors' wall clocks (seconds); circuits tolerate the skew of NTP-synced hosts
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 import logging
@@ -315,7 +316,12 @@ class CircuitBreaker:
         return await self._step(name, lambda s, now: admit(name, s, policy, now), read=read)
 
     async def after_call(self, name: str, policy: Breaker, outcome: CallOutcome) -> Step:
-        """Record a finished call; returns the step it caused (its transition, if any).
+        """Record a finished call; returns the step it caused (its transition, if any)."""
+        return await self.report_soon(name, policy, outcome)
+
+    def report_soon(self, name: str, policy: Breaker, outcome: CallOutcome) -> asyncio.Future[Step]:
+        """:meth:`after_call`, queued at once: the step it caused is the future's (no task
+        is needed for the report to be on its way while the caller goes on).
 
         Every finished call changes the window, so each would be a compare-and-swap on
         the one key all executors share, and the calls of a busy tool would keep losing
@@ -328,7 +334,7 @@ class CircuitBreaker:
         reports = self._reports.get(name)
         if reports is None:
             reports = self._reports[name] = Coalescer(functools.partial(self._fold, name))
-        return await reports.submit(_Report(policy, outcome))
+        return reports.enqueue(_Report(policy, outcome))
 
     async def _fold(self, name: str, batch: Sequence[_Report]) -> list[Step]:
         """Record a prefix of ``batch`` in one write; the steps of the calls recorded."""

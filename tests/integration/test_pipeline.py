@@ -6,6 +6,7 @@ Every assertion is about what a client sees: the terminal outcome of its invocat
 from __future__ import annotations
 
 import asyncio
+import functools
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -15,9 +16,10 @@ import pytest
 
 from tests.support.eventually import eventually
 from tests.support.pipeline import Fleet, fleet_settings, in_process_fleet
+from toolfleet.bus.producer import Outbound
 from toolfleet.client import Progress
 from toolfleet.events.codec import ContentMode
-from toolfleet.events.envelope import new_event
+from toolfleet.events.envelope import Envelope, new_event
 from toolfleet.events.models import InvocationStatus, ToolOutcome
 from toolfleet.events.types import EventType, Source, TopicName
 from toolfleet.settings import FleetSettings
@@ -270,6 +272,31 @@ async def test_duplicate_event_is_processed_once(fleet: Fleet) -> None:
     results = await fleet.read(TopicName.RESULTS, invocation_id=invocation_id)
     assert len(executed) == 1
     assert len(results) == 1
+
+
+async def test_a_replayed_executed_event_answers_with_the_same_outcome_id(fleet: Fleet) -> None:
+    # The validator keeps no dedupe markers: a redelivery, or a copy someone with topic
+    # access sends again, is validated again and answers with the outcome it had, under
+    # the same event id, which every reader of the results topic keeps once.
+    outcome = await call(fleet, "core__echo", {"message": "once"})
+    invocation_id = str(outcome.invocation_id)
+    [executed] = await fleet.read(TopicName.EXECUTED, invocation_id=invocation_id)
+    [first] = await fleet.read(TopicName.RESULTS, invocation_id=invocation_id)
+
+    async def answered(count: int) -> list[Envelope] | None:
+        results = await fleet.read(TopicName.RESULTS, invocation_id=invocation_id)
+        return results if len(results) == count else None
+
+    # One copy at a time: two copies in one fetch are one delivery (the in-flight twin).
+    for count in (2, 3):
+        await fleet.producer.send(
+            Outbound(envelope=executed, topic=fleet.topic(TopicName.EXECUTED))
+        )
+        results = await eventually(functools.partial(answered, count))
+    assert {e.id for e in results} == {first.id}
+    assert {e.type for e in results} == {first.type}
+    expected = {"message": "once", "length": 4}
+    assert all(e.data["result"] == first.data["result"] == expected for e in results)
 
 
 async def test_approval_granted_runs_the_call(fleet: Fleet) -> None:

@@ -33,4 +33,6 @@ async def build(res: Resources) -> list[EventConsumer]:
         return [Outbound(envelope=env, topic=res.topic(name)) for name, env in emitted]
 
     spec = res.spec(routing.VALIDATOR_CONSUMER, max_in_flight=settings.max_in_flight)
-    return [res.consumer(spec, handle)]
+    # Idempotent by construction, so no Redis dedupe markers: the outcome's id derives
+    # from the executed event's (events/outcomes.py) and so does an attachment's blob id.
+    return [res.consumer(spec, handle, dedupe=False)]

@@ -22,13 +22,17 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_random_exponential
+from tenacity import (
+    AsyncRetrying,
+    retry_if_exception_type,
+    stop_after_attempt,
+    wait_random_exponential,
+)
 
 from toolfleet.errors import (
     Cancelled,
     CircuitBreakerOpen,
     ErrorCode,
-    ErrorInfo,
     error_from,
     is_retryable,
 )
@@ -117,14 +121,7 @@ class PendingReport:
 
 
 class _AttemptFailed(Exception):
-    """Carries a failed attempt through tenacity; retried when its error class is retryable."""
-
-    def __init__(self, info: ErrorInfo, result: RunResult) -> None:
-        super().__init__(info.message)
-        self.info = info
-        self.error = error_from(info)
-        self.result = result
-        """The failed run as it was (its usage figures included)."""
+    """A failed attempt that is not the last (:func:`_is_last`): tenacity retries it."""
 
 
 class _Refused(Exception):
@@ -133,10 +130,6 @@ class _Refused(Exception):
     def __init__(self, error: CircuitBreakerOpen) -> None:
         super().__init__(error.message)
         self.error = error
-
-
-def _should_retry(exc: BaseException) -> bool:
-    return isinstance(exc, _AttemptFailed) and is_retryable(exc.error)
 
 
 async def run_attempts(job: AttemptsInput) -> AttemptsResult:
@@ -168,7 +161,9 @@ async def run_attempts(job: AttemptsInput) -> AttemptsResult:
     retrying = AsyncRetrying(
         stop=stop_after_attempt(policy.max_attempts),
         wait=wait_random_exponential(multiplier=policy.initial_backoff_s, max=policy.max_backoff_s),
-        retry=retry_if_exception(_should_retry),
+        # Whether to retry is _is_last's to say (it raises _AttemptFailed); the stop is a
+        # backstop that never fires first.
+        retry=retry_if_exception_type(_AttemptFailed),
         sleep=backoff,
         reraise=True,
     )
@@ -180,11 +175,11 @@ async def run_attempts(job: AttemptsInput) -> AttemptsResult:
                 if number > 1:
                     result, reported = await _one_attempt(job, number)
                 ran = number
-                if result.error is not None:
-                    raise _AttemptFailed(result.error, result)
-                return AttemptsResult(result=result, attempts=ran, reported=reported)
-    except _AttemptFailed as exc:
-        return AttemptsResult(result=exc.result, attempts=ran, reported=reported)
+                if _is_last(job, number, result):
+                    return AttemptsResult(result=result, attempts=ran, reported=reported)
+                if reported is not None:  # before the retry, which reads what it wrote
+                    await reported.settle()
+                raise _AttemptFailed  # retried after its backoff
     except (_Refused, Cancelled) as exc:
         error = exc.error if isinstance(exc, _Refused) else exc
         return AttemptsResult(result=RunResult(error=error.to_error_info()), attempts=ran)
@@ -192,8 +187,8 @@ async def run_attempts(job: AttemptsInput) -> AttemptsResult:
 
 
 def _is_last(job: AttemptsInput, number: int, result: RunResult) -> bool:
-    """Whether attempt ``number``, which ended with ``result``, is the call's last one
-    (the retry loop's own rule: a retryable error with attempts left is retried)."""
+    """Whether attempt ``number``, which ended with ``result``, is the call's last one:
+    the retry rule (a retryable error with attempts left is retried), said once."""
     if result.error is None or number >= job.spec.retry.max_attempts:
         return True
     return not is_retryable(error_from(result.error))
@@ -202,8 +197,8 @@ def _is_last(job: AttemptsInput, number: int, result: RunResult) -> bool:
 async def _one_attempt(job: AttemptsInput, number: int) -> tuple[RunResult, PendingReport | None]:
     """Run the tool once under its circuit (raises :class:`_Refused` when it is open).
 
-    Returns the run and, if this is the last attempt, its report to the circuit under
-    way (an attempt to be retried has reported already: the retry reads what it wrote).
+    Returns the run and its report to the circuit, under way (None: no breaker): the
+    caller settles it, before a retry or with the outcome.
     """
     name = job.spec.circuit_name
     policy = job.spec.circuit_breaker
@@ -228,15 +223,11 @@ async def _one_attempt(job: AttemptsInput, number: int) -> tuple[RunResult, Pend
     if job.breaker is None:
         return result, None
     outcome = CallOutcome(verdict=verdict_of(result), duration_s=time.monotonic() - started)
-    report = PendingReport(
+    return result, PendingReport(
         step=job.breaker.report_soon(name, policy, outcome),
         attempt=number,
         after_transition=job.after_transition,
     )
-    if _is_last(job, number, result):
-        return result, report
-    await report.settle()
-    return result, None
 
 
 def verdict_of(result: RunResult) -> Verdict:

@@ -90,17 +90,17 @@ class _Client:
     @classmethod
     @contextlib.contextmanager
     def counting(cls) -> Iterator[None]:
+        # The socket write itself: the fleet's lean connections (``storage/redis.py``)
+        # override ``send_packed_command`` but write through this one.
         send, execute, run = (
-            AbstractConnection.send_packed_command,
+            AbstractConnection._send_packed_command,
             Pipeline.execute,
             Redis.execute_command,
         )
 
-        async def counted_send(
-            self: AbstractConnection, command: Any, check_health: bool = True
-        ) -> None:
+        async def counted_send(self: AbstractConnection, command: Any) -> None:
             cls.writes += 1
-            await send(self, command, check_health)
+            await send(self, command)
 
         async def counted_execute(self: Pipeline, raise_on_error: bool = True) -> Any:
             cls.commands += len(self.command_stack)
@@ -110,13 +110,13 @@ class _Client:
             cls.commands += 1
             return await run(self, *args, **options)
 
-        AbstractConnection.send_packed_command = counted_send  # type: ignore[method-assign]
+        AbstractConnection._send_packed_command = counted_send  # type: ignore[method-assign]
         Pipeline.execute = counted_execute  # type: ignore[method-assign]
         Redis.execute_command = counted_run  # type: ignore[method-assign]
         try:
             yield
         finally:
-            AbstractConnection.send_packed_command = send  # type: ignore[method-assign]
+            AbstractConnection._send_packed_command = send  # type: ignore[method-assign]
             Pipeline.execute = execute  # type: ignore[method-assign]
             Redis.execute_command = run  # type: ignore[method-assign]
 

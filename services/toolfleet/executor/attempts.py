@@ -103,7 +103,7 @@ class PendingReport:
     """An attempt's report to its circuit, queued with no task of its own."""
 
     step: asyncio.Future[Step]
-    """The step the report takes (:meth:`CircuitBreaker.report_soon`)."""
+    """The step the report takes (:meth:`CircuitBreaker.after_call`)."""
     attempt: int
     after_transition: Callable[[Transition, int], Awaitable[None]]
 
@@ -224,7 +224,7 @@ async def _one_attempt(job: AttemptsInput, number: int) -> tuple[RunResult, Pend
         return result, None
     outcome = CallOutcome(verdict=verdict_of(result), duration_s=time.monotonic() - started)
     return result, PendingReport(
-        step=job.breaker.report_soon(name, policy, outcome),
+        step=job.breaker.after_call(name, policy, outcome),
         attempt=number,
         after_transition=job.after_transition,
     )

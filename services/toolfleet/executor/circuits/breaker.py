@@ -315,13 +315,10 @@ class CircuitBreaker:
         it a moment ago (:attr:`Step.read`), taken instead of reading it again."""
         return await self._step(name, lambda s, now: admit(name, s, policy, now), read=read)
 
-    async def after_call(self, name: str, policy: Breaker, outcome: CallOutcome) -> Step:
-        """Record a finished call; returns the step it caused (its transition, if any)."""
-        return await self.report_soon(name, policy, outcome)
-
-    def report_soon(self, name: str, policy: Breaker, outcome: CallOutcome) -> asyncio.Future[Step]:
-        """:meth:`after_call`, queued at once: the step it caused is the future's (no task
-        is needed for the report to be on its way while the caller goes on).
+    def after_call(self, name: str, policy: Breaker, outcome: CallOutcome) -> asyncio.Future[Step]:
+        """Record a finished call, queued at once; the step it caused (its transition, if
+        any) is the future's, so the report is on its way while the caller goes on, with
+        no task of its own.
 
         Every finished call changes the window, so each would be a compare-and-swap on
         the one key all executors share, and the calls of a busy tool would keep losing

@@ -119,3 +119,41 @@ async def test_an_observer_fetches_once_per_wait_whatever_rings(
         assert await consumer.getmany(timeout_ms=1000) == {}
         # The next fetch, three seconds after the last, brings it.
         assert values(await consumer.getmany(timeout_ms=4000)) == [b"hello"]
+
+
+DEEP = 6000
+"""One-record batches in a partition: deeper than the dev broker reads in a millisecond."""
+
+
+async def test_a_record_at_the_end_of_a_deep_partition_is_read(
+    kafka_bootstrap: str, topic: str
+) -> None:
+    """The dev broker keeps every batch and takes the longer to find an offset the more
+    batches the partition holds: held only the profile's 1 ms, a fetch at the end of a
+    few thousand comes back empty, every time. Once a fetch reported the end past the
+    consumer's offset, the next is known to find the record and is held up to 100 ms."""
+    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, linger_ms=0)
+    await producer.start()
+    consumer = AIOKafkaConsumer(
+        topic,
+        bootstrap_servers=kafka_bootstrap,
+        group_id=None,
+        fetch_max_wait_ms=1,
+        auto_offset_reset="latest",
+    )
+    try:
+        for _ in range(DEEP):  # one batch each: every send waits for its acknowledgement
+            await producer.send_and_wait(topic, b"x")
+        await consumer.start()
+        wait_in_client(consumer, 0.004, found_wait_ms=100)
+        assert await consumer.getmany(timeout_ms=300) == {}  # at the end
+
+        await producer.send_and_wait(topic, b"last")
+        read: list[bytes | None] = []
+        async with asyncio.timeout(20):
+            while not read:
+                read = values(await consumer.getmany(timeout_ms=500))
+        assert read == [b"last"]
+    finally:
+        await consumer.stop()
+        await producer.stop()

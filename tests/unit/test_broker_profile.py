@@ -97,8 +97,11 @@ def test_the_start_line_says_what_the_profile_does() -> None:
     dev = DevBrokerProfile(DevBrokerSettings(broker_profile="dev")).summary()
     assert dev == (
         "broker profile: dev (fetches held 1 ms at the broker, 4 ms more in the client, "
+        "up to 100 ms at the broker when known to find records, "
         "no doorbell, producer acks=all, no LeaveGroup on stop)"
     )
+    off = DevBrokerSettings(broker_profile="dev", fetch_found_wait_ms=0)
+    assert "known to find" not in DevBrokerProfile(off).summary()
 
 
 async def test_a_consumer_under_the_dev_profile_refuses_to_run_without_its_implementation() -> None:

@@ -15,7 +15,11 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from tests.support.eventually import eventually
 from toolfleet.bus.profile import PacingInput
 from toolfleet.devstack.broker_profile import DevBrokerProfile, DevBrokerSettings, DoorbellPacing
-from toolfleet.devstack.broker_profile.client_wait import fetch_waits, wait_in_client
+from toolfleet.devstack.broker_profile.client_wait import (
+    FOUND_WAIT_CAP_MS,
+    fetch_waits,
+    wait_in_client,
+)
 from toolfleet.devstack.broker_profile.doorbell import (
     FAST_RING_EVERY_S,
     FetchPace,
@@ -493,11 +497,14 @@ class Fetcher:
 
     def __init__(self) -> None:
         self.sent: list[dict[TopicPartition, int]] = []
+        self.held_ms: list[int | None] = []
+        """How long the broker may hold each request sent (aiokafka's ``_max_wait_ms``)."""
         self.found: list[bool] = []
         self._closed = False
 
     async def _proc_fetch_request(self, assignment: object, node_id: int, request: Any) -> bool:
         self.sent.append({TopicPartition(t, p): o for t, ps in request.topics for p, o, _ in ps})
+        self.held_ms.append(getattr(request, "_max_wait_ms", None))
         return self.found.pop(0) if self.found else False
 
 
@@ -514,7 +521,10 @@ class Assignment:
 
 
 def request(**offsets: int) -> SimpleNamespace:
-    return SimpleNamespace(topics=[("t", [(int(p[1:]), o, 1024) for p, o in offsets.items()])])
+    """A fetch request as aiokafka builds it: held 1 ms at the broker (the dev profile's)."""
+    return SimpleNamespace(
+        topics=[("t", [(int(p[1:]), o, 1024) for p, o in offsets.items()])], _max_wait_ms=1
+    )
 
 
 def exact_consumer() -> tuple[FetchPace, Fetcher]:
@@ -595,3 +605,77 @@ async def test_an_observer_fetches_at_most_once_per_its_wait_rings_or_not() -> N
     await second
     assert loop.time() - started >= 0.025
     assert len(fetcher.sent) == 2
+
+
+async def test_a_fetch_known_to_find_records_is_held_longer_at_the_broker() -> None:
+    """The dev broker takes longer to find an offset the deeper its partition: held 1 ms,
+    a fetch at the end of a few thousand batches comes back empty every time."""
+    awake = critical_pace(interval_s=30)
+    awake.rung_awake = True
+    fetcher = Fetcher()
+    wait_in_client(SimpleNamespace(_fetcher=fetcher), 0.004, awake, found_wait_ms=100)  # type: ignore[arg-type]
+    fetch = fetcher._proc_fetch_request
+    assignment = Assignment(T0, T1, ends={T0: 5, T1: 0})
+
+    # A ring named partition 0's record at offset 5: the fetch from 5 is held up to 100 ms.
+    awake.ring("t", {0: 5})
+    fetcher.found = [True]
+    assert await fetch(assignment, 0, request(p0=5, p1=0)) is True
+    # Its last fetch reported partition 1's end at 40: the fetch from 7 is known too.
+    assignment.ends.update({T0: 6, T1: 40})
+    fetcher.found = [True]
+    assert await fetch(assignment, 0, request(p0=6, p1=7)) is True
+    assert fetcher.held_ms == [100, 100]
+
+    # Not known (caught up as last reported), in the fast spell after a ring that did not
+    # say where: sent as built, held 1 ms.
+    assignment.ends.update({T0: 6, T1: 7})
+    awake.ring("t", {})
+    assert await fetch(assignment, 0, request(p0=6, p1=7)) is False
+    assert fetcher.held_ms[-1] == 1
+
+
+async def test_a_known_fetch_that_came_back_empty_doubles_the_next_hold_up_to_a_cap() -> None:
+    fetcher = Fetcher()
+    wait_in_client(SimpleNamespace(_fetcher=fetcher), 0.0, found_wait_ms=3000)  # type: ignore[arg-type]
+    fetch = fetcher._proc_fetch_request
+    behind = Assignment(T0, ends={T0: 50_000})
+    for _ in range(4):  # a partition deeper than the broker reads in 3 s
+        assert await fetch(behind, 0, request(p0=10)) is False
+    fetcher.found = [True]
+    assert await fetch(behind, 0, request(p0=10)) is True
+    # Caught up: neither known nor lengthened, however long the known ones got.
+    assert await fetch(Assignment(T0, ends={T0: 10}), 0, request(p0=10)) is False
+    assert fetcher.held_ms == [
+        3000,
+        6000,
+        FOUND_WAIT_CAP_MS,
+        FOUND_WAIT_CAP_MS,
+        FOUND_WAIT_CAP_MS,
+        1,
+    ]
+
+
+async def test_an_observer_s_fetch_behind_the_end_is_held_longer_and_others_keep_their_hold() -> (
+    None
+):
+    observer = pace(wake_delay_s=0.05)
+    fetcher = Fetcher()
+    wait_in_client(SimpleNamespace(_fetcher=fetcher), 0.001, observer, found_wait_ms=100)  # type: ignore[arg-type]
+    fetch = fetcher._proc_fetch_request
+    await fetch(Assignment(T0), 0, request(p0=0))  # nothing known of the end yet
+    await fetch(Assignment(T0, ends={T0: 900}), 0, request(p0=0))
+    # An aiokafka whose requests carry no ``_max_wait_ms``: sent as built.
+    bare = SimpleNamespace(topics=[("t", [(0, 0, 1024)])])
+    await fetch(Assignment(T0, ends={T0: 900}), 0, bare)
+    assert fetcher.held_ms == [1, 100, None]
+    assert not hasattr(bare, "_max_wait_ms")
+
+
+async def test_with_the_longer_hold_off_every_fetch_is_sent_as_built() -> None:
+    fetcher = Fetcher()
+    wait_in_client(SimpleNamespace(_fetcher=fetcher), 0.001, found_wait_ms=0)  # type: ignore[arg-type]
+    assert (
+        await fetcher._proc_fetch_request(Assignment(T0, ends={T0: 900}), 0, request(p0=0)) is False
+    )
+    assert fetcher.held_ms == [1]

@@ -9,11 +9,21 @@ rest of ``fetch_max_wait_ms`` itself (:func:`wait_in_client`), before its next f
 a ring cuts that wait short. A Kafka that long-polls wakes a held fetch the moment a
 record lands: its profile (``kafka``) waits at the broker only, and none of this runs.
 
-aiokafka has no public hook for it: :func:`wait_in_client` wraps the fetcher's private
-``_proc_fetch_request`` (aiokafka 0.10-0.14). This is why it lives in the dev profile,
-the only package allowed to touch aiokafka's private attributes
-(``tests/unit/test_no_private_aiokafka.py``); with an aiokafka that changes it,
-consumers of the dev profile wait at the broker only.
+A fetch known to find records is held longer at the broker (``fetch_found_wait_ms``,
+:class:`FoundWait`): the dev broker keeps every record batch it was ever sent in memory
+and takes the longer to find a fetch's offset the more batches its partition holds
+(measured on one partition, a new record at the end of 0 / 3,000 / 10,000 one-record
+batches: 1.6 / 4.7 / 10.9 ms with the longer hold; held 1 ms, the fetch at 3,000 came
+back empty every time and the record was never read). The broker answers such a fetch
+as soon as it has read the records, so the longer hold costs nothing when they are
+there, and a fetch nobody knows to find anything keeps the short one.
+
+aiokafka has no public hook for either: :func:`wait_in_client` wraps the fetcher's
+private ``_proc_fetch_request`` (aiokafka 0.10-0.14) and raises a fetch request's
+private ``_max_wait_ms`` (0.14; a request without it is sent as built). This is why it
+lives in the dev profile, the only package allowed to touch aiokafka's private
+attributes (``tests/unit/test_no_private_aiokafka.py``); with an aiokafka that changes
+them, consumers of the dev profile wait at the broker only.
 """
 
 from __future__ import annotations
@@ -40,26 +50,68 @@ def fetch_waits(max_wait_ms: int, broker_wait_ms: int) -> tuple[int, float]:
     return at_broker, (max_wait_ms - at_broker) / 1000
 
 
+FOUND_WAIT_CAP_MS = 10_000
+"""The longest :class:`FoundWait` doubles to: a partition that deep costs the dev broker
+seconds per fetch anyway (restart ``toolfleet dev``: getting started says so)."""
+
+
+class FoundWait:
+    """How long the broker may hold one consumer's fetches known to find records:
+    ``ms``, doubled (up to :data:`FOUND_WAIT_CAP_MS`) each time such a fetch still came
+    back empty, since its partitions have grown deeper than the broker reads in ``ms``."""
+
+    def __init__(self, ms: int) -> None:
+        self.ms = ms
+
+    def hold(self, request: Any) -> bool:
+        """Let the broker hold ``request`` up to :attr:`ms` (never shorter than it was
+        built): True if it may now."""
+        built = getattr(request, "_max_wait_ms", None)
+        if self.ms <= 0 or not isinstance(built, int):
+            return False
+        request._max_wait_ms = max(built, self.ms)
+        return True
+
+    def answered(self, *, held: bool, found: bool) -> None:
+        """A fetch came back (``held``: under :meth:`hold`; ``found``: with records)."""
+        if held and not found:
+            self.ms = min(self.ms * 2, FOUND_WAIT_CAP_MS)
+
+
 def wait_in_client(
-    consumer: AIOKafkaConsumer, seconds: float, pace: FetchPace | None = None
+    consumer: AIOKafkaConsumer,
+    seconds: float,
+    pace: FetchPace | None = None,
+    *,
+    found_wait_ms: int = 0,
 ) -> None:
     """After a fetch that brought no records, ``consumer`` waits ``seconds`` before it
     sends the next (cut short by ``pace``'s rings): the wait between fetches moves from
-    the broker to the client (see the module's notes). Call it once ``consumer`` started.
+    the broker to the client (see the module's notes). A fetch known to find records
+    (a ring's mark, or an offset before the partition's last reported end) may be held
+    ``found_wait_ms`` at the broker instead (:class:`FoundWait`; 0: as built). Call it
+    once ``consumer`` started.
 
     aiokafka fetches in a background task, one request per broker in flight, the next
     as soon as the last is answered; the wait is added to that request's task, so the
     broker stays *in flight* for it and no other fetch is sent meanwhile.
     """
     fetcher = getattr(consumer, "_fetcher", None)
-    if seconds <= 0 or fetcher is None or not _FETCHER_HOOK:
+    if (seconds <= 0 and found_wait_ms <= 0) or fetcher is None or not _FETCHER_HOOK:
         return
-    send = fetcher._proc_fetch_request
+    proc = fetcher._proc_fetch_request
+    found_wait = FoundWait(found_wait_ms)
+
+    async def send(assignment: Any, node_id: int, request: Any) -> bool:
+        held = _known(pace, assignment, request) and found_wait.hold(request)
+        found = bool(await proc(assignment, node_id, request))
+        found_wait.answered(held=held, found=found)
+        return found
 
     async def fetch_then_wait(assignment: Any, node_id: int, request: Any) -> bool:
         try:
             if pace is None:
-                found: bool = await send(assignment, node_id, request)
+                found = await send(assignment, node_id, request)
                 if not found:
                     await asyncio.sleep(seconds)
                 return found
@@ -67,7 +119,7 @@ def wait_in_client(
             if not pace.critical:
                 # An observer: at most one fetch every ``seconds``, rings or not.
                 await asyncio.sleep(pace.spacing(seconds))
-                return bool(await send(assignment, node_id, request))
+                return await send(assignment, node_id, request)
             if pace.exact and not _owed(pace, assignment, request):
                 if await pace.hold(since=since) or getattr(fetcher, "_closed", False):
                     return False  # rung, or partitions freed: the fetcher builds it anew
@@ -88,13 +140,30 @@ def wait_in_client(
     fetcher._proc_fetch_request = fetch_then_wait
 
 
-def _owed(pace: FetchPace, assignment: Any, request: Any) -> bool:
-    """:meth:`FetchPace.owed` of a fetch request (read as aiokafka's fetcher reads it),
-    with the high watermarks the assignment's last fetches reported."""
+def _positions(
+    assignment: Any, request: Any
+) -> tuple[dict[TopicPartition, int], dict[TopicPartition, int | None]]:
+    """A fetch request's offsets (read as aiokafka's fetcher reads it) and the high
+    watermarks the assignment's last fetches reported (None before any)."""
     offsets = {
         TopicPartition(topic, partition): offset
         for topic, partitions in request.topics
         for partition, offset, *_ in partitions
     }
     ends = {tp: getattr(assignment.state_value(tp), "highwater", None) for tp in offsets}
+    return offsets, ends
+
+
+def _owed(pace: FetchPace, assignment: Any, request: Any) -> bool:
+    """:meth:`FetchPace.owed` of a fetch request."""
+    offsets, ends = _positions(assignment, request)
     return pace.owed(offsets, assignment.tps, ends)
+
+
+def _known(pace: FetchPace | None, assignment: Any, request: Any) -> bool:
+    """Whether a fetch request is known to find records: a ring's mark names one, or a
+    partition's last reported end lies past its offset."""
+    offsets, ends = _positions(assignment, request)
+    if pace is not None and pace.marked(offsets, assignment.tps):
+        return True
+    return any((end := ends[tp]) is not None and start < end for tp, start in offsets.items())

@@ -34,17 +34,19 @@ class DoorbellPacing:
         broker_wait_ms: int,
         client_wait_s: float,
         poll_timeout_ms: int,
+        found_wait_ms: int = 0,
         pace: FetchPace | None = None,
         traffic: TrafficSignal | None = None,
     ) -> None:
         self.broker_wait_ms = broker_wait_ms
         self.client_wait_s = client_wait_s
         self.poll_timeout_ms = poll_timeout_ms
+        self.found_wait_ms = found_wait_ms
         self.pace = pace
         self._traffic = traffic if pace is not None else None
 
     def after_start(self, consumer: AIOKafkaConsumer) -> None:
-        wait_in_client(consumer, self.client_wait_s, self.pace)
+        wait_in_client(consumer, self.client_wait_s, self.pace, found_wait_ms=self.found_wait_ms)
         if self.pace is not None and self._traffic is not None:
             self._traffic.register(self.pace)
 
@@ -133,10 +135,14 @@ class DevBrokerProfile:
             self.settings.fetch_max_wait_ms, self.settings.fetch_broker_wait_ms
         )
         doorbell = "doorbell on Redis" if self.traffic is not None else "no doorbell"
+        found_ms = self.settings.fetch_found_wait_ms
+        found = (
+            f"up to {found_ms} ms at the broker when known to find records, " if found_ms else ""
+        )
         producer = "idempotent producer" if self.settings.enable_idempotence else "producer"
         return (
             f"broker profile: dev (fetches held {at_broker} ms at the broker, "
-            f"{round(in_client_s * 1000)} ms more in the client, {doorbell}, "
+            f"{round(in_client_s * 1000)} ms more in the client, {found}{doorbell}, "
             f"{producer} acks=all, no LeaveGroup on stop)"
         )
 
@@ -151,6 +157,7 @@ class DevBrokerProfile:
                 broker_wait_ms=at_broker,
                 client_wait_s=in_client_s,
                 poll_timeout_ms=request.poll_timeout_ms,
+                found_wait_ms=dev.fetch_found_wait_ms,
             )
         # Off the critical path: wait after a ring, so one fetch collects several hops.
         wake_delay_s = wait / 1000 if request.observer else 0.0
@@ -158,6 +165,7 @@ class DevBrokerProfile:
             broker_wait_ms=at_broker,
             client_wait_s=in_client_s,
             poll_timeout_ms=wait + 10,  # one whole fetch: an empty answer means caught up
+            found_wait_ms=dev.fetch_found_wait_ms,
             pace=fetch_pace(dev, request.topics, wake_delay_s=wake_delay_s),
             traffic=self.traffic,
         )

@@ -16,6 +16,14 @@ class DevBrokerSettings(FleetSettings):
     ``fetch_max_wait_ms``); the consumer waits the rest itself before it fetches again,
     and a doorbell ring cuts that short (the dev broker burns CPU while it holds a
     fetch)."""
+    fetch_found_wait_ms: int = Field(default=100, ge=0)
+    """Dev profile: how long the broker may hold a fetch known to find records (a ring
+    named them, or the last fetch reported the partition's end past the fetch's offset).
+    The dev broker answers such a fetch as soon as it has read them, but the deeper the
+    partition, the longer that takes (about 1 ms per thousand record batches it holds,
+    none ever trimmed); held only ``fetch_broker_wait_ms`` it answers empty, every time,
+    once that takes longer. A known fetch that still comes back empty doubles it for the
+    consumer's next ones. 0: every fetch is held ``fetch_broker_wait_ms``."""
     observer_fetch_max_wait_ms: int = Field(default=50, ge=0)
     """Dev profile: ``fetch_max_wait_ms`` of audit and status, which are off the outcome's
     critical path: while awake they fetch at most this often, and wait this long after a

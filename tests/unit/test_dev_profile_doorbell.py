@@ -617,22 +617,38 @@ async def test_a_fetch_known_to_find_records_is_held_longer_at_the_broker() -> N
     fetch = fetcher._proc_fetch_request
     assignment = Assignment(T0, T1, ends={T0: 5, T1: 0})
 
-    # A ring named partition 0's record at offset 5: the fetch from 5 is held up to 100 ms.
+    # A ring names partition 0's record at offset 5; the fetch is sent as built, and the
+    # deep partition's broker answers before it reached the record...
     awake.ring("t", {0: 5})
+    assert await fetch(assignment, 0, request(p0=5, p1=0)) is False
+    # ...reporting the end past the offset: the next fetch is held up to 100 ms.
+    assignment.ends[T0] = 6
     fetcher.found = [True]
     assert await fetch(assignment, 0, request(p0=5, p1=0)) is True
     # Its last fetch reported partition 1's end at 40: the fetch from 7 is known too.
     assignment.ends.update({T0: 6, T1: 40})
     fetcher.found = [True]
     assert await fetch(assignment, 0, request(p0=6, p1=7)) is True
-    assert fetcher.held_ms == [100, 100]
+    assert fetcher.held_ms == [1, 100, 100]
 
-    # Not known (caught up as last reported), in the fast spell after a ring that did not
-    # say where: sent as built, held 1 ms.
-    assignment.ends.update({T0: 6, T1: 7})
-    awake.ring("t", {})
-    assert await fetch(assignment, 0, request(p0=6, p1=7)) is False
-    assert fetcher.held_ms[-1] == 1
+
+async def test_a_ring_naming_records_never_written_never_holds_a_fetch_longer() -> None:
+    """Whoever can publish on the fleet's Redis can ring a mark far past a partition's
+    end (a hostile or a stale ring): its fetches are sent as built, held 1 ms at the
+    broker, and the longer hold does not grow."""
+    awake = critical_pace(interval_s=30)
+    awake.rung_awake = True
+    fetcher = Fetcher()
+    wait_in_client(SimpleNamespace(_fetcher=fetcher), 0.001, awake, found_wait_ms=100)  # type: ignore[arg-type]
+    fetch = fetcher._proc_fetch_request
+    assignment = Assignment(T0, ends={T0: 5})
+    awake.ring("t", {0: 1_000_000})
+    for _ in range(3):
+        assert await fetch(assignment, 0, request(p0=5)) is False
+    assignment.ends[T0] = 9  # a real record: held longer, at 100 ms still
+    fetcher.found = [True]
+    assert await fetch(assignment, 0, request(p0=5)) is True
+    assert fetcher.held_ms == [1, 1, 1, 100]
 
 
 async def test_a_known_fetch_that_came_back_empty_doubles_the_next_hold_up_to_a_cap() -> None:

@@ -87,8 +87,8 @@ def wait_in_client(
 ) -> None:
     """After a fetch that brought no records, ``consumer`` waits ``seconds`` before it
     sends the next (cut short by ``pace``'s rings): the wait between fetches moves from
-    the broker to the client (see the module's notes). A fetch known to find records
-    (a ring's mark, or an offset before the partition's last reported end) may be held
+    the broker to the client (see the module's notes). A fetch known to find records (an
+    offset before the partition's end as the broker last reported it) may be held
     ``found_wait_ms`` at the broker instead (:class:`FoundWait`; 0: as built). Call it
     once ``consumer`` started.
 
@@ -102,16 +102,21 @@ def wait_in_client(
     proc = fetcher._proc_fetch_request
     found_wait = FoundWait(found_wait_ms)
 
-    async def send(assignment: Any, node_id: int, request: Any) -> bool:
-        held = _known(pace, assignment, request) and found_wait.hold(request)
+    async def send(assignment: Any, node_id: int, request: Any, *, behind: bool) -> bool:
+        held = behind and found_wait.hold(request)
         found = bool(await proc(assignment, node_id, request))
         found_wait.answered(held=held, found=found)
         return found
 
     async def fetch_then_wait(assignment: Any, node_id: int, request: Any) -> bool:
+        offsets, ends = _positions(assignment, request)
+        # Known to find records only by the broker's own word (the end its last answer
+        # reported), never by a ring: a ring naming records never written (Redis is
+        # the doorbell's, not the broker's) must not make the broker hold a fetch.
+        behind = any((end := ends[tp]) is not None and start < end for tp, start in offsets.items())
         try:
             if pace is None:
-                found = await send(assignment, node_id, request)
+                found = await send(assignment, node_id, request, behind=behind)
                 if not found:
                     await asyncio.sleep(seconds)
                 return found
@@ -119,17 +124,17 @@ def wait_in_client(
             if not pace.critical:
                 # An observer: at most one fetch every ``seconds``, rings or not.
                 await asyncio.sleep(pace.spacing(seconds))
-                return await send(assignment, node_id, request)
-            if pace.exact and not _owed(pace, assignment, request):
+                return await send(assignment, node_id, request, behind=behind)
+            if pace.exact and not pace.owed(offsets, assignment.tps, ends):
                 if await pace.hold(since=since) or getattr(fetcher, "_closed", False):
                     return False  # rung, or partitions freed: the fetcher builds it anew
                 since = pace.rings
-            found = await send(assignment, node_id, request)
+            found = await send(assignment, node_id, request, behind=behind)
             if found:
                 return True
             if getattr(fetcher, "_closed", False):
                 return False
-            if not pace.exact or _owed(pace, assignment, request):
+            if not pace.exact or _owed(pace, assignment, request):  # ends as now reported
                 await pace.between_fetches(seconds, since=since)
         except asyncio.CancelledError:
             # Only the fetcher cancels its requests (closing, or the assignment changed)
@@ -158,12 +163,3 @@ def _owed(pace: FetchPace, assignment: Any, request: Any) -> bool:
     """:meth:`FetchPace.owed` of a fetch request."""
     offsets, ends = _positions(assignment, request)
     return pace.owed(offsets, assignment.tps, ends)
-
-
-def _known(pace: FetchPace | None, assignment: Any, request: Any) -> bool:
-    """Whether a fetch request is known to find records: a ring's mark names one, or a
-    partition's last reported end lies past its offset."""
-    offsets, ends = _positions(assignment, request)
-    if pace is not None and pace.marked(offsets, assignment.tps):
-        return True
-    return any((end := ends[tp]) is not None and start < end for tp, start in offsets.items())

@@ -271,19 +271,9 @@ class FetchPace:
         without waiting for rings. Settles the marks it passed and those of partitions
         no longer ``assigned``; a partition the fetch leaves out (records buffered,
         paused) keeps its mark until a fetch names it."""
-        marked = self.marked(offsets, assigned)
-        return marked or (
-            ends is not None
-            and any((end := ends.get(tp)) is None or start < end for tp, start in offsets.items())
+        owed = ends is not None and any(
+            (end := ends.get(tp)) is None or start < end for tp, start in offsets.items()
         )
-
-    def marked(
-        self, offsets: Mapping[TopicPartition, int], assigned: Collection[TopicPartition]
-    ) -> bool:
-        """Whether a ring named a record at or past one of ``offsets`` (so a fetch from
-        them finds it). Settles the marks they passed and those of partitions no longer
-        ``assigned``; a partition the fetch leaves out keeps its mark."""
-        marked = False
         for tp, mark in list(self._marks.items()):
             start = offsets.get(tp)
             if start is None:
@@ -292,8 +282,8 @@ class FetchPace:
             elif mark < start:
                 del self._marks[tp]
             else:
-                marked = True
-        return marked
+                owed = True
+        return owed
 
     def spacing(self, seconds: float) -> float:
         """An observer's fetch is sent at least ``seconds`` after its last one: how long

@@ -17,8 +17,8 @@ class DevBrokerSettings(FleetSettings):
     and a doorbell ring cuts that short (the dev broker burns CPU while it holds a
     fetch)."""
     fetch_found_wait_ms: int = Field(default=100, ge=0)
-    """Dev profile: how long the broker may hold a fetch known to find records (a ring
-    named them, or the last fetch reported the partition's end past the fetch's offset).
+    """Dev profile: how long the broker may hold a fetch known to find records (the last
+    fetch reported the partition's end past the fetch's offset).
     The dev broker answers such a fetch as soon as it has read them, but the deeper the
     partition, the longer that takes (about 1 ms per thousand record batches it holds,
     none ever trimmed); held only ``fetch_broker_wait_ms`` it answers empty, every time,

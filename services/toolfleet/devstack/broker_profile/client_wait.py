@@ -9,8 +9,8 @@ rest of ``fetch_max_wait_ms`` itself (:func:`wait_in_client`), before its next f
 a ring cuts that wait short. A Kafka that long-polls wakes a held fetch the moment a
 record lands: its profile (``kafka``) waits at the broker only, and none of this runs.
 
-A fetch known to find records is held longer at the broker (``fetch_found_wait_ms``,
-:class:`FoundWait`): the dev broker keeps every record batch it was ever sent in memory
+A fetch known to find records is held longer at the broker (``fetch_found_wait_ms``):
+the dev broker keeps every record batch it was ever sent in memory
 and takes the longer to find a fetch's offset the more batches its partition holds
 (measured on one partition, a new record at the end of 0 / 3,000 / 10,000 one-record
 batches: 1.6 / 4.7 / 10.9 ms with the longer hold; held 1 ms, the fetch at 3,000 came
@@ -50,34 +50,6 @@ def fetch_waits(max_wait_ms: int, broker_wait_ms: int) -> tuple[int, float]:
     return at_broker, (max_wait_ms - at_broker) / 1000
 
 
-FOUND_WAIT_CAP_MS = 10_000
-"""The longest :class:`FoundWait` doubles to: a partition that deep costs the dev broker
-seconds per fetch anyway (restart ``toolfleet dev``: getting started says so)."""
-
-
-class FoundWait:
-    """How long the broker may hold one consumer's fetches known to find records:
-    ``ms``, doubled (up to :data:`FOUND_WAIT_CAP_MS`) each time such a fetch still came
-    back empty, since its partitions have grown deeper than the broker reads in ``ms``."""
-
-    def __init__(self, ms: int) -> None:
-        self.ms = ms
-
-    def hold(self, request: Any) -> bool:
-        """Let the broker hold ``request`` up to :attr:`ms` (never shorter than it was
-        built): True if it may now."""
-        built = getattr(request, "_max_wait_ms", None)
-        if self.ms <= 0 or not isinstance(built, int):
-            return False
-        request._max_wait_ms = max(built, self.ms)
-        return True
-
-    def answered(self, *, held: bool, found: bool) -> None:
-        """A fetch came back (``held``: under :meth:`hold`; ``found``: with records)."""
-        if held and not found:
-            self.ms = min(self.ms * 2, FOUND_WAIT_CAP_MS)
-
-
 def wait_in_client(
     consumer: AIOKafkaConsumer,
     seconds: float,
@@ -89,8 +61,8 @@ def wait_in_client(
     sends the next (cut short by ``pace``'s rings): the wait between fetches moves from
     the broker to the client (see the module's notes). A fetch known to find records (an
     offset before the partition's end as the broker last reported it) may be held
-    ``found_wait_ms`` at the broker instead (:class:`FoundWait`; 0: as built). Call it
-    once ``consumer`` started.
+    ``found_wait_ms`` at the broker instead (0: as built). Call it once ``consumer``
+    started.
 
     aiokafka fetches in a background task, one request per broker in flight, the next
     as soon as the last is answered; the wait is added to that request's task, so the
@@ -100,13 +72,11 @@ def wait_in_client(
     if (seconds <= 0 and found_wait_ms <= 0) or fetcher is None or not _FETCHER_HOOK:
         return
     proc = fetcher._proc_fetch_request
-    found_wait = FoundWait(found_wait_ms)
 
     async def send(assignment: Any, node_id: int, request: Any, *, behind: bool) -> bool:
-        held = behind and found_wait.hold(request)
-        found = bool(await proc(assignment, node_id, request))
-        found_wait.answered(held=held, found=found)
-        return found
+        if behind:
+            _hold_at_broker(request, found_wait_ms)
+        return bool(await proc(assignment, node_id, request))
 
     async def fetch_then_wait(assignment: Any, node_id: int, request: Any) -> bool:
         offsets, ends = _positions(assignment, request)
@@ -163,3 +133,14 @@ def _owed(pace: FetchPace, assignment: Any, request: Any) -> bool:
     """:meth:`FetchPace.owed` of a fetch request."""
     offsets, ends = _positions(assignment, request)
     return pace.owed(offsets, assignment.tps, ends)
+
+
+def _hold_at_broker(request: Any, ms: int) -> None:
+    """Let the broker hold ``request`` up to ``ms`` (never shorter than it was built; a
+    request without aiokafka 0.14's ``_max_wait_ms`` is sent as built). A fixed bound,
+    not one that grows when such a fetch still comes back empty: a fetch wrongly taken
+    for known would then hold up every partition of its consumer for longer each time,
+    while one this deep costs the dev broker 100 ms per fetch (about 90,000 batches)."""
+    built = getattr(request, "_max_wait_ms", None)
+    if ms > 0 and isinstance(built, int) and built < ms:
+        request._max_wait_ms = ms

@@ -34,7 +34,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.consumer.fetcher import Fetcher
 
-from toolfleet.devstack.broker_profile.doorbell import FetchPace
+from toolfleet.devstack.broker_profile.doorbell import FetchPace, behind_reported_end
 
 _FETCHER_HOOK = callable(getattr(Fetcher, "_proc_fetch_request", None))
 """Whether this aiokafka's fetcher sends each fetch request in ``_proc_fetch_request``
@@ -83,7 +83,7 @@ def wait_in_client(
         # Known to find records only by the broker's own word (the end its last answer
         # reported), never by a ring: a ring naming records never written (Redis is
         # the doorbell's, not the broker's) must not make the broker hold a fetch.
-        behind = any((end := ends[tp]) is not None and start < end for tp, start in offsets.items())
+        behind = behind_reported_end(offsets, ends)
         try:
             if pace is None:
                 found = await send(assignment, node_id, request, behind=behind)

@@ -163,6 +163,15 @@ def fetch_pace(
     )
 
 
+def behind_reported_end(
+    offsets: Mapping[TopicPartition, int], ends: Mapping[TopicPartition, int | None]
+) -> bool:
+    """Whether a fetch from ``offsets`` starts before a partition's end as the broker's
+    last answer reported it (``ends``: high watermarks, None where none was reported):
+    records the broker itself said are there."""
+    return any((end := ends.get(tp)) is not None and start < end for tp, start in offsets.items())
+
+
 class FetchPace:
     """Whether one consumer fetches or rests, and what ends its rest.
 
@@ -271,8 +280,8 @@ class FetchPace:
         without waiting for rings. Settles the marks it passed and those of partitions
         no longer ``assigned``; a partition the fetch leaves out (records buffered,
         paused) keeps its mark until a fetch names it."""
-        owed = ends is not None and any(
-            (end := ends.get(tp)) is None or start < end for tp, start in offsets.items()
+        owed = ends is not None and (
+            any(ends.get(tp) is None for tp in offsets) or behind_reported_end(offsets, ends)
         )
         for tp, mark in list(self._marks.items()):
             start = offsets.get(tp)

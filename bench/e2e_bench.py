@@ -131,7 +131,9 @@ class BenchConfig:
     """The fleet's worker processes (``toolfleet worker NAME``), ``audit+status`` for
     both observers in one process."""
     short_idles: int = 3
-    """Calls after 3-second pauses, after the first call after the idle phase."""
+    """Calls after short pauses, after the first call after the idle phase."""
+    short_idle_s: float = 3.0
+    """How long each of those pauses lasts."""
     fleet_env: dict[str, str] = dataclasses.field(default_factory=dict)
     """Extra ``TOOLFLEET_*`` settings of the fleet's workers (``--fleet-env KEY=VALUE``)."""
     process_n: int = 300
@@ -930,7 +932,7 @@ async def measure_fleet(
             first = [await traced_call(after_idle)]
             awake = [await traced_call(after_awake)]
             for _ in range(cfg.short_idles):  # past TOOLFLEET_IDLE_AFTER_MS: all rest again
-                await asyncio.sleep(3)
+                await asyncio.sleep(cfg.short_idle_s)
                 first.append(await traced_call(after_idle))
                 awake.append(await traced_call(after_awake))
             costs = dataclasses.replace(
@@ -1470,7 +1472,10 @@ def main(argv: list[str] | None = None) -> int:
         help="the fleet's worker processes, comma-separated (default: %(default)s, the "
         "fleet's default layout); policy,executor,validator,audit,status runs the observers apart",
     )
-    parser.add_argument("--short-idles", type=int, default=3, help="calls after 3 s pauses")
+    parser.add_argument("--short-idles", type=int, default=3, help="calls after short pauses")
+    parser.add_argument(
+        "--short-idle-s", type=float, default=3.0, help="how long each short pause lasts"
+    )
     parser.add_argument("--baseline-only", action="store_true", help="skip the fleet run")
     parser.add_argument("--no-save", action="store_true", help="do not write bench/results")
     parser.add_argument(
@@ -1516,6 +1521,7 @@ def main(argv: list[str] | None = None) -> int:
         workers=tuple(args.workers.split(",")),
         api=not args.no_api,
         short_idles=args.short_idles,
+        short_idle_s=args.short_idle_s,
         fleet_env=fleet_env,
         broker_profile=fleet_env.get("BROKER_PROFILE", "dev"),
         process_n=args.process_n,

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 from uuid import UUID
@@ -26,7 +26,7 @@ import asyncpg
 
 from toolfleet.contract.http import InvocationView
 from toolfleet.storage.errors import POSTGRES_UNAVAILABLE
-from toolfleet.storage.retrying import Backoff, UntilStopped
+from toolfleet.storage.pg_listen import listen_postgres
 
 log = logging.getLogger(__name__)
 
@@ -125,42 +125,19 @@ class InvocationFeed:
 
     async def listen(self, dsn: str, stop: asyncio.Event, *, max_backoff_s: float = 5.0) -> None:
         """Hold the ``LISTEN`` connection until ``stop``; reconnect with backoff."""
-        reconnecting: UntilStopped[None] = UntilStopped(
+
+        async def notice(payload: str) -> None:
+            self.notice(payload)
+
+        await listen_postgres(
+            dsn,
+            CHANNEL,
+            notice,
+            stop,
+            after_listen=self.resync,  # anything may have changed while nobody listened
+            max_backoff_s=max_backoff_s,
             what="console feed lost its connection; reconnecting",
-            backoff=Backoff(first_s=0.2, max_s=max_backoff_s),
-            retry_on=_PASSING,
-            stop=stop,
         )
-
-        async def session() -> None:
-            async with _listening(dsn, self.notice) as lost:
-                reconnecting.made_progress()
-                self.resync()  # anything may have changed while nobody listened
-                await _first(stop, lost)
-            if not stop.is_set():
-                raise ConnectionResetError("the LISTEN connection closed")
-
-        await reconnecting.run(session)
-
-
-@contextlib.asynccontextmanager
-async def _listening(dsn: str, on_notice: Callable[[str], None]) -> AsyncIterator[asyncio.Event]:
-    """A connection listening on :data:`CHANNEL`; yields the event set when it is lost."""
-    # Its own connection, never a pooled one: pool connections are released without a
-    # reset, so a LISTEN must not live on one (toolfleet.storage.postgres).
-    conn = await asyncpg.connect(dsn)
-    lost = asyncio.Event()
-
-    def notified(_conn: object, _pid: int, _channel: str, payload: object) -> None:
-        on_notice(str(payload))
-
-    try:
-        conn.add_termination_listener(lambda _conn: lost.set())
-        await conn.add_listener(CHANNEL, notified)
-        yield lost
-    finally:
-        with contextlib.suppress(asyncpg.PostgresError, OSError):
-            await conn.close(timeout=2)
 
 
 async def _first(*events: asyncio.Event) -> None:

@@ -1,7 +1,8 @@
 """Kafka adapter of policy: requests, control and results in; decisions out.
 
-Besides its consumer, policy runs five background jobs: the ``policy:updates`` and
-``token:revocations`` listeners (cache invalidation within a second), the
+Besides its consumer, policy runs six background jobs: the ``policy:updates``,
+``token:revocations`` and registry (``tool_versions_changed``) listeners (cache
+invalidation within a second), the
 approval-expiry sweeper, the policy-file watcher that re-seeds file-managed tenants
 when the file changes, and the view of which executor pools have a live executor.
 
@@ -46,8 +47,9 @@ from toolfleet.policy.schemas import ManifestSchemas
 from toolfleet.policy.service import PendingApproval, PolicyService
 from toolfleet.policy.settings import PolicySettings
 from toolfleet.registry.lookup import ToolLookup
-from toolfleet.registry.store import RegistryStore
+from toolfleet.registry.store import VERSIONS_CHANGED, RegistryStore
 from toolfleet.storage.cancel_flags import RedisCancelFlags
+from toolfleet.storage.invalidation import run_postgres_invalidation_listener
 from toolfleet.storage.pools import RedisPoolPresence, RedisQueuedCalls
 from toolfleet.storage.revocation import CachedRevocationList
 from toolfleet.tools.limits import FleetLimits
@@ -67,8 +69,9 @@ async def build(res: Resources) -> list[EventConsumer]:
     limiter, idempotency = RedisRateLimiter(res.redis), RedisIdempotencyStore(res.redis)
     prefix = res.settings.topic_prefix
     pools = PoolLiveness(RedisPoolPresence(res.redis, topic_prefix=prefix))
+    lookup = ToolLookup(RegistryStore(res.pool), ttl_s=settings.registry_cache_ttl_s)
     service = PolicyService(
-        lookup=ToolLookup(RegistryStore(res.pool), ttl_s=settings.registry_cache_ttl_s),
+        lookup=lookup,
         verifier=await open_verifier(settings),
         policies=provider,
         schemas=ManifestSchemas(),
@@ -151,6 +154,11 @@ async def build(res: Resources) -> list[EventConsumer]:
                 log.info("policy file re-applied", extra={"tenants": sorted(applied)})
 
     res.background(lambda stop: run_invalidation_listener(res.redis, provider, stop))
+    res.background(
+        lambda stop: run_postgres_invalidation_listener(
+            res.settings.database_url, VERSIONS_CHANGED, lookup, stop
+        )
+    )
     res.background(lambda stop: revocations.listen(res.redis, stop))
     res.background(lambda stop: run_expiry_sweeper(approvals, expire, stop))
     if settings.policy_file is not None:

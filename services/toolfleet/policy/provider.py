@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from toolfleet.policy.documents import TenantPolicy, VersionedPolicy
+from toolfleet.storage.invalidation import Generations
 
 WILDCARD_TENANT = "*"
 """The entry that applies to every tenant without one of its own."""
@@ -85,8 +86,7 @@ class PolicyProvider:
         self._max = max_local_entries
         self._clock = clock
         self._local: dict[str, tuple[CachedEntry, float]] = {}
-        self._generations: dict[str, int] = {}
-        self._epoch = 0  # bumped by a full invalidation
+        self._generations = Generations()
 
     async def policy_for(self, tenant_id: str) -> TenantPolicy | None:
         """The tenant's policy, else the ``"*"`` policy, else ``None`` (deny by default)."""
@@ -100,7 +100,7 @@ class PolicyProvider:
         hit = self._local.get(tenant_id)
         if hit is not None and hit[1] > self._clock():
             return hit[0]
-        generation = self._generation(tenant_id)
+        token = self._generations.token(tenant_id)
         entry, epoch = (None, "") if self._shared is None else await self._shared.load(tenant_id)
         if entry is None:
             stored = await self._source.get(tenant_id)
@@ -111,7 +111,7 @@ class PolicyProvider:
             )
             if self._shared is not None:
                 await self._shared.store(tenant_id, entry, epoch)
-        if self._ttl > 0 and generation == self._generation(tenant_id):
+        if self._ttl > 0 and self._generations.current(tenant_id, token):
             if len(self._local) >= self._max:
                 self._local.clear()
             self._local[tenant_id] = (entry, self._clock() + self._ttl)
@@ -120,11 +120,10 @@ class PolicyProvider:
     def invalidate_local(self, tenant_id: str | None = None) -> None:
         """Forget one tenant (or, with ``None``, every tenant) in this process."""
         if tenant_id is None:
-            self._epoch += 1
+            self._generations.bump_all()
             self._local.clear()
-            self._generations.clear()
             return
-        self._generations[tenant_id] = self._generations.get(tenant_id, 0) + 1
+        self._generations.bump(tenant_id)
         self._local.pop(tenant_id, None)
 
     def after_subscribe(self) -> None:
@@ -140,6 +139,3 @@ class PolicyProvider:
         self.invalidate_local(tenant_id)
         if self._shared is not None:
             await self._shared.drop(tenant_id)
-
-    def _generation(self, tenant_id: str) -> tuple[int, int]:
-        return self._epoch, self._generations.get(tenant_id, 0)

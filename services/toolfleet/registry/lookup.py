@@ -1,10 +1,18 @@
-"""Resolves ``tool_id`` + version range to a manifest, with a short-lived cache.
+"""Resolves ``tool_id`` + version range to a manifest, with a cache the registry keeps fresh.
 
-Policy resolves every request, and nearly every request names a tool and range it
-resolved a moment ago, so a resolution is remembered too: for the cached version list
-it was computed from (a refreshed list starts over), and only until the next
-deprecation or sunset date of any of its versions, the one instant at which the same
-list can resolve differently.
+Policy resolves every request and the validator looks up every outcome's version, so a
+tool's versions are cached: for ``pushed_ttl_s`` (minutes) while the process hears the
+registry's change notices (:meth:`ToolLookup.after_subscribe`: a trigger on
+``tool_versions`` notifies every change, migration 0014, and
+:func:`~toolfleet.storage.invalidation.run_postgres_invalidation_listener` hands each to
+:meth:`ToolLookup.invalidate`), for ``ttl_s`` (seconds) while it does not. A call made
+after a pause then pays no registry read on its critical path: on a two-core box that
+read cost 4-6 ms of a worker's CPU after two seconds idle (``docs/benchmarks.md``).
+
+Nearly every request names a tool and range resolved a moment ago, so a resolution is
+remembered too: for the cached version list it was computed from (a refreshed list
+starts over), and only until the next deprecation or sunset date of any of its
+versions, the one instant at which the same list can resolve differently.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ import semver
 from toolfleet.contract.manifest import ToolManifest
 from toolfleet.errors import ToolNotFound
 from toolfleet.registry.versions import VersionInfo, resolve
+from toolfleet.storage.invalidation import Generations
 
 
 class ManifestSource(Protocol):
@@ -72,32 +81,89 @@ class _Resolution:
 MAX_RESOLUTIONS = 10_000
 """Resolutions a lookup remembers (cleared when exceeded)."""
 
+PUSHED_TTL_S = 300.0
+"""How long a tool's versions are kept while change notices reach the process. Only a
+notice lost without the listener knowing (its connection's line check is due) leaves
+an entry stale, and then for this long at most."""
+
+
+MAX_NOTICE_CHARS = 1000
+"""The longest tool id a change notice names (migration 0014 cuts the payload there)."""
+
 
 class ToolLookup:
-    """Version resolution over the registry; versions are cached for ``ttl_s`` seconds."""
+    """Version resolution over the registry; versions cached (see the module).
+
+    Args:
+        ttl_s: how long versions are kept while no change notice can reach the process.
+        pushed_ttl_s: how long while they can (:data:`PUSHED_TTL_S`).
+        monotonic: the clock of the cache's ages (tests move it).
+    """
 
     def __init__(
         self,
         source: ManifestSource,
         *,
         ttl_s: float = 5.0,
+        pushed_ttl_s: float = PUSHED_TTL_S,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self._source = source
         self._ttl_s = ttl_s
+        self._pushed_ttl_s = pushed_ttl_s
+        self._pushed = False
         self._clock = clock
+        self._monotonic = monotonic
         self._cache: dict[str, tuple[float, list[ToolManifest]]] = {}
+        self._generations = Generations()
         self._resolved: dict[tuple[str, str, frozenset[str]], _Resolution] = {}
 
     async def versions(self, tool_id: str) -> list[ToolManifest]:
-        now = time.monotonic()
+        now = self._monotonic()
         hit = self._cache.get(tool_id)
-        if hit is not None and now - hit[0] < self._ttl_s:
+        ttl_s = self._pushed_ttl_s if self._pushed else self._ttl_s
+        if hit is not None and now - hit[0] < ttl_s:
             return hit[1]
+        token = self._generations.token(tool_id)
         found = await self._source.versions(tool_id)
-        if found:  # an unknown tool is not cached: it may be registered any moment
+        # An unknown tool is not cached: it may be registered any moment. Nor is a list
+        # read while a change notice of the tool came: it may predate the change.
+        if found and self._generations.current(tool_id, token):
             self._cache[tool_id] = (now, found)
         return found
+
+    # --- change notices (an InvalidationTarget) ------------------------------------
+
+    def after_subscribe(self) -> None:
+        """Notices reach this process from now on: cache for ``pushed_ttl_s``, after
+        dropping what was read while none could (a change may have been missed)."""
+        self._forget_all()
+        self._pushed = True
+
+    def after_connection_lost(self) -> None:
+        """Notices may be missed from now on: drop everything, cache for ``ttl_s``."""
+        self._forget_all()
+        self._pushed = False
+
+    async def invalidate(self, key: str) -> None:
+        """A version of tool ``key`` was registered, changed or deleted.
+
+        Anyone who may connect to the database can ``NOTIFY`` the channel: a notice is
+        only ever a reason to read again, and one longer than any tool id (the trigger
+        cuts at 1,000 characters) names nothing here and is dropped."""
+        if len(key) > MAX_NOTICE_CHARS:
+            return
+        self._generations.bump(key)
+        self._cache.pop(key, None)
+
+    def remembered_notices(self) -> int:
+        """Tools whose notices are remembered (bounded: :class:`Generations`)."""
+        return len(self._generations)
+
+    def _forget_all(self) -> None:
+        self._generations.bump_all()
+        self._cache.clear()
 
     async def resolve(
         self, tool_id: str, spec: str, *, pinned: frozenset[str] = frozenset()

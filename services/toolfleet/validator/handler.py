@@ -9,17 +9,25 @@ from toolfleet.bus.runtime import EventConsumer, Inbound
 from toolfleet.events import routing
 from toolfleet.registry.lookup import ToolLookup
 from toolfleet.registry.schemas import CompiledSchemas
-from toolfleet.registry.store import RegistryStore
+from toolfleet.registry.store import VERSIONS_CHANGED, RegistryStore
 from toolfleet.storage.at_rest import TRANSFER_BLOB, AtRestCipher
 from toolfleet.storage.blobs import PostgresBlobStore
+from toolfleet.storage.invalidation import run_postgres_invalidation_listener
 from toolfleet.validator.service import ValidatorService
 from toolfleet.worker import Resources
 
 
 async def build(res: Resources) -> list[EventConsumer]:
     settings = res.settings
+    lookup = ToolLookup(RegistryStore(res.pool))
+    # Versions stay cached while the registry's change notices reach this process.
+    res.background(
+        lambda stop: run_postgres_invalidation_listener(
+            settings.database_url, VERSIONS_CHANGED, lookup, stop
+        )
+    )
     service = ValidatorService(
-        lookup=ToolLookup(RegistryStore(res.pool)),
+        lookup=lookup,
         schemas=CompiledSchemas(),
         blobs=PostgresBlobStore(
             res.pool, cipher=AtRestCipher.from_settings(settings, purpose=TRANSFER_BLOB)

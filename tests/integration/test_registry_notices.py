@@ -25,6 +25,7 @@ from toolfleet.registry.lookup import ToolLookup
 from toolfleet.registry.store import VERSIONS_CHANGED, RegistryStore
 from toolfleet.settings import FleetSettings
 from toolfleet.storage.invalidation import run_postgres_invalidation_listener
+from toolfleet.storage.pg_listen import listen_postgres
 from toolfleet.storage.postgres import create_pool
 
 pytestmark = pytest.mark.integration
@@ -163,14 +164,16 @@ async def test_forged_notices_only_cost_a_read_again(settings: FleetSettings) ->
         assert (await it.lookup.resolve(tool_id, "^1")).manifest.version == "1.0.0"
 
 
-class FreezableProxy:
-    """TCP between the listener and Postgres that can stop carrying bytes without closing
-    (a cut network: neither end hears of it)."""
+class SilencingProxy:
+    """TCP between a client and Postgres whose open connections can be silenced: they stop
+    carrying bytes and nothing is closed (a half-open connection: neither end hears of
+    it). Connections made afterwards carry bytes as usual."""
 
     def __init__(self, host: str, port: int) -> None:
         self.target = (host, port)
-        self.frozen = asyncio.Event()
         self.server: asyncio.Server | None = None
+        self.silenced: list[asyncio.Event] = []
+        self.tasks: set[asyncio.Future[tuple[None, None]]] = set()
 
     async def __aenter__(self) -> int:
         self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
@@ -179,28 +182,43 @@ class FreezableProxy:
     async def __aexit__(self, *_exc: object) -> None:
         assert self.server is not None
         self.server.close()
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+
+    def silence_open_connections(self) -> None:
+        for silenced in self.silenced:
+            silenced.set()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         up_reader, up_writer = await asyncio.open_connection(*self.target)
+        silenced = asyncio.Event()
+        self.silenced.append(silenced)
 
         async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
             while data := await src.read(65536):
-                if self.frozen.is_set():
-                    await asyncio.Event().wait()  # hold the bytes forever, close nothing
+                if silenced.is_set():
+                    continue  # swallowed: the other end never hears
                 dst.write(data)
                 await dst.drain()
 
-        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+        task = asyncio.ensure_future(
+            asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+        )
+        self.tasks.add(task)
+        try:
+            await task
+        finally:
+            for w in (writer, up_writer):
+                w.close()
 
 
 async def test_a_line_that_went_silent_is_found_by_its_check_and_replaced(
     settings: FleetSettings,
 ) -> None:
-    from toolfleet.storage.pg_listen import listen_postgres
-
     dsn = settings.database_url
     parts = urllib.parse.urlsplit(dsn)
-    proxy = FreezableProxy(parts.hostname or "127.0.0.1", parts.port or 5432)
+    proxy = SilencingProxy(parts.hostname or "127.0.0.1", parts.port or 5432)
     async with proxy as port:
         through = parts._replace(netloc=f"{parts.username}@127.0.0.1:{port}").geturl()
         heard: list[str] = []
@@ -228,9 +246,8 @@ async def test_a_line_that_went_silent_is_found_by_its_check_and_replaced(
             await eventually(lambda: _now(bool(lives)), timeout=10)
             await pool.execute("NOTIFY tf_line_check, 'before'")
             await eventually(lambda: _now(heard == ["before"]), timeout=10)
-            proxy.frozen.set()  # the network is cut; no socket closes
+            proxy.silence_open_connections()  # the line goes dead; no socket closes
             await eventually(lambda: _now(bool(losses)), timeout=10)  # the check found it
-            proxy.frozen.clear()  # new connections go through again
             await eventually(lambda: _now(len(lives) >= 2), timeout=10)
             await pool.execute("NOTIFY tf_line_check, 'after'")
             await eventually(lambda: _now("after" in heard), timeout=10)

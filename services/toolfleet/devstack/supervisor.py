@@ -133,6 +133,10 @@ async def _supervise(plan: DevPlan, console: DevConsole) -> int:
 
     for sig in _STOP_SIGNALS:
         loop.add_signal_handler(sig, on_signal, sig)
+    # Held since the plan was built (see ``run_dev``): one that came meanwhile is
+    # delivered now, to ``on_signal``. Before any service starts, which would inherit
+    # the mask.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
 
     console.say("preparing the database, the topics and the tool registry")
     preparing = asyncio.create_task(bootstrap(plan.settings))
@@ -224,6 +228,10 @@ def run_dev(*, verbose: bool | None = None) -> int:
     try:
         with _signals(None):
             plan = build_plan(stack, home=home, say=console.say)
+            # From here until the supervisor's own handlers are in place, a stop signal
+            # waits: raised as KeyboardInterrupt inside asyncio.run's setup, it left a
+            # half-built event loop whose finalizer printed a traceback.
+            signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
         code = asyncio.run(_supervise(plan, console))
     except KeyboardInterrupt:
         console.say("interrupted while starting")
@@ -233,6 +241,7 @@ def run_dev(*, verbose: bool | None = None) -> int:
     finally:
         # Stopping the servers must not be cut short by an impatient second Ctrl-C.
         with _signals(signal.SIG_IGN):
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)  # if setup failed
             stack.close()
         faulthandler.cancel_dump_traceback_later()
         console.say("stopped")

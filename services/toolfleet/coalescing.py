@@ -73,3 +73,42 @@ def _settle(waiting: asyncio.Future[Out], result: Out | Exception) -> None:
         waiting.set_exception(result)
     else:
         waiting.set_result(result)
+
+
+Key = TypeVar("Key")
+Token = TypeVar("Token")
+
+
+class SingleFlight(Generic[Key, Token, Out]):
+    """Concurrent loads of one key share one read: the loads of a cache's misses.
+
+    A cold cache meets a burst of calls of the same tenant or tool at once (a worker
+    started under load): each miss read the store, several times the same row. A load
+    under way is joined instead, as long as it started under the caller's ``token``
+    (:class:`~toolfleet.storage.invalidation.Generations`): a caller that came after an
+    invalidation of its key never takes a read from before it. The load runs in a task
+    of its own: a caller that stops waiting leaves it to the others, and its error is
+    every joiner's.
+    """
+
+    def __init__(self) -> None:
+        self._flights: dict[Key, tuple[Token, asyncio.Future[Out]]] = {}
+
+    async def run(self, key: Key, token: Token, load: Callable[[], Awaitable[Out]]) -> Out:
+        flight = self._flights.get(key)
+        if flight is None or flight[0] != token:
+            task = asyncio.ensure_future(load())
+            flight = self._flights[key] = (token, task)
+            task.add_done_callback(lambda done: self._landed(key, done))
+        return await asyncio.shield(flight[1])
+
+    def __len__(self) -> int:
+        """Loads under way."""
+        return len(self._flights)
+
+    def _landed(self, key: Key, done: asyncio.Future[Out]) -> None:
+        flight = self._flights.get(key)
+        if flight is not None and flight[1] is done:
+            del self._flights[key]
+        if not done.cancelled():
+            done.exception()  # seen: joiners that stopped waiting leave no warning

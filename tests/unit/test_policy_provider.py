@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -159,3 +160,64 @@ async def test_catalog_for_admins_and_for_no_policy() -> None:
     assert total == len(TOOLS)
     assert len(rows) == len(TOOLS)
     assert await visible_page(CatalogView(policy=None), fetch, offset=0, limit=50) == ([], 0)
+
+
+class HeldSource(Source):
+    """Reads that wait until released: the misses of a cold cache arrive together."""
+
+    def __init__(self, policies: dict[str, TenantPolicy]) -> None:
+        super().__init__(policies)
+        self.release = asyncio.Event()
+        self.reading = asyncio.Event()
+
+    async def get(self, tenant_id: str) -> VersionedPolicy | None:
+        found = await super().get(tenant_id)
+        self.reading.set()
+        await self.release.wait()
+        return found
+
+
+async def test_a_burst_of_misses_for_one_tenant_reads_the_store_once() -> None:
+    source = HeldSource({"acme": ACME})
+    provider = PolicyProvider(source, shared=Shared())
+    burst = [asyncio.ensure_future(provider.policy_for("acme")) for _ in range(50)]
+    await source.reading.wait()
+    source.release.set()
+    assert await asyncio.gather(*burst) == [ACME] * 50
+    assert source.reads == ["acme"]
+
+
+async def test_a_miss_after_an_invalidation_never_joins_a_read_from_before_it() -> None:
+    source = HeldSource({"acme": ACME})
+    provider = PolicyProvider(source, shared=Shared())
+    before = asyncio.ensure_future(provider.policy_for("acme"))
+    await source.reading.wait()  # its read is under way, and saw ACME
+    source.policies["acme"] = CORE  # a writer commits and announces
+    provider.invalidate_local("acme")
+    after = asyncio.ensure_future(provider.policy_for("acme"))
+    await asyncio.sleep(0)
+    source.release.set()
+    assert await before == ACME
+    assert await after == CORE  # its own read, after the change
+    assert source.reads == ["acme", "acme"]
+
+
+async def test_a_failed_shared_read_fails_every_joiner_and_the_next_miss_tries_again() -> None:
+    class Failing(HeldSource):
+        fail = True
+
+        async def get(self, tenant_id: str) -> VersionedPolicy | None:
+            found = await super().get(tenant_id)
+            if self.fail:
+                self.fail = False
+                raise ConnectionError("postgres went away")
+            return found
+
+    source = Failing({"acme": ACME})
+    provider = PolicyProvider(source, shared=Shared())
+    burst = [asyncio.ensure_future(provider.policy_for("acme")) for _ in range(3)]
+    await source.reading.wait()
+    source.release.set()
+    results = await asyncio.gather(*burst, return_exceptions=True)
+    assert all(isinstance(r, ConnectionError) for r in results)
+    assert await provider.policy_for("acme") == ACME

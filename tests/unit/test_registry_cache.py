@@ -163,3 +163,30 @@ def test_generations_past_their_bound_start_over_and_overtake_every_read() -> No
     generations.bump("one more")
     assert len(generations) == 1
     assert not generations.current("k", token)  # a read under "k" reads again
+
+
+async def test_a_burst_of_misses_for_one_tool_reads_the_registry_once() -> None:
+    source, clock = HeldManifests(manifest("t__a", "1.0.0")), Clock()
+    lookup = lookup_over(source, clock)
+    lookup.after_subscribe()
+    burst = [asyncio.ensure_future(lookup.resolve("t__a", "^1")) for _ in range(50)]
+    await source.reading.wait()
+    source.release.set()
+    assert {r.manifest.version for r in await asyncio.gather(*burst)} == {"1.0.0"}
+    assert source.reads == {"t__a": 1}
+
+
+async def test_a_miss_after_a_notice_reads_again_instead_of_joining() -> None:
+    source, clock = HeldManifests(manifest("t__a", "1.0.0")), Clock()
+    lookup = lookup_over(source, clock)
+    lookup.after_subscribe()
+    before = asyncio.ensure_future(lookup.resolve("t__a", "^1"))
+    await source.reading.wait()
+    source.register(manifest("t__a", "1.1.0"))
+    await lookup.invalidate("t__a")
+    after = asyncio.ensure_future(lookup.resolve("t__a", "^1"))
+    await asyncio.sleep(0)
+    source.release.set()
+    assert (await before).manifest.version == "1.0.0"
+    assert (await after).manifest.version == "1.1.0"
+    assert source.reads == {"t__a": 2}

@@ -1,7 +1,8 @@
 """Which policy applies to a tenant, cached in process and in a shared cache (pure logic).
 
 Lookups go local layer -> shared cache (Redis) -> source (Postgres), and the result, a
-tenant's own entry *or its absence*, is remembered in both layers. A tenant's effective
+tenant's own entry *or its absence*, is remembered in both layers. Concurrent misses of
+one tenant share one load (:class:`~toolfleet.coalescing.SingleFlight`). A tenant's effective
 policy is its own entry, else the ``"*"`` entry, else none (deny everything).
 
 Each tenant is cached under its own id, not under the policy it resolves to, so a
@@ -19,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from toolfleet.coalescing import SingleFlight
 from toolfleet.policy.documents import TenantPolicy, VersionedPolicy
 from toolfleet.storage.invalidation import Generations
 
@@ -87,6 +89,7 @@ class PolicyProvider:
         self._clock = clock
         self._local: dict[str, tuple[CachedEntry, float]] = {}
         self._generations = Generations()
+        self._loads: SingleFlight[str, tuple[int, int], CachedEntry] = SingleFlight()
 
     async def policy_for(self, tenant_id: str) -> TenantPolicy | None:
         """The tenant's policy, else the ``"*"`` policy, else ``None`` (deny by default)."""
@@ -101,6 +104,9 @@ class PolicyProvider:
         if hit is not None and hit[1] > self._clock():
             return hit[0]
         token = self._generations.token(tenant_id)
+        return await self._loads.run(tenant_id, token, lambda: self._load(tenant_id, token))
+
+    async def _load(self, tenant_id: str, token: tuple[int, int]) -> CachedEntry:
         entry, epoch = (None, "") if self._shared is None else await self._shared.load(tenant_id)
         if entry is None:
             stored = await self._source.get(tenant_id)

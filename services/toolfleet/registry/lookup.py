@@ -8,6 +8,7 @@ registry's change notices (:meth:`ToolLookup.after_subscribe`: a trigger on
 :meth:`ToolLookup.invalidate`), for ``ttl_s`` (seconds) while it does not. A call made
 after a pause then pays no registry read on its critical path: on a two-core box that
 read cost 4-6 ms of a worker's CPU after two seconds idle (``docs/benchmarks.md``).
+Concurrent misses of one tool share one read (:class:`~toolfleet.coalescing.SingleFlight`).
 
 Nearly every request names a tool and range resolved a moment ago, so a resolution is
 remembered too: for the cached version list it was computed from (a refreshed list
@@ -25,6 +26,7 @@ from typing import Protocol
 
 import semver
 
+from toolfleet.coalescing import SingleFlight
 from toolfleet.contract.manifest import ToolManifest
 from toolfleet.errors import ToolNotFound
 from toolfleet.registry.versions import VersionInfo, resolve
@@ -117,6 +119,7 @@ class ToolLookup:
         self._monotonic = monotonic
         self._cache: dict[str, tuple[float, list[ToolManifest]]] = {}
         self._generations = Generations()
+        self._reads: SingleFlight[str, tuple[int, int], list[ToolManifest]] = SingleFlight()
         self._resolved: dict[tuple[str, str, frozenset[str]], _Resolution] = {}
 
     async def versions(self, tool_id: str) -> list[ToolManifest]:
@@ -126,6 +129,9 @@ class ToolLookup:
         if hit is not None and now - hit[0] < ttl_s:
             return hit[1]
         token = self._generations.token(tool_id)
+        return await self._reads.run(tool_id, token, lambda: self._read(tool_id, token, now))
+
+    async def _read(self, tool_id: str, token: tuple[int, int], now: float) -> list[ToolManifest]:
         found = await self._source.versions(tool_id)
         # An unknown tool is not cached: it may be registered any moment. Nor is a list
         # read while a change notice of the tool came: it may predate the change.

@@ -190,3 +190,12 @@ async def test_a_miss_after_a_notice_reads_again_instead_of_joining() -> None:
     assert (await before).manifest.version == "1.0.0"
     assert (await after).manifest.version == "1.1.0"
     assert source.reads == {"t__a": 2}
+
+
+async def test_a_zero_ttl_turns_the_cache_off_even_while_notices_reach_it() -> None:
+    source, clock = CountingManifests(manifest("t__a", "1.0.0")), Clock()
+    lookup = ToolLookup(source, ttl_s=0.0, pushed_ttl_s=300.0, monotonic=clock)
+    lookup.after_subscribe()
+    for _ in range(3):
+        await lookup.resolve("t__a", "^1")
+    assert source.reads == {"t__a": 3}  # a change applies to the very next call

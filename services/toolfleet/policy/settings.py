@@ -12,4 +12,5 @@ class PolicySettings(FleetSettings):
     """How long a call waits for a human before it is denied."""
     registry_cache_ttl_s: float = Field(default=5.0, ge=0)
     """How long a tool's versions are cached in process while the registry's change notices
-    cannot reach it (its ``LISTEN`` connection is down); while they can, five minutes."""
+    cannot reach it (its ``LISTEN`` connection is down); while they can, five minutes. 0
+    turns the cache off: every call reads the registry."""

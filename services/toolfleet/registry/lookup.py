@@ -97,7 +97,8 @@ class ToolLookup:
     """Version resolution over the registry; versions cached (see the module).
 
     Args:
-        ttl_s: how long versions are kept while no change notice can reach the process.
+        ttl_s: how long versions are kept while no change notice can reach the process;
+            0 turns the cache off (every call reads the registry, notices or not).
         pushed_ttl_s: how long while they can (:data:`PUSHED_TTL_S`).
         monotonic: the clock of the cache's ages (tests move it).
     """
@@ -125,7 +126,8 @@ class ToolLookup:
     async def versions(self, tool_id: str) -> list[ToolManifest]:
         now = self._monotonic()
         hit = self._cache.get(tool_id)
-        ttl_s = self._pushed_ttl_s if self._pushed else self._ttl_s
+        # 0 turns the cache off, notices or not: every call reads the registry.
+        ttl_s = self._pushed_ttl_s if self._pushed and self._ttl_s > 0 else self._ttl_s
         if hit is not None and now - hit[0] < ttl_s:
             return hit[1]
         token = self._generations.token(tool_id)

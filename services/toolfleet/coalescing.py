@@ -102,10 +102,6 @@ class SingleFlight(Generic[Key, Token, Out]):
             task.add_done_callback(lambda done: self._landed(key, done))
         return await asyncio.shield(flight[1])
 
-    def __len__(self) -> int:
-        """Loads under way."""
-        return len(self._flights)
-
     def _landed(self, key: Key, done: asyncio.Future[Out]) -> None:
         flight = self._flights.get(key)
         if flight is not None and flight[1] is done:

@@ -22,11 +22,9 @@ from dataclasses import dataclass, field
 from typing import Final
 from uuid import UUID
 
-import asyncpg
-
 from toolfleet.contract.http import InvocationView
-from toolfleet.storage.errors import POSTGRES_UNAVAILABLE
-from toolfleet.storage.pg_listen import listen_postgres
+from toolfleet.storage.errors import POSTGRES_FAILURES
+from toolfleet.storage.pg_listen import first_set, listen_postgres
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +35,6 @@ RESYNC: Final = "resync"
 """Queued instead of a view when a subscriber may have missed changes."""
 
 Item = InvocationView | str
-_PASSING: tuple[type[Exception], ...] = (*POSTGRES_UNAVAILABLE, asyncpg.PostgresError)
-"""Failures to log and retry: Postgres away, or a statement refused."""
 ReadMany = Callable[[Sequence[UUID]], Awaitable[list[InvocationView]]]
 
 
@@ -112,14 +108,14 @@ class InvocationFeed:
     async def run(self, stop: asyncio.Event) -> None:
         """Deliver until ``stop``: wait for a notice, gather a moment, read, fan out."""
         while not stop.is_set():
-            await _first(stop, self._wake)
+            await first_set(stop, self._wake)
             if stop.is_set():
                 return
             if self.gather_s:
                 await asyncio.sleep(self.gather_s)
             try:
                 await self.deliver()
-            except _PASSING as exc:
+            except POSTGRES_FAILURES as exc:
                 log.warning("console feed read failed", extra={"error": type(exc).__name__})
                 self.resync()
 
@@ -138,13 +134,3 @@ class InvocationFeed:
             max_backoff_s=max_backoff_s,
             what="console feed lost its connection; reconnecting",
         )
-
-
-async def _first(*events: asyncio.Event) -> None:
-    """Return once any of ``events`` is set."""
-    waiters = [asyncio.create_task(e.wait()) for e in events]
-    try:
-        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for waiter in waiters:
-            waiter.cancel()

@@ -20,3 +20,7 @@ POSTGRES_UNAVAILABLE: tuple[type[Exception], ...] = (
     pg.OperatorInterventionError,
     pg.InsufficientResourcesError,
 )
+
+POSTGRES_FAILURES: tuple[type[Exception], ...] = (*POSTGRES_UNAVAILABLE, pg.PostgresError)
+"""Postgres away, or refusing a statement: what a background job (a ``LISTEN``, a
+sweep, a durable write) logs and tries again, where a request would fail."""

@@ -23,18 +23,10 @@ from typing import Final
 
 import asyncpg
 
-from toolfleet.storage.errors import POSTGRES_UNAVAILABLE
+from toolfleet.storage.errors import POSTGRES_FAILURES
 from toolfleet.storage.retrying import Backoff, UntilStopped
 
-__all__ = ["LISTEN_FAILURES", "listen_postgres"]
-
-
-LISTEN_FAILURES: Final[tuple[type[Exception], ...]] = (
-    *POSTGRES_UNAVAILABLE,
-    asyncpg.PostgresError,
-    ConnectionResetError,
-)
-"""What ends a listening session and is tried again: Postgres away or refusing."""
+__all__ = ["first_set", "listen_postgres"]
 
 CHECK_EVERY_S: Final = 60.0
 """How often an idle listener makes sure its connection still answers."""
@@ -72,7 +64,7 @@ async def listen_postgres(
     reconnecting: UntilStopped[None] = UntilStopped(
         what=what,
         backoff=Backoff(first_s=0.2, max_s=max_backoff_s),
-        retry_on=LISTEN_FAILURES,
+        retry_on=POSTGRES_FAILURES,  # a lost line is a ConnectionResetError: an OSError
         stop=stop,
         after_failure=lambda _exc: after_connection_lost() if after_connection_lost else None,
         log_extra={"channel": channel},
@@ -105,7 +97,7 @@ async def listen_postgres(
                     await conn.fetchval("SELECT 1", timeout=check_timeout_s)
                     check_at = loop.time() + check_every_s
                     continue
-                await _first(stop, lost, noticed, timeout=check_at - loop.time())
+                await first_set(stop, lost, noticed, timeout=check_at - loop.time())
         except TimeoutError:  # the line check went unanswered
             raise ConnectionResetError("the LISTEN connection does not answer") from None
         finally:
@@ -119,11 +111,16 @@ async def listen_postgres(
             after_connection_lost()
 
 
-async def _first(*events: asyncio.Event, timeout: float) -> None:
-    """Return once any of ``events`` is set, or after ``timeout`` seconds."""
+async def first_set(*events: asyncio.Event, timeout: float | None = None) -> None:
+    """Return once any of ``events`` is set, or after ``timeout`` seconds (None: no
+    limit). The loop here and the console feed that reads its notices both wait so."""
     waiters = [asyncio.ensure_future(event.wait()) for event in events]
     try:
-        await asyncio.wait(waiters, timeout=max(0.0, timeout), return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait(
+            waiters,
+            timeout=None if timeout is None else max(0.0, timeout),
+            return_when=asyncio.FIRST_COMPLETED,
+        )
     finally:
         for waiter in waiters:
             waiter.cancel()

@@ -38,7 +38,7 @@ from uuid import UUID
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
-from toolfleet.storage.errors import POSTGRES_UNAVAILABLE
+from toolfleet.storage.errors import POSTGRES_FAILURES
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +46,6 @@ log = logging.getLogger(__name__)
 PROJECTION_LOCK_CLASS: Final = 7_143_022
 
 Clock = Callable[[], datetime]
-_PASSING: tuple[type[Exception], ...] = (*POSTGRES_UNAVAILABLE, asyncpg.PostgresError)
-"""Failures to log and retry: Postgres away, or a statement refused."""
 Pause = Callable[[float], Awaitable[None]]
 
 
@@ -242,7 +240,7 @@ class RetentionJob:
         while not stop.is_set():
             try:
                 report = await self.prune()
-            except _PASSING as exc:
+            except POSTGRES_FAILURES as exc:
                 log.warning("retention pass failed", extra={"error": type(exc).__name__})
             else:
                 log.info(

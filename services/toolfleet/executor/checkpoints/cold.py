@@ -27,7 +27,7 @@ from toolfleet.events.identity import CallKey
 from toolfleet.executor.checkpoints.codec import decode, encode
 from toolfleet.executor.checkpoints.store import Checkpoint
 from toolfleet.executor.leasing.fencing import Fence, StaleLease
-from toolfleet.storage.errors import POSTGRES_UNAVAILABLE
+from toolfleet.storage.errors import POSTGRES_FAILURES
 
 #: First key of the two-key advisory locks on an invocation's checkpoint rows.
 _LOCK_CLASS = 7_143_022
@@ -62,7 +62,6 @@ ORDER BY invocation_id, tenant_id, created_at DESC, checkpoint_id DESC
 _Conn = asyncpg.Connection | PoolConnectionProxy
 
 #: Postgres unreachable, or refusing the row: either way the checkpoint was not stored.
-_DB_ERRORS: tuple[type[Exception], ...] = (asyncpg.PostgresError, *POSTGRES_UNAVAILABLE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,7 +163,7 @@ class PostgresCheckpointStore:
                     len(encoded.payload),
                     fence.epoch if fence is not None else None,
                 )
-        except _DB_ERRORS as exc:
+        except POSTGRES_FAILURES as exc:
             raise CheckpointFailed(f"checkpoint could not be saved: {type(exc).__name__}") from None
         except ValueError:  # the parent's chain does not decode
             raise CheckpointFailed("checkpoint could not be saved: corrupt parent") from None

@@ -1,6 +1,8 @@
-"""``GET /v1/invocations/{id}/events`` awaits a call not yet in the status projection:
-woken by the projection's own notification, not by polling, and the same wait for a
-missing id and another tenant's (real API, Postgres and the real status store)."""
+"""Reads of a call not yet in the status projection wait for it (real API, Redis,
+Postgres and the real status store): woken by the projection's own notification, not by
+polling. ``GET /v1/invocations/{id}/events`` waits for any id, the same for a missing id
+and another tenant's; ``GET /v1/invocations/{id}`` only for a call the API accepted for
+the caller's tenant, and answers any other id at once."""
 
 from __future__ import annotations
 
@@ -13,13 +15,15 @@ from typing import Any
 import httpx
 import pytest
 from fastapi import FastAPI
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from tests.support.lifecycle import Lifecycle
+from toolfleet.api.appearing import AppearWait, appear_wait
 from toolfleet.api.resources import ApiResources
-from toolfleet.api.routes.events import AppearWait, appear_wait
 from toolfleet.auth.tokens import TokenIssuer
 from toolfleet.contract.http import InvocationView
 from toolfleet.events.envelope import Envelope
+from toolfleet.events.identity import CallKey
 from toolfleet.status.service import StatusProjector
 from toolfleet.status.store import PostgresProjection
 
@@ -156,3 +160,185 @@ async def test_a_missing_and_another_tenants_id_both_404_after_the_whole_wait(
     assert took < wait_s + 3.0  # about the wait, not a stream left open (margin: load)
     assert all(view is None for view in reads.seen)
     assert _res(app).feed.subscribers == 0  # the wait let go of its subscription
+
+
+# --- GET /v1/invocations/{id}: only a call the API accepted is awaited ----------------
+
+
+def _invoke_body(life: Lifecycle) -> dict[str, Any]:
+    return {
+        "invocation_id": life.invocation_id,
+        "tool_id": life.tool_id,
+        "agent_context": {"agent_did": life.agent, "tenant_id": life.tenant},
+        "parameters": life.parameters,
+    }
+
+
+async def _accept(http: httpx.AsyncClient, issuer: TokenIssuer, life: Lifecycle) -> None:
+    accepted = await http.post(
+        "/v1/invocations", json=_invoke_body(life), headers=_bearer(issuer, life.tenant)
+    )
+    assert accepted.status_code == 202, accepted.text
+    assert accepted.json()["invocation_id"] == life.invocation_id
+
+
+@pytest.mark.parametrize("reader", ["owner", "admin"])
+async def test_a_read_right_after_the_202_waits_for_the_projection_and_finds_the_call(
+    app: FastAPI,
+    http: httpx.AsyncClient,
+    issuer: TokenIssuer,
+    waiting: dict[Callable[..., Any], Callable[..., Any]],
+    monkeypatch: pytest.MonkeyPatch,
+    reader: str,
+) -> None:
+    # No fallback read within the wait: only the projection's notification can wake it.
+    waiting[appear_wait] = lambda: AppearWait(wait_s=5.0, fallback_s=30.0)
+    life = Lifecycle(tenant=_tenant())
+    await _accept(http, issuer, life)  # nothing projects it: this test's writer will
+    reads = Reads(app, monkeypatch)
+    written_at: list[float] = []
+
+    async def write_once_awaited() -> None:
+        await asyncio.wait_for(reads.first.wait(), 5)  # the route read: no row yet
+        await _project(app, life.requested())
+        written_at.append(time.monotonic())
+
+    headers = _bearer(issuer, life.tenant)
+    if reader == "admin":
+        token = issuer.issue(tenant_id="ops", agent_did="did:user:ops", scopes=["admin"])
+        headers = {"Authorization": f"Bearer {token}"}
+    writer = asyncio.create_task(write_once_awaited())
+    answer = await http.get(f"/v1/invocations/{life.invocation_id}", headers=headers, timeout=10)
+    answered_at = time.monotonic()
+    await writer
+
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["invocation_id"] == life.invocation_id
+    assert answer.json()["status"] == "pending"
+    assert reads.seen[0] is None, "the row existed before the route looked"
+    took = answered_at - written_at[0]
+    assert took < 3.0, f"answered {took:.2f} s after the write (woken by the notice, ~0.1 s)"
+    assert reads.while_awaited <= 3, reads.seen
+    assert _res(app).feed.subscribers == 0
+
+
+@pytest.mark.parametrize("whose", ["missing", "another_tenants", "another_tenants_unprojected"])
+async def test_an_id_the_caller_did_not_submit_is_a_404_at_once(
+    app: FastAPI,
+    http: httpx.AsyncClient,
+    issuer: TokenIssuer,
+    waiting: dict[Callable[..., Any], Callable[..., Any]],
+    monkeypatch: pytest.MonkeyPatch,
+    whose: str,
+) -> None:
+    # A wait long enough that answering within it can only mean "not awaited".
+    waiting[appear_wait] = lambda: AppearWait(wait_s=30.0, fallback_s=0.25)
+    owner, prober = _tenant(), _tenant()
+    life = Lifecycle(tenant=owner)
+    if whose != "missing":
+        await _accept(http, issuer, life)  # the owner's call, accepted a moment ago
+    if whose == "another_tenants":
+        await _project(app, life.requested())
+    reads = Reads(app, monkeypatch)
+
+    answer = await http.get(
+        f"/v1/invocations/{life.invocation_id}", headers=_bearer(issuer, prober), timeout=10
+    )
+
+    assert answer.status_code == 404, answer.text
+    assert answer.json()["code"] == "not_found"
+    assert owner not in answer.text
+    assert reads.seen == [None]  # one read, no wait: as for any id the prober never sent
+    assert _res(app).feed.subscribers == 0
+
+
+async def test_an_accepted_call_the_projection_never_shows_is_a_404_after_the_wait(
+    app: FastAPI,
+    http: httpx.AsyncClient,
+    issuer: TokenIssuer,
+    waiting: dict[Callable[..., Any], Callable[..., Any]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    wait_s = 0.6
+    waiting[appear_wait] = lambda: AppearWait(wait_s=wait_s, fallback_s=0.25)
+    life = Lifecycle(tenant=_tenant())
+    await _accept(http, issuer, life)
+    reads = Reads(app, monkeypatch)
+
+    started = time.monotonic()
+    answer = await http.get(
+        f"/v1/invocations/{life.invocation_id}", headers=_bearer(issuer, life.tenant), timeout=10
+    )
+    took = time.monotonic() - started
+
+    assert answer.status_code == 404, answer.text
+    assert took >= wait_s, f"404 after {took:.2f} s, before the {wait_s} s wait"
+    assert len(reads.seen) >= 3  # the first read, then the fallback's while awaited
+    assert _res(app).feed.subscribers == 0
+
+
+async def test_a_tenant_that_submits_another_tenants_id_waits_for_its_own_call_only(
+    app: FastAPI,
+    http: httpx.AsyncClient,
+    issuer: TokenIssuer,
+    waiting: dict[Callable[..., Any], Callable[..., Any]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The attacker learned the victim's invocation id and submits a call under it: its
+    # reads must neither show the victim's call nor be ended by the victim's changes.
+    wait_s = 0.8
+    waiting[appear_wait] = lambda: AppearWait(wait_s=wait_s, fallback_s=0.25)
+    victim = Lifecycle(tenant=_tenant())
+    await _accept(http, issuer, victim)
+    await _project(app, victim.requested())
+    attacker = Lifecycle(tenant=_tenant(), invocation_id=victim.invocation_id)
+    await _accept(http, issuer, attacker)
+    reads = Reads(app, monkeypatch)
+
+    async def victim_changes_during_the_wait() -> None:
+        await asyncio.wait_for(reads.first.wait(), 5)
+        await _project(app, victim.authorized())
+
+    toucher = asyncio.create_task(victim_changes_during_the_wait())
+    started = time.monotonic()
+    answer = await http.get(
+        f"/v1/invocations/{victim.invocation_id}",
+        headers=_bearer(issuer, attacker.tenant),
+        timeout=10,
+    )
+    took = time.monotonic() - started
+    await toucher
+
+    assert answer.status_code == 404, answer.text
+    assert victim.tenant not in answer.text
+    assert took >= wait_s
+    assert all(view is None for view in reads.seen)
+    # The victim still reads its own call, untouched by the attacker's.
+    mine = await http.get(
+        f"/v1/invocations/{victim.invocation_id}", headers=_bearer(issuer, victim.tenant)
+    )
+    assert mine.status_code == 200
+    assert mine.json()["tenant_id"] == victim.tenant
+
+
+async def test_a_202_stands_when_the_accepted_note_cannot_be_written(
+    app: FastAPI,
+    http: httpx.AsyncClient,
+    issuer: TokenIssuer,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The call is on the broker already: failing the POST would make the client publish
+    # it twice. The only loss is the wait: its reads are 404 until the row exists.
+    async def refuse(call: CallKey) -> None:
+        raise RedisConnectionError("redis is down")
+
+    monkeypatch.setattr(_res(app).accepted, "accept", refuse)
+    life = Lifecycle(tenant=_tenant())
+    with caplog.at_level("WARNING", logger="toolfleet.api.invoking"):
+        await _accept(http, issuer, life)
+    assert "could not note an accepted call" in caplog.text
+    answer = await http.get(
+        f"/v1/invocations/{life.invocation_id}", headers=_bearer(issuer, life.tenant)
+    )
+    assert answer.status_code == 404

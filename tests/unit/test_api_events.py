@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from toolfleet.api.routes.events import APPEAR_FALLBACK_S, APPEAR_WAIT_S, first_view, follow
+from toolfleet.api.appearing import APPEAR_FALLBACK_S, APPEAR_WAIT_S, first_view
+from toolfleet.api.routes.events import follow
 from toolfleet.contract.http import InvocationView
 
 pytestmark = pytest.mark.unit
@@ -116,8 +117,8 @@ async def test_a_missing_and_a_foreign_id_wait_the_same_then_404() -> None:
 
 
 async def test_a_notice_of_the_call_wakes_the_wait_and_others_do_not() -> None:
+    from toolfleet.api.appearing import until_changed
     from toolfleet.api.feed import RESYNC, Subscription
-    from toolfleet.api.routes.events import until_changed
 
     subscription = Subscription(tenant_id="t1")
     other = _view("pending").model_copy(update={"invocation_id": uuid.uuid4()})

@@ -8,19 +8,27 @@ and the signed control path are the same whichever door a call came in by. Failu
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from uuid import UUID
 
 from aiokafka.errors import KafkaError
+from redis.exceptions import RedisError
 
+from toolfleet.api.appearing import AppearWait, appeared
 from toolfleet.api.auth import Caller
 from toolfleet.api.problems import ProblemError
 from toolfleet.api.resources import ApiResources
 from toolfleet.contract.http import CancelResult, InvocationView
 from toolfleet.errors import ErrorCode
-from toolfleet.events.identity import traceparent_in
+from toolfleet.events.identity import CallKey, traceparent_in
 from toolfleet.events.models import InvokeRequested
+
+log = logging.getLogger(__name__)
+
+APPEAR = AppearWait()
+"""The wait of a read right after the ``202`` (routes may pass a shorter one in tests)."""
 
 
 @asynccontextmanager
@@ -47,9 +55,24 @@ def require_signing(res: ApiResources) -> None:
         )
 
 
-async def visible(res: ApiResources, caller: Caller, invocation_id: UUID) -> InvocationView:
-    """The invocation if this caller may see it; otherwise 404, as if it did not exist."""
-    view = await res.invocations.get(invocation_id, tenant_id=caller.tenant_scope)
+async def visible(
+    res: ApiResources, caller: Caller, invocation_id: UUID, *, wait: AppearWait = APPEAR
+) -> InvocationView:
+    """The invocation if this caller may see it; otherwise 404, as if it did not exist.
+
+    A call this API accepted for the caller's tenant but not yet in the status
+    projection is awaited (up to ``wait.wait_s``, woken by the projection's
+    notification), so a read right after the ``202`` finds it. Any other id the caller
+    cannot see (unknown, another tenant's) is a 404 at once.
+    """
+    scope = caller.tenant_scope
+
+    async def read() -> InvocationView | None:
+        return await res.invocations.get(invocation_id, tenant_id=scope)
+
+    view = await read()
+    if view is None and await res.accepted.was_accepted(str(invocation_id), tenant_id=scope):
+        view = await appeared(res.feed, read, invocation_id, tenant_id=scope, wait=wait)
     if view is None:
         raise ProblemError(404, "no such invocation", code="not_found")
     return view
@@ -61,7 +84,9 @@ async def publish(
     """Publish ``request`` on the caller's behalf; its invocation id.
 
     The request's tenant must be the token's (admins may name any); without a
-    ``capability_token`` the bearer token is the capability.
+    ``capability_token`` the bearer token is the capability. The call is noted as
+    accepted (:mod:`toolfleet.storage.accepted`) before the answer, so the caller's
+    reads of it wait for the status projection instead of answering 404.
     """
     if not caller.may_see(request.agent_context.tenant_id):
         raise ProblemError(
@@ -73,6 +98,13 @@ async def publish(
         request = request.model_copy(update={"capability_token": caller.token})
     async with publishing():
         handle = await res.client.publish(request, traceparent=traceparent)
+    call = CallKey(tenant_id=handle.tenant_id, invocation_id=handle.invocation_id)
+    try:
+        await res.accepted.accept(call)
+    except RedisError as exc:
+        # Published already: answer the 202 (a retry would publish it twice); reads of
+        # it answer 404 until the projection has it, as without the note.
+        log.warning("could not note an accepted call", extra={"error": type(exc).__name__})
     return handle.invocation_id
 
 

@@ -21,6 +21,7 @@ from toolfleet.client.publisher import KafkaPublisher
 from toolfleet.errors import ToolfleetError
 from toolfleet.events.types import Source
 from toolfleet.registry.store import RegistryStore
+from toolfleet.storage.accepted import AcceptedCalls, RedisAcceptedCalls
 from toolfleet.storage.blobs import PostgresBlobStore
 from toolfleet.storage.notices import RedisFinishedNotices
 from toolfleet.storage.postgres import create_pool
@@ -46,6 +47,8 @@ class ApiResources:
     """Wakes synchronous invokes when status has stored their outcome."""
     feed: InvocationFeed
     """Pushes changed invocations to the console's live list."""
+    accepted: AcceptedCalls
+    """The calls this API accepted a moment ago: a read of one awaits its row."""
 
 
 def load_verifier(settings: ApiSettings) -> TokenVerifier:
@@ -124,6 +127,7 @@ async def open_resources(settings: ApiSettings) -> AsyncIterator[ApiResources]:
             blobs=PostgresBlobStore(pool),
             notices=notices,
             feed=feed,
+            accepted=RedisAcceptedCalls(redis),
         )
 
 

@@ -80,8 +80,8 @@ def _problem_message(response: httpx.Response) -> str:
         return f"the API refused the token: {detail}"
     if response.status_code == 404 and "/v1/invocations/" in str(response.request.url):
         return (
-            "no such invocation for this token (just invoked? the status trails the "
-            "request by a moment; retry)"
+            "no such invocation for this token (another tenant's, or unknown; a call "
+            "published straight to Kafka shows once the status projection has it)"
         )
     return f"{response.status_code} {problem.get('title') or response.reason_phrase}: {detail}"
 

@@ -8,14 +8,13 @@ the current status), ``approval_pending``, ``progress`` (each new checkpoint of 
 tool, with its progress and phase) and ``tool_call_result`` (the outcome), after
 which it ends. Same visibility as ``GET /v1/invocations/{id}``: another tenant's
 invocation is a 404. An invocation just accepted (``202``) may not be in the status
-projection yet, so an id the caller cannot see is awaited for up to
-:data:`APPEAR_WAIT_S` before the 404: a caller following its own call right after
-submitting it gets the stream, never a 404, and the wait is the same for a missing id
-and for another tenant's, so the two answers stay indistinguishable. The wait does not
-poll: it subscribes to the projection's notifications (:mod:`toolfleet.api.feed`)
-before its first read and reads again when the feed shows a change of that call (the
-feed passes a tenant only its own rows), with a slow :data:`APPEAR_FALLBACK_S` read in
-case the feed is down.
+projection yet, so an id the caller cannot see is awaited (:mod:`toolfleet.api.appearing`,
+up to five seconds, woken by the projection's notifications) before the 404: a caller
+following its own call right after submitting it gets the stream, never a 404. Unlike
+``GET /v1/invocations/{id}``, which waits only for a call the API accepted, the stream
+waits for any id, so a call published straight to Kafka can be followed from its first
+moment; the wait is the same for a missing id and for another tenant's, so the two
+answers stay indistinguishable.
 
 ``GET /v1/events/invocations`` is the console's live list: a ``snapshot`` of the newest
 invocations the caller may see, then one ``invocation`` event per change, pushed by the
@@ -31,17 +30,15 @@ or ``token_expired`` (:mod:`toolfleet.api.credential`), and the stream closes.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
 from typing import Annotated, Any
 from uuid import UUID
 
 from fastapi import APIRouter, Depends
 from fastapi.responses import StreamingResponse
 
+from toolfleet.api.appearing import AppearWaitDep, appeared
 from toolfleet.api.auth import CallerDep
 from toolfleet.api.credential import CredentialWatch, until_credential_ends
 from toolfleet.api.feed import RESYNC, Subscription
@@ -61,29 +58,6 @@ ResourcesDep = Annotated[ApiResources, Depends(resources)]
 
 POLL_S = 0.2
 """How often the projection is read while the invocation runs."""
-APPEAR_WAIT_S = 5.0
-"""How long an invocation not (yet) in the projection is awaited before the 404."""
-APPEAR_FALLBACK_S = 1.0
-"""While awaited, the projection is read again at least this often, should the feed
-(the projection's notifications) be down."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class AppearWait:
-    """How an invocation not (yet) in the projection is awaited (:func:`appear_wait`)."""
-
-    wait_s: float = APPEAR_WAIT_S
-    """The whole wait before the 404, the same for every id the caller cannot see."""
-    fallback_s: float = APPEAR_FALLBACK_S
-    """The longest pause between two reads when no notification comes."""
-
-
-def appear_wait() -> AppearWait:
-    """The route's wait; a dependency, so a test may shorten it."""
-    return AppearWait()
-
-
-AppearWaitDep = Annotated[AppearWait, Depends(appear_wait)]
 
 
 def frames(
@@ -144,43 +118,6 @@ async def follow(
         before, now = now, await read()
 
 
-async def first_view(
-    read: Callable[[], Awaitable[InvocationView | None]],
-    *,
-    wait_s: float = APPEAR_WAIT_S,
-    fallback_s: float = APPEAR_FALLBACK_S,
-    pause: Callable[[float], Awaitable[None]] = asyncio.sleep,
-    clock: Callable[[], float] = time.monotonic,
-) -> InvocationView | None:
-    """The invocation's first view, awaited for up to ``wait_s`` while the projection has
-    no row for it (``None``: still none, a 404).
-
-    ``pause(seconds)`` returns after ``seconds`` or sooner, once the call may have
-    changed (:func:`until_changed`); each return is one more read. The wait ends at
-    ``wait_s`` by ``clock`` whatever the id, so a missing and a hidden id look alike.
-    """
-    deadline = clock() + wait_s
-    view = await read()
-    while view is None:
-        left = deadline - clock()
-        if left <= 0:
-            break
-        await pause(min(fallback_s, left))
-        view = await read()
-    return view
-
-
-async def until_changed(subscription: Subscription, invocation_id: UUID, seconds: float) -> None:
-    """Return after ``seconds``, or sooner once ``subscription`` shows a change of
-    ``invocation_id`` or says it may have missed changes (:data:`RESYNC`)."""
-    with contextlib.suppress(TimeoutError):
-        async with asyncio.timeout(seconds):
-            while True:
-                item = await subscription.queue.get()
-                if not isinstance(item, InvocationView) or item.invocation_id == invocation_id:
-                    return
-
-
 @router.get(
     "/{invocation_id}/events",
     response_class=StreamingResponse,
@@ -202,15 +139,7 @@ async def invocation_events(
     async def read() -> InvocationView | None:
         return await res.invocations.get(invocation_id, tenant_id=scope)
 
-    # Subscribed before the first read: a row written between the two still wakes us.
-    # The feed hands a tenant only its own rows, so another tenant's call never ends
-    # the wait early: it lasts the whole ``wait_s`` like a missing id's.
-    with res.feed.subscribe(scope) as subscription:
-
-        async def pause(seconds: float) -> None:
-            await until_changed(subscription, invocation_id, seconds)
-
-        first = await first_view(read, wait_s=wait.wait_s, fallback_s=wait.fallback_s, pause=pause)
+    first = await appeared(res.feed, read, invocation_id, tenant_id=scope, wait=wait)
     if first is None:
         raise ProblemError(404, "no such invocation", code="not_found")
     watch = CredentialWatch(revocations=res.revocations)

@@ -16,6 +16,7 @@ from uuid import UUID
 from fastapi import APIRouter, Body, Depends, Header, Query, Response
 
 from toolfleet.api import invoking
+from toolfleet.api.appearing import AppearWaitDep
 from toolfleet.api.auth import Caller, CallerDep
 from toolfleet.api.prefer import Preferences, parse_prefer
 from toolfleet.api.problems import ProblemError, problem_responses
@@ -163,14 +164,15 @@ async def list_invocations(
     responses=problem_responses(404),
 )
 async def get_invocation(
-    invocation_id: UUID, caller: CallerDep, res: ResourcesDep
+    invocation_id: UUID, caller: CallerDep, res: ResourcesDep, wait: AppearWaitDep
 ) -> InvocationView:
     """Status, progress and, once finished, the outcome of one invocation.
 
-    The projection trails the publish by a few milliseconds: right after ``POST`` a
-    404 means "not yet", so poll again.
+    The status projection trails the publish by a few milliseconds: a call this API
+    accepted a moment ago is awaited (up to 5 s) until the projection has it, so a read
+    right after ``POST`` finds it; an unknown id, or another tenant's, is a 404 at once.
     """
-    return await invoking.visible(res, caller, invocation_id)
+    return await invoking.visible(res, caller, invocation_id, wait=wait)
 
 
 @router.get(

@@ -1,0 +1,111 @@
+"""Waiting for a call that was accepted but is not in the status projection yet.
+
+The projection trails a publish by a few milliseconds, so a read right after a ``202``
+may find no row. :func:`first_view` waits for it without polling: the caller subscribes
+to the projection's notifications (:mod:`toolfleet.api.feed`) before its first read,
+and :func:`until_changed` wakes it when the feed shows a change of that call (the feed
+passes a tenant only its own rows), with a slow :attr:`AppearWait.fallback_s` read in
+case the feed is down. The invocation routes wait only for a call the API accepted
+(:mod:`toolfleet.storage.accepted`); the event stream waits for any id, so a call
+published straight to Kafka can be followed too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Annotated
+from uuid import UUID
+
+from fastapi import Depends
+
+from toolfleet.api.feed import InvocationFeed, Subscription
+from toolfleet.contract.http import InvocationView
+
+APPEAR_WAIT_S = 5.0
+"""How long an invocation not (yet) in the projection is awaited before the 404."""
+APPEAR_FALLBACK_S = 1.0
+"""While awaited, the projection is read again at least this often, should the feed
+(the projection's notifications) be down."""
+
+Read = Callable[[], Awaitable[InvocationView | None]]
+
+
+@dataclass(frozen=True, kw_only=True)
+class AppearWait:
+    """How an invocation not (yet) in the projection is awaited (:func:`appear_wait`)."""
+
+    wait_s: float = APPEAR_WAIT_S
+    """The whole wait before the 404."""
+    fallback_s: float = APPEAR_FALLBACK_S
+    """The longest pause between two reads when no notification comes."""
+
+
+def appear_wait() -> AppearWait:
+    """The routes' wait; a dependency, so a test may shorten it."""
+    return AppearWait()
+
+
+AppearWaitDep = Annotated[AppearWait, Depends(appear_wait)]
+
+
+async def first_view(
+    read: Read,
+    *,
+    wait_s: float = APPEAR_WAIT_S,
+    fallback_s: float = APPEAR_FALLBACK_S,
+    pause: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> InvocationView | None:
+    """The invocation's first view, awaited for up to ``wait_s`` while the projection has
+    no row for it (``None``: still none, a 404).
+
+    ``pause(seconds)`` returns after ``seconds`` or sooner, once the call may have
+    changed (:func:`until_changed`); each return is one more read. The wait ends at
+    ``wait_s`` by ``clock`` whatever the id, so a missing and a hidden id look alike.
+    """
+    deadline = clock() + wait_s
+    view = await read()
+    while view is None:
+        left = deadline - clock()
+        if left <= 0:
+            break
+        await pause(min(fallback_s, left))
+        view = await read()
+    return view
+
+
+async def until_changed(subscription: Subscription, invocation_id: UUID, seconds: float) -> None:
+    """Return after ``seconds``, or sooner once ``subscription`` shows a change of
+    ``invocation_id`` or says it may have missed changes (:data:`~toolfleet.api.feed.RESYNC`)."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(seconds):
+            while True:
+                item = await subscription.queue.get()
+                if not isinstance(item, InvocationView) or item.invocation_id == invocation_id:
+                    return
+
+
+async def appeared(
+    feed: InvocationFeed,
+    read: Read,
+    invocation_id: UUID,
+    *,
+    tenant_id: str | None,
+    wait: AppearWait,
+) -> InvocationView | None:
+    """``read()``'s view once the projection has the call, awaited up to ``wait.wait_s``.
+
+    Subscribed before the first read: a row written between the two still wakes the
+    wait. Another tenant's call never ends it early (the feed hands ``tenant_id`` only
+    its own rows), so it lasts the whole wait like a missing id's.
+    """
+    with feed.subscribe(tenant_id) as subscription:
+
+        async def pause(seconds: float) -> None:
+            await until_changed(subscription, invocation_id, seconds)
+
+        return await first_view(read, wait_s=wait.wait_s, fallback_s=wait.fallback_s, pause=pause)

@@ -174,6 +174,15 @@ def _invoke_body(life: Lifecycle) -> dict[str, Any]:
     }
 
 
+async def _timed_get(
+    http: httpx.AsyncClient, invocation_id: str, headers: dict[str, str]
+) -> tuple[httpx.Response, float]:
+    """``GET /v1/invocations/{id}``, and how long it took to answer."""
+    started = time.monotonic()
+    answer = await http.get(f"/v1/invocations/{invocation_id}", headers=headers, timeout=10)
+    return answer, time.monotonic() - started
+
+
 async def _accept(http: httpx.AsyncClient, issuer: TokenIssuer, life: Lifecycle) -> None:
     accepted = await http.post(
         "/v1/invocations", json=_invoke_body(life), headers=_bearer(issuer, life.tenant)
@@ -265,11 +274,7 @@ async def test_an_accepted_call_the_projection_never_shows_is_a_404_after_the_wa
     await _accept(http, issuer, life)
     reads = Reads(app, monkeypatch)
 
-    started = time.monotonic()
-    answer = await http.get(
-        f"/v1/invocations/{life.invocation_id}", headers=_bearer(issuer, life.tenant), timeout=10
-    )
-    took = time.monotonic() - started
+    answer, took = await _timed_get(http, life.invocation_id, _bearer(issuer, life.tenant))
 
     assert answer.status_code == 404, answer.text
     assert took >= wait_s, f"404 after {took:.2f} s, before the {wait_s} s wait"
@@ -300,13 +305,7 @@ async def test_a_tenant_that_submits_another_tenants_id_waits_for_its_own_call_o
         await _project(app, victim.authorized())
 
     toucher = asyncio.create_task(victim_changes_during_the_wait())
-    started = time.monotonic()
-    answer = await http.get(
-        f"/v1/invocations/{victim.invocation_id}",
-        headers=_bearer(issuer, attacker.tenant),
-        timeout=10,
-    )
-    took = time.monotonic() - started
+    answer, took = await _timed_get(http, victim.invocation_id, _bearer(issuer, attacker.tenant))
     await toucher
 
     assert answer.status_code == 404, answer.text

@@ -159,7 +159,7 @@ async def test_a_missing_and_another_tenants_id_both_404_after_the_whole_wait(
     assert took >= wait_s, f"404 after {took:.2f} s, before the {wait_s} s wait"
     assert took < wait_s + 3.0  # about the wait, not a stream left open (margin: load)
     assert all(view is None for view in reads.seen)
-    assert _res(app).feed.subscribers == 0  # the wait let go of its subscription
+    assert _res(app).feed.waiting == 0  # the wait let go of its id
 
 
 # --- GET /v1/invocations/{id}: only a call the API accepted is awaited ----------------
@@ -228,7 +228,7 @@ async def test_a_read_right_after_the_202_waits_for_the_projection_and_finds_the
     took = answered_at - written_at[0]
     assert took < 3.0, f"answered {took:.2f} s after the write (woken by the notice, ~0.1 s)"
     assert reads.while_awaited <= 3, reads.seen
-    assert _res(app).feed.subscribers == 0
+    assert _res(app).feed.waiting == 0
 
 
 @pytest.mark.parametrize("whose", ["missing", "another_tenants", "another_tenants_unprojected"])
@@ -258,7 +258,7 @@ async def test_an_id_the_caller_did_not_submit_is_a_404_at_once(
     assert answer.json()["code"] == "not_found"
     assert owner not in answer.text
     assert reads.seen == [None]  # one read, no wait: as for any id the prober never sent
-    assert _res(app).feed.subscribers == 0
+    assert _res(app).feed.waiting == 0
 
 
 async def test_an_accepted_call_the_projection_never_shows_is_a_404_after_the_wait(
@@ -279,7 +279,7 @@ async def test_an_accepted_call_the_projection_never_shows_is_a_404_after_the_wa
     assert answer.status_code == 404, answer.text
     assert took >= wait_s, f"404 after {took:.2f} s, before the {wait_s} s wait"
     assert len(reads.seen) >= 3  # the first read, then the fallback's while awaited
-    assert _res(app).feed.subscribers == 0
+    assert _res(app).feed.waiting == 0
 
 
 async def test_a_tenant_that_submits_another_tenants_id_waits_for_its_own_call_only(

@@ -3,14 +3,23 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import uuid
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
-from toolfleet.api.appearing import APPEAR_FALLBACK_S, APPEAR_WAIT_S, first_view
+from toolfleet.api.appearing import (
+    APPEAR_FALLBACK_S,
+    APPEAR_WAIT_S,
+    AppearWait,
+    appeared,
+    first_view,
+)
+from toolfleet.api.feed import InvocationFeed
 from toolfleet.api.routes.events import follow
 from toolfleet.contract.http import InvocationView
 
@@ -116,20 +125,68 @@ async def test_a_missing_and_a_foreign_id_wait_the_same_then_404() -> None:
     assert waited == round(APPEAR_WAIT_S / APPEAR_FALLBACK_S)
 
 
-async def test_a_notice_of_the_call_wakes_the_wait_and_others_do_not() -> None:
-    from toolfleet.api.appearing import until_changed
-    from toolfleet.api.feed import RESYNC, Subscription
+async def test_a_notice_of_the_call_wakes_its_waiters_and_no_other() -> None:
+    reads: list[list[uuid.UUID]] = []
 
-    subscription = Subscription(tenant_id="t1")
-    other = _view("pending").model_copy(update={"invocation_id": uuid.uuid4()})
-    subscription.offer(other)  # another call of the tenant: keeps waiting
-    subscription.offer(_view("pending"))  # this call: wakes
-    await asyncio.wait_for(until_changed(subscription, ID, 30), 1)
-    assert subscription.queue.empty()
+    async def read_many(ids: Sequence[uuid.UUID]) -> list[InvocationView]:
+        reads.append(list(ids))
+        return []
 
-    foreign = _view("pending").model_copy(update={"tenant_id": "t2"})
-    subscription.offer(foreign)  # the same id in another tenant never reaches t1
-    assert subscription.queue.empty()
-    subscription.offer(RESYNC)  # the feed may have missed it: read again
-    await asyncio.wait_for(until_changed(subscription, ID, 30), 1)
-    await until_changed(subscription, ID, 0.01)  # nothing comes: the fallback ends it
+    feed = InvocationFeed(read_many=read_many, gather_s=0)
+    others = [uuid.uuid4() for _ in range(1000)]
+    with contextlib.ExitStack() as stack:
+        mine = stack.enter_context(feed.awaiting(ID))
+        twin = stack.enter_context(feed.awaiting(ID))  # a second read of the same call
+        theirs = [stack.enter_context(feed.awaiting(other)) for other in others]
+        assert feed.waiting == 1002
+
+        feed.notice("not a uuid")  # a forged payload wakes nobody
+        feed.notice(str(uuid.uuid4()))  # a call nobody awaits wakes nobody
+        assert not mine.is_set()
+        assert not any(changed.is_set() for changed in theirs)
+
+        feed.notice(str(ID))  # this call (any tenant's of that id): its two waiters only
+        assert mine.is_set()
+        assert twin.is_set()
+        assert not any(changed.is_set() for changed in theirs)
+        await feed.deliver()
+        assert reads == []  # no row read for waiters: each reads with its own scope
+
+        mine.clear()
+        feed.resync()  # notices may have been missed: every waiter reads again
+        assert mine.is_set()
+        assert all(changed.is_set() for changed in theirs)
+    assert feed.waiting == 0  # every wait let go of its id
+
+
+async def test_the_wait_reads_again_once_its_id_is_noticed() -> None:
+    feed = InvocationFeed(read_many=lambda ids: _no_rows(), gather_s=0)
+    answers = [None, _view("pending")]
+    reads = 0
+    first_read = asyncio.Event()
+
+    async def read() -> InvocationView | None:
+        nonlocal reads
+        reads += 1
+        first_read.set()
+        return answers[min(reads, len(answers)) - 1]
+
+    waiting = asyncio.ensure_future(
+        appeared(feed, read, ID, wait=AppearWait(wait_s=30, fallback_s=30))
+    )
+    await first_read.wait()  # the first read found nothing; the wait awaits the id
+    feed.notice(str(uuid.uuid4()))  # another call: the wait goes on, no read
+    for _ in range(5):  # let the wait run, were it woken
+        await asyncio.sleep(0)
+    assert reads == 1
+    assert not waiting.done()
+    feed.notice(str(ID))
+    view = await asyncio.wait_for(waiting, 1)  # woken at once, not after the fallback's 30 s
+    assert view is not None
+    assert view.invocation_id == ID
+    assert reads == 2
+    assert feed.waiting == 0
+
+
+async def _no_rows() -> list[InvocationView]:
+    return []

@@ -1,11 +1,11 @@
 """Waiting for a call that was accepted but is not in the status projection yet.
 
 The projection trails a publish by a few milliseconds, so a read right after a ``202``
-may find no row. :func:`first_view` waits for it without polling: the caller subscribes
-to the projection's notifications (:mod:`toolfleet.api.feed`) before its first read,
-and :func:`until_changed` wakes it when the feed shows a change of that call (the feed
-passes a tenant only its own rows), with a slow :attr:`AppearWait.fallback_s` read in
-case the feed is down. The invocation routes wait only for a call the API accepted
+may find no row. :func:`appeared` waits for it without polling: it awaits the call's id
+on the projection's notifications (:meth:`~toolfleet.api.feed.InvocationFeed.awaiting`)
+before its first read, and reads again, with the caller's own tenant scope, whenever a
+notice names that id, with a slow :attr:`AppearWait.fallback_s` read in case the feed is
+down. The invocation routes wait only for a call the API accepted
 (:mod:`toolfleet.storage.accepted`); the event stream waits for any id, so a call
 published straight to Kafka can be followed too.
 """
@@ -22,7 +22,7 @@ from uuid import UUID
 
 from fastapi import Depends
 
-from toolfleet.api.feed import InvocationFeed, Subscription
+from toolfleet.api.feed import InvocationFeed
 from toolfleet.contract.http import InvocationView
 
 APPEAR_WAIT_S = 5.0
@@ -64,7 +64,7 @@ async def first_view(
     no row for it (``None``: still none, a 404).
 
     ``pause(seconds)`` returns after ``seconds`` or sooner, once the call may have
-    changed (:func:`until_changed`); each return is one more read. The wait ends at
+    changed (:func:`appeared`); each return is one more read. The wait ends at
     ``wait_s`` by ``clock`` whatever the id, so a missing and a hidden id look alike.
     """
     deadline = clock() + wait_s
@@ -78,34 +78,25 @@ async def first_view(
     return view
 
 
-async def until_changed(subscription: Subscription, invocation_id: UUID, seconds: float) -> None:
-    """Return after ``seconds``, or sooner once ``subscription`` shows a change of
-    ``invocation_id`` or says it may have missed changes (:data:`~toolfleet.api.feed.RESYNC`)."""
-    with contextlib.suppress(TimeoutError):
-        async with asyncio.timeout(seconds):
-            while True:
-                item = await subscription.queue.get()
-                if not isinstance(item, InvocationView) or item.invocation_id == invocation_id:
-                    return
-
-
 async def appeared(
     feed: InvocationFeed,
     read: Read,
     invocation_id: UUID,
     *,
-    tenant_id: str | None,
     wait: AppearWait,
 ) -> InvocationView | None:
     """``read()``'s view once the projection has the call, awaited up to ``wait.wait_s``.
 
-    Subscribed before the first read: a row written between the two still wakes the
-    wait. Another tenant's call never ends it early (the feed hands ``tenant_id`` only
-    its own rows), so it lasts the whole wait like a missing id's.
+    Awaited before the first read: a row written between the two still wakes the wait.
+    A notice of another tenant's call of the same id wakes it too, but its read finds
+    nothing the caller may not see, and the wait goes on to its end like a missing id's.
     """
-    with feed.subscribe(tenant_id) as subscription:
+    with feed.awaiting(invocation_id) as changed:
 
         async def pause(seconds: float) -> None:
-            await until_changed(subscription, invocation_id, seconds)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(seconds):
+                    await changed.wait()
+            changed.clear()  # before the read: a notice during it wakes the next pause
 
         return await first_view(read, wait_s=wait.wait_s, fallback_s=wait.fallback_s, pause=pause)

@@ -10,6 +10,14 @@ sent meanwhile are gone), gets :data:`RESYNC`: reload the list, then follow agai
 A row is a call, ``(tenant_id, invocation_id)``: the payload names the id alone, so the
 feed reads every tenant's row of that id and offers each to its own tenant's
 subscribers (and admins) only.
+
+A read waiting for one call's row to appear (:mod:`toolfleet.api.appearing`) does not
+subscribe to the rows: it awaits its id (:meth:`InvocationFeed.awaiting`), and a notice
+naming that id wakes it, and it alone, with no row read by the feed: the reader reads
+again with its own tenant scope. So a notice costs the waiters of its id, not every
+waiter, and a backlog that keeps many reads waiting does not multiply the feed's work.
+A notice of another tenant's call of the same id wakes the reader too; it reads
+nothing it may not see, and its wait goes on.
 """
 
 from __future__ import annotations
@@ -68,6 +76,7 @@ class InvocationFeed:
     """After the first notice, how long to collect more before reading: the projection
     commits a batch of events at once."""
     _subscribers: set[Subscription] = field(default_factory=set)
+    _awaiting: dict[UUID, set[asyncio.Event]] = field(default_factory=dict)
     _pending: set[UUID] = field(default_factory=set)
     _wake: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -81,19 +90,47 @@ class InvocationFeed:
         finally:
             self._subscribers.discard(subscription)
 
+    @contextlib.contextmanager
+    def awaiting(self, invocation_id: UUID) -> Iterator[asyncio.Event]:
+        """An event set whenever a notice names ``invocation_id`` (any tenant's call of
+        that id), or the feed may have missed notices, while the block runs; the waiter
+        clears it before it reads again."""
+        changed = asyncio.Event()
+        waiters = self._awaiting.setdefault(invocation_id, set())
+        waiters.add(changed)
+        try:
+            yield changed
+        finally:
+            waiters.discard(changed)
+            if not waiters:
+                del self._awaiting[invocation_id]
+
     @property
     def subscribers(self) -> int:
         return len(self._subscribers)
 
+    @property
+    def waiting(self) -> int:
+        """Reads awaiting a call's row (:meth:`awaiting`)."""
+        return sum(len(waiters) for waiters in self._awaiting.values())
+
     def notice(self, payload: str) -> None:
         """One ``NOTIFY`` payload (an invocation id) arrived."""
-        with contextlib.suppress(ValueError):
-            self._pending.add(UUID(payload))
-            self._wake.set()
+        try:
+            invocation_id = UUID(payload)
+        except ValueError:
+            return
+        for changed in self._awaiting.get(invocation_id, ()):
+            changed.set()
+        self._pending.add(invocation_id)
+        self._wake.set()
 
     def resync(self) -> None:
         for subscription in list(self._subscribers):
             subscription.offer(RESYNC)
+        for waiters in self._awaiting.values():
+            for changed in waiters:
+                changed.set()
 
     async def deliver(self) -> None:
         """Read the pending ids' rows and offer them to every subscriber."""

@@ -72,7 +72,7 @@ async def visible(
 
     view = await read()
     if view is None and await res.accepted.was_accepted(str(invocation_id), tenant_id=scope):
-        view = await appeared(res.feed, read, invocation_id, tenant_id=scope, wait=wait)
+        view = await appeared(res.feed, read, invocation_id, wait=wait)
     if view is None:
         raise ProblemError(404, "no such invocation", code="not_found")
     return view

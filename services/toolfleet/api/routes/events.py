@@ -139,7 +139,7 @@ async def invocation_events(
     async def read() -> InvocationView | None:
         return await res.invocations.get(invocation_id, tenant_id=scope)
 
-    first = await appeared(res.feed, read, invocation_id, tenant_id=scope, wait=wait)
+    first = await appeared(res.feed, read, invocation_id, wait=wait)
     if first is None:
         raise ProblemError(404, "no such invocation", code="not_found")
     watch = CredentialWatch(revocations=res.revocations)

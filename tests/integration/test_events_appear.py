@@ -68,11 +68,19 @@ class Reads:
         return found[0] + 1 if found else len(self.seen)
 
 
+SetWait = Callable[[float, float], None]
+
+
 @pytest.fixture
-def waiting(app: FastAPI) -> Iterator[dict[Callable[..., Any], Callable[..., Any]]]:
-    overrides = app.dependency_overrides
-    yield overrides
-    overrides.pop(appear_wait, None)
+def waiting(app: FastAPI) -> Iterator[SetWait]:
+    """Sets the routes' wait for this test: ``waiting(wait_s, fallback_s)``."""
+
+    def set_wait(wait_s: float, fallback_s: float) -> None:
+        wait = AppearWait(wait_s=wait_s, fallback_s=fallback_s)
+        app.dependency_overrides[appear_wait] = lambda: wait
+
+    yield set_wait
+    app.dependency_overrides.pop(appear_wait, None)
 
 
 async def _project(app: FastAPI, *events: Envelope) -> None:
@@ -85,11 +93,11 @@ async def test_a_call_written_during_the_wait_streams_as_soon_as_the_projection_
     app: FastAPI,
     http: httpx.AsyncClient,
     issuer: TokenIssuer,
-    waiting: dict[Callable[..., Any], Callable[..., Any]],
+    waiting: SetWait,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # No fallback read within the wait: only the projection's notification can wake it.
-    waiting[appear_wait] = lambda: AppearWait(wait_s=5.0, fallback_s=30.0)
+    waiting(5.0, 30.0)
     life = Lifecycle(tenant=_tenant())
     reads = Reads(app, monkeypatch)
     written_at: list[float] = []
@@ -125,12 +133,12 @@ async def test_a_missing_and_another_tenants_id_both_404_after_the_whole_wait(
     app: FastAPI,
     http: httpx.AsyncClient,
     issuer: TokenIssuer,
-    waiting: dict[Callable[..., Any], Callable[..., Any]],
+    waiting: SetWait,
     monkeypatch: pytest.MonkeyPatch,
     whose: str,
 ) -> None:
     wait_s = 0.6
-    waiting[appear_wait] = lambda: AppearWait(wait_s=wait_s, fallback_s=0.25)
+    waiting(wait_s, 0.25)
     owner, prober = _tenant(), _tenant()
     life = Lifecycle(tenant=owner)
     if whose == "another_tenants":
@@ -196,12 +204,12 @@ async def test_a_read_right_after_the_202_waits_for_the_projection_and_finds_the
     app: FastAPI,
     http: httpx.AsyncClient,
     issuer: TokenIssuer,
-    waiting: dict[Callable[..., Any], Callable[..., Any]],
+    waiting: SetWait,
     monkeypatch: pytest.MonkeyPatch,
     reader: str,
 ) -> None:
     # No fallback read within the wait: only the projection's notification can wake it.
-    waiting[appear_wait] = lambda: AppearWait(wait_s=5.0, fallback_s=30.0)
+    waiting(5.0, 30.0)
     life = Lifecycle(tenant=_tenant())
     await _accept(http, issuer, life)  # nothing projects it: this test's writer will
     reads = Reads(app, monkeypatch)
@@ -236,12 +244,12 @@ async def test_an_id_the_caller_did_not_submit_is_a_404_at_once(
     app: FastAPI,
     http: httpx.AsyncClient,
     issuer: TokenIssuer,
-    waiting: dict[Callable[..., Any], Callable[..., Any]],
+    waiting: SetWait,
     monkeypatch: pytest.MonkeyPatch,
     whose: str,
 ) -> None:
     # A wait long enough that answering within it can only mean "not awaited".
-    waiting[appear_wait] = lambda: AppearWait(wait_s=30.0, fallback_s=0.25)
+    waiting(30.0, 0.25)
     owner, prober = _tenant(), _tenant()
     life = Lifecycle(tenant=owner)
     if whose != "missing":
@@ -265,11 +273,11 @@ async def test_an_accepted_call_the_projection_never_shows_is_a_404_after_the_wa
     app: FastAPI,
     http: httpx.AsyncClient,
     issuer: TokenIssuer,
-    waiting: dict[Callable[..., Any], Callable[..., Any]],
+    waiting: SetWait,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     wait_s = 0.6
-    waiting[appear_wait] = lambda: AppearWait(wait_s=wait_s, fallback_s=0.25)
+    waiting(wait_s, 0.25)
     life = Lifecycle(tenant=_tenant())
     await _accept(http, issuer, life)
     reads = Reads(app, monkeypatch)
@@ -286,13 +294,13 @@ async def test_a_tenant_that_submits_another_tenants_id_waits_for_its_own_call_o
     app: FastAPI,
     http: httpx.AsyncClient,
     issuer: TokenIssuer,
-    waiting: dict[Callable[..., Any], Callable[..., Any]],
+    waiting: SetWait,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # The attacker learned the victim's invocation id and submits a call under it: its
     # reads must neither show the victim's call nor be ended by the victim's changes.
     wait_s = 0.8
-    waiting[appear_wait] = lambda: AppearWait(wait_s=wait_s, fallback_s=0.25)
+    waiting(wait_s, 0.25)
     victim = Lifecycle(tenant=_tenant())
     await _accept(http, issuer, victim)
     await _project(app, victim.requested())

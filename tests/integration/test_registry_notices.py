@@ -21,10 +21,9 @@ import pytest
 from tests.support.agent_fixtures import manifest as support_manifest
 from tests.support.eventually import eventually
 from toolfleet.contract.manifest import LifecycleState, ToolManifest
-from toolfleet.registry.lookup import ToolLookup
-from toolfleet.registry.store import VERSIONS_CHANGED, RegistryStore
+from toolfleet.registry.lookup import VERSIONS_CHANGED, ToolLookup
+from toolfleet.registry.store import RegistryStore
 from toolfleet.settings import FleetSettings
-from toolfleet.storage.invalidation import run_postgres_invalidation_listener
 from toolfleet.storage.pg_listen import listen_postgres
 from toolfleet.storage.postgres import create_pool
 
@@ -53,6 +52,25 @@ class Listening:
     live: asyncio.Event
 
 
+async def resolves_to(lookup: ToolLookup, tool_id: str, version: str) -> None:
+    """Wait until ``tool_id`` at ``^1`` resolves to ``version`` (a notice was heard)."""
+
+    async def resolved() -> bool:
+        return (await lookup.resolve(tool_id, "^1")).manifest.version == version
+
+    await eventually(resolved, timeout=10)
+
+
+async def reads_again(it: Listening, tool_id: str, reads: int) -> None:
+    """Wait until resolving ``tool_id`` reads the registry again (its entry was dropped)."""
+
+    async def read() -> bool:
+        await it.lookup.resolve(tool_id, "^1")
+        return it.store.reads > reads
+
+    await eventually(read, timeout=10)
+
+
 @contextlib.asynccontextmanager
 async def listening(settings: FleetSettings) -> AsyncIterator[Listening]:
     """A lookup that keeps versions an hour either way, fed by the trigger's notices."""
@@ -61,14 +79,7 @@ async def listening(settings: FleetSettings) -> AsyncIterator[Listening]:
     lookup = ToolLookup(store, ttl_s=HOUR, pushed_ttl_s=HOUR)
     stop, live = asyncio.Event(), asyncio.Event()
     listener = asyncio.create_task(
-        run_postgres_invalidation_listener(
-            settings.database_url,
-            VERSIONS_CHANGED,
-            lookup,
-            stop,
-            subscribed=live,
-            max_backoff_s=0.2,
-        )
+        lookup.listen(settings.database_url, stop, subscribed=live, max_backoff_s=0.2)
     )
     try:
         await asyncio.wait_for(live.wait(), 10)
@@ -89,10 +100,7 @@ async def test_a_version_registered_elsewhere_is_resolved_by_the_next_call(
         # Another process (an executor starting with a newer version) registers it.
         await RegistryStore(it.pool).register(manifest(tool_id, "1.1.0"))
 
-        async def newest() -> bool:
-            return (await it.lookup.resolve(tool_id, "^1")).manifest.version == "1.1.0"
-
-        await eventually(newest, timeout=10)
+        await resolves_to(it.lookup, tool_id, "1.1.0")
 
 
 async def test_an_operators_sql_is_heard_and_a_removed_version_stops_resolving(
@@ -110,10 +118,7 @@ async def test_an_operators_sql_is_heard_and_a_removed_version_stops_resolving(
             LifecycleState.REMOVED.value,
         )
 
-        async def fell_back() -> bool:
-            return (await it.lookup.resolve(tool_id, "^1")).manifest.version == "1.0.0"
-
-        await eventually(fell_back, timeout=10)
+        await resolves_to(it.lookup, tool_id, "1.0.0")
 
 
 async def test_a_killed_listen_connection_is_noticed_and_listened_again(
@@ -130,19 +135,12 @@ async def test_a_killed_listen_connection_is_noticed_and_listened_again(
         )
         assert killed == 1
 
-        async def dropped() -> bool:  # a change may have been missed: read again
-            await it.lookup.resolve(tool_id, "^1")
-            return it.store.reads > reads
-
-        await eventually(dropped, timeout=10)
+        await reads_again(it, tool_id, reads)  # a change may have been missed
         await asyncio.wait_for(it.live.wait(), 10)  # listening again
         await it.lookup.resolve(tool_id, "^1")  # cached again, for an hour
         await RegistryStore(it.pool).register(manifest(tool_id, "1.2.0"))
 
-        async def heard_again() -> bool:
-            return (await it.lookup.resolve(tool_id, "^1")).manifest.version == "1.2.0"
-
-        await eventually(heard_again, timeout=10)
+        await resolves_to(it.lookup, tool_id, "1.2.0")
 
 
 async def test_forged_notices_only_cost_a_read_again(settings: FleetSettings) -> None:
@@ -155,11 +153,7 @@ async def test_forged_notices_only_cost_a_read_again(settings: FleetSettings) ->
         for payload in ("", "x" * 7999, "'; DROP TABLE tool_versions; --", "\u00e9\u2603", tool_id):
             await it.pool.execute("SELECT pg_notify($1, $2)", VERSIONS_CHANGED, payload)
 
-        async def read_again() -> bool:
-            await it.lookup.resolve(tool_id, "^1")
-            return it.store.reads > reads
-
-        await eventually(read_again, timeout=10)  # the forged notice of the tool itself
+        await reads_again(it, tool_id, reads)  # the forged notice of the tool itself
         assert it.live.is_set()  # the listener took all of them in its stride
         assert (await it.lookup.resolve(tool_id, "^1")).manifest.version == "1.0.0"
 

@@ -44,10 +44,16 @@ def lookup_over(source: MemoryManifests, clock: Clock) -> ToolLookup:
     return ToolLookup(source, ttl_s=5.0, pushed_ttl_s=300.0, monotonic=clock)
 
 
-async def test_while_notices_reach_it_versions_are_kept_for_minutes_not_seconds() -> None:
-    source, clock = CountingManifests(manifest("t__a", "1.0.0")), Clock()
+def hearing_notices(source: MemoryManifests, clock: Clock) -> ToolLookup:
+    """:func:`lookup_over`, its change notices arriving (its listener subscribed)."""
     lookup = lookup_over(source, clock)
     lookup.after_subscribe()
+    return lookup
+
+
+async def test_while_notices_reach_it_versions_are_kept_for_minutes_not_seconds() -> None:
+    source, clock = CountingManifests(manifest("t__a", "1.0.0")), Clock()
+    lookup = hearing_notices(source, clock)
     await lookup.resolve("t__a", "^1")
     clock.now += 120  # a call two minutes later, after a quiet spell
     assert (await lookup.resolve("t__a", "^1")).manifest.version == "1.0.0"
@@ -71,8 +77,7 @@ async def test_without_notices_versions_are_kept_for_seconds() -> None:
 
 async def test_a_notice_drops_its_tool_and_the_next_call_sees_the_new_version() -> None:
     source, clock = CountingManifests(manifest("t__a", "1.0.0"), manifest("t__b", "1.0.0")), Clock()
-    lookup = lookup_over(source, clock)
-    lookup.after_subscribe()
+    lookup = hearing_notices(source, clock)
     await lookup.resolve("t__a", "^1")
     await lookup.resolve("t__b", "^1")
     source.register(manifest("t__a", "1.1.0"))
@@ -84,8 +89,7 @@ async def test_a_notice_drops_its_tool_and_the_next_call_sees_the_new_version() 
 
 async def test_a_lost_connection_drops_everything_and_falls_back_to_seconds() -> None:
     source, clock = CountingManifests(manifest("t__a", "1.0.0")), Clock()
-    lookup = lookup_over(source, clock)
-    lookup.after_subscribe()
+    lookup = hearing_notices(source, clock)
     await lookup.resolve("t__a", "^1")
     lookup.after_connection_lost()  # a change may be missed from now on
     await lookup.resolve("t__a", "^1")
@@ -115,8 +119,7 @@ class HeldManifests(CountingManifests):
 
 async def test_a_read_overtaken_by_a_notice_is_answered_but_never_kept() -> None:
     source, clock = HeldManifests(manifest("t__a", "1.0.0")), Clock()
-    lookup = lookup_over(source, clock)
-    lookup.after_subscribe()
+    lookup = hearing_notices(source, clock)
     read = asyncio.ensure_future(lookup.resolve("t__a", "^1"))
     await source.reading.wait()
     source.register(manifest("t__a", "1.1.0"))  # committed while the read was under way
@@ -128,8 +131,7 @@ async def test_a_read_overtaken_by_a_notice_is_answered_but_never_kept() -> None
 
 async def test_a_flood_of_forged_notices_costs_reads_not_memory() -> None:
     source, clock = CountingManifests(manifest("t__a", "1.0.0")), Clock()
-    lookup = lookup_over(source, clock)
-    lookup.after_subscribe()
+    lookup = hearing_notices(source, clock)
     await lookup.resolve("t__a", "^1")
     for i in range(3 * Generations.MAX_KEYS):
         await lookup.invalidate(f"forged__{i}")
@@ -167,8 +169,7 @@ def test_generations_past_their_bound_start_over_and_overtake_every_read() -> No
 
 async def test_a_burst_of_misses_for_one_tool_reads_the_registry_once() -> None:
     source, clock = HeldManifests(manifest("t__a", "1.0.0")), Clock()
-    lookup = lookup_over(source, clock)
-    lookup.after_subscribe()
+    lookup = hearing_notices(source, clock)
     burst = [asyncio.ensure_future(lookup.resolve("t__a", "^1")) for _ in range(50)]
     await source.reading.wait()
     source.release.set()
@@ -178,8 +179,7 @@ async def test_a_burst_of_misses_for_one_tool_reads_the_registry_once() -> None:
 
 async def test_a_miss_after_a_notice_reads_again_instead_of_joining() -> None:
     source, clock = HeldManifests(manifest("t__a", "1.0.0")), Clock()
-    lookup = lookup_over(source, clock)
-    lookup.after_subscribe()
+    lookup = hearing_notices(source, clock)
     before = asyncio.ensure_future(lookup.resolve("t__a", "^1"))
     await source.reading.wait()
     source.register(manifest("t__a", "1.1.0"))

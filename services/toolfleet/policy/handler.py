@@ -47,9 +47,8 @@ from toolfleet.policy.schemas import ManifestSchemas
 from toolfleet.policy.service import PendingApproval, PolicyService
 from toolfleet.policy.settings import PolicySettings
 from toolfleet.registry.lookup import ToolLookup
-from toolfleet.registry.store import VERSIONS_CHANGED, RegistryStore
+from toolfleet.registry.store import RegistryStore
 from toolfleet.storage.cancel_flags import RedisCancelFlags
-from toolfleet.storage.invalidation import run_postgres_invalidation_listener
 from toolfleet.storage.pools import RedisPoolPresence, RedisQueuedCalls
 from toolfleet.storage.revocation import CachedRevocationList
 from toolfleet.tools.limits import FleetLimits
@@ -154,11 +153,7 @@ async def build(res: Resources) -> list[EventConsumer]:
                 log.info("policy file re-applied", extra={"tenants": sorted(applied)})
 
     res.background(lambda stop: run_invalidation_listener(res.redis, provider, stop))
-    res.background(
-        lambda stop: run_postgres_invalidation_listener(
-            res.settings.database_url, VERSIONS_CHANGED, lookup, stop
-        )
-    )
+    res.background(lambda stop: lookup.listen(res.settings.database_url, stop))
     res.background(lambda stop: revocations.listen(res.redis, stop))
     res.background(lambda stop: run_expiry_sweeper(approvals, expire, stop))
     if settings.policy_file is not None:

@@ -2,12 +2,11 @@
 
 Policy resolves every request and the validator looks up every outcome's version, so a
 tool's versions are cached: for ``pushed_ttl_s`` (minutes) while the process hears the
-registry's change notices (:meth:`ToolLookup.after_subscribe`: a trigger on
-``tool_versions`` notifies every change, migration 0014, and
-:func:`~toolfleet.storage.invalidation.run_postgres_invalidation_listener` hands each to
-:meth:`ToolLookup.invalidate`), for ``ttl_s`` (seconds) while it does not. A call made
-after a pause then pays no registry read on its critical path: on a two-core box that
-read cost 4-6 ms of a worker's CPU after two seconds idle (``docs/benchmarks.md``).
+registry's change notices (:meth:`ToolLookup.listen`: a trigger on ``tool_versions``
+notifies every change, migration 0014, and each reaches :meth:`ToolLookup.invalidate`),
+for ``ttl_s`` (seconds) while it does not. A call made after a pause then pays no
+registry read on its critical path: on a two-core box that read cost 4-6 ms of a
+worker's CPU after two seconds idle (``docs/benchmarks.md``).
 Concurrent misses of one tool share one read (:class:`~toolfleet.coalescing.SingleFlight`).
 
 Nearly every request names a tool and range resolved a moment ago, so a resolution is
@@ -18,11 +17,12 @@ versions, the one instant at which the same list can resolve differently.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Protocol
+from typing import Final, Protocol
 
 import semver
 
@@ -30,7 +30,7 @@ from toolfleet.coalescing import SingleFlight
 from toolfleet.contract.manifest import ToolManifest
 from toolfleet.errors import ToolNotFound
 from toolfleet.registry.versions import VersionInfo, resolve
-from toolfleet.storage.invalidation import Generations
+from toolfleet.storage.invalidation import Generations, run_postgres_invalidation_listener
 
 
 class ManifestSource(Protocol):
@@ -89,6 +89,10 @@ notice lost without the listener knowing (its connection's line check is due) le
 an entry stale, and then for this long at most."""
 
 
+VERSIONS_CHANGED: Final = "tool_versions_changed"
+"""The ``NOTIFY`` channel of every change of ``tool_versions`` (migration 0014's trigger);
+each payload is a tool id."""
+
 MAX_NOTICE_CHARS = 1000
 """The longest tool id a change notice names (migration 0014 cuts the payload there)."""
 
@@ -142,6 +146,20 @@ class ToolLookup:
         return found
 
     # --- change notices (an InvalidationTarget) ------------------------------------
+
+    async def listen(
+        self,
+        dsn: str,
+        stop: asyncio.Event,
+        *,
+        subscribed: asyncio.Event | None = None,
+        max_backoff_s: float = 5.0,
+    ) -> None:
+        """Hear the registry's change notices (:data:`VERSIONS_CHANGED`) until ``stop``,
+        reconnecting when Postgres goes away; ``subscribed`` is set while they arrive."""
+        await run_postgres_invalidation_listener(
+            dsn, VERSIONS_CHANGED, self, stop, subscribed=subscribed, max_backoff_s=max_backoff_s
+        )
 
     def after_subscribe(self) -> None:
         """Notices reach this process from now on: cache for ``pushed_ttl_s``, after

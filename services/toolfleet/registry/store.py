@@ -7,7 +7,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import Any
 
 import asyncpg
 import semver
@@ -41,11 +41,6 @@ log = logging.getLogger(__name__)
 #: Rows hidden from every list: a removed version is gone for clients.
 _VISIBLE = "v.lifecycle_state <> 'removed'"
 _LISTED = f"EXISTS (SELECT 1 FROM tool_versions v WHERE v.tool_id = d.tool_id AND {_VISIBLE})"  # noqa: S608 - constant
-
-
-VERSIONS_CHANGED: Final = "tool_versions_changed"
-"""The ``NOTIFY`` channel of every change of ``tool_versions`` (migration 0014's trigger);
-each payload is a tool id. The registry caches listen on it (:mod:`toolfleet.registry.lookup`)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

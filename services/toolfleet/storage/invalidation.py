@@ -6,7 +6,8 @@ cache, which drops it. The policy cache (``policy:updates``), the revocation cac
 (``token:revocations``) and the executor's document cache listen this way. Where a
 table has writers of every kind, a trigger sends the key instead (``NOTIFY``), and
 :func:`run_postgres_invalidation_listener` hands it on the same way: the registry
-caches of policy and the validator (``tool_versions_changed``, migration 0014).
+caches of policy and the validator (``tool_versions_changed``, migration 0014;
+:meth:`~toolfleet.registry.lookup.ToolLookup.listen`).
 
 Pub/sub and ``NOTIFY`` deliver only to live listeners: a message published while a
 listener is disconnected is lost. So a cache must not trust itself while its listener is down:

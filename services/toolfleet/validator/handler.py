@@ -9,10 +9,9 @@ from toolfleet.bus.runtime import EventConsumer, Inbound
 from toolfleet.events import routing
 from toolfleet.registry.lookup import ToolLookup
 from toolfleet.registry.schemas import CompiledSchemas
-from toolfleet.registry.store import VERSIONS_CHANGED, RegistryStore
+from toolfleet.registry.store import RegistryStore
 from toolfleet.storage.at_rest import TRANSFER_BLOB, AtRestCipher
 from toolfleet.storage.blobs import PostgresBlobStore
-from toolfleet.storage.invalidation import run_postgres_invalidation_listener
 from toolfleet.validator.service import ValidatorService
 from toolfleet.worker import Resources
 
@@ -21,11 +20,7 @@ async def build(res: Resources) -> list[EventConsumer]:
     settings = res.settings
     lookup = ToolLookup(RegistryStore(res.pool))
     # Versions stay cached while the registry's change notices reach this process.
-    res.background(
-        lambda stop: run_postgres_invalidation_listener(
-            settings.database_url, VERSIONS_CHANGED, lookup, stop
-        )
-    )
+    res.background(lambda stop: lookup.listen(settings.database_url, stop))
     service = ValidatorService(
         lookup=lookup,
         schemas=CompiledSchemas(),

@@ -143,7 +143,7 @@ class FleetSettings(BaseSettings):
     # --- Runtime -----------------------------------------------------------------------
     max_in_flight: int = Field(default=256, ge=1)
     """Events a worker processes at once (the executor's concurrency bound); audit and
-    status, which see every hop of a call, hold five times as many."""
+    status, which see every hop of a call, hold twice as many."""
     drain_timeout_s: float = Field(default=30.0, ge=0)
     """On SIGTERM, how long in-flight work may finish before it is abandoned."""
     dedupe_ttl_s: int = Field(default=7 * 24 * 3600, ge=60)

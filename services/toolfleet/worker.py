@@ -65,10 +65,16 @@ checks control signatures, the executor checks grants and cancels and seals raw 
 the validator opens them, status verifies the outcomes it projects. None of them runs
 with a check turned off instead."""
 
-OBSERVED_PER_CALL = 5
-"""Lifecycle records an observer sees of one plain call (requested, authorized, invoked,
-executed, the outcome). Bounded by ``max_in_flight`` alone, audit and status fell seconds
-behind a saturated fleet (the bench's "caught up" figure), a backlog that only grew."""
+OBSERVER_IN_FLIGHT_SCALE = 2
+"""Audit and status hold twice the records of a critical-path consumer in flight: they see
+five records of each call (requested, authorized, invoked, executed, the outcome). At
+one ``max_in_flight`` they ended a saturated run 2.1 to 2.3 s behind the outcomes (the
+bench's "caught up" figure), at twice that 0.9 to 2.0 s, at five times 0.7 to 0.9 s; what a
+saturated run leaves the audit+status worker holding grows with it: 73 to 75, 76 to 81 and
+86 to 91 MB (``bench/PROFILE.md``, thirty-first pass). Five times was set while a consumer at
+its bound dropped what aiokafka had fetched for it and fetched it again (fixed in
+:class:`~toolfleet.bus.runtime.EventConsumer`), when one ``max_in_flight`` left the
+observers 15 s behind."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -122,13 +128,13 @@ class Resources:
         )
 
     def observer_spec(
-        self, route: routing.Consumer, *, per_call: int = OBSERVED_PER_CALL
+        self, route: routing.Consumer, *, scale: int = OBSERVER_IN_FLIGHT_SCALE
     ) -> ConsumerSpec:
         """The spec of an observer (audit, status, policy's reading of outcomes): off
         the critical path (its broker profile may fetch for it less eagerly), it holds
-        ``per_call`` times the records of a critical consumer in flight, one call's worth
-        for each record it sees of a call."""
-        return self.spec(route, max_in_flight=self.settings.max_in_flight * per_call, observer=True)
+        ``scale`` times the records of a critical consumer in flight
+        (:data:`OBSERVER_IN_FLIGHT_SCALE`)."""
+        return self.spec(route, max_in_flight=self.settings.max_in_flight * scale, observer=True)
 
     def consumer(
         self, spec: ConsumerSpec, handler: Handler | ByBatch, *, dedupe: bool = True

@@ -14,6 +14,7 @@ from tests.support.eventually import eventually
 from toolfleet.bus.dedupe import ProcessedEvents
 from toolfleet.bus.offsets import Partition
 from toolfleet.bus.producer import EventProducer, Outbound
+from toolfleet.bus.profile import LongPolls
 from toolfleet.bus.runtime import ByBatch, ConsumerSpec, EventConsumer, Handler, Inbound
 from toolfleet.bus.scheduler import Placement
 from toolfleet.events.codec import WireMessage, decode, encode
@@ -286,3 +287,100 @@ async def test_with_markers_an_event_replayed_within_one_fetch_is_handled_once()
     assert handled == ["0-0"]
     assert markers.marks == [[_key_of(original)]]
     assert runtime._core.tracker.committable() == {Partition("t", 0): 2}
+
+
+class _Polled:
+    """A consumer of partition 0 of ``t`` whose fetches hand over ``records`` one at a
+    time (as ``max_records`` asks) and record what the poll loop does to it."""
+
+    def __init__(self, records: list[ConsumerRecord[bytes, bytes]]) -> None:
+        self.records = records
+        self.calls: list[str] = []
+        self.paused = False
+
+    def assignment(self) -> set[TopicPartition]:
+        return {TopicPartition("t", 0)}
+
+    def pause(self, *partitions: TopicPartition) -> None:
+        self.calls.append("pause")
+        self.paused = True
+
+    def resume(self, *partitions: TopicPartition) -> None:
+        self.calls.append("resume")
+        self.paused = False
+
+    async def getmany(
+        self, *, timeout_ms: int, max_records: int
+    ) -> dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]]:
+        self.calls.append("getmany")
+        if self.paused or not self.records:
+            await asyncio.sleep(timeout_ms / 1000)
+            return {}
+        taken, self.records = self.records[:max_records], self.records[max_records:]
+        return {TopicPartition("t", 0): taken}
+
+
+async def _poll_loop_of(
+    runtime: EventConsumer, kafka: _Polled, stop: asyncio.Event
+) -> asyncio.Task[None]:
+    pacing = LongPolls(broker_wait_ms=500, poll_timeout_ms=10)
+    return asyncio.create_task(runtime._poll_loop(kafka, stop, pacing))  # type: ignore[arg-type]
+
+
+async def test_a_consumer_at_its_bound_waits_for_room_without_pausing_or_polling() -> None:
+    """A paused partition's records that aiokafka fetched already are dropped at the next
+    ``getmany`` and fetched again on resume: a consumer at its in-flight bound must leave
+    its partitions alone and wait for a record to finish, then take the next at once."""
+    release = asyncio.Event()
+    started: list[str] = []
+
+    async def handler(event: Inbound) -> Sequence[Outbound]:
+        started.append(event.envelope.invocationid or "")
+        await release.wait()
+        return []
+
+    runtime = _consumer(handler, max_in_flight=1)
+    kafka = _Polled([_record(0, 0), _record(0, 1)])
+    stop = asyncio.Event()
+    loop = await _poll_loop_of(runtime, kafka, stop)
+    try:
+        await eventually(lambda: _now(started == ["0-0"]))
+        for _ in range(50):  # the loop gets every chance to go round while it is full
+            await asyncio.sleep(0)
+        assert kafka.calls == ["getmany"]  # no pause, no poll while the one slot is taken
+        release.set()
+        await eventually(lambda: _now(started == ["0-0", "0-1"]))
+        assert "pause" not in kafka.calls
+    finally:
+        stop.set()
+        release.set()
+        await loop
+
+
+async def test_a_consumer_full_for_long_pauses_and_polls_to_stay_in_its_group() -> None:
+    """Long tools holding every slot past ``full_poll_s``: the loop pauses its partitions
+    and polls (aiokafka leaves the group of a member that calls no ``getmany`` for
+    ``max.poll.interval.ms``), and resumes them once a slot is free."""
+    release = asyncio.Event()
+    started: list[str] = []
+
+    async def handler(event: Inbound) -> Sequence[Outbound]:
+        started.append(event.envelope.invocationid or "")
+        await release.wait()
+        return []
+
+    runtime = _consumer(handler, max_in_flight=1)
+    runtime.full_poll_s = 0.01
+    kafka = _Polled([_record(0, 0), _record(0, 1)])
+    stop = asyncio.Event()
+    loop = await _poll_loop_of(runtime, kafka, stop)
+    try:
+        await eventually(lambda: _now(kafka.calls[:3] == ["getmany", "pause", "getmany"]))
+        assert started == ["0-0"]  # the poll while paused brought nothing
+        release.set()
+        await eventually(lambda: _now(started == ["0-0", "0-1"]))
+        assert kafka.calls.count("resume") == 1
+    finally:
+        stop.set()
+        release.set()
+        await loop

@@ -1,6 +1,7 @@
 """Observers (audit, status) are off the critical path (their broker profile paces them)
-and hold every hop of the calls the critical path holds: bounded by ``max_in_flight``
-alone, they fell behind a saturated fleet (``bench/e2e_bench.py``'s "caught up" figure)."""
+and see every hop of the calls the critical path holds: bounded by ``max_in_flight``
+alone, they end a saturated run further behind (``bench/e2e_bench.py``'s "caught up"
+figure), so they hold ``OBSERVER_IN_FLIGHT_SCALE`` times as many."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any, cast
 
 from toolfleet.events import routing
 from toolfleet.settings import FleetSettings
-from toolfleet.worker import OBSERVED_PER_CALL, Resources
+from toolfleet.worker import OBSERVER_IN_FLIGHT_SCALE, Resources
 
 
 def resources(**settings: Any) -> Resources:
@@ -22,11 +23,11 @@ def resources(**settings: Any) -> Resources:
     )
 
 
-def test_observers_hold_every_hop_of_the_calls_a_critical_consumer_holds() -> None:
+def test_observers_hold_more_records_than_a_critical_consumer() -> None:
     res = resources(max_in_flight=100, topic_prefix="p.")
     for route in (routing.AUDIT_CONSUMER, routing.STATUS_CONSUMER):
         spec = res.observer_spec(route)
-        assert spec.max_in_flight == 100 * OBSERVED_PER_CALL
+        assert spec.max_in_flight == 100 * OBSERVER_IN_FLIGHT_SCALE
         assert spec.observer
         assert spec.fetch_max_wait_ms is None  # the profile's pace for observers
         assert spec.group_id == f"p.{route.group}"
@@ -35,7 +36,7 @@ def test_observers_hold_every_hop_of_the_calls_a_critical_consumer_holds() -> No
 
 def test_policy_reads_outcomes_apart_at_observer_pace_and_requests_at_critical_pace() -> None:
     res = resources(max_in_flight=100, topic_prefix="p.")
-    outcomes = res.observer_spec(routing.POLICY_OUTCOMES, per_call=1)
+    outcomes = res.observer_spec(routing.POLICY_OUTCOMES, scale=1)
     assert (outcomes.group_id, list(outcomes.topics)) == (
         "p.policy-outcomes",
         ["p.invoke.results"],

@@ -5,8 +5,10 @@ pacing, backpressure, commits and rebalances. How fetched records reach the hand
 its mode's (:mod:`toolfleet.bus.consumer`), picked once from the handler and the spec:
 
 - :class:`~toolfleet.bus.consumer.per_record.PerRecord`: each record becomes a task (up
-  to ``max_in_flight`` at once; past that the assigned partitions are paused while
-  ``getmany`` keeps being called, so long tools never trip ``max.poll.interval.ms``);
+  to ``max_in_flight`` at once; at that bound the loop waits for a record to finish,
+  and past :data:`~toolfleet.bus.consumer.spec.FULL_POLL_S` of waiting pauses the
+  assigned partitions and calls ``getmany`` anyway, so long tools never trip
+  ``max.poll.interval.ms``);
 - :class:`~toolfleet.bus.consumer.per_record.Scheduled` (a ``schedule``: the executor)
   reads ahead: records are decoded into a :class:`~toolfleet.bus.scheduler.Backlog` and
   started by priority, fairly across tenants, within a per-tenant bound; a queued record
@@ -44,6 +46,7 @@ from toolfleet.bus.consumer.batch import Batched
 from toolfleet.bus.consumer.core import ConsumerCore, Mode
 from toolfleet.bus.consumer.per_record import PerRecord, Scheduled
 from toolfleet.bus.consumer.spec import (
+    FULL_POLL_S,
     PATTERN_METADATA_MAX_AGE_MS,
     BatchHandler,
     ByBatch,
@@ -102,6 +105,8 @@ class EventConsumer:
         self._mode = _mode_of(spec, handler, self._core)
         self._consumer: AIOKafkaConsumer | None = None
         self._paused = False
+        self.full_poll_s = FULL_POLL_S
+        """How long it waits at its in-flight bound before a poll that keeps it in its group."""
         self._profile = profile
         self._pacing: FetchPacing | None = None
         self.assigned = asyncio.Event()
@@ -220,6 +225,10 @@ class EventConsumer:
         try:
             while not stop.is_set():
                 free = self._mode.room()
+                if free <= 0 and await self._room_made(stopped):
+                    continue
+                if stop.is_set():
+                    return
                 timeout_ms, still_idle = pacing.poll_timeout_ms, False
                 if pacing.wants_rest(busy=free <= 0):
                     still_idle = await self._rest(consumer, pacing, stopped)
@@ -244,6 +253,31 @@ class EventConsumer:
                 self._dispatch_batch(consumer, batch)
         finally:
             stopped.cancel()
+
+    async def _room_made(self, stopped: asyncio.Future[Any]) -> bool:
+        """At the in-flight bound: wait until a record finishes (True), or for
+        :attr:`full_poll_s` (False: the caller pauses its partitions and polls, which
+        keeps it in its group past ``max.poll.interval.ms`` while long tools hold every
+        slot).
+
+        The partitions are not paused for the wait. A paused partition's records that
+        aiokafka fetched already (one fetch result a partition) are dropped at the next
+        ``getmany`` and fetched again once it resumes: at saturation, where a consumer
+        reaches its bound many times a second, every fetch was paid for twice, and each
+        dropped fetch (an unfinished generator over its bytes, a reference cycle) waited
+        for the cyclic collector: an observer that fell behind grew to hundreds of MB."""
+        room = self._core.room_freed
+        room.clear()
+        if self._mode.room() > 0:
+            return True
+        freed = asyncio.ensure_future(room.wait())
+        try:
+            await asyncio.wait(
+                [freed, stopped], timeout=self.full_poll_s, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            freed.cancel()
+        return self._mode.room() > 0
 
     async def _rest(
         self, consumer: AIOKafkaConsumer, pacing: FetchPacing, stopped: asyncio.Future[Any]

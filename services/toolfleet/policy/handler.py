@@ -171,7 +171,7 @@ async def build(res: Resources) -> list[EventConsumer]:
     # waiting duplicates are found in one round trip for the whole fetch. An outcome
     # read twice finds its waiters already taken (``finish`` is atomic) and emits
     # nothing: no dedupe marker per outcome.
-    outcomes = res.observer_spec(routing.POLICY_OUTCOMES, per_call=1)
+    outcomes = res.observer_spec(routing.POLICY_OUTCOMES, scale=1)
     return [
         res.consumer(spec, handle),
         res.consumer(outcomes, ByBatch(answer_waiters), dedupe=False),

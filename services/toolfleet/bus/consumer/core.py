@@ -77,6 +77,9 @@ class ConsumerCore:
         self.tasks: dict[asyncio.Task[None], _Work] = {}
         self.in_flight = 0
         """Records being handled (a batch task holds several)."""
+        self.room_freed = asyncio.Event()
+        """Set when a task ends (its records leave ``in_flight``): a consumer at its bound
+        waits for it rather than polling."""
         self.in_flight_keys: set[str] = set()
         """Dedupe keys of the records being handled: a twin fetched meanwhile is skipped."""
         self.stopping = asyncio.Event()
@@ -103,6 +106,7 @@ class ConsumerCore:
         work = self.tasks.pop(task, None)
         if work is not None:
             self.in_flight -= work.records
+            self.room_freed.set()
         if not task.cancelled() and task.exception() is not None:  # pragma: no cover
             log.error("record task crashed", exc_info=task.exception())
 

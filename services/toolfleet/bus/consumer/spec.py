@@ -136,6 +136,12 @@ def pacing_input(spec: ConsumerSpec) -> PacingInput:
 
 FETCHER_IDLE_WAKE_MS = 2000
 """``consumer_timeout_ms`` of every consumer (see :func:`consumer_kwargs`)."""
+MAX_POLL_INTERVAL_MS = 300_000
+"""``max_poll_interval_ms`` of every consumer: a member that calls no ``getmany`` for this
+long leaves its group."""
+FULL_POLL_S = MAX_POLL_INTERVAL_MS / 1000 / 10
+"""How long a consumer at its in-flight bound waits for room before it polls anyway, its
+partitions paused, to stay in its group (:class:`toolfleet.bus.runtime.EventConsumer`)."""
 
 
 def consumer_kwargs(
@@ -153,7 +159,7 @@ def consumer_kwargs(
         "max_partition_fetch_bytes": max(settings.max_event_bytes * 2, 1_048_576),
         "session_timeout_ms": settings.session_timeout_ms,
         "heartbeat_interval_ms": max(500, settings.session_timeout_ms // 3),
-        "max_poll_interval_ms": 300_000,
+        "max_poll_interval_ms": MAX_POLL_INTERVAL_MS,
         # How long aiokafka's fetch routine sleeps when it has no request out (every
         # partition paused, or resting under the dev profile) before it looks again: a
         # safety net, since resumed partitions, consumed records and new assignments

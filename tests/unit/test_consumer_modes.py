@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any, cast
 
 import pytest
@@ -320,67 +321,59 @@ class _Polled:
         return {TopicPartition("t", 0): taken}
 
 
-async def _poll_loop_of(
-    runtime: EventConsumer, kafka: _Polled, stop: asyncio.Event
-) -> asyncio.Task[None]:
+class _Held:
+    """A handler that holds each record until released, and the calls it started."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.started: list[str] = []
+
+    async def __call__(self, event: Inbound) -> Sequence[Outbound]:
+        self.started.append(event.envelope.invocationid or "")
+        await self.release.wait()
+        return []
+
+
+@contextlib.asynccontextmanager
+async def _one_slot(*, full_poll_s: float | None = None) -> AsyncIterator[tuple[_Held, _Polled]]:
+    """The poll loop of a consumer with one slot, over two records of partition 0."""
+    held = _Held()
+    runtime = _consumer(held, max_in_flight=1)
+    if full_poll_s is not None:
+        runtime.full_poll_s = full_poll_s
+    kafka = _Polled([_record(0, 0), _record(0, 1)])
+    stop = asyncio.Event()
     pacing = LongPolls(broker_wait_ms=500, poll_timeout_ms=10)
-    return asyncio.create_task(runtime._poll_loop(kafka, stop, pacing))  # type: ignore[arg-type]
+    loop = asyncio.create_task(runtime._poll_loop(kafka, stop, pacing))  # type: ignore[arg-type]
+    try:
+        yield held, kafka
+    finally:
+        stop.set()
+        held.release.set()
+        await loop
 
 
 async def test_a_consumer_at_its_bound_waits_for_room_without_pausing_or_polling() -> None:
     """A paused partition's records that aiokafka fetched already are dropped at the next
     ``getmany`` and fetched again on resume: a consumer at its in-flight bound must leave
     its partitions alone and wait for a record to finish, then take the next at once."""
-    release = asyncio.Event()
-    started: list[str] = []
-
-    async def handler(event: Inbound) -> Sequence[Outbound]:
-        started.append(event.envelope.invocationid or "")
-        await release.wait()
-        return []
-
-    runtime = _consumer(handler, max_in_flight=1)
-    kafka = _Polled([_record(0, 0), _record(0, 1)])
-    stop = asyncio.Event()
-    loop = await _poll_loop_of(runtime, kafka, stop)
-    try:
-        await eventually(lambda: _now(started == ["0-0"]))
+    async with _one_slot() as (held, kafka):
+        await eventually(lambda: _now(held.started == ["0-0"]))
         for _ in range(50):  # the loop gets every chance to go round while it is full
             await asyncio.sleep(0)
         assert kafka.calls == ["getmany"]  # no pause, no poll while the one slot is taken
-        release.set()
-        await eventually(lambda: _now(started == ["0-0", "0-1"]))
+        held.release.set()
+        await eventually(lambda: _now(held.started == ["0-0", "0-1"]))
         assert "pause" not in kafka.calls
-    finally:
-        stop.set()
-        release.set()
-        await loop
 
 
 async def test_a_consumer_full_for_long_pauses_and_polls_to_stay_in_its_group() -> None:
     """Long tools holding every slot past ``full_poll_s``: the loop pauses its partitions
     and polls (aiokafka leaves the group of a member that calls no ``getmany`` for
     ``max.poll.interval.ms``), and resumes them once a slot is free."""
-    release = asyncio.Event()
-    started: list[str] = []
-
-    async def handler(event: Inbound) -> Sequence[Outbound]:
-        started.append(event.envelope.invocationid or "")
-        await release.wait()
-        return []
-
-    runtime = _consumer(handler, max_in_flight=1)
-    runtime.full_poll_s = 0.01
-    kafka = _Polled([_record(0, 0), _record(0, 1)])
-    stop = asyncio.Event()
-    loop = await _poll_loop_of(runtime, kafka, stop)
-    try:
+    async with _one_slot(full_poll_s=0.01) as (held, kafka):
         await eventually(lambda: _now(kafka.calls[:3] == ["getmany", "pause", "getmany"]))
-        assert started == ["0-0"]  # the poll while paused brought nothing
-        release.set()
-        await eventually(lambda: _now(started == ["0-0", "0-1"]))
+        assert held.started == ["0-0"]  # the poll while paused brought nothing
+        held.release.set()
+        await eventually(lambda: _now(held.started == ["0-0", "0-1"]))
         assert kafka.calls.count("resume") == 1
-    finally:
-        stop.set()
-        release.set()
-        await loop

@@ -484,6 +484,22 @@ def floor_legs(prefix: str, cfg: BenchConfig) -> dict[str, list[Leg]]:
     }
 
 
+def floor_observers(
+    prefix: str, bootstrap: str, cfg: BenchConfig, pids: dict[str, list[int]]
+) -> Observers:
+    """The floor's audit and status relays as :class:`Observers`: their groups read every
+    lifecycle topic of the floor at observer pace, like the fleet's observers, and their
+    backlog after the last outcome is part of the floor's cost as the fleet's is of its
+    own (:func:`measure_phase`)."""
+    lifecycle = tuple(prefix + hop for hop in FLOOR_TOPICS if hop != "audit")
+    settings = FleetSettings(
+        kafka_bootstrap=bootstrap, topic_prefix=prefix, topic_partitions=cfg.partitions
+    )
+    return Observers(
+        {name: pids[name] for name in OBSERVERS}, settings, OBSERVERS, topics=lifecycle
+    )
+
+
 async def run_relays(
     bootstrap: str,
     cfg: BenchConfig,
@@ -514,8 +530,9 @@ async def run_relays(
         label = ("floor (bare aiokafka, the contract's records)" if floor
                  else "baseline (bare aiokafka, 4 hops)")  # fmt: skip
         return await measure_baseline(
-            bootstrap, prefix + "requested", prefix + "results", cfg, by_name, label
-        )
+            bootstrap, prefix + "requested", prefix + "results", cfg, by_name, label,
+            observers=floor_observers(prefix, bootstrap, cfg, by_name) if floor else None,
+        )  # fmt: skip
 
 
 async def measure_baseline(
@@ -525,7 +542,11 @@ async def measure_baseline(
     cfg: BenchConfig,
     relays: dict[str, list[int]],
     label: str,
+    *,
+    observers: Observers | None = None,
 ) -> RunResult:
+    """``observers``: relays whose backlog after the last outcome counts in the saturated
+    phase's CPU, waited for as the fleet's observers are (:func:`measure_phase`)."""
     producer = AIOKafkaProducer(**_kafka(bootstrap), acks="all", linger_ms=cfg.linger_ms)
     watcher = AIOKafkaConsumer(
         **_kafka(bootstrap), group_id=None, fetch_max_wait_ms=cfg.fetch_max_wait_ms
@@ -567,12 +588,18 @@ async def measure_baseline(
     meter = CpuMeter({"broker": children_named("--listener-url"), **relays})
     try:
         await drive(cfg.warmup, cfg.concurrency, one)
+        if observers is not None:
+            await settle(observers)  # they catch up with the warm-up first, as the fleet's do
         meter.start()
         paced, _, _ = await drive(cfg.paced, 1, one)
         paced_cpu = meter.stop()
         meter.start()
         latencies, outcomes, elapsed = await drive(cfg.n, cfg.concurrency, one)
+        behind_s = await observers.caught_up() if observers is not None else 0.0
         cpu = meter.stop()
+        if observers is not None:
+            await settle(observers)  # quiet before the next phase, as the fleet's
+            cpu = await above_idle(cpu, meter, behind_s)
     finally:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -580,7 +607,28 @@ async def measure_baseline(
         await watcher.stop()
         await producer.stop()
     result = summarize(label, latencies, outcomes, elapsed)
-    return dataclasses.replace(result, costs=costs_of(cpu, result.completed, paced, paced_cpu))
+    costs = costs_of(cpu, result.completed, paced, paced_cpu, behind_s)
+    return dataclasses.replace(result, costs=costs)
+
+
+async def above_idle(
+    cpu: dict[str, CpuReading], meter: CpuMeter, behind_s: float, *, idle_s: float = 1.0
+) -> dict[str, CpuReading]:
+    """``cpu`` less what the same processes burn idle (``meter``'s, measured now over
+    ``idle_s``) for the ``behind_s`` the observer relays took to catch up. The bare
+    relays poll the dev broker every few ms with nothing to read (the fleet's consumers
+    rest instead), so while the observer relays catch up, the others' polling and the
+    broker's answers to it are no work of the contract's records: counted, they put the
+    floor at 2.4 to 3.7 ms a call, less them at 1.5 to 1.6 (1.3 to 2.1 when its phase
+    ended at the last outcome, leaving the observer relays' catch-up out; one session on
+    a 2-core box, ``bench/PROFILE.md``, thirty-first pass)."""
+    meter.start()
+    await asyncio.sleep(idle_s)
+    idle = meter.stop()
+    return {
+        name: CpuReading(cpu_s=max(0.0, r.cpu_s - idle[name].cores * behind_s), wall_s=r.wall_s)
+        for name, r in cpu.items()
+    }
 
 
 OBSERVERS = ("audit", "status")
@@ -603,13 +651,19 @@ class Observers:
     pids: dict[str, list[int]]
     settings: FleetSettings
     groups: tuple[str, ...] = OBSERVERS
+    topics: tuple[str, ...] | None = None
+    """The lifecycle topics they read; None: the fleet's (``settings.topic_prefix``)."""
 
     async def lag(self) -> int:
         """Records on the lifecycle topics the observers' groups have not committed yet."""
         from toolfleet.events import routing
 
         prefix = self.settings.topic_prefix
-        names = {topic(prefix, name) for name in routing.AUDIT_CONSUMER.topics}
+        names = (
+            set(self.topics)
+            if self.topics is not None
+            else {topic(prefix, name) for name in routing.AUDIT_CONSUMER.topics}
+        )
         parts = [TopicPartition(n, p) for n in names for p in range(self.settings.topic_partitions)]
         behind = 0
         for name in self.groups:
@@ -1001,7 +1055,8 @@ async def measure_phase(
     after_paced: Callable[[], None] | None = None,
 ) -> Phase:
     """``paced_n`` calls one at a time, then ``n`` at ``cfg.concurrency``, the observers'
-    backlog included in the second (it is part of the run's cost)."""
+    backlog included in the second (it is part of the run's cost) up to their last
+    commit: the quiet second :func:`settle` waits for after it is idle, not work."""
     meter.start()
     paced, _, _ = await drive(paced_n, 1, one)
     paced_cpu = meter.stop()
@@ -1010,6 +1065,7 @@ async def measure_phase(
     meter.start()
     latencies, outcomes, elapsed = await drive(n, cfg.concurrency, one)
     behind_s = await observers.caught_up()
+    cpu = meter.stop()  # up to the observers' last commit, not the idle wait below
     await settle(observers)
     return Phase(
         paced=paced,
@@ -1017,7 +1073,7 @@ async def measure_phase(
         latencies=latencies,
         outcomes=outcomes,
         elapsed=elapsed,
-        cpu=meter.stop(),
+        cpu=cpu,
         observers_behind_s=behind_s,
     )
 
@@ -1112,6 +1168,9 @@ def costs_table(
                          f"(by process: {_fmt(rc.cpu_ms_by_process)}), paced p50/p99 "
                          f"{rc.paced_p50_ms:.1f}/{rc.paced_p99_ms:.1f} ms "
                          f"({rc.paced_cpu_ms_per_call:.1f} ms CPU/call)")  # fmt: skip
+            if label == "floor":
+                lines.append(f"  its audit and status relays caught up "
+                             f"{rc.observers_behind_s:.1f} s after the last outcome")  # fmt: skip
     if fc is not None:
         lines.append(f"fleet:    {fc.cpu_ms_per_inv:.2f} ms CPU/inv "
                      f"(by process: {_fmt(fc.cpu_ms_by_process)}), paced p50/p99 "

@@ -22,8 +22,11 @@ from e2e_bench import (
     Costs,
     Round,
     RunResult,
+    above_idle,
     costs_of,
     costs_table,
+    floor_legs,
+    floor_observers,
     goal_ratios,
     goal_verdicts,
     medians,
@@ -356,3 +359,55 @@ def test_the_slowest_paced_calls_show_which_hop_their_time_went_to() -> None:
         "  slowest paced call #2, ms by step: client publish 0.1, policy 50.0, validator 5.0",
         "  slowest paced call #3, ms by step: client publish 0.1, policy 5.0, validator 5.0",
     ]
+
+
+def test_the_floors_observer_relays_are_waited_for_as_the_fleets_observers_are() -> None:
+    """The floor's audit and status relays read at observer pace and may end a saturated
+    phase behind, as the fleet's observers do; the fleet's phase counts its observers'
+    backlog, so the floor's must count theirs: the bench waits on exactly the groups and
+    topics those relays read."""
+    cfg = BenchConfig(n=10, tenants=2, concurrency=2, partitions=3, fetch_max_wait_ms=1,
+                      linger_ms=0, warmup=0, timeout_s=5.0)  # fmt: skip
+    legs = floor_legs("floorab.", cfg)
+    pids = {"policy": [1], "executor": [2], "validator": [3], "audit": [4], "status": [5]}
+
+    observers = floor_observers("floorab.", "127.0.0.1:9092", cfg, pids)
+
+    assert observers.pids == {"audit": [4], "status": [5]}
+    assert observers.settings.topic_partitions == 3
+    for name in ("audit", "status"):
+        (leg,) = legs[name]
+        assert leg.group == observers.settings.topic_prefix + name
+        assert set(leg.sources) == set(observers.topics or ())
+
+
+class _IdleMeter:
+    """A meter whose every reading is the idle rate given (cores per process)."""
+
+    def __init__(self, cores: dict[str, float]) -> None:
+        self.cores = cores
+
+    def start(self) -> None:
+        return None
+
+    def stop(self) -> dict[str, CpuReading]:
+        return {name: CpuReading(cpu_s=c, wall_s=1.0) for name, c in self.cores.items()}
+
+
+async def test_the_floor_is_charged_its_observer_relays_catch_up_above_idle() -> None:
+    """While the floor's observer relays catch up, its other relays poll an empty broker:
+    the saturated phase keeps the catch-up's work, not that polling."""
+    phase = {
+        "broker": CpuReading(cpu_s=3.0, wall_s=4.0),
+        "audit": CpuReading(cpu_s=0.4, wall_s=4.0),
+    }
+    idle = _IdleMeter({"broker": 0.5, "audit": 0.1})
+
+    charged = await above_idle(phase, idle, behind_s=1.2, idle_s=0.0)  # type: ignore[arg-type]
+
+    assert charged["broker"].cpu_s == pytest.approx(3.0 - 0.5 * 1.2)
+    assert charged["audit"].cpu_s == pytest.approx(0.4 - 0.1 * 1.2)
+    assert await above_idle(phase, idle, behind_s=10.0, idle_s=0.0) == {  # type: ignore[arg-type]
+        "broker": CpuReading(cpu_s=0.0, wall_s=4.0),
+        "audit": CpuReading(cpu_s=0.0, wall_s=4.0),
+    }

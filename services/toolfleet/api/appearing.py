@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Annotated
 from uuid import UUID
@@ -52,23 +52,29 @@ def appear_wait() -> AppearWait:
 AppearWaitDep = Annotated[AppearWait, Depends(appear_wait)]
 
 
+Pause = Callable[[float], Awaitable[None]]
+
+
 async def first_view(
     read: Read,
     *,
     wait_s: float = APPEAR_WAIT_S,
     fallback_s: float = APPEAR_FALLBACK_S,
-    pause: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    pause: Pause = asyncio.sleep,
     clock: Callable[[], float] = time.monotonic,
+    read_first: bool = True,
 ) -> InvocationView | None:
     """The invocation's first view, awaited for up to ``wait_s`` while the projection has
     no row for it (``None``: still none, a 404).
 
     ``pause(seconds)`` returns after ``seconds`` or sooner, once the call may have
-    changed (:func:`appeared`); each return is one more read. The wait ends at
+    changed (:func:`waking`); each return is one more read. The wait ends at
     ``wait_s`` by ``clock`` whatever the id, so a missing and a hidden id look alike.
+    ``read_first``: False when the caller has just read and found no row (the wait then
+    starts with a pause).
     """
     deadline = clock() + wait_s
-    view = await read()
+    view = await read() if read_first else None
     while view is None:
         left = deadline - clock()
         if left <= 0:
@@ -78,19 +84,13 @@ async def first_view(
     return view
 
 
-async def appeared(
-    feed: InvocationFeed,
-    read: Read,
-    invocation_id: UUID,
-    *,
-    wait: AppearWait,
-) -> InvocationView | None:
-    """``read()``'s view once the projection has the call, awaited up to ``wait.wait_s``.
-
-    Awaited before the first read: a row written between the two still wakes the wait.
-    A notice of another tenant's call of the same id wakes it too, but its read finds
-    nothing the caller may not see, and the wait goes on to its end like a missing id's.
-    """
+@contextlib.contextmanager
+def waking(feed: InvocationFeed, invocation_id: UUID) -> Iterator[Pause]:
+    """A :func:`first_view` pause that the feed's notices of ``invocation_id`` end early,
+    awaited from the start of the block: a row written after a read in the block still
+    wakes the next pause. A notice of another tenant's call of the same id wakes it too,
+    but the read after it finds nothing the caller may not see, and the wait goes on to
+    its end like a missing id's."""
     with feed.awaiting(invocation_id) as changed:
 
         async def pause(seconds: float) -> None:
@@ -99,4 +99,17 @@ async def appeared(
                     await changed.wait()
             changed.clear()  # before the read: a notice during it wakes the next pause
 
+        yield pause
+
+
+async def appeared(
+    feed: InvocationFeed,
+    read: Read,
+    invocation_id: UUID,
+    *,
+    wait: AppearWait,
+) -> InvocationView | None:
+    """``read()``'s view once the projection has the call, awaited up to ``wait.wait_s``
+    (:func:`waking`, from before the first read)."""
+    with waking(feed, invocation_id) as pause:
         return await first_view(read, wait_s=wait.wait_s, fallback_s=wait.fallback_s, pause=pause)

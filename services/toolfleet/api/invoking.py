@@ -16,7 +16,7 @@ from uuid import UUID
 from aiokafka.errors import KafkaError
 from redis.exceptions import RedisError
 
-from toolfleet.api.appearing import AppearWait, appeared
+from toolfleet.api.appearing import AppearWait, first_view, waking
 from toolfleet.api.auth import Caller
 from toolfleet.api.problems import ProblemError
 from toolfleet.api.resources import ApiResources
@@ -70,9 +70,12 @@ async def visible(
     async def read() -> InvocationView | None:
         return await res.invocations.get(invocation_id, tenant_id=scope)
 
-    view = await read()
-    if view is None and await res.accepted.was_accepted(str(invocation_id), tenant_id=scope):
-        view = await appeared(res.feed, read, invocation_id, wait=wait)
+    with waking(res.feed, invocation_id) as pause:
+        view = await read()
+        if view is None and await res.accepted.was_accepted(str(invocation_id), tenant_id=scope):
+            view = await first_view(
+                read, wait_s=wait.wait_s, fallback_s=wait.fallback_s, pause=pause, read_first=False
+            )
     if view is None:
         raise ProblemError(404, "no such invocation", code="not_found")
     return view

@@ -423,13 +423,14 @@ class KafkaPublisher(RequestPublisher):
     def _route(
         self, key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes]]
     ) -> None:
-        invocation = _header(headers, "ce_invocationid")
-        if (
-            invocation is not None
-            and invocation not in self._outcomes
-            and invocation not in self._progress
-        ):
-            return  # nobody here waits for it: skip without parsing the value
+        invocation, kind = _binary_call(headers)
+        if invocation is not None and invocation not in self._progress:
+            if invocation not in self._outcomes:
+                return  # nobody here waits for it: skip without parsing the value
+            if kind is not None and kind not in TERMINAL_TYPES:
+                # Only its outcome is awaited: the call's other lifecycle events (about
+                # seven per call on the topics watched) are skipped unparsed too.
+                return
         try:
             envelope = decode(key=key, value=value, headers=headers)
         except InvalidEvent:
@@ -482,8 +483,15 @@ class KafkaPublisher(RequestPublisher):
         return False
 
 
-def _header(headers: list[tuple[str, bytes]], name: str) -> str | None:
+def _binary_call(headers: list[tuple[str, bytes]]) -> tuple[str | None, str | None]:
+    """A binary-mode record's ``ce_invocationid`` and ``ce_type`` headers (the last of a
+    repeated name, as decoding takes it); ``None`` where absent. Only what lets a record
+    be skipped unparsed: what is decoded is judged on its decoded attributes."""
+    invocation: str | None = None
+    kind: str | None = None
     for key, value in headers:
-        if key == name:
-            return value.decode("utf-8", "replace")
-    return None
+        if key == "ce_invocationid":
+            invocation = value.decode("utf-8", "replace")
+        elif key == "ce_type":
+            kind = value.decode("utf-8", "replace")
+    return invocation, kind

@@ -428,8 +428,9 @@ class KafkaPublisher(RequestPublisher):
             if invocation not in self._outcomes:
                 return  # nobody here waits for it: skip without parsing the value
             if kind is not None and kind not in TERMINAL_TYPES:
-                # Only its outcome is awaited: the call's other lifecycle events (about
-                # seven per call on the topics watched) are skipped unparsed too.
+                # Only its outcome is awaited: the call's other events on the topics
+                # watched (the executor's ``invoked``, a long tool's checkpoints) are
+                # skipped unparsed too.
                 return
         try:
             envelope = decode(key=key, value=value, headers=headers)

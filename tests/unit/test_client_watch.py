@@ -1,8 +1,9 @@
 """What the Kafka client's watcher parses of the records on the topics it watches.
 
-It reads every record of ``invoke.results`` and ``invoke.events``: about eight per call,
-one of them the outcome. It parses a record only when someone here waits for it: an
-awaited call's outcome, or any event of a call whose progress someone follows.
+It reads every record of ``invoke.results`` and ``invoke.events``: a call's outcome, the
+executor's ``invoked``, a long tool's checkpoints. It parses a record only when someone
+here waits for it: an awaited call's outcome, or any event of a call whose progress
+someone follows.
 """
 
 from __future__ import annotations

@@ -590,24 +590,18 @@ async def measure_baseline(
         await drive(cfg.warmup, cfg.concurrency, one)
         if observers is not None:
             await settle(observers)  # they catch up with the warm-up first, as the fleet's do
-        meter.start()
-        paced, _, _ = await drive(cfg.paced, 1, one)
-        paced_cpu = meter.stop()
-        meter.start()
-        latencies, outcomes, elapsed = await drive(cfg.n, cfg.concurrency, one)
-        behind_s = await observers.caught_up() if observers is not None else 0.0
-        cpu = meter.stop()
+        phase = await measure_phase(one, cfg.paced, cfg.n, cfg, meter, observers)
+        cpu = phase.cpu
         if observers is not None:
-            await settle(observers)  # quiet before the next phase, as the fleet's
-            cpu = await above_idle(cpu, meter, behind_s)
+            cpu = await above_idle(cpu, meter, phase.observers_behind_s)
     finally:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
         await watcher.stop()
         await producer.stop()
-    result = summarize(label, latencies, outcomes, elapsed)
-    costs = costs_of(cpu, result.completed, paced, paced_cpu, behind_s)
+    result = summarize(label, phase.latencies, phase.outcomes, phase.elapsed)
+    costs = costs_of(cpu, result.completed, phase.paced, phase.paced_cpu, phase.observers_behind_s)
     return dataclasses.replace(result, costs=costs)
 
 
@@ -1050,13 +1044,14 @@ async def measure_phase(
     n: int,
     cfg: BenchConfig,
     meter: CpuMeter,
-    observers: Observers,
+    observers: Observers | None,
     *,
     after_paced: Callable[[], None] | None = None,
 ) -> Phase:
     """``paced_n`` calls one at a time, then ``n`` at ``cfg.concurrency``, the observers'
     backlog included in the second (it is part of the run's cost) up to their last
-    commit: the quiet second :func:`settle` waits for after it is idle, not work."""
+    commit: the quiet second :func:`settle` waits for after it is idle, not work. No
+    ``observers`` (the bare chain): the second ends at its last outcome."""
     meter.start()
     paced, _, _ = await drive(paced_n, 1, one)
     paced_cpu = meter.stop()
@@ -1064,9 +1059,10 @@ async def measure_phase(
         after_paced()
     meter.start()
     latencies, outcomes, elapsed = await drive(n, cfg.concurrency, one)
-    behind_s = await observers.caught_up()
+    behind_s = await observers.caught_up() if observers is not None else 0.0
     cpu = meter.stop()  # up to the observers' last commit, not the idle wait below
-    await settle(observers)
+    if observers is not None:
+        await settle(observers)
     return Phase(
         paced=paced,
         paced_cpu=paced_cpu,
@@ -1288,10 +1284,10 @@ def goal_verdicts(ratios: dict[str, float], fleet: RunResult | None) -> list[Ver
         if name != "api"
     }
     if workers:
-        name, largest_warm = max(workers.items(), key=lambda item: item[1])
+        name, worst = max(workers.items(), key=lambda item: item[1])
         out.append(Verdict(f"worker RSS <= {WORKER_RSS_GOAL_MB:.0f} MB after warm-up and the run",
-                           f"{largest_warm:.0f} MB at most ({name})",
-                           largest_warm <= WORKER_RSS_GOAL_MB))  # fmt: skip
+                           f"{worst:.0f} MB at most ({name})",
+                           worst <= WORKER_RSS_GOAL_MB))  # fmt: skip
     if fleet is not None and rss:
         largest = max(rss.values())
         note = f"after {fleet.completed:,} calls, not 100k"

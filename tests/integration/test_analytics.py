@@ -89,7 +89,7 @@ class AnalyticsProcess:
     def logs(self) -> str:
         return "\n".join(
             f"--- {p.name}\n{p.read_text(errors='replace')[-4000:]}"
-            for p in sorted(self.log_dir.glob("analytics-*.log"))
+            for p in sorted(self.log_dir.glob("analytics-*.log"), reverse=True)  # restart first
         )
 
 

@@ -27,10 +27,11 @@ import tempfile
 from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import faust
 import mode
+from faust.types.transports import ProducerBufferT
 
 from toolfleet.analytics.engine import AnalyticsTables, Analyzer
 from toolfleet.analytics.metrics import AnalyticsCollector
@@ -188,16 +189,7 @@ def create_app(
     return app, service
 
 
-class ProducerBuffer(Protocol):
-    """What :func:`drain` uses of faust's ``ProducerBuffer`` (its public interface)."""
-
-    @property
-    def size(self) -> int: ...
-
-    async def flush(self) -> None: ...
-
-
-async def drain(buffer: ProducerBuffer) -> None:
+async def drain(buffer: ProducerBufferT) -> None:
     """Until every changelog write the last event made has left faust's producer buffer.
 
     A table write is queued in faust's buffer (``send_soon``) and handed to the Kafka
